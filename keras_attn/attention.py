@@ -1,0 +1,237 @@
+"""Scaled dot-product attention: the one attention core every layer plugs into.
+
+Every attention family in keras_attn reaches the softmax through this module. A family contributes
+a boolean mask (padding, causal, band, strided, ...), an additive bias (ALiBi, relative positions)
+or both; the core owns the numerics that must be identical everywhere:
+
+- logits and softmax in float32 whatever the compute dtype;
+- masked logits are filled with a finite value, never `-inf`;
+- a query row whose keys are all masked gets all-zero weights and a zero output, on every path;
+- attention dropout is applied to the normalised weights.
+
+Layout: `(batch, seq, heads, depth)` for query, key and value (what the projections of
+`MultiHeadAttention` produce, no transposes needed); masks and biases broadcast to
+`(batch, heads, query_len, key_len)`.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+_MASK_RANK = 4
+
+
+def causal_mask(query_len, key_len):
+    """Boolean lower-triangular mask, `True` where query `i` may attend to key `j <= i`.
+
+    Aligned at the top left, as `keras.layers.MultiHeadAttention(use_causal_mask=True)`:
+    query `i` sees keys `0..i` even when `key_len != query_len`.
+
+    Returns:
+        A boolean tensor of shape `(1, 1, query_len, key_len)`.
+    """
+    rows = ops.expand_dims(ops.arange(query_len, dtype="int32"), -1)  # (query_len, 1)
+    cols = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)  # (1, key_len)
+    return ops.reshape(ops.greater_equal(rows, cols), (1, 1, query_len, key_len))
+
+
+def sliding_window_mask(query_len, key_len, window):
+    """Boolean band mask, `True` where `|i - j| < window` (local attention).
+
+    The same band as `keras.layers.MultiHeadAttention(sliding_window=window)`; combined with
+    `causal_mask` it gives the causal sliding window of Mistral-style models.
+
+    Returns:
+        A boolean tensor of shape `(1, 1, query_len, key_len)`.
+    """
+    rows = ops.expand_dims(ops.arange(query_len, dtype="int32"), -1)  # (query_len, 1)
+    cols = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)  # (1, key_len)
+    band = ops.less(ops.abs(rows - cols), window)  # (query_len, key_len)
+    return ops.reshape(band, (1, 1, query_len, key_len))
+
+
+def merge_masks(*masks):
+    """Logical AND of the masks that are not `None`; `None` when all are `None`."""
+    merged = None
+    for mask in masks:
+        if mask is None:
+            continue
+        mask = ops.cast(mask, "bool")
+        merged = mask if merged is None else ops.logical_and(merged, mask)
+    return merged
+
+
+def padding_mask_to_attention_mask(query_mask=None, key_mask=None):
+    """Turns `(batch, query_len)` / `(batch, key_len)` padding masks into a 4-D attention mask.
+
+    Returns:
+        A boolean tensor broadcastable to `(batch, 1, query_len, key_len)`, or `None`.
+    """
+    rows = None if query_mask is None else ops.reshape(
+        ops.cast(query_mask, "bool"), (ops.shape(query_mask)[0], 1, -1, 1)
+    )  # (batch, 1, query_len, 1)
+    cols = None if key_mask is None else ops.reshape(
+        ops.cast(key_mask, "bool"), (ops.shape(key_mask)[0], 1, 1, -1)
+    )  # (batch, 1, 1, key_len)
+    return merge_masks(rows, cols)
+
+
+def _check_inputs(query, key, value, mask):
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if len(tensor.shape) != 4:
+            raise ValueError(
+                f"`{name}` must have rank 4 `(batch, seq, heads, depth)`. "
+                f"Received: {name}.shape={tuple(tensor.shape)}"
+            )
+    if query.shape[-1] is not None and key.shape[-1] is not None:
+        if query.shape[-1] != key.shape[-1]:
+            raise ValueError(
+                "`query` and `key` must have the same depth. Received: "
+                f"query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+            )
+    if key.shape[1] is not None and value.shape[1] is not None and key.shape[1] != value.shape[1]:
+        raise ValueError(
+            "`key` and `value` must have the same length. Received: "
+            f"key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)}"
+        )
+    if key.shape[2] != value.shape[2]:
+        raise ValueError(
+            "`key` and `value` must have the same number of heads. Received: "
+            f"key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)}"
+        )
+    query_heads, key_heads = query.shape[2], key.shape[2]
+    if query_heads is not None and key_heads is not None and query_heads % key_heads:
+        raise ValueError(
+            "The number of query heads must be a multiple of the number of key/value heads. "
+            f"Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+        )
+    if mask is not None:
+        _check_broadcastable("mask", mask, query, key)
+
+
+def _check_broadcastable(name, tensor, query, key):
+    if len(tensor.shape) != _MASK_RANK:
+        raise ValueError(
+            f"`{name}` must have rank 4, broadcastable to (batch, heads, query_len, key_len). "
+            f"Received: {name}.shape={tuple(tensor.shape)}"
+        )
+    target = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
+    for received, expected in zip(tensor.shape, target):
+        if received not in (None, 1) and expected is not None and received != expected:
+            raise ValueError(
+                f"`{name}` is not broadcastable to (batch, heads, query_len, key_len)={target}. "
+                f"Received: {name}.shape={tuple(tensor.shape)}"
+            )
+
+
+def _repeat_kv_heads(tensor, groups):
+    """`(batch, seq, kv_heads, depth)` -> `(batch, seq, kv_heads * groups, depth)`."""
+    if groups == 1:
+        return tensor
+    return ops.repeat(tensor, groups, axis=2)
+
+
+def attention_logits(query, key, scale):
+    """Float32 logits `(batch, heads, query_len, key_len)` of `scale * query . key`."""
+    query = ops.multiply(query, ops.cast(scale, query.dtype))  # (batch, query_len, heads, depth)
+    logits = ops.einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, query_len, key_len)
+    return ops.cast(logits, "float32")
+
+
+def masked_softmax(logits, mask=None):
+    """Float32 softmax over the last axis; masked entries and fully masked rows are exactly 0.
+
+    Args:
+        logits: float logits `(batch, heads, query_len, key_len)`.
+        mask: optional boolean mask broadcastable to `logits`, `True` = attend.
+    """
+    logits = ops.cast(logits, "float32")
+    if mask is None:
+        return ops.softmax(logits, axis=-1)
+    # A finite fill: `-inf` would give NaN (inf - inf) in a fully masked row.
+    fill = ops.cast(-1e9, "float32")
+    weights = ops.softmax(ops.where(mask, logits, fill), axis=-1)  # (batch, heads, q, k)
+    # Fully masked rows softmax to uniform weights: zero every masked entry instead.
+    return ops.where(mask, weights, ops.zeros_like(weights))
+
+
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    bias=None,
+    is_causal=False,
+    sliding_window=None,
+    scale=None,
+    dropout_rate=0.0,
+    training=False,
+    seed_generator=None,
+    return_weights=False,
+):
+    """Scaled dot-product attention, `softmax(scale * Q K^T + bias) V`, with exact masking.
+
+    Args:
+        query: `(batch, query_len, heads, depth)`.
+        key: `(batch, key_len, kv_heads, depth)`; `heads` must be a multiple of `kv_heads`
+            (grouped-query attention; `kv_heads=1` is multi-query attention).
+        value: `(batch, key_len, kv_heads, value_depth)`.
+        mask: optional boolean tensor broadcastable to `(batch, heads, query_len, key_len)`,
+            `True` where a query may attend to a key.
+        bias: optional additive float bias broadcastable to
+            `(batch, heads, query_len, key_len)`, added to the logits in float32.
+        is_causal: if `True`, query `i` attends only to keys `j <= i` (top-left aligned).
+        sliding_window: optional positive int; query `i` attends only to keys with
+            `|i - j| < sliding_window`.
+        scale: logit scale; defaults to `1 / sqrt(depth)`.
+        dropout_rate: dropout applied to the attention weights when `training`.
+        training: whether dropout is active.
+        seed_generator: a `keras.random.SeedGenerator` for dropout (one is made if `None`).
+        return_weights: if `True`, also return the attention weights.
+
+    Returns:
+        The output `(batch, query_len, heads, value_depth)` in the dtype of `value`, and, when
+        `return_weights`, the weights `(batch, heads, query_len, key_len)` in the same dtype.
+        A query row whose keys are all masked has all-zero weights and a zero output.
+
+    Example:
+
+    >>> q = k = v = keras.random.normal((2, 5, 4, 8))
+    >>> out, w = scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)
+    >>> out.shape, w.shape
+    ((2, 5, 4, 8), (2, 4, 5, 5))
+    """
+    _check_inputs(query, key, value, mask)
+    if bias is not None:
+        _check_broadcastable("bias", bias, query, key)
+    if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window <= 0):
+        raise ValueError(
+            f"`sliding_window` must be None or a positive integer. Received: sliding_window={sliding_window}"
+        )
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(f"`dropout_rate` must be in [0, 1). Received: dropout_rate={dropout_rate}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+
+    groups = query.shape[2] // key.shape[2]
+    key = _repeat_kv_heads(key, groups)  # (batch, key_len, heads, depth)
+    value = _repeat_kv_heads(value, groups)  # (batch, key_len, heads, value_depth)
+
+    query_len, key_len = ops.shape(query)[1], ops.shape(key)[1]
+    if is_causal:
+        mask = merge_masks(mask, causal_mask(query_len, key_len))
+    if sliding_window is not None:
+        mask = merge_masks(mask, sliding_window_mask(query_len, key_len, sliding_window))
+
+    logits = attention_logits(query, key, scale)  # (batch, heads, query_len, key_len)
+    if bias is not None:
+        logits = logits + ops.cast(bias, "float32")
+    weights = masked_softmax(logits, mask)  # (batch, heads, query_len, key_len), float32
+    if training and dropout_rate > 0.0:
+        weights = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
+    weights = ops.cast(weights, value.dtype)
+    output = ops.einsum("bhqk,bkhd->bqhd", weights, value)  # (batch, query_len, heads, value_depth)
+    if return_weights:
+        return output, weights
+    return output

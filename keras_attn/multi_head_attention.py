@@ -1,0 +1,342 @@
+"""Multi-head attention, call-compatible with `keras.layers.MultiHeadAttention`."""
+
+import keras
+from keras import ops
+
+from keras_attn.attention import merge_masks
+from keras_attn.attention import padding_mask_to_attention_mask
+from keras_attn.attention import scaled_dot_product_attention
+
+_SEQUENCE_AXES = (None, 1, (1,), [1], (-2,), [-2])
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention (Vaswani et al., 2017) with exact masking on every path.
+
+    A drop-in replacement for `keras.layers.MultiHeadAttention` on `(batch, seq, features)`
+    inputs: the same constructor arguments, the same `call` signature and the same weight
+    shapes (weights copy across with `set_weights`). On top of it:
+
+    - a query row whose keys are all masked yields all-zero attention weights (Keras gives
+      uniform weights on some paths); softmax always runs in float32;
+    - one fused QKV matmul when `query`, `key` and `value` are the same tensor;
+    - `num_key_value_heads` for grouped-query (and, with 1, multi-query) attention;
+    - an additive `attention_bias` call argument (relative positions, ALiBi);
+    - explicit `query_mask` / `value_mask` / `key_mask` arguments are always honoured,
+      Keras masks (`Embedding(mask_zero=True)` upstream) are used when they are not given.
+
+    Args:
+        num_heads: number of attention heads.
+        key_dim: size of each head for query and key.
+        value_dim: size of each head for value; defaults to `key_dim`.
+        dropout: dropout rate on the attention weights.
+        use_bias: whether the projections use bias vectors.
+        output_shape: size of the output's last axis (int or 1-tuple); defaults to the
+            query's feature size.
+        attention_axes: only the sequence axis is supported (`None` or `1`).
+        sliding_window: optional positive int; each query attends to keys with
+            `|i - j| < sliding_window` (local/band attention).
+        flash_attention: accepted for compatibility with Keras; ignored.
+        kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
+        activity_regularizer, kernel_constraint, bias_constraint: as for `Dense`.
+        use_gate: if `True`, a sigmoid gate computed from the query multiplies the
+            attention output per head before the output projection (as in Keras).
+        seed: seed for attention dropout.
+        num_key_value_heads: number of key/value heads; must divide `num_heads`.
+            Defaults to `num_heads`.
+        **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: `(batch, query_len, query_features)`.
+        value: `(batch, key_len, value_features)`.
+        key: optional `(batch, key_len, key_features)`; defaults to `value`.
+        query_mask: optional boolean `(batch, query_len)`; `False` rows get zero attention.
+        value_mask: optional boolean `(batch, key_len)`; `False` keys are never attended.
+        key_mask: optional boolean `(batch, key_len)`; combined with `value_mask`.
+        attention_mask: optional boolean mask broadcastable to
+            `(batch, query_len, key_len)` (3-D, as in Keras) or
+            `(batch, heads, query_len, key_len)` (4-D).
+        return_attention_scores: if `True`, also return the weights
+            `(batch, heads, query_len, key_len)`.
+        training: whether dropout is active.
+        use_causal_mask: if `True`, query `i` attends only to keys `j <= i`.
+        attention_bias: optional additive float bias broadcastable to
+            `(batch, heads, query_len, key_len)`.
+
+    Returns:
+        `(batch, query_len, output_features)`, and the attention weights when
+        `return_attention_scores=True`.
+
+    Example:
+
+    >>> tokens = keras.Input((None,), dtype="int32")
+    >>> x = keras.layers.Embedding(1000, 64, mask_zero=True)(tokens)
+    >>> x = MultiHeadAttention(num_heads=4, key_dim=16)(x, x, use_causal_mask=True)
+    >>> model = keras.Model(tokens, x)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        output_shape=None,
+        attention_axes=None,
+        sliding_window=None,
+        flash_attention=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
+        use_gate=False,
+        seed=None,
+        num_key_value_heads=None,
+        **kwargs,
+    ):
+        _check_positive_int("num_heads", num_heads)
+        _check_positive_int("key_dim", key_dim)
+        _check_positive_int("value_dim", value_dim, allow_none=True)
+        _check_positive_int("sliding_window", sliding_window, allow_none=True)
+        _check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
+        if num_key_value_heads is not None and num_heads % num_key_value_heads:
+            raise ValueError(
+                "`num_key_value_heads` must divide `num_heads`. Received: "
+                f"num_heads={num_heads}, num_key_value_heads={num_key_value_heads}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout}")
+        if attention_axes not in _SEQUENCE_AXES:
+            raise ValueError(
+                "keras_attn attends over the sequence axis of (batch, seq, features) inputs only: "
+                f"`attention_axes` must be None or 1. Received: attention_axes={attention_axes}"
+            )
+        super().__init__(activity_regularizer=activity_regularizer, **kwargs)
+        self.supports_masking = True
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.value_dim = value_dim or key_dim
+        self.num_key_value_heads = num_key_value_heads or num_heads
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.use_gate = use_gate
+        self.output_shape_ = _normalize_output_shape(output_shape)
+        self.sliding_window = sliding_window
+        self.flash_attention = flash_attention
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed) if dropout > 0 else None
+
+    def _projection(self, name, heads, head_dim, activation=None):
+        initializer_config = dict(
+            kernel_initializer=self.kernel_initializer.__class__.from_config(
+                self.kernel_initializer.get_config()
+            ),
+            bias_initializer=self.bias_initializer.__class__.from_config(
+                self.bias_initializer.get_config()
+            ),
+        )
+        return keras.layers.EinsumDense(
+            "abc,cde->abde",
+            output_shape=(None, heads, head_dim),
+            bias_axes="de" if self.use_bias else None,
+            activation=activation,
+            kernel_regularizer=self.kernel_regularizer,
+            bias_regularizer=self.bias_regularizer,
+            kernel_constraint=self.kernel_constraint,
+            bias_constraint=self.bias_constraint,
+            dtype=self.dtype_policy,
+            name=name,
+            **initializer_config,
+        )
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        key_shape = value_shape if key_shape is None else key_shape
+        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            if len(shape) != 3:
+                raise ValueError(
+                    f"`{name}` must have rank 3 (batch, seq, features). "
+                    f"Received: {name}.shape={tuple(shape)}"
+                )
+        if key_shape[1] is not None and value_shape[1] is not None and key_shape[1] != value_shape[1]:
+            raise ValueError(
+                "`key` and `value` must have the same length. Received: "
+                f"key.shape={tuple(key_shape)}, value.shape={tuple(value_shape)}"
+            )
+        self.query_dense = self._projection("query", self.num_heads, self.key_dim)
+        self.query_dense.build(query_shape)
+        self.key_dense = self._projection("key", self.num_key_value_heads, self.key_dim)
+        self.key_dense.build(key_shape)
+        self.value_dense = self._projection("value", self.num_key_value_heads, self.value_dim)
+        self.value_dense.build(value_shape)
+        if self.use_gate:
+            self.gate_dense = self._projection(
+                "gate", self.num_heads, self.value_dim, activation="sigmoid"
+            )
+            self.gate_dense.build(query_shape)
+        output_dim = self.output_shape_[0] if self.output_shape_ else query_shape[-1]
+        self.output_dense = keras.layers.EinsumDense(
+            "abcd,cde->abe",
+            output_shape=(None, output_dim),
+            bias_axes="e" if self.use_bias else None,
+            kernel_initializer=self.kernel_initializer.__class__.from_config(
+                self.kernel_initializer.get_config()
+            ),
+            bias_initializer=self.bias_initializer.__class__.from_config(
+                self.bias_initializer.get_config()
+            ),
+            kernel_regularizer=self.kernel_regularizer,
+            bias_regularizer=self.bias_regularizer,
+            kernel_constraint=self.kernel_constraint,
+            bias_constraint=self.bias_constraint,
+            dtype=self.dtype_policy,
+            name="attention_output",
+        )
+        self.output_dense.build((None, None, self.num_heads, self.value_dim))
+
+    def _fused_qkv(self, inputs):
+        """One matmul for the query, key and value projections of the same tensor."""
+        projections = (self.query_dense, self.key_dense, self.value_dense)
+        kernel = ops.concatenate(
+            [ops.reshape(p.kernel, (ops.shape(p.kernel)[0], -1)) for p in projections], axis=-1
+        )  # (features, (heads + 2 * kv_heads) * head_dim)
+        fused = ops.matmul(inputs, ops.cast(kernel, self.compute_dtype))  # (batch, seq, fused)
+        if self.use_bias:
+            bias = ops.concatenate([ops.reshape(p.bias, (-1,)) for p in projections], axis=0)
+            fused = fused + ops.cast(bias, self.compute_dtype)
+        sizes = [
+            self.num_heads * self.key_dim,
+            self.num_key_value_heads * self.key_dim,
+            self.num_key_value_heads * self.value_dim,
+        ]
+        query, key, value = ops.split(fused, [sizes[0], sizes[0] + sizes[1]], axis=-1)
+        batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
+        query = ops.reshape(query, (batch, length, self.num_heads, self.key_dim))
+        key = ops.reshape(key, (batch, length, self.num_key_value_heads, self.key_dim))
+        value = ops.reshape(value, (batch, length, self.num_key_value_heads, self.value_dim))
+        return query, key, value
+
+    def _project(self, query, key, value):
+        if query is value and key is value:
+            return self._fused_qkv(query)
+        return self.query_dense(query), self.key_dense(key), self.value_dense(value)
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        attention_bias=None,
+    ):
+        if key is None:
+            key = value
+        mask = self._attention_mask(query_mask, value_mask, key_mask, attention_mask)
+        projected_query, projected_key, projected_value = self._project(query, key, value)
+        # (batch, query_len, heads, value_dim), (batch, heads, query_len, key_len)
+        attended, weights = scaled_dot_product_attention(
+            projected_query,
+            projected_key,
+            projected_value,
+            mask=mask,
+            bias=attention_bias,
+            is_causal=use_causal_mask,
+            sliding_window=self.sliding_window,
+            dropout_rate=self.dropout,
+            training=training,
+            seed_generator=self.seed_generator,
+            return_weights=True,
+        )
+        if self.use_gate:
+            attended = attended * self.gate_dense(query)
+        output = self.output_dense(attended)  # (batch, query_len, output_dim)
+        if return_attention_scores:
+            return output, weights
+        return output
+
+    def _attention_mask(self, query_mask, value_mask, key_mask, attention_mask):
+        """Merges padding masks and an explicit mask into one 4-D boolean mask (or `None`)."""
+        if attention_mask is not None:
+            rank = len(attention_mask.shape)
+            if rank not in (3, 4):
+                raise ValueError(
+                    "`attention_mask` must have rank 3 (batch, query_len, key_len) or 4 "
+                    "(batch, heads, query_len, key_len). "
+                    f"Received: attention_mask.shape={tuple(attention_mask.shape)}"
+                )
+            if rank == 3:
+                attention_mask = ops.expand_dims(attention_mask, 1)  # (batch, 1, q, k)
+        for name, padding in (("query_mask", query_mask), ("value_mask", value_mask), ("key_mask", key_mask)):
+            if padding is not None and len(padding.shape) != 2:
+                raise ValueError(
+                    f"`{name}` must have rank 2 (batch, seq). Received: {name}.shape={tuple(padding.shape)}"
+                )
+        return merge_masks(
+            padding_mask_to_attention_mask(query_mask, None),
+            padding_mask_to_attention_mask(None, merge_masks(value_mask, key_mask)),
+            attention_mask,
+        )
+
+    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        output_dim = self.output_shape_[0] if self.output_shape_ else query_shape[-1]
+        return (*query_shape[:-1], output_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "output_shape": self.output_shape_,
+                "sliding_window": self.sliding_window,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+                "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+                "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
+                "bias_constraint": keras.constraints.serialize(self.bias_constraint),
+                "use_gate": self.use_gate,
+                "seed": self.seed,
+                "num_key_value_heads": self.num_key_value_heads,
+            }
+        )
+        return config
+
+
+def _check_positive_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        expected = "a positive integer or None" if allow_none else "a positive integer"
+        raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
+
+
+def _normalize_output_shape(output_shape):
+    if output_shape is None:
+        return None
+    shape = (output_shape,) if isinstance(output_shape, int) else tuple(output_shape)
+    if len(shape) != 1 or not isinstance(shape[0], int) or shape[0] <= 0:
+        raise ValueError(
+            "`output_shape` must be a positive int or a 1-tuple of one. "
+            f"Received: output_shape={output_shape!r}"
+        )
+    return shape

@@ -1,0 +1,75 @@
+"""NumPy float64 reference implementations: the independent oracle the tests compare against.
+
+Nothing here imports keras_attn. Layouts follow keras_attn: `(batch, seq, heads, depth)` for
+query/key/value, `(batch, heads, query_len, key_len)` for masks, biases and weights.
+"""
+
+import numpy as np
+
+
+def attention(query, key, value, mask=None, bias=None, is_causal=False, sliding_window=None, scale=None):
+    """Float64 scaled dot-product attention; returns `(output, weights)`.
+
+    Fully masked query rows get zero weights and zero output (the keras_attn contract).
+    """
+    query, key, value = (np.asarray(t, np.float64) for t in (query, key, value))
+    groups = query.shape[2] // key.shape[2]
+    key = np.repeat(key, groups, axis=2)
+    value = np.repeat(value, groups, axis=2)
+    if scale is None:
+        scale = 1.0 / np.sqrt(query.shape[-1])
+    logits = np.einsum("bqhd,bkhd->bhqk", query, key) * scale
+    if bias is not None:
+        logits = logits + np.asarray(bias, np.float64)
+    query_len, key_len = query.shape[1], key.shape[1]
+    allowed = np.ones((1, 1, query_len, key_len), bool)
+    rows, cols = np.arange(query_len)[:, None], np.arange(key_len)[None, :]
+    if is_causal:
+        allowed = allowed & (cols <= rows)
+    if sliding_window is not None:
+        allowed = allowed & (np.abs(rows - cols) < sliding_window)
+    if mask is not None:
+        allowed = allowed & np.asarray(mask, bool)
+    allowed = np.broadcast_to(allowed, logits.shape)
+    logits = np.where(allowed, logits, -np.inf)
+    row_max = np.max(logits, axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    exp = np.where(allowed, np.exp(logits - row_max), 0.0)
+    total = exp.sum(axis=-1, keepdims=True)
+    weights = np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)
+    output = np.einsum("bhqk,bkhd->bqhd", weights, value)
+    return output, weights
+
+
+def multi_head_attention(weights, query, value, key=None, mask=None, bias=None, is_causal=False,
+                         sliding_window=None):
+    """Float64 multi-head attention from a keras_attn / Keras `MultiHeadAttention`'s weights.
+
+    Args:
+        weights: `layer.get_weights()` in Keras order: query kernel, bias, key kernel, bias,
+            value kernel, bias, output kernel, bias (with `use_bias=True`).
+        mask: boolean mask broadcastable to `(batch, heads, query_len, key_len)`.
+    """
+    key = value if key is None else key
+    wq, bq, wk, bk, wv, bv, wo, bo = (np.asarray(w, np.float64) for w in weights)
+    q = np.einsum("btf,fhd->bthd", query, wq) + bq
+    k = np.einsum("btf,fhd->bthd", key, wk) + bk
+    v = np.einsum("btf,fhd->bthd", value, wv) + bv
+    attended, attention_weights = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+                                            sliding_window=sliding_window)
+    return np.einsum("bthd,hdo->bto", attended, wo) + bo, attention_weights
+
+
+def layer_norm(x, gamma, beta, epsilon):
+    x = np.asarray(x, np.float64)
+    mean = x.mean(-1, keepdims=True)
+    var = x.var(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + epsilon) * gamma + beta
+
+
+def sinusoidal_encoding(length, dim, max_wavelength=10000.0):
+    """Vaswani et al. (2017): `sin` on even features, `cos` on odd ones; `(length, dim)`."""
+    positions = np.arange(length, dtype=np.float64)[:, None]
+    pair = np.arange(dim)[None, :] // 2
+    angles = positions / np.power(max_wavelength, 2.0 * pair / dim)
+    return np.where(np.arange(dim)[None, :] % 2 == 0, np.sin(angles), np.cos(angles))
