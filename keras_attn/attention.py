@@ -22,30 +22,40 @@ from keras import ops
 _MASK_RANK = 4
 
 
-def causal_mask(query_len, key_len):
-    """Boolean lower-triangular mask, `True` where query `i` may attend to key `j <= i`.
+def causal_mask(query_len, key_len, query_offset=0):
+    """Boolean lower-triangular mask, `True` where query `i` may attend to key `j <= i + offset`.
 
-    Aligned at the top left, as `keras.layers.MultiHeadAttention(use_causal_mask=True)`:
-    query `i` sees keys `0..i` even when `key_len != query_len`.
+    With `query_offset=0` it is aligned at the top left, as
+    `keras.layers.MultiHeadAttention(use_causal_mask=True)`: query `i` sees keys `0..i` even when
+    `key_len != query_len`. In cached decoding the queries are the tokens at positions
+    `query_offset, query_offset + 1, ...` of a key/value cache of length `key_len`.
+
+    Args:
+        query_len: number of queries.
+        key_len: number of keys.
+        query_offset: position of the first query (an int or a scalar int tensor).
 
     Returns:
         A boolean tensor of shape `(1, 1, query_len, key_len)`.
     """
-    rows = ops.expand_dims(ops.arange(query_len, dtype="int32"), -1)  # (query_len, 1)
+    rows = ops.arange(query_len, dtype="int32") + ops.cast(query_offset, "int32")
+    rows = ops.expand_dims(rows, -1)  # (query_len, 1)
     cols = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)  # (1, key_len)
     return ops.reshape(ops.greater_equal(rows, cols), (1, 1, query_len, key_len))
 
 
-def sliding_window_mask(query_len, key_len, window):
-    """Boolean band mask, `True` where `|i - j| < window` (local attention).
+def sliding_window_mask(query_len, key_len, window, query_offset=0):
+    """Boolean band mask, `True` where `|i + query_offset - j| < window` (local attention).
 
     The same band as `keras.layers.MultiHeadAttention(sliding_window=window)`; combined with
-    `causal_mask` it gives the causal sliding window of Mistral-style models.
+    `causal_mask` it gives the causal sliding window of Mistral-style models. `query_offset` is
+    the position of the first query, as in `causal_mask`.
 
     Returns:
         A boolean tensor of shape `(1, 1, query_len, key_len)`.
     """
-    rows = ops.expand_dims(ops.arange(query_len, dtype="int32"), -1)  # (query_len, 1)
+    rows = ops.arange(query_len, dtype="int32") + ops.cast(query_offset, "int32")
+    rows = ops.expand_dims(rows, -1)  # (query_len, 1)
     cols = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)  # (1, key_len)
     band = ops.less(ops.abs(rows - cols), window)  # (query_len, key_len)
     return ops.reshape(band, (1, 1, query_len, key_len))
@@ -164,6 +174,7 @@ def scaled_dot_product_attention(
     bias=None,
     is_causal=False,
     sliding_window=None,
+    query_offset=0,
     scale=None,
     dropout_rate=0.0,
     training=False,
@@ -184,6 +195,9 @@ def scaled_dot_product_attention(
         is_causal: if `True`, query `i` attends only to keys `j <= i` (top-left aligned).
         sliding_window: optional positive int; query `i` attends only to keys with
             `|i - j| < sliding_window`.
+        query_offset: position of the first query among the keys (an int or a scalar int
+            tensor) for `is_causal` and `sliding_window`; non-zero in cached decoding, where
+            the queries are the newest tokens of a longer key/value cache.
         scale: logit scale; defaults to `1 / sqrt(depth)`.
         dropout_rate: dropout applied to the attention weights when `training`.
         training: whether dropout is active.
@@ -220,9 +234,10 @@ def scaled_dot_product_attention(
 
     query_len, key_len = ops.shape(query)[1], ops.shape(key)[1]
     if is_causal:
-        mask = merge_masks(mask, causal_mask(query_len, key_len))
+        mask = merge_masks(mask, causal_mask(query_len, key_len, query_offset))
     if sliding_window is not None:
-        mask = merge_masks(mask, sliding_window_mask(query_len, key_len, sliding_window))
+        band = sliding_window_mask(query_len, key_len, sliding_window, query_offset)
+        mask = merge_masks(mask, band)
 
     logits = attention_logits(query, key, scale)  # (batch, heads, query_len, key_len)
     if bias is not None:

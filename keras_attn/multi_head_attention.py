@@ -63,10 +63,19 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask: if `True`, query `i` attends only to keys `j <= i`.
         attention_bias: optional additive float bias broadcastable to
             `(batch, heads, query_len, key_len)`.
+        cache: optional key/value cache `(batch, 2, max_len, kv_heads, key_dim)` for
+            incremental decoding (`cache[:, 0]` keys, `cache[:, 1]` values; `key_dim` must
+            equal `value_dim`). With `cache_update_index`, the new `key`/`value` tokens are
+            projected and written into the cache at that index and attention runs over the
+            whole cache (`use_causal_mask` and `sliding_window` are then aligned so that the
+            queries sit at `cache_update_index`). Without it, the cache is used as
+            precomputed keys/values (cross-attention to an encoder projected once) and
+            `key`/`value` are ignored. Padding masks given with a cache are over `max_len`.
+        cache_update_index: int or scalar int tensor, the position of the first new token.
 
     Returns:
-        `(batch, query_len, output_features)`, and the attention weights when
-        `return_attention_scores=True`.
+        `(batch, query_len, output_features)`; then the attention weights when
+        `return_attention_scores=True`; then the updated cache when `cache` is given.
 
     Example:
 
@@ -244,11 +253,24 @@ class MultiHeadAttention(keras.layers.Layer):
         training=None,
         use_causal_mask=False,
         attention_bias=None,
+        cache=None,
+        cache_update_index=None,
     ):
         if key is None:
             key = value
         mask = self._attention_mask(query_mask, value_mask, key_mask, attention_mask)
-        projected_query, projected_key, projected_value = self._project(query, key, value)
+        if cache is None:
+            if cache_update_index is not None:
+                raise ValueError(
+                    "`cache_update_index` needs a `cache`. Received: cache=None, "
+                    f"cache_update_index={cache_update_index}"
+                )
+            projected_query, projected_key, projected_value = self._project(query, key, value)
+        else:
+            projected_query = self.query_dense(query)
+            projected_key, projected_value, cache = self._update_cache(
+                cache, key, value, cache_update_index
+            )
         # (batch, query_len, heads, value_dim), (batch, heads, query_len, key_len)
         attended, weights = scaled_dot_product_attention(
             projected_query,
@@ -258,6 +280,7 @@ class MultiHeadAttention(keras.layers.Layer):
             bias=attention_bias,
             is_causal=use_causal_mask,
             sliding_window=self.sliding_window,
+            query_offset=0 if cache_update_index is None else cache_update_index,
             dropout_rate=self.dropout,
             training=training,
             seed_generator=self.seed_generator,
@@ -266,9 +289,34 @@ class MultiHeadAttention(keras.layers.Layer):
         if self.use_gate:
             attended = attended * self.gate_dense(query)
         output = self.output_dense(attended)  # (batch, query_len, output_dim)
+        results = (output,)
         if return_attention_scores:
-            return output, weights
-        return output
+            results += (weights,)
+        if cache is not None:
+            results += (cache,)
+        return results[0] if len(results) == 1 else results
+
+    def _update_cache(self, cache, key, value, cache_update_index):
+        """Returns the keys, values and cache to attend over, writing new tokens if asked."""
+        expected = (2, self.num_key_value_heads, self.key_dim)
+        if len(cache.shape) != 5 or (cache.shape[1], cache.shape[3], cache.shape[4]) != expected:
+            raise ValueError(
+                f"`cache` must have shape (batch, 2, max_len, {self.num_key_value_heads}, "
+                f"{self.key_dim}). Received: cache.shape={tuple(cache.shape)}"
+            )
+        if self.key_dim != self.value_dim:
+            raise ValueError(
+                "A key/value cache needs `key_dim == value_dim`. Received: "
+                f"key_dim={self.key_dim}, value_dim={self.value_dim}"
+            )
+        key_cache, value_cache = cache[:, 0], cache[:, 1]  # (batch, max_len, kv_heads, dim)
+        if cache_update_index is None:
+            return key_cache, value_cache, cache
+        start = (0, cache_update_index, 0, 0)
+        key_cache = ops.slice_update(key_cache, start, self.key_dense(key))
+        value_cache = ops.slice_update(value_cache, start, self.value_dense(value))
+        cache = ops.stack((key_cache, value_cache), axis=1)  # (batch, 2, max_len, kv_heads, dim)
+        return key_cache, value_cache, cache
 
     def _attention_mask(self, query_mask, value_mask, key_mask, attention_mask):
         """Merges padding masks and an explicit mask into one 4-D boolean mask (or `None`)."""
