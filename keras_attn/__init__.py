@@ -5,6 +5,10 @@ from keras_attn.attention import masked_softmax
 from keras_attn.attention import merge_masks
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.attention import sliding_window_mask
+from keras_attn.causal_self_attention import CausalSelfAttention
+from keras_attn.cross_attention import CrossAttention
+from keras_attn.masked_global_pooling import MaskedGlobalPooling
 from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.self_attention import SelfAttention
 
 __version__ = "0.1.0"

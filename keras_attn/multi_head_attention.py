@@ -155,7 +155,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 self.bias_initializer.get_config()
             ),
         )
-        return keras.layers.EinsumDense(
+        projection = keras.layers.EinsumDense(
             "abc,cde->abde",
             output_shape=(None, heads, head_dim),
             bias_axes="de" if self.use_bias else None,
@@ -168,6 +168,10 @@ class MultiHeadAttention(keras.layers.Layer):
             name=name,
             **initializer_config,
         )
+        # A per-position projection keeps a padding mask valid; this layer reads the masks
+        # from its `*_mask` arguments, so the projections only need not to drop (and warn).
+        projection.supports_masking = True
+        return projection
 
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape

@@ -1,0 +1,38 @@
+"""Causal (masked) self-attention: position `i` attends only to positions `j <= i`."""
+
+import keras
+
+from keras_attn.self_attention import SelfAttention
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class CausalSelfAttention(SelfAttention):
+    """Multi-head causal self-attention, the masked attention of a decoder.
+
+    `CausalSelfAttention(...)(x)` is `MultiHeadAttention(...)(x, x, use_causal_mask=True)`;
+    the constructor arguments and weights are those of `MultiHeadAttention`. For incremental
+    decoding pass a key/value `cache` of shape `(batch, 2, max_len, kv_heads, key_dim)` and
+    the `cache_update_index` of the new tokens: the call returns `(output, cache)`.
+
+    Call arguments:
+        inputs: `(batch, seq, features)`.
+        mask: optional boolean padding mask `(batch, seq)` (or `(batch, max_len)` with a
+            cache); taken from the Keras mask of `inputs` when not given.
+        attention_mask: optional extra boolean mask broadcastable to
+            `(batch, heads, seq, seq)`.
+        attention_bias: optional additive bias broadcastable to `(batch, heads, seq, seq)`.
+        return_attention_scores: if `True`, also return the weights.
+        training: whether attention dropout is active.
+        cache: optional key/value cache (see above).
+        cache_update_index: position of the first token of `inputs` in the cache.
+
+    Example:
+
+    >>> x = keras.random.normal((2, 10, 32))
+    >>> layer = CausalSelfAttention(num_heads=4, key_dim=8)
+    >>> full = layer(x)
+    >>> cache = keras.ops.zeros((2, 2, 10, 4, 8))
+    >>> first, cache = layer(x[:, :1], cache=cache, cache_update_index=0)
+    """
+
+    causal = True
