@@ -142,11 +142,16 @@ def _repeat_kv_heads(tensor, groups):
     return ops.repeat(tensor, groups, axis=2)
 
 
+def softmax_dtype(dtype):
+    """The dtype logits and softmax run in: float32, or float64 for float64 inputs."""
+    return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
+
+
 def attention_logits(query, key, scale):
-    """Float32 logits `(batch, heads, query_len, key_len)` of `scale * query . key`."""
+    """Logits `(batch, heads, query_len, key_len)` of `scale * query . key`, in `softmax_dtype`."""
     query = ops.multiply(query, ops.cast(scale, query.dtype))  # (batch, query_len, heads, depth)
     logits = ops.einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, query_len, key_len)
-    return ops.cast(logits, "float32")
+    return ops.cast(logits, softmax_dtype(logits.dtype))
 
 
 def masked_softmax(logits, mask=None):
@@ -156,11 +161,11 @@ def masked_softmax(logits, mask=None):
         logits: float logits `(batch, heads, query_len, key_len)`.
         mask: optional boolean mask broadcastable to `logits`, `True` = attend.
     """
-    logits = ops.cast(logits, "float32")
+    logits = ops.cast(logits, softmax_dtype(logits.dtype))
     if mask is None:
         return ops.softmax(logits, axis=-1)
     # A finite fill: `-inf` would give NaN (inf - inf) in a fully masked row.
-    fill = ops.cast(-1e9, "float32")
+    fill = ops.cast(-1e9, logits.dtype)
     weights = ops.softmax(ops.where(mask, logits, fill), axis=-1)  # (batch, heads, q, k)
     # Fully masked rows softmax to uniform weights: zero every masked entry instead.
     return ops.where(mask, weights, ops.zeros_like(weights))
@@ -241,7 +246,7 @@ def scaled_dot_product_attention(
 
     logits = attention_logits(query, key, scale)  # (batch, heads, query_len, key_len)
     if bias is not None:
-        logits = logits + ops.cast(bias, "float32")
+        logits = logits + ops.cast(bias, logits.dtype)
     weights = masked_softmax(logits, mask)  # (batch, heads, query_len, key_len), float32
     if training and dropout_rate > 0.0:
         weights = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
