@@ -9,6 +9,8 @@ from keras_attn.causal_self_attention import CausalSelfAttention
 from keras_attn.cross_attention import CrossAttention
 from keras_attn.masked_global_pooling import MaskedGlobalPooling
 from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.position_embedding import PositionEmbedding
 from keras_attn.self_attention import SelfAttention
+from keras_attn.sinusoidal_position_encoding import SinusoidalPositionEncoding
 
 __version__ = "0.1.0"

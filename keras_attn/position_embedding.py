@@ -1,0 +1,108 @@
+"""Learned absolute position embedding."""
+
+import keras
+from keras import ops
+
+from keras_attn.multi_head_attention import _check_positive_int
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class PositionEmbedding(keras.layers.Layer):
+    """Learned absolute position embedding, one trainable vector per position.
+
+    Returns the embeddings of positions `start_index .. start_index + seq - 1` broadcast to
+    the shape of `inputs` (add them to the token embeddings yourself, or use
+    `TokenAndPositionEmbedding`). Positions past `sequence_length` are an error, never a
+    silent truncation: a `ValueError` when the length is known when the layer is called, and
+    a runtime assertion (TensorFlow backend) when it is only known when the graph runs.
+
+    Args:
+        sequence_length: the maximum number of positions.
+        initializer: initializer of the `(sequence_length, features)` embedding matrix.
+        **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(batch, seq, features)`; only its shape is used.
+        start_index: int or scalar int tensor, the position of the first element of `inputs`
+            (cached decoding feeds one position at a time).
+
+    Returns:
+        `(batch, seq, features)` position embeddings in the compute dtype.
+
+    Example:
+
+    >>> tokens = keras.layers.Embedding(100, 16)(keras.ops.ones((2, 10), "int32"))
+    >>> x = tokens + PositionEmbedding(sequence_length=32)(tokens)
+    >>> x.shape
+    (2, 10, 16)
+    """
+
+    def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
+        _check_positive_int("sequence_length", sequence_length)
+        super().__init__(**kwargs)
+        self.supports_masking = True
+        self.sequence_length = sequence_length
+        self.initializer = keras.initializers.get(initializer)
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have rank 3 (batch, seq, features) with a known feature size. "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+        self.position_embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.sequence_length, inputs_shape[-1]),
+            initializer=self.initializer,
+        )
+
+    def _checked_length(self, length, start_index):
+        """`length`, once `start_index + length <= sequence_length` is known to hold.
+
+        Raises a `ValueError` when both numbers are Python ints; otherwise (TensorFlow backend)
+        returns `length` behind a runtime assertion, so the slice never runs past the table.
+        """
+        message = f"exceeds sequence_length={self.sequence_length}"
+        if isinstance(start_index, int) and start_index < 0:
+            raise ValueError(f"`start_index` must be >= 0. Received: start_index={start_index}")
+        if isinstance(length, int) and isinstance(start_index, int):
+            if start_index + length > self.sequence_length:
+                raise ValueError(
+                    f"Position embedding: start_index + input length = {start_index} + {length} = "
+                    f"{start_index + length} {message}."
+                )
+            return length
+        if keras.backend.backend() != "tensorflow":
+            return length
+        import tensorflow as tf
+
+        end = ops.cast(start_index, "int32") + ops.cast(length, "int32")
+        assertion = tf.debugging.assert_less_equal(
+            end,
+            self.sequence_length,
+            message=f"Position embedding: start_index + input length (x below) {message} (y below).",
+        )
+        with tf.control_dependencies([assertion]):
+            return tf.identity(length)
+
+    def call(self, inputs, start_index=0):
+        length = inputs.shape[1] if inputs.shape[1] is not None else ops.shape(inputs)[1]
+        length = self._checked_length(length, start_index)
+        embeddings = ops.slice(
+            self.position_embeddings, (start_index, 0), (length, inputs.shape[-1])
+        )  # (seq, features)
+        embeddings = ops.cast(embeddings, self.compute_dtype)
+        return ops.broadcast_to(ops.expand_dims(embeddings, 0), ops.shape(inputs))  # (batch, seq, features)
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "sequence_length": self.sequence_length,
+                "initializer": keras.initializers.serialize(self.initializer),
+            }
+        )
+        return config

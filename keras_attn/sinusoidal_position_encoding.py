@@ -1,0 +1,130 @@
+"""Fixed sinusoidal position encoding (Vaswani et al., 2017)."""
+
+import keras
+from keras import ops
+
+from keras_attn.multi_head_attention import _check_positive_int
+
+_MERGE_MODES = ("add", "concat")
+
+
+def check_max_wavelength(max_wavelength):
+    """Raises a `ValueError` unless `max_wavelength` is a number greater than 1."""
+    if isinstance(max_wavelength, bool) or not isinstance(max_wavelength, (int, float)) or max_wavelength <= 1:
+        raise ValueError(
+            f"`max_wavelength` must be a number greater than 1. Received: max_wavelength={max_wavelength!r}"
+        )
+
+
+def inverse_frequencies(dim, max_wavelength):
+    """Float32 `max_wavelength ** (-2i / dim)` for `i = 0 .. ceil(dim / 2) - 1`; `(ceil(dim / 2),)`."""
+    exponents = ops.arange(0, dim, 2, dtype="float32") / ops.cast(dim, "float32")  # (ceil(dim / 2),)
+    return ops.power(ops.cast(max_wavelength, "float32"), -exponents)
+
+
+def positions(length, start_index=0):
+    """Float32 positions `start_index .. start_index + length - 1`; `(length,)`."""
+    return ops.arange(length, dtype="float32") + ops.cast(start_index, "float32")
+
+
+def sinusoids(length, dim, max_wavelength=10000, start_index=0):
+    """Float32 encoding `(length, dim)`: `sin` on even features, `cos` on odd ones.
+
+    Feature `2i` of position `t` is `sin(t / max_wavelength ** (2i / dim))` and feature
+    `2i + 1` is the matching `cos`, for `t = start_index .. start_index + length - 1`.
+    """
+    angles = ops.einsum(
+        "t,f->tf", positions(length, start_index), inverse_frequencies(dim, max_wavelength)
+    )  # (length, ceil(dim / 2))
+    pairs = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)  # (length, ceil(dim / 2), 2)
+    return ops.reshape(pairs, (length, -1))[:, :dim]  # (length, dim)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class SinusoidalPositionEncoding(keras.layers.Layer):
+    """Fixed sinusoidal position encoding (Vaswani et al., 2017), for any sequence length.
+
+    Position `t` is encoded as `sin(t / max_wavelength ** (2i / d))` on feature `2i` and
+    `cos(...)` of the same angle on feature `2i + 1`. For every offset `k` the encoding of
+    `t + k` is a fixed rotation of the encoding of `t`, which lets attention pick up relative
+    positions. The encoding is computed in float32 on the fly (no maximum length, no weights)
+    and cast to the compute dtype. The Keras mask of the inputs passes through.
+
+    Args:
+        merge_mode: `"add"` returns `inputs + encoding` (encoding width = input width);
+            `"concat"` appends `encoding_dim` encoding features to the inputs.
+        max_wavelength: the longest wavelength of the sinusoids, a number greater than 1.
+        encoding_dim: the width of the encoding with `merge_mode="concat"`; defaults to the
+            input width. With `"add"` it must be `None` or the input width.
+        **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(batch, seq, features)`.
+        start_index: int or scalar int tensor, the position of the first element of `inputs`
+            (cached decoding feeds one position at a time).
+
+    Returns:
+        `(batch, seq, features)` with `"add"`, `(batch, seq, features + encoding_dim)` with
+        `"concat"`.
+
+    Example:
+
+    >>> x = keras.random.normal((2, 7, 16))
+    >>> SinusoidalPositionEncoding()(x).shape
+    (2, 7, 16)
+    >>> SinusoidalPositionEncoding(merge_mode="concat", encoding_dim=4)(x).shape
+    (2, 7, 20)
+    """
+
+    def __init__(self, merge_mode="add", max_wavelength=10000, encoding_dim=None, **kwargs):
+        if merge_mode not in _MERGE_MODES:
+            raise ValueError(f"`merge_mode` must be one of {_MERGE_MODES}. Received: merge_mode={merge_mode!r}")
+        check_max_wavelength(max_wavelength)
+        _check_positive_int("encoding_dim", encoding_dim, allow_none=True)
+        super().__init__(**kwargs)
+        self.supports_masking = True
+        self.merge_mode = merge_mode
+        self.max_wavelength = max_wavelength
+        self.encoding_dim = encoding_dim
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have rank 3 (batch, seq, features) with a known feature size. "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+        features = inputs_shape[-1]
+        if self.merge_mode == "add" and self.encoding_dim not in (None, features):
+            raise ValueError(
+                "With merge_mode='add' the encoding has the input width: `encoding_dim` must be None "
+                f"or {features}. Received: encoding_dim={self.encoding_dim}"
+            )
+
+    def _encoding_width(self, features):
+        return self.encoding_dim or features
+
+    def call(self, inputs, start_index=0):
+        batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
+        width = self._encoding_width(inputs.shape[-1])
+        encoding = sinusoids(length, width, self.max_wavelength, start_index)  # (seq, width)
+        encoding = ops.expand_dims(ops.cast(encoding, self.compute_dtype), 0)  # (1, seq, width)
+        if self.merge_mode == "add":
+            return inputs + encoding
+        encoding = ops.broadcast_to(encoding, (batch, length, width))  # (batch, seq, width)
+        return ops.concatenate([inputs, encoding], axis=-1)
+
+    def compute_output_shape(self, inputs_shape):
+        if self.merge_mode == "add":
+            return tuple(inputs_shape)
+        return (*inputs_shape[:-1], inputs_shape[-1] + self._encoding_width(inputs_shape[-1]))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "merge_mode": self.merge_mode,
+                "max_wavelength": self.max_wavelength,
+                "encoding_dim": self.encoding_dim,
+            }
+        )
+        return config
