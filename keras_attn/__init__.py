@@ -7,9 +7,11 @@ from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.attention import sliding_window_mask
 from keras_attn.causal_self_attention import CausalSelfAttention
 from keras_attn.cross_attention import CrossAttention
+from keras_attn.feed_forward import FeedForward
 from keras_attn.masked_global_pooling import MaskedGlobalPooling
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.position_embedding import PositionEmbedding
+from keras_attn.rotary_embedding import RotaryEmbedding
 from keras_attn.self_attention import SelfAttention
 from keras_attn.sinusoidal_position_encoding import SinusoidalPositionEncoding
 

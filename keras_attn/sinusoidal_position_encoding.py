@@ -16,25 +16,30 @@ def check_max_wavelength(max_wavelength):
         )
 
 
-def inverse_frequencies(dim, max_wavelength):
-    """Float32 `max_wavelength ** (-2i / dim)` for `i = 0 .. ceil(dim / 2) - 1`; `(ceil(dim / 2),)`."""
-    exponents = ops.arange(0, dim, 2, dtype="float32") / ops.cast(dim, "float32")  # (ceil(dim / 2),)
-    return ops.power(ops.cast(max_wavelength, "float32"), -exponents)
+def math_dtype(compute_dtype):
+    """Float64 for a float64 layer, float32 otherwise: positions and angles never use 16 bits."""
+    return "float64" if compute_dtype == "float64" else "float32"
 
 
-def positions(length, start_index=0):
-    """Float32 positions `start_index .. start_index + length - 1`; `(length,)`."""
-    return ops.arange(length, dtype="float32") + ops.cast(start_index, "float32")
+def inverse_frequencies(dim, max_wavelength, dtype="float32"):
+    """`max_wavelength ** (-2i / dim)` for `i = 0 .. ceil(dim / 2) - 1`; `(ceil(dim / 2),)`."""
+    exponents = ops.arange(0, dim, 2, dtype=dtype) / ops.cast(dim, dtype)  # (ceil(dim / 2),)
+    return ops.power(ops.cast(max_wavelength, dtype), -exponents)
 
 
-def sinusoids(length, dim, max_wavelength=10000, start_index=0):
-    """Float32 encoding `(length, dim)`: `sin` on even features, `cos` on odd ones.
+def positions(length, start_index=0, dtype="float32"):
+    """Positions `start_index .. start_index + length - 1`; `(length,)`."""
+    return ops.arange(length, dtype=dtype) + ops.cast(start_index, dtype)
+
+
+def sinusoids(length, dim, max_wavelength=10000, start_index=0, dtype="float32"):
+    """Encoding `(length, dim)`: `sin` on even features, `cos` on odd ones.
 
     Feature `2i` of position `t` is `sin(t / max_wavelength ** (2i / dim))` and feature
     `2i + 1` is the matching `cos`, for `t = start_index .. start_index + length - 1`.
     """
     angles = ops.einsum(
-        "t,f->tf", positions(length, start_index), inverse_frequencies(dim, max_wavelength)
+        "t,f->tf", positions(length, start_index, dtype), inverse_frequencies(dim, max_wavelength, dtype)
     )  # (length, ceil(dim / 2))
     pairs = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)  # (length, ceil(dim / 2), 2)
     return ops.reshape(pairs, (length, -1))[:, :dim]  # (length, dim)
@@ -47,8 +52,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     Position `t` is encoded as `sin(t / max_wavelength ** (2i / d))` on feature `2i` and
     `cos(...)` of the same angle on feature `2i + 1`. For every offset `k` the encoding of
     `t + k` is a fixed rotation of the encoding of `t`, which lets attention pick up relative
-    positions. The encoding is computed in float32 on the fly (no maximum length, no weights)
-    and cast to the compute dtype. The Keras mask of the inputs passes through.
+    positions. The encoding is computed on the fly in float32 (float64 for a float64 layer),
+    with no maximum length and no weights, then cast to the compute dtype. The Keras mask of
+    the inputs passes through.
 
     Args:
         merge_mode: `"add"` returns `inputs + encoding` (encoding width = input width);
@@ -106,7 +112,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     def call(self, inputs, start_index=0):
         batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
         width = self._encoding_width(inputs.shape[-1])
-        encoding = sinusoids(length, width, self.max_wavelength, start_index)  # (seq, width)
+        encoding = sinusoids(
+            length, width, self.max_wavelength, start_index, math_dtype(self.compute_dtype)
+        )  # (seq, width)
         encoding = ops.expand_dims(ops.cast(encoding, self.compute_dtype), 0)  # (1, seq, width)
         if self.merge_mode == "add":
             return inputs + encoding

@@ -73,3 +73,17 @@ def sinusoidal_encoding(length, dim, max_wavelength=10000.0):
     pair = np.arange(dim)[None, :] // 2
     angles = positions / np.power(max_wavelength, 2.0 * pair / dim)
     return np.where(np.arange(dim)[None, :] % 2 == 0, np.sin(angles), np.cos(angles))
+
+
+def rotary_embedding(x, start_index=0, max_wavelength=10000.0, scaling_factor=1.0):
+    """Float64 RoPE, "rotate half" pairing: feature `i` with feature `i + depth / 2`.
+
+    `x` is `(batch, seq, heads, depth)`; each pair is the complex number `x_i + 1j * x_{i+d/2}`
+    multiplied by `exp(1j * angle)`, `angle = (t / scaling_factor) / max_wavelength ** (2i / d)`.
+    """
+    x = np.asarray(x, np.float64)
+    half = x.shape[-1] // 2
+    positions = (start_index + np.arange(x.shape[1], dtype=np.float64)) / scaling_factor
+    angles = positions[:, None] / np.power(max_wavelength, 2.0 * np.arange(half) / x.shape[-1])
+    pairs = (x[..., :half] + 1j * x[..., half:]) * np.exp(1j * angles)[None, :, None, :]
+    return np.concatenate([pairs.real, pairs.imag], axis=-1)

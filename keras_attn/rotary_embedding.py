@@ -1,0 +1,80 @@
+"""Rotary position embedding (RoPE, Su et al., 2021)."""
+
+import keras
+from keras import ops
+
+from keras_attn.sinusoidal_position_encoding import check_max_wavelength
+from keras_attn.sinusoidal_position_encoding import inverse_frequencies
+from keras_attn.sinusoidal_position_encoding import math_dtype
+from keras_attn.sinusoidal_position_encoding import positions
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class RotaryEmbedding(keras.layers.Layer):
+    """Rotary position embedding (RoPE): rotates query/key features by position-dependent angles.
+
+    Feature `i` and feature `i + depth / 2` of the token at position `t` form a pair rotated by
+    the angle `(t / scaling_factor) / max_wavelength ** (2i / depth)` (the "rotate half"
+    convention of KerasHub and Llama). Applied to queries and keys, the dot product
+    `q_m . k_n` then depends on the positions only through `m - n`. The rotation is computed
+    in float32 (float64 for a float64 layer) and cast back to the compute dtype. No weights.
+
+    Args:
+        max_wavelength: the longest wavelength of the rotations, a number greater than 1.
+        scaling_factor: positive number dividing the positions (linear position
+            interpolation to stretch a trained context).
+        **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(batch, seq, heads, depth)` with an even `depth` (projected queries or keys).
+        start_index: int or scalar int tensor, the position of the first element of `inputs`
+            (cached decoding feeds one position at a time).
+
+    Returns:
+        The rotated `inputs`, same shape and dtype.
+
+    Example:
+
+    >>> query = keras.random.normal((2, 10, 4, 16))
+    >>> RotaryEmbedding()(query, start_index=5).shape
+    (2, 10, 4, 16)
+    """
+
+    def __init__(self, max_wavelength=10000, scaling_factor=1.0, **kwargs):
+        check_max_wavelength(max_wavelength)
+        if isinstance(scaling_factor, bool) or not isinstance(scaling_factor, (int, float)) or scaling_factor <= 0:
+            raise ValueError(
+                f"`scaling_factor` must be a positive number. Received: scaling_factor={scaling_factor!r}"
+            )
+        super().__init__(**kwargs)
+        self.supports_masking = True
+        self.max_wavelength = max_wavelength
+        self.scaling_factor = scaling_factor
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) != 4 or inputs_shape[-1] is None or inputs_shape[-1] % 2:
+            raise ValueError(
+                "`inputs` must have rank 4 (batch, seq, heads, depth) with a known, even depth. "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+
+    def call(self, inputs, start_index=0):
+        dtype = math_dtype(self.compute_dtype)
+        scaled_positions = positions(ops.shape(inputs)[1], start_index, dtype) / self.scaling_factor  # (seq,)
+        angles = ops.einsum(
+            "t,f->tf", scaled_positions, inverse_frequencies(inputs.shape[-1], self.max_wavelength, dtype)
+        )  # (seq, depth / 2)
+        angles = ops.concatenate([angles, angles], axis=-1)[None, :, None, :]  # (1, seq, 1, depth)
+        inputs = ops.cast(inputs, dtype)
+        first, second = ops.split(inputs, 2, axis=-1)  # (batch, seq, heads, depth / 2)
+        rotated_half = ops.concatenate([-second, first], axis=-1)  # (batch, seq, heads, depth)
+        rotated = inputs * ops.cos(angles) + rotated_half * ops.sin(angles)
+        return ops.cast(rotated, self.compute_dtype)
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"max_wavelength": self.max_wavelength, "scaling_factor": self.scaling_factor})
+        return config
