@@ -1,0 +1,101 @@
+import keras
+import numpy as np
+import pytest
+
+from keras_attn import MaskedGlobalPooling
+from tests import layer_checks
+
+
+def numpy_pooling(values, mask, mode):
+    """Float64 oracle: mean/max over the positions where `mask` is True, zeros when none is."""
+    values = np.asarray(values, np.float64)
+    pooled = np.zeros((values.shape[0], values.shape[2]))
+    for row, (sequence, keep) in enumerate(zip(values, np.asarray(mask, bool))):
+        if keep.any():
+            real = sequence[keep]
+            pooled[row] = real.mean(axis=0) if mode == "mean" else real.max(axis=0)
+    return pooled
+
+
+def random_inputs(rng, batch=4, length=7, features=5):
+    values = rng.standard_normal((batch, length, features)).astype("float32") - 3.0  # mostly negative
+    lengths = np.array([length, 3, 1, 0])[:batch]
+    mask = np.arange(length)[None, :] < lengths[:, None]
+    return values, mask
+
+
+@pytest.mark.parametrize("mode", ["mean", "max"])
+def test_matches_numpy_over_real_positions(mode):
+    values, mask = random_inputs(np.random.default_rng(0))
+    got = keras.ops.convert_to_numpy(MaskedGlobalPooling(mode=mode)(values, mask=mask))
+    np.testing.assert_allclose(got, numpy_pooling(values, mask, mode), atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["mean", "max"])
+def test_fully_padded_sequence_pools_to_zeros(mode):
+    values, _ = random_inputs(np.random.default_rng(1))
+    mask = np.zeros(values.shape[:2], bool)
+    got = keras.ops.convert_to_numpy(MaskedGlobalPooling(mode=mode)(values, mask=mask))
+    assert np.all(np.isfinite(got))
+    np.testing.assert_array_equal(got, 0.0)
+
+
+@pytest.mark.parametrize("mode", ["mean", "max"])
+def test_padding_values_never_leak(mode):
+    values, mask = random_inputs(np.random.default_rng(2))
+    polluted = np.where(mask[..., None], values, 1e6).astype("float32")
+    layer = MaskedGlobalPooling(mode=mode)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(layer(polluted, mask=mask)),
+        keras.ops.convert_to_numpy(layer(values, mask=mask)),
+    )
+
+
+@pytest.mark.parametrize("mode", ["mean", "max"])
+def test_keras_mask_from_embedding_is_used(mode):
+    token_ids = np.array([[5, 3, 0, 0], [0, 0, 0, 0], [1, 2, 3, 4]])
+    tokens = keras.Input((None,), dtype="int32")
+    embedded = keras.layers.Embedding(10, 3, mask_zero=True)(tokens)
+    model = keras.Model(tokens, [MaskedGlobalPooling(mode=mode)(embedded), embedded])
+    pooled, vectors = (keras.ops.convert_to_numpy(t) for t in model(token_ids))
+    np.testing.assert_allclose(pooled, numpy_pooling(vectors, token_ids != 0, mode), atol=1e-6)
+
+
+def test_without_mask_every_position_counts():
+    values, _ = random_inputs(np.random.default_rng(3))
+    got = keras.ops.convert_to_numpy(MaskedGlobalPooling(mode="mean")(values))
+    np.testing.assert_allclose(got, values.astype(np.float64).mean(axis=1), atol=1e-6)
+
+
+def test_output_has_no_mask_and_compute_dtype():
+    values, mask = random_inputs(np.random.default_rng(4))
+    layer = MaskedGlobalPooling(mode="mean", dtype="mixed_bfloat16")
+    assert layer.compute_mask(values, mask) is None
+    assert keras.backend.standardize_dtype(layer(values, mask=mask).dtype) == "bfloat16"
+
+
+@pytest.mark.parametrize("mode", ["mean", "max"])
+def test_serialization_and_jit(mode):
+    def factory():
+        tokens = keras.Input((None,), dtype="int32")
+        embedded = keras.layers.Embedding(20, 4, mask_zero=True)(tokens)
+        return keras.Model(tokens, MaskedGlobalPooling(mode=mode)(embedded))
+
+    token_ids = np.array([[4, 7, 9, 0, 0], [0, 0, 0, 0, 0], [1, 2, 3, 4, 5]], "int32")
+    layer_checks.assert_serialization_round_trip(factory, token_ids)
+    layer_checks.assert_jit_matches_eager(factory(), token_ids)
+
+
+@pytest.mark.parametrize("mode", ["mean", "max"])
+def test_gradients_match_finite_differences(mode):
+    values, mask = random_inputs(np.random.default_rng(5))
+    layer_checks.assert_gradients_match_finite_differences(
+        lambda: MaskedGlobalPooling(mode=mode), values, mask=mask
+    )
+
+
+def test_bad_arguments_name_the_value():
+    with pytest.raises(ValueError, match="mode='median'"):
+        MaskedGlobalPooling(mode="median")
+    with pytest.raises(ValueError, match=r"inputs.shape=\(2, 3\)"):
+        MaskedGlobalPooling()(np.zeros((2, 3), "float32"))
