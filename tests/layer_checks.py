@@ -155,7 +155,8 @@ def _directional_derivative_error(loss_fn, variables, rng, epsilon):
     """Relative error between `grad . d` (autodiff) and a central difference along `d`."""
     with tf.GradientTape() as tape:
         loss = loss_fn()
-    gradients = tape.gradient(loss, variables)
+    # Embedding tables get `IndexedSlices`: densify them.
+    gradients = [None if g is None else tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
     for variable, gradient in zip(variables, gradients):
         assert gradient is not None, f"no gradient for {variable.name}"
         assert np.all(np.isfinite(gradient.numpy())), f"non-finite gradient for {variable.name}"

@@ -1,0 +1,138 @@
+"""Token embedding plus position embedding, the input block of a Transformer."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_attn.feed_forward import clone_initializer
+from keras_attn.multi_head_attention import _check_positive_int
+from keras_attn.position_embedding import PositionEmbedding
+from keras_attn.sinusoidal_position_encoding import SinusoidalPositionEncoding
+
+_POSITION_ENCODINGS = ("learned", "sinusoidal")
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """Embeds token ids and adds their position embedding.
+
+    `output[b, t] = token_embedding(ids[b, t]) * (sqrt(embedding_dim) if scale_embeddings)
+    + position(start_index + t)`, with learned positions (`PositionEmbedding`, at most
+    `sequence_length` of them) or fixed sinusoids (`SinusoidalPositionEncoding`, any length).
+    With `mask_zero=True` id 0 is padding: the output carries the Keras mask `ids != 0`, which
+    mask-aware layers downstream (`TransformerEncoder`, `MultiHeadAttention`, pooling) use.
+    The token table is exposed as `.token_embedding` (a `keras.layers.Embedding`) so that an
+    output projection can share its weights.
+
+    Args:
+        vocabulary_size: number of token ids.
+        sequence_length: maximum number of positions for `position_encoding="learned"`; may
+            be `None` with `"sinusoidal"` (no maximum).
+        embedding_dim: width of the embeddings.
+        mask_zero: whether id 0 is padding (produces a Keras mask).
+        position_encoding: `"learned"` or `"sinusoidal"`.
+        embeddings_initializer: initializer of the token (and learned position) tables.
+        scale_embeddings: multiply the token embeddings by `sqrt(embedding_dim)` before adding
+            positions (Vaswani et al., 2017).
+        **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        token_ids: integer `(batch, seq)`.
+        start_index: int or scalar int tensor, the position of the first token (cached
+            decoding feeds one token at a time).
+
+    Returns:
+        `(batch, seq, embedding_dim)`.
+
+    Example:
+
+    >>> ids = keras.Input((None,), dtype="int32")
+    >>> x = TokenAndPositionEmbedding(1000, 128, 64)(ids)  # carries the mask ids != 0
+    >>> x.shape
+    (None, None, 64)
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        sequence_length,
+        embedding_dim,
+        mask_zero=True,
+        position_encoding="learned",
+        embeddings_initializer="uniform",
+        scale_embeddings=False,
+        **kwargs,
+    ):
+        _check_positive_int("vocabulary_size", vocabulary_size)
+        _check_positive_int("embedding_dim", embedding_dim)
+        if position_encoding not in _POSITION_ENCODINGS:
+            raise ValueError(
+                f"`position_encoding` must be one of {_POSITION_ENCODINGS}. "
+                f"Received: position_encoding={position_encoding!r}"
+            )
+        _check_positive_int("sequence_length", sequence_length, allow_none=position_encoding == "sinusoidal")
+        super().__init__(**kwargs)
+        self.vocabulary_size = vocabulary_size
+        self.sequence_length = sequence_length
+        self.embedding_dim = embedding_dim
+        self.mask_zero = mask_zero
+        self.position_encoding = position_encoding
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.scale_embeddings = scale_embeddings
+        self.token_embedding = keras.layers.Embedding(
+            vocabulary_size,
+            embedding_dim,
+            embeddings_initializer=clone_initializer(self.embeddings_initializer),
+            mask_zero=mask_zero,
+            dtype=self.dtype_policy,
+            name="token_embedding",
+        )
+        if position_encoding == "learned":
+            self.position_embedding = PositionEmbedding(
+                sequence_length,
+                initializer=clone_initializer(self.embeddings_initializer),
+                dtype=self.dtype_policy,
+                name="position_embedding",
+            )
+        else:
+            self.position_embedding = SinusoidalPositionEncoding(dtype=self.dtype_policy, name="position_embedding")
+
+    def build(self, token_ids_shape):
+        if len(token_ids_shape) != 2:
+            raise ValueError(
+                f"`token_ids` must have rank 2 (batch, seq). Received: token_ids.shape={tuple(token_ids_shape)}"
+            )
+        self.token_embedding.build(token_ids_shape)
+        self.position_embedding.build((*token_ids_shape, self.embedding_dim))
+
+    def call(self, token_ids, start_index=0):
+        embedded = self.token_embedding(token_ids)  # (batch, seq, embedding_dim)
+        if self.scale_embeddings:
+            embedded = embedded * ops.cast(math.sqrt(self.embedding_dim), self.compute_dtype)
+        if self.position_encoding == "learned":
+            return embedded + self.position_embedding(embedded, start_index=start_index)
+        return self.position_embedding(embedded, start_index=start_index)  # adds the sinusoids
+
+    def compute_mask(self, token_ids, mask=None):
+        if not self.mask_zero:
+            return None
+        return ops.not_equal(token_ids, 0)
+
+    def compute_output_shape(self, token_ids_shape):
+        return (*token_ids_shape, self.embedding_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "sequence_length": self.sequence_length,
+                "embedding_dim": self.embedding_dim,
+                "mask_zero": self.mask_zero,
+                "position_encoding": self.position_encoding,
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+                "scale_embeddings": self.scale_embeddings,
+            }
+        )
+        return config
