@@ -149,7 +149,9 @@ def softmax_dtype(dtype):
 
 def attention_logits(query, key, scale):
     """Logits `(batch, heads, query_len, key_len)` of `scale * query . key`, in `softmax_dtype`."""
-    query = ops.multiply(query, ops.cast(scale, query.dtype))  # (batch, query_len, heads, depth)
+    # `convert_to_tensor`, not `cast`: a Python float cast goes through float32 first.
+    scale = ops.convert_to_tensor(scale, dtype=query.dtype)
+    query = ops.multiply(query, scale)  # (batch, query_len, heads, depth)
     logits = ops.einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, query_len, key_len)
     return ops.cast(logits, softmax_dtype(logits.dtype))
 

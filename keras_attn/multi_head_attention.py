@@ -190,13 +190,14 @@ class MultiHeadAttention(keras.layers.Layer):
         self.query_dense.build(query_shape)
         self.key_dense = self._projection("key", self.num_key_value_heads, self.key_dim)
         self.key_dense.build(key_shape)
-        self.value_dense = self._projection("value", self.num_key_value_heads, self.value_dim)
-        self.value_dense.build(value_shape)
+        # The gate is built before the value projection: Keras's weight order for `set_weights`.
         if self.use_gate:
             self.gate_dense = self._projection(
                 "gate", self.num_heads, self.value_dim, activation="sigmoid"
             )
             self.gate_dense.build(query_shape)
+        self.value_dense = self._projection("value", self.num_key_value_heads, self.value_dim)
+        self.value_dense.build(value_shape)
         output_dim = self.output_shape_[0] if self.output_shape_ else query_shape[-1]
         self.output_dense = keras.layers.EinsumDense(
             "abcd,cde->abe",
@@ -275,6 +276,15 @@ class MultiHeadAttention(keras.layers.Layer):
             projected_key, projected_value, cache = self._update_cache(
                 cache, key, value, cache_update_index
             )
+        _check_mask_shapes(
+            projected_query,
+            projected_key,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            attention_bias=attention_bias,
+        )
         # (batch, query_len, heads, value_dim), (batch, heads, query_len, key_len)
         attended, weights = scaled_dot_product_attention(
             projected_query,
@@ -372,6 +382,34 @@ class MultiHeadAttention(keras.layers.Layer):
             }
         )
         return config
+
+
+def _check_mask_shapes(projected_query, projected_key, **tensors):
+    """ValueError naming the mask/bias argument whose shape does not fit the query and key."""
+    batch, query_len, heads = projected_query.shape[:3]
+    key_len = projected_key.shape[1]
+    targets = {
+        "query_mask": [(batch, query_len)],
+        "value_mask": [(batch, key_len)],
+        "key_mask": [(batch, key_len)],
+        "attention_mask": [(batch, query_len, key_len), (batch, heads, query_len, key_len)],
+        "attention_bias": [(batch, heads, query_len, key_len)],
+    }
+    for name, tensor in tensors.items():
+        if tensor is None:
+            continue
+        shape = tuple(tensor.shape)
+        if not any(_broadcastable(shape, target) for target in targets[name]):
+            raise ValueError(
+                f"`{name}` must be broadcastable to {' or '.join(map(str, targets[name]))}. "
+                f"Received: {name}.shape={shape}"
+            )
+
+
+def _broadcastable(shape, target):
+    return len(shape) == len(target) and all(
+        received in (None, 1) or expected in (None, received) for received, expected in zip(shape, target)
+    )
 
 
 def _check_positive_int(name, value, allow_none=False):

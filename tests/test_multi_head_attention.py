@@ -1,0 +1,414 @@
+"""MultiHeadAttention against keras.layers.MultiHeadAttention (same weights) and the float64 reference."""
+
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn.multi_head_attention import MultiHeadAttention
+from tests import reference
+from tests.layer_checks import assert_config_round_trip
+from tests.layer_checks import assert_fit_one_step
+from tests.layer_checks import assert_gradients_match_finite_differences
+from tests.layer_checks import assert_jit_matches_eager
+from tests.layer_checks import assert_mixed_precision_close
+from tests.layer_checks import assert_serialization_round_trip
+
+ATOL = 1e-5
+BATCH, QUERY_LEN, KEY_LEN, QUERY_DIM, VALUE_DIM, KEY_FEATURES = 2, 5, 7, 8, 6, 10
+
+
+def _normal(rng, *shape):
+    return rng.standard_normal(shape).astype("float32")
+
+
+def _padding(lengths, max_len):
+    return np.arange(max_len)[None, :] < np.asarray(lengths)[:, None]  # (batch, max_len)
+
+
+def _allowed(query_len, key_len, query_mask=None, value_mask=None, attention_mask=None, causal=False,
+             sliding_window=None):
+    """NumPy `(batch, query_len, key_len)` mask of what each query may attend to."""
+    rows, cols = np.arange(query_len)[:, None], np.arange(key_len)[None, :]
+    allowed = np.ones((BATCH, query_len, key_len), bool)
+    if query_mask is not None:
+        allowed &= query_mask[:, :, None]
+    if value_mask is not None:
+        allowed &= value_mask[:, None, :]
+    if attention_mask is not None:
+        allowed &= attention_mask
+    if causal:
+        allowed &= cols <= rows
+    if sliding_window is not None:
+        allowed &= np.abs(rows - cols) < sliding_window
+    return allowed
+
+
+def _twin_layers(inputs, **config):
+    """A Keras layer and ours with the same config, ours holding a copy of Keras's weights."""
+    keras_layer = keras.layers.MultiHeadAttention(**config)
+    ours = MultiHeadAttention(**config)
+    keras_layer(*inputs)
+    ours(*inputs)
+    ours.set_weights(keras_layer.get_weights())
+    return keras_layer, ours
+
+
+KERAS_CASES = {
+    "self": (dict(num_heads=2, key_dim=4), dict(cross=False), {}),
+    "cross": (dict(num_heads=2, key_dim=4), dict(cross=True), {}),
+    "key_not_value": (dict(num_heads=2, key_dim=4), dict(cross=True, separate_key=True), {}),
+    "causal": (dict(num_heads=2, key_dim=4), dict(cross=False), dict(use_causal_mask=True)),
+    "causal_cross": (dict(num_heads=2, key_dim=4), dict(cross=True), dict(use_causal_mask=True)),
+    "padding": (dict(num_heads=2, key_dim=4), dict(cross=True, padding=True), {}),
+    "padding_causal": (dict(num_heads=3, key_dim=4), dict(cross=False, padding=True), dict(use_causal_mask=True)),
+    "attention_mask": (dict(num_heads=2, key_dim=4), dict(cross=True, attention_mask=True), {}),
+    "sliding_window": (dict(num_heads=2, key_dim=4, sliding_window=2), dict(cross=False), {}),
+    "window_causal": (dict(num_heads=2, key_dim=4, sliding_window=3), dict(cross=True), dict(use_causal_mask=True)),
+    "gate": (dict(num_heads=2, key_dim=4, use_gate=True), dict(cross=False), {}),
+    "gate_cross": (dict(num_heads=2, key_dim=4, value_dim=3, use_gate=True), dict(cross=True), {}),
+    "output_shape": (dict(num_heads=2, key_dim=4, value_dim=3, output_shape=12), dict(cross=True), {}),
+    "no_bias": (dict(num_heads=4, key_dim=2, use_bias=False), dict(cross=True, padding=True), {}),
+}
+
+
+def _keras_case(rng, cross=False, separate_key=False, padding=False, attention_mask=False):
+    query = _normal(rng, BATCH, QUERY_LEN, QUERY_DIM)
+    value = _normal(rng, BATCH, KEY_LEN, VALUE_DIM) if cross else query
+    key = _normal(rng, BATCH, KEY_LEN, KEY_FEATURES) if separate_key else None
+    key_len = value.shape[1]
+    masks = {}
+    if padding:
+        masks["query_mask"] = _padding([QUERY_LEN, 2], QUERY_LEN)
+        masks["value_mask"] = _padding([key_len - 1, 3], key_len)
+    if attention_mask:
+        masks["attention_mask"] = rng.random((BATCH, QUERY_LEN, key_len)) < 0.7
+        masks["attention_mask"][0, 1] = False  # one fully masked query row
+    return query, value, key, masks
+
+
+@pytest.mark.parametrize("case", sorted(KERAS_CASES))
+def test_matches_keras_with_the_same_weights(case):
+    config, input_options, call_options = KERAS_CASES[case]
+    rng = np.random.default_rng(0)
+    query, value, key, masks = _keras_case(rng, **input_options)
+    inputs = (query, value) if key is None else (query, value, key)
+    keras_layer, ours = _twin_layers(inputs, **config)
+    allowed = _allowed(
+        query.shape[1], value.shape[1], causal=call_options.get("use_causal_mask", False),
+        sliding_window=config.get("sliding_window"), **masks,
+    )
+    # Keras reads query/value masks from the inputs' Keras masks; the merged 3-D mask is the same.
+    keras_mask = allowed if masks else None
+    expected, expected_scores = keras_layer(
+        *inputs, attention_mask=keras_mask, return_attention_scores=True, **call_options
+    )
+    expected_output_only = keras_layer(*inputs, attention_mask=keras_mask, **call_options)
+    output, scores = ours(*inputs, return_attention_scores=True, **masks, **call_options)
+    output_only = ours(*inputs, **masks, **call_options)
+
+    rows = allowed.any(-1)  # (batch, query_len): Keras gives uniform weights to the others
+    for got, want in ((output, expected), (output_only, expected_output_only)):
+        np.testing.assert_allclose(got.numpy()[rows], want.numpy()[rows], atol=ATOL)
+    scores, expected_scores = scores.numpy(), expected_scores.numpy()
+    np.testing.assert_allclose(scores.transpose(0, 2, 1, 3)[rows], expected_scores.transpose(0, 2, 1, 3)[rows], atol=ATOL)
+    assert np.all(scores.transpose(0, 2, 1, 3)[~rows] == 0)
+
+
+def _float64_layer(inputs, **config):
+    layer = MultiHeadAttention(dtype="float64", bias_initializer="random_normal", **config)
+    layer(*inputs)
+    return layer
+
+
+@pytest.mark.parametrize(
+    "config, cross, use_causal_mask",
+    [
+        (dict(num_heads=4, key_dim=3), False, False),
+        (dict(num_heads=4, key_dim=3), True, True),
+        (dict(num_heads=4, key_dim=3, num_key_value_heads=2), True, False),
+        (dict(num_heads=4, key_dim=3, num_key_value_heads=1, sliding_window=2), False, True),
+        (dict(num_heads=6, key_dim=2, value_dim=5, num_key_value_heads=3, output_shape=7), True, True),
+    ],
+    ids=["self", "cross_causal", "gqa", "mqa_window", "gqa_value_dim_output_shape"],
+)
+def test_matches_float64_reference(config, cross, use_causal_mask):
+    rng = np.random.default_rng(1)
+    query = rng.standard_normal((BATCH, QUERY_LEN, QUERY_DIM))
+    value = rng.standard_normal((BATCH, KEY_LEN, VALUE_DIM)) if cross else query
+    key_len = value.shape[1]
+    query_mask, value_mask = _padding([QUERY_LEN, 3], QUERY_LEN), _padding([key_len, 2], key_len)
+    bias = rng.standard_normal((1, config["num_heads"], QUERY_LEN, key_len))
+    layer = _float64_layer((query, value), **config)
+    output, scores = layer(
+        query, value, query_mask=query_mask, value_mask=value_mask, attention_bias=bias,
+        use_causal_mask=use_causal_mask, return_attention_scores=True,
+    )
+    mask = (query_mask[:, None, :, None] & value_mask[:, None, None, :])  # (batch, 1, q, k)
+    expected, expected_scores = reference.multi_head_attention(
+        layer.get_weights(), query, value, mask=mask, bias=bias, is_causal=use_causal_mask,
+        sliding_window=config.get("sliding_window"),
+    )
+    np.testing.assert_allclose(output, expected, atol=1e-10)
+    np.testing.assert_allclose(scores, expected_scores, atol=1e-10)
+
+
+def _spy_on_fused_path(layer, monkeypatch):
+    calls = []
+    fused = layer._fused_qkv
+
+    def counting(inputs):
+        calls.append(1)
+        return fused(inputs)
+
+    monkeypatch.setattr(layer, "_fused_qkv", counting)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "config",
+    [dict(num_heads=2, key_dim=4), dict(num_heads=4, key_dim=3, value_dim=5, num_key_value_heads=2, use_bias=False)],
+    ids=["mha", "gqa_no_bias"],
+)
+def test_fused_qkv_path_equals_separate_projections(config, monkeypatch):
+    rng = np.random.default_rng(2)
+    x = tf.constant(_normal(rng, BATCH, QUERY_LEN, QUERY_DIM))
+    layer = MultiHeadAttention(**config, bias_initializer="random_normal")
+    layer(x, tf.identity(x))
+    calls = _spy_on_fused_path(layer, monkeypatch)
+    separate, separate_scores = layer(x, tf.identity(x), return_attention_scores=True, use_causal_mask=True)
+    assert not calls
+    fused, fused_scores = layer(x, x, return_attention_scores=True, use_causal_mask=True)
+    assert calls, "query is value is key must take the fused QKV path"
+    np.testing.assert_allclose(fused, separate, atol=ATOL)
+    np.testing.assert_allclose(fused_scores, separate_scores, atol=ATOL)
+
+
+def test_causal_outputs_never_depend_on_future_tokens():
+    rng = np.random.default_rng(3)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = _normal(rng, BATCH, 6, QUERY_DIM)
+    reference_output = layer(x, x, use_causal_mask=True).numpy()
+    for position in range(6):
+        changed = x.copy()
+        changed[:, position:] = _normal(rng, BATCH, 6 - position, QUERY_DIM)
+        output = layer(changed, changed, use_causal_mask=True).numpy()
+        np.testing.assert_allclose(output[:, :position], reference_output[:, :position], atol=ATOL)
+        assert not np.allclose(output[:, position:], reference_output[:, position:], atol=ATOL)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_padded_content_never_changes_unpadded_outputs(cross):
+    rng = np.random.default_rng(4)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    query = _normal(rng, BATCH, QUERY_LEN, QUERY_DIM)
+    value = _normal(rng, BATCH, KEY_LEN, VALUE_DIM) if cross else query
+    query_mask = _padding([QUERY_LEN - 1, 2], QUERY_LEN)
+    value_mask = _padding([KEY_LEN - 2, 3], KEY_LEN) if cross else query_mask
+    before = layer(query, value, query_mask=query_mask, value_mask=value_mask).numpy()
+    noisy_query = np.where(query_mask[..., None], query, 100 * _normal(rng, *query.shape))
+    noisy_value = np.where(value_mask[..., None], value, 100 * _normal(rng, *value.shape))
+    after = layer(noisy_query, noisy_value if cross else noisy_query, query_mask=query_mask, value_mask=value_mask)
+    np.testing.assert_allclose(after.numpy()[query_mask], before[query_mask], atol=ATOL)
+
+
+def test_fully_masked_rows_have_zero_weights_and_output_bias_only():
+    rng = np.random.default_rng(5)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, bias_initializer="random_normal")
+    query, value = _normal(rng, BATCH, QUERY_LEN, QUERY_DIM), _normal(rng, BATCH, KEY_LEN, VALUE_DIM)
+    attention_mask = rng.random((BATCH, QUERY_LEN, KEY_LEN)) < 0.6
+    attention_mask[0, [0, 2]] = False
+    attention_mask[1] = False
+    output, scores = layer(query, value, attention_mask=attention_mask, return_attention_scores=True)
+    dead = ~attention_mask.any(-1)  # (batch, query_len)
+    assert np.all(scores.numpy().transpose(0, 2, 1, 3)[dead] == 0)
+    output_bias = layer.output_dense.bias.numpy()
+    np.testing.assert_array_equal(output.numpy()[dead], np.broadcast_to(output_bias, (dead.sum(), QUERY_DIM)))
+
+
+def test_self_attention_is_permutation_equivariant():
+    rng = np.random.default_rng(6)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = _normal(rng, BATCH, 6, QUERY_DIM)
+    permutation = rng.permutation(6)
+    output = layer(x, x).numpy()
+    permuted_output = layer(x[:, permutation], x[:, permutation]).numpy()
+    np.testing.assert_allclose(permuted_output, output[:, permutation], atol=ATOL)
+
+
+def _token_model(layer_class, use_causal_mask=False):
+    tokens = keras.Input((None,), dtype="int32")
+    embedded = keras.layers.Embedding(20, QUERY_DIM, mask_zero=True)(tokens)
+    attended = layer_class(num_heads=2, key_dim=4)(embedded, embedded, use_causal_mask=use_causal_mask)
+    return keras.Model(tokens, attended)
+
+
+@pytest.mark.parametrize("use_causal_mask", [False, True])
+def test_keras_masks_from_embedding_match_keras_and_propagate(use_causal_mask):
+    tokens = np.array([[3, 5, 7, 2, 0, 0], [4, 9, 0, 0, 0, 0]], "int32")
+    keras_model = _token_model(keras.layers.MultiHeadAttention, use_causal_mask)
+    ours_model = _token_model(MultiHeadAttention, use_causal_mask)
+    ours_model.set_weights(keras_model.get_weights())
+    unpadded = tokens != 0
+    np.testing.assert_allclose(
+        ours_model(tokens).numpy()[unpadded], keras_model(tokens).numpy()[unpadded], atol=ATOL
+    )
+    embedded = ours_model.layers[1](tokens)
+    output = ours_model.layers[2](embedded, embedded, use_causal_mask=use_causal_mask)
+    np.testing.assert_array_equal(output._keras_mask, unpadded)
+
+
+def test_explicit_masks_are_honoured_eagerly_in_graphs_and_over_keras_masks():
+    rng = np.random.default_rng(7)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    query, value = _normal(rng, BATCH, QUERY_LEN, QUERY_DIM), _normal(rng, BATCH, KEY_LEN, VALUE_DIM)
+    value_mask = _padding([3, 5], KEY_LEN)
+    layer(query, value)
+    expected = reference.multi_head_attention(
+        layer.get_weights(), query, value, mask=value_mask[:, None, None, :]
+    )[0]
+    np.testing.assert_allclose(layer(query, value, value_mask=value_mask), expected, atol=ATOL)
+    graph = tf.function(lambda q, v, m: layer(q, v, value_mask=m))
+    np.testing.assert_allclose(graph(query, value, value_mask), expected, atol=ATOL)
+    # An explicit mask wins over the Keras mask carried by the input.
+    masked_value = keras.layers.Masking(mask_value=123.0)(value)
+    assert masked_value._keras_mask.numpy().all()
+    np.testing.assert_allclose(layer(query, masked_value, value_mask=value_mask), expected, atol=ATOL)
+
+
+def _cross_model(**config):
+    query = keras.Input((None, QUERY_DIM))
+    value = keras.Input((None, VALUE_DIM))
+    query_mask = keras.Input((None,), dtype="bool")
+    value_mask = keras.Input((None,), dtype="bool")
+    output = MultiHeadAttention(**config)(
+        query, value, query_mask=query_mask, value_mask=value_mask, use_causal_mask=True
+    )
+    return keras.Model([query, value, query_mask, value_mask], output)
+
+
+GENERIC_CONFIG = dict(
+    num_heads=4, key_dim=3, value_dim=5, num_key_value_heads=2, sliding_window=4, use_gate=True, output_shape=9,
+    bias_initializer="random_normal", kernel_regularizer="l2", activity_regularizer="l1",
+)
+
+
+def _cross_inputs(seed=8, query_len=QUERY_LEN, key_len=KEY_LEN):
+    rng = np.random.default_rng(seed)
+    return [
+        _normal(rng, BATCH, query_len, QUERY_DIM),
+        _normal(rng, BATCH, key_len, VALUE_DIM),
+        _padding([query_len, 2], query_len),
+        _padding([key_len - 1, 3], key_len),
+    ]
+
+
+def test_serialization_round_trip():
+    reloaded = assert_serialization_round_trip(lambda: _cross_model(**GENERIC_CONFIG), _cross_inputs())
+    layer = reloaded.layers[-1]
+    assert isinstance(layer, MultiHeadAttention)
+    for name, value in GENERIC_CONFIG.items():
+        if name not in ("bias_initializer", "kernel_regularizer", "activity_regularizer", "output_shape"):
+            assert getattr(layer, name) == value, name
+    assert layer.activity_regularizer is not None and layer.kernel_regularizer is not None
+
+
+def test_config_accepts_keras_config_and_round_trips():
+    keras_layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, value_dim=3, output_shape=(5,), sliding_window=2)
+    ours = MultiHeadAttention.from_config(keras_layer.get_config())
+    assert (ours.num_heads, ours.key_dim, ours.value_dim, ours.sliding_window) == (2, 4, 3, 2)
+    assert_config_round_trip(ours)
+    assert_config_round_trip(MultiHeadAttention(**GENERIC_CONFIG))
+
+
+def test_mixed_precision_close_to_float32_with_masks():
+    assert_mixed_precision_close(lambda: _cross_model(**GENERIC_CONFIG), _cross_inputs())
+
+
+def test_jit_matches_eager():
+    layer = MultiHeadAttention(**GENERIC_CONFIG)
+    query, value, query_mask, value_mask = _cross_inputs()
+    layer(query, value)
+    assert_jit_matches_eager(
+        layer, (query, value), query_mask=query_mask, value_mask=value_mask, use_causal_mask=True,
+        return_attention_scores=True,
+    )
+
+
+def test_gradients_match_finite_differences():
+    query, value, query_mask, value_mask = _cross_inputs(query_len=3, key_len=4)
+    assert_gradients_match_finite_differences(
+        lambda: MultiHeadAttention(num_heads=2, key_dim=2, num_key_value_heads=1, use_gate=True,
+                                   bias_initializer="random_normal"),
+        (query[:, :, :4], value[:, :, :3]),
+        query_mask=query_mask, value_mask=value_mask, use_causal_mask=True,
+    )
+
+
+def test_fit_one_step_moves_every_weight():
+    config = dict(GENERIC_CONFIG, dropout=0.1)
+    inputs = _cross_inputs()
+    target = np.random.default_rng(9).standard_normal((BATCH, QUERY_LEN, 9))
+    # The key bias adds a per-row constant to the logits: its gradient is exactly zero.
+    assert_fit_one_step(_cross_model(**config), inputs, target, unchanged_ok=("key/bias",))
+
+
+def _query_value():
+    rng = np.random.default_rng(10)
+    return _normal(rng, BATCH, QUERY_LEN, QUERY_DIM), _normal(rng, BATCH, KEY_LEN, VALUE_DIM)
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (dict(num_heads=0), "num_heads=0"),
+        (dict(num_heads=2.0), "num_heads=2.0"),
+        (dict(key_dim=-1), "key_dim=-1"),
+        (dict(value_dim=0), "value_dim=0"),
+        (dict(dropout=1.0), "dropout=1.0"),
+        (dict(dropout=-0.5), "dropout=-0.5"),
+        (dict(attention_axes=2), "attention_axes=2"),
+        (dict(attention_axes=(1, 2)), "attention_axes=(1, 2)"),
+        (dict(output_shape=(4, 5)), "output_shape=(4, 5)"),
+        (dict(output_shape=0), "output_shape=0"),
+        (dict(sliding_window=0), "sliding_window=0"),
+        (dict(num_key_value_heads=3), "num_key_value_heads=3"),
+        (dict(num_key_value_heads=0), "num_key_value_heads=0"),
+    ],
+)
+def test_bad_constructor_arguments(arguments, message):
+    config = dict(num_heads=4, key_dim=2)
+    config.update(arguments)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        MultiHeadAttention(**config)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda q, v: (q[0], v), "query.shape=(5, 8)"),
+        (lambda q, v: (q, v[..., None]), "value.shape=(2, 7, 6, 1)"),
+        (lambda q, v: (q, v, v[:, :4]), "key.shape=(2, 4, 6)"),
+        (lambda q, v: (q, v, None, dict(query_mask=np.ones((2, 5, 1), bool))), "query_mask.shape=(2, 5, 1)"),
+        (lambda q, v: (q, v, None, dict(value_mask=np.ones((7,), bool))), "value_mask.shape=(7,)"),
+        (lambda q, v: (q, v, None, dict(value_mask=np.ones((2, 6), bool))), "value_mask.shape=(2, 6)"),
+        (lambda q, v: (q, v, None, dict(query_mask=np.ones((2, 4), bool))), "query_mask.shape=(2, 4)"),
+        (lambda q, v: (q, v, None, dict(attention_mask=np.ones((5, 7), bool))), "attention_mask.shape=(5, 7)"),
+        (lambda q, v: (q, v, None, dict(attention_mask=np.ones((2, 4, 7), bool))), "attention_mask.shape=(2, 4, 7)"),
+        (lambda q, v: (q, v, None, dict(attention_mask=np.ones((2, 3, 5, 7), bool))), "attention_mask.shape=(2, 3, 5, 7)"),
+        (lambda q, v: (q, v, None, dict(attention_bias=np.ones((2, 3, 5, 7)))), "attention_bias.shape=(2, 3, 5, 7)"),
+    ],
+    ids=[
+        "query_rank", "value_rank", "key_value_lengths", "query_mask_rank", "value_mask_rank", "value_mask_length",
+        "query_mask_length", "attention_mask_rank", "attention_mask_shape", "attention_mask_heads", "bias_heads",
+    ],
+)
+def test_bad_call_arguments(call, message):
+    arguments = call(*_query_value())
+    query, value, key = (arguments + (None,))[:3]
+    options = arguments[3] if len(arguments) > 3 else {}
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        layer(query, value, key, **options)
