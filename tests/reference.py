@@ -87,3 +87,67 @@ def rotary_embedding(x, start_index=0, max_wavelength=10000.0, scaling_factor=1.
     angles = positions[:, None] / np.power(max_wavelength, 2.0 * np.arange(half) / x.shape[-1])
     pairs = (x[..., :half] + 1j * x[..., half:]) * np.exp(1j * angles)[None, :, None, :]
     return np.concatenate([pairs.real, pairs.imag], axis=-1)
+
+
+def feed_forward(x, w1, b1, w2, b2):
+    """Float64 ReLU feed-forward block `relu(x W1 + b1) W2 + b2`."""
+    hidden = np.maximum(np.asarray(x, np.float64) @ w1 + b1, 0.0)
+    return hidden @ w2 + b2
+
+
+def residual_block(x, sublayer, gamma, beta, epsilon, norm_first):
+    """`norm(x + f(x))` (post-norm) or `x + f(norm(x))` (pre-norm)."""
+    if norm_first:
+        return x + sublayer(layer_norm(x, gamma, beta, epsilon))
+    return layer_norm(x + sublayer(x), gamma, beta, epsilon)
+
+
+def transformer_encoder(weights, x, mask=None, norm_first=False, epsilon=1e-5, sliding_window=None):
+    """Float64 Transformer encoder block from a `TransformerEncoder`'s `get_weights()`.
+
+    Weight order: self-attention (8, as `multi_head_attention`), its layer norm (gamma, beta),
+    feed-forward (W1, b1, W2, b2), its layer norm. `mask` broadcasts to
+    `(batch, heads, seq, seq)`.
+    """
+    attention, norm1, ffn, norm2 = weights[:8], weights[8:10], weights[10:14], weights[14:16]
+    x = np.asarray(x, np.float64)
+    x = residual_block(
+        x,
+        lambda h: multi_head_attention(attention, h, h, mask=mask, sliding_window=sliding_window)[0],
+        *norm1, epsilon, norm_first,
+    )
+    return residual_block(x, lambda h: feed_forward(h, *ffn), *norm2, epsilon, norm_first)
+
+
+def transformer_decoder(weights, x, encoder=None, self_mask=None, cross_mask=None, norm_first=False,
+                        epsilon=1e-5, is_causal=True):
+    """Float64 Transformer decoder block from a `TransformerDecoder`'s `get_weights()`.
+
+    Weight order: self-attention (8), its layer norm (2), [cross-attention (8), its layer norm
+    (2) when `encoder` is given], feed-forward (4), its layer norm (2).
+    """
+    x = np.asarray(x, np.float64)
+    self_attention, norm1, rest = weights[:8], weights[8:10], weights[10:]
+    x = residual_block(
+        x,
+        lambda h: multi_head_attention(self_attention, h, h, mask=self_mask, is_causal=is_causal)[0],
+        *norm1, epsilon, norm_first,
+    )
+    if encoder is not None:
+        cross_attention, norm2, rest = rest[:8], rest[8:10], rest[10:]
+        encoder = np.asarray(encoder, np.float64)
+        x = residual_block(
+            x, lambda h: multi_head_attention(cross_attention, h, encoder, mask=cross_mask)[0],
+            *norm2, epsilon, norm_first,
+        )
+    ffn, norm3 = rest[:4], rest[4:6]
+    return residual_block(x, lambda h: feed_forward(h, *ffn), *norm3, epsilon, norm_first)
+
+
+def padding_attention_mask(query_padding=None, key_padding=None):
+    """`(batch, 1, query_len, key_len)` mask from `(batch, len)` padding masks (`None` = all real)."""
+    rows = None if query_padding is None else np.asarray(query_padding, bool)[:, None, :, None]
+    cols = None if key_padding is None else np.asarray(key_padding, bool)[:, None, None, :]
+    if rows is None:
+        return cols
+    return rows if cols is None else rows & cols

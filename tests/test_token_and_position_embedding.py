@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from keras_attn import TokenAndPositionEmbedding
+from keras_attn import TransformerEncoder
 from tests import layer_checks
 from tests import reference
 
@@ -108,3 +109,15 @@ def test_bad_arguments_name_the_value():
         TokenAndPositionEmbedding(10, 8, 4, position_encoding="rotary")
     with pytest.raises(ValueError, match=r"token_ids.shape=\(2, 3, 4\)"):
         TokenAndPositionEmbedding(10, 8, 4)(np.ones((2, 3, 4), "int32"))
+
+
+@pytest.mark.parametrize("position_encoding", ["learned", "sinusoidal"])
+def test_padding_never_changes_real_outputs_of_a_following_encoder(position_encoding):
+    """The same sentences padded to 5 or to 9 tokens give the same encoder outputs on real tokens."""
+    ids = keras.Input((None,), dtype="int32")
+    embedded = TokenAndPositionEmbedding(10, 16, 8, position_encoding=position_encoding)(ids)
+    model = keras.Model(ids, TransformerEncoder(16, 2)(embedded))
+    longer = np.pad(TOKEN_IDS, ((0, 0), (0, 4)))
+    short, long = keras.ops.convert_to_numpy(model(TOKEN_IDS)), keras.ops.convert_to_numpy(model(longer))
+    real = TOKEN_IDS != 0
+    np.testing.assert_allclose(long[:, :5][real], short[real], atol=1e-5)

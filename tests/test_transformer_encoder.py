@@ -1,0 +1,159 @@
+import keras
+import numpy as np
+import pytest
+
+from keras_attn import TokenAndPositionEmbedding
+from keras_attn import TransformerEncoder
+from tests import layer_checks
+from tests import reference
+
+BATCH, LENGTH, HIDDEN = 3, 6, 8
+PADDING = np.arange(LENGTH)[None, :] < np.array([LENGTH, 4, 1])[:, None]  # (batch, seq)
+
+
+def random_inputs(seed=0):
+    return np.random.default_rng(seed).standard_normal((BATCH, LENGTH, HIDDEN)).astype("float32")
+
+
+def built_encoder(seed=0, **kwargs):
+    """An encoder with every weight random (biases and norms included), so each one matters."""
+    kwargs = {"intermediate_dim": 16, "num_heads": 2, **kwargs}
+    encoder = TransformerEncoder(**kwargs)
+    encoder.build((None, None, HIDDEN))
+    rng = np.random.default_rng(seed)
+    encoder.set_weights([rng.normal(0.0, 0.5, w.shape) + (w.path.endswith("gamma")) for w in encoder.weights])
+    return encoder
+
+
+def numpy_weights(layer):
+    return [np.asarray(w, np.float64) for w in layer.get_weights()]
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("masks", ["none", "padding", "padding+attention"])
+def test_matches_numpy_reference(norm_first, masks):
+    inputs = random_inputs()
+    encoder = built_encoder(norm_first=norm_first)
+    padding = None if masks == "none" else PADDING
+    attention = None
+    if masks == "padding+attention":
+        attention = np.random.default_rng(1).random((BATCH, LENGTH, LENGTH)) < 0.7
+    got = encoder(inputs, padding_mask=padding, attention_mask=attention)
+    mask = reference.padding_attention_mask(padding, padding)
+    if attention is not None:
+        mask = mask & attention[:, None]
+    expected = reference.transformer_encoder(numpy_weights(encoder), inputs, mask=mask, norm_first=norm_first)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(got), expected, atol=1e-5)
+
+
+def test_grouped_query_heads_sliding_window_and_key_dim_match_reference():
+    inputs = random_inputs(2)
+    encoder = built_encoder(num_heads=4, num_key_value_heads=2, key_dim=3, sliding_window=2, norm_first=True)
+    expected = reference.transformer_encoder(
+        numpy_weights(encoder), inputs, mask=reference.padding_attention_mask(PADDING, PADDING),
+        norm_first=True, sliding_window=2,
+    )
+    got = encoder(inputs, padding_mask=PADDING)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(got), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_padded_positions_never_change_real_outputs(norm_first):
+    encoder = built_encoder(norm_first=norm_first)
+    inputs = random_inputs(3)
+    polluted = np.where(PADDING[..., None], inputs, 100.0 * random_inputs(4)).astype("float32")
+    clean = keras.ops.convert_to_numpy(encoder(inputs, padding_mask=PADDING))
+    dirty = keras.ops.convert_to_numpy(encoder(polluted, padding_mask=PADDING))
+    np.testing.assert_allclose(dirty[PADDING], clean[PADDING], atol=1e-6)
+    assert not np.allclose(dirty[~PADDING], clean[~PADDING])  # the padded rows did change
+
+
+def keras_masked_model(norm_first=False, **kwargs):
+    ids = keras.Input((None,), dtype="int32")
+    embedded = TokenAndPositionEmbedding(20, 16, HIDDEN, embeddings_initializer="random_normal")(ids)
+    encoded = TransformerEncoder(16, 2, norm_first=norm_first, **kwargs)(embedded)
+    return keras.Model(ids, [embedded, encoded])
+
+
+TOKEN_IDS = np.where(PADDING, np.arange(1, LENGTH + 1)[None, :], 0).astype("int32")
+
+
+def test_keras_mask_is_the_padding_mask_and_is_kept():
+    model = keras_masked_model()
+    embedded, encoded = model(TOKEN_IDS)
+    encoder = model.layers[-1]
+    explicit = encoder(embedded, padding_mask=PADDING)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(encoded), keras.ops.convert_to_numpy(explicit), atol=1e-6)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(encoded._keras_mask), PADDING)
+    # An explicit padding mask wins over the Keras mask.
+    all_real = np.ones_like(PADDING)
+    overridden = encoder(embedded, padding_mask=all_real)
+    unmasked = encoder(keras.ops.convert_to_tensor(keras.ops.convert_to_numpy(embedded)))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(overridden), keras.ops.convert_to_numpy(unmasked), atol=1e-6)
+
+
+def test_return_attention_scores_never_attend_to_padding():
+    encoder = built_encoder()
+    output, scores = encoder(random_inputs(), padding_mask=PADDING, return_attention_scores=True)
+    scores = keras.ops.convert_to_numpy(scores)
+    assert output.shape == (BATCH, LENGTH, HIDDEN) and scores.shape == (BATCH, 2, LENGTH, LENGTH)
+    np.testing.assert_array_equal(scores * ~reference.padding_attention_mask(PADDING, PADDING), 0.0)
+    np.testing.assert_allclose(scores.sum(-1)[np.broadcast_to(PADDING[:, None], (BATCH, 2, LENGTH))], 1.0, atol=1e-6)
+
+
+def test_dropout_only_when_training():
+    encoder = built_encoder(dropout=0.3)
+    inputs = random_inputs()
+    expected = reference.transformer_encoder(numpy_weights(encoder), inputs)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(encoder(inputs, training=False)), expected, atol=1e-5)
+    assert not np.allclose(keras.ops.convert_to_numpy(encoder(inputs, training=True)), expected, atol=1e-3)
+
+
+def classifier_factory(norm_first=False):
+    def factory():
+        ids = keras.Input((None,), dtype="int32")
+        embedded = TokenAndPositionEmbedding(20, 16, HIDDEN)(ids)
+        encoded = TransformerEncoder(16, 2, norm_first=norm_first, dropout=0.1)(embedded)
+        return keras.Model(ids, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(encoded)))
+
+    return factory
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_serialization_mixed_precision_jit_with_masks(norm_first):
+    factory = classifier_factory(norm_first)
+    layer_checks.assert_serialization_round_trip(factory, TOKEN_IDS)
+    layer_checks.assert_mixed_precision_close(factory, TOKEN_IDS)
+    layer_checks.assert_jit_matches_eager(factory(), TOKEN_IDS, training=False)
+    layer_checks.assert_config_round_trip(
+        TransformerEncoder(
+            8, 4, key_dim=3, dropout=0.1, attention_dropout=0.2, activation="gelu", layer_norm_epsilon=1e-6,
+            norm_first=True, sliding_window=3, num_key_value_heads=2, kernel_initializer="he_normal",
+            bias_initializer="ones",
+        )
+    )
+
+
+def test_gradients_match_finite_differences_and_fit():
+    inputs = random_inputs()[:2, :4, :4]
+    layer_checks.assert_gradients_match_finite_differences(
+        lambda: TransformerEncoder(6, 2, activation="gelu"), inputs, padding_mask=PADDING[:2, :4]
+    )
+    layer_checks.assert_fit_one_step(
+        classifier_factory(norm_first=True)(), TOKEN_IDS, np.zeros((BATCH, 2), "float32"), unchanged_ok=("key/bias",)
+    )
+
+
+def test_bad_arguments_name_the_value():
+    with pytest.raises(ValueError, match="hidden size=8, num_heads=3"):
+        TransformerEncoder(16, 3)(random_inputs())
+    with pytest.raises(ValueError, match="num_heads=0"):
+        TransformerEncoder(16, 0)
+    with pytest.raises(ValueError, match="intermediate_dim=-4"):
+        TransformerEncoder(-4, 2)
+    with pytest.raises(ValueError, match="attention_dropout=1.0"):
+        TransformerEncoder(16, 2, attention_dropout=1.0)
+    with pytest.raises(ValueError, match=r"inputs.shape=\(3, 6\)"):
+        TransformerEncoder(16, 2)(np.zeros((3, 6), "float32"))
+    with pytest.raises(ValueError, match=r"padding_mask.shape=\(3, 6, 1\)"):
+        TransformerEncoder(16, 2)(random_inputs(), padding_mask=PADDING[..., None])
