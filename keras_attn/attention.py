@@ -20,6 +20,10 @@ import keras
 from keras import ops
 
 _MASK_RANK = 4
+ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "blockwise")
+# `implementation="auto"` switches to blockwise attention from `query_len * key_len` this large
+# (benchmarks/layer_throughput.py: below it the dense path is faster; above it memory dominates).
+BLOCKWISE_MIN_ATTENTION_SIZE = 2048 * 2048
 
 
 def causal_mask(query_len, key_len, query_offset=0):
@@ -166,10 +170,17 @@ def masked_softmax(logits, mask=None):
     logits = ops.cast(logits, softmax_dtype(logits.dtype))
     if mask is None:
         return ops.softmax(logits, axis=-1)
-    # A finite fill: `-inf` would give NaN (inf - inf) in a fully masked row.
-    fill = ops.cast(-1e9, logits.dtype)
-    weights = ops.softmax(ops.where(mask, logits, fill), axis=-1)  # (batch, heads, q, k)
-    # Fully masked rows softmax to uniform weights: zero every masked entry instead.
+    weights = ops.softmax(fill_masked(logits, mask), axis=-1)  # (batch, heads, q, k)
+    return zero_masked(weights, mask)
+
+
+def fill_masked(logits, mask):
+    """Masked logits replaced by a finite fill: `-inf` would give NaN (inf - inf) in a fully masked row."""
+    return ops.where(mask, logits, ops.cast(-1e9, logits.dtype))
+
+
+def zero_masked(weights, mask):
+    """Exact zeros at masked entries: a fully masked row would otherwise softmax to uniform weights."""
     return ops.where(mask, weights, ops.zeros_like(weights))
 
 
@@ -187,6 +198,7 @@ def scaled_dot_product_attention(
     training=False,
     seed_generator=None,
     return_weights=False,
+    implementation="auto",
 ):
     """Scaled dot-product attention, `softmax(scale * Q K^T + bias) V`, with exact masking.
 
@@ -210,6 +222,11 @@ def scaled_dot_product_attention(
         training: whether dropout is active.
         seed_generator: a `keras.random.SeedGenerator` for dropout (one is made if `None`).
         return_weights: if `True`, also return the attention weights.
+        implementation: `"dense"` materialises the `(query_len, key_len)` weights (the
+            reference); `"blockwise"` (TensorFlow backend) uses
+            `keras_attn.blockwise_attention`, memory linear in the length, same numerics;
+            `"auto"` picks blockwise when the static `query_len * key_len` reaches
+            `BLOCKWISE_MIN_ATTENTION_SIZE`, unless `return_weights`.
 
     Returns:
         The output `(batch, query_len, heads, value_depth)` in the dtype of `value`, and, when
@@ -238,6 +255,15 @@ def scaled_dot_product_attention(
     groups = query.shape[2] // key.shape[2]
     key = _repeat_kv_heads(key, groups)  # (batch, key_len, heads, depth)
     value = _repeat_kv_heads(value, groups)  # (batch, key_len, heads, value_depth)
+    if _use_blockwise(implementation, query, key, return_weights):
+        # Imported here: blockwise_attention builds on this module's masks and numerics.
+        from keras_attn.blockwise_attention import blockwise_attention
+
+        return blockwise_attention(
+            query, key, value, mask=mask, bias=bias, is_causal=is_causal,
+            sliding_window=sliding_window, query_offset=query_offset, scale=scale,
+            dropout_rate=dropout_rate, training=training, seed_generator=seed_generator,
+        )
 
     query_len, key_len = ops.shape(query)[1], ops.shape(key)[1]
     if is_causal:
@@ -257,3 +283,31 @@ def scaled_dot_product_attention(
     if return_weights:
         return output, weights
     return output
+
+
+def _use_blockwise(implementation, query, key, return_weights):
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(
+            f"`implementation` must be one of {ATTENTION_IMPLEMENTATIONS}. Received: implementation={implementation!r}"
+        )
+    if implementation == "blockwise":
+        if return_weights:
+            raise ValueError(
+                "`implementation='blockwise'` never materialises the attention weights: it cannot "
+                "be combined with `return_weights=True`. Received: return_weights=True"
+            )
+        if keras.backend.backend() != "tensorflow":
+            raise ValueError(
+                "`implementation='blockwise'` needs the TensorFlow backend. "
+                f"Received: implementation='blockwise' with backend {keras.backend.backend()!r}"
+            )
+        return True
+    query_len, key_len = query.shape[1], key.shape[1]
+    return (
+        implementation == "auto"
+        and not return_weights
+        and keras.backend.backend() == "tensorflow"
+        and query_len is not None
+        and key_len is not None
+        and query_len * key_len >= BLOCKWISE_MIN_ATTENTION_SIZE
+    )

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attn.attention import ATTENTION_IMPLEMENTATIONS
 from keras_attn.attention import merge_masks
 from keras_attn.attention import padding_mask_to_attention_mask
 from keras_attn.attention import scaled_dot_product_attention
@@ -45,6 +46,10 @@ class MultiHeadAttention(keras.layers.Layer):
         seed: seed for attention dropout.
         num_key_value_heads: number of key/value heads; must divide `num_heads`.
             Defaults to `num_heads`.
+        implementation: `"auto"` (default), `"dense"` or `"blockwise"`, as for
+            `keras_attn.attention.scaled_dot_product_attention`: blockwise attention keeps
+            memory linear in the sequence length; `"auto"` uses it for long sequences when the
+            attention scores are not returned.
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -106,6 +111,7 @@ class MultiHeadAttention(keras.layers.Layer):
         use_gate=False,
         seed=None,
         num_key_value_heads=None,
+        implementation="auto",
         **kwargs,
     ):
         _check_positive_int("num_heads", num_heads)
@@ -117,6 +123,11 @@ class MultiHeadAttention(keras.layers.Layer):
             raise ValueError(
                 "`num_key_value_heads` must divide `num_heads`. Received: "
                 f"num_heads={num_heads}, num_key_value_heads={num_key_value_heads}"
+            )
+        if implementation not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(
+                f"`implementation` must be one of {ATTENTION_IMPLEMENTATIONS}. "
+                f"Received: implementation={implementation!r}"
             )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout}")
@@ -137,6 +148,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_shape_ = _normalize_output_shape(output_shape)
         self.sliding_window = sliding_window
         self.flash_attention = flash_attention
+        self.implementation = implementation
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
@@ -263,6 +275,8 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         if key is None:
             key = value
+        if cache_update_index is not None and query_mask is not None:
+            query_mask = _query_rows(query_mask, query, cache_update_index)
         mask = self._attention_mask(query_mask, value_mask, key_mask, attention_mask)
         if cache is None:
             if cache_update_index is not None:
@@ -285,8 +299,8 @@ class MultiHeadAttention(keras.layers.Layer):
             attention_mask=attention_mask,
             attention_bias=attention_bias,
         )
-        # (batch, query_len, heads, value_dim), (batch, heads, query_len, key_len)
-        attended, weights = scaled_dot_product_attention(
+        # (batch, query_len, heads, value_dim)[, (batch, heads, query_len, key_len)]
+        attention = scaled_dot_product_attention(
             projected_query,
             projected_key,
             projected_value,
@@ -298,8 +312,10 @@ class MultiHeadAttention(keras.layers.Layer):
             dropout_rate=self.dropout,
             training=training,
             seed_generator=self.seed_generator,
-            return_weights=True,
+            return_weights=return_attention_scores,
+            implementation=self.implementation,
         )
+        attended, weights = attention if return_attention_scores else (attention, None)
         if self.use_gate:
             attended = attended * self.gate_dense(query)
         output = self.output_dense(attended)  # (batch, query_len, output_dim)
@@ -379,9 +395,18 @@ class MultiHeadAttention(keras.layers.Layer):
                 "use_gate": self.use_gate,
                 "seed": self.seed,
                 "num_key_value_heads": self.num_key_value_heads,
+                "implementation": self.implementation,
             }
         )
         return config
+
+
+def _query_rows(query_mask, query, cache_update_index):
+    """The rows of a `(batch, max_len)` query mask over the cache that belong to `query`."""
+    if query_mask.shape[1] == query.shape[1]:
+        return query_mask  # already over the queries (e.g. the Keras mask of `query`)
+    start = (0, cache_update_index)
+    return ops.slice(query_mask, start, (ops.shape(query_mask)[0], ops.shape(query)[1]))
 
 
 def _check_mask_shapes(projected_query, projected_key, **tensors):

@@ -1,0 +1,476 @@
+"""Memory-efficient (blockwise) scaled dot-product attention for the TensorFlow backend.
+
+The same contract as `keras_attn.attention.scaled_dot_product_attention` (masks, causal, sliding
+window, bias, dropout on the normalised weights, fully masked rows give exactly zero) without
+ever holding the `(query_len, key_len)` attention matrix:
+
+- queries are processed in chunks of `query_block_size`; for each chunk a loop over key blocks of
+  `key_block_size` keeps a running maximum and a running sum of the softmax (the "online softmax"
+  of Milakov & Gimelshein 2018, Rabe & Staats 2021, FlashAttention);
+- key blocks that the causal or sliding-window structure masks entirely are skipped, not computed;
+- the backward pass (a `tf.custom_gradient`) stores only the output and the per-row log-sum-exp
+  and recomputes each block's weights, so training memory is linear in the length too;
+- dropout masks come from a stateless generator keyed by block, so the backward pass regenerates
+  exactly the masks of the forward pass.
+
+Peak memory is `O(batch * heads * (length * depth + query_block_size * key_block_size))`.
+Loops are `tf.while_loop`s over static block sizes: they work eagerly, in `tf.function` and under
+`jit_compile=True`, and long lengths never unroll.
+
+The masked fill and the zeroing of masked weights are the core's (`fill_masked`,
+`zero_masked`): the numerics live in `keras_attn.attention` only.
+"""
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+
+from keras_attn.attention import causal_mask
+from keras_attn.attention import fill_masked
+from keras_attn.attention import sliding_window_mask
+from keras_attn.attention import softmax_dtype
+from keras_attn.attention import zero_masked
+
+DEFAULT_BLOCK_SIZE = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Static blocking of one attention call; lengths may be tensors when shapes are dynamic."""
+
+    query_len: object
+    key_len: object
+    query_block: int
+    key_block: int
+    is_causal: bool
+    sliding_window: object
+    query_offset: object
+    dropout_rate: float
+
+    @property
+    def num_query_blocks(self):
+        return (self.query_len + self.query_block - 1) // self.query_block
+
+    @property
+    def num_key_blocks(self):
+        return (self.key_len + self.key_block - 1) // self.key_block
+
+    @property
+    def padded_query_len(self):
+        return self.num_query_blocks * self.query_block
+
+    @property
+    def padded_key_len(self):
+        return self.num_key_blocks * self.key_block
+
+    @property
+    def pads_keys(self):
+        return not isinstance(self.key_len, int) or self.key_len % self.key_block != 0
+
+    def key_blocks_for(self, query_block):
+        """`[start, stop)` of the key blocks query chunk `query_block` can attend to."""
+        first_row = self.query_offset + query_block * self.query_block
+        last_row = first_row + self.query_block - 1
+        start, stop = 0, self.num_key_blocks
+        if self.is_causal:
+            stop = tf.minimum(stop, last_row // self.key_block + 1)
+        if self.sliding_window is not None:
+            start = tf.maximum(start, (first_row - self.sliding_window + 1) // self.key_block)
+            if not self.is_causal:
+                stop = tf.minimum(stop, (last_row + self.sliding_window - 1) // self.key_block + 1)
+        return start, stop
+
+    def query_blocks_for(self, key_block):
+        """`[start, stop)` of the query chunks that can attend to key block `key_block`."""
+        first_col = key_block * self.key_block
+        last_col = first_col + self.key_block - 1
+        start, stop = 0, self.num_query_blocks
+        if self.is_causal:
+            start = tf.maximum(start, (first_col - self.query_offset) // self.query_block)
+        if self.sliding_window is not None:
+            stop = tf.minimum(
+                stop, (last_col + self.sliding_window - 1 - self.query_offset) // self.query_block + 1
+            )
+            if not self.is_causal:
+                start = tf.maximum(
+                    start, (first_col - self.sliding_window + 1 - self.query_offset) // self.query_block
+                )
+        return start, stop
+
+
+def blockwise_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    bias=None,
+    is_causal=False,
+    sliding_window=None,
+    query_offset=0,
+    scale=1.0,
+    dropout_rate=0.0,
+    training=False,
+    seed_generator=None,
+    query_block_size=DEFAULT_BLOCK_SIZE,
+    key_block_size=DEFAULT_BLOCK_SIZE,
+):
+    """Blockwise attention with an online softmax; memory linear in the sequence length.
+
+    Called by `scaled_dot_product_attention(..., implementation="blockwise")`, which validates
+    the inputs, repeats grouped key/value heads and resolves `scale` first; the arguments mean
+    the same as there.
+
+    Args:
+        query: `(batch, query_len, heads, depth)`.
+        key: `(batch, key_len, heads, depth)`.
+        value: `(batch, key_len, heads, value_depth)`.
+        mask: optional boolean mask broadcastable to `(batch, heads, query_len, key_len)`.
+        bias: optional additive bias broadcastable to `(batch, heads, query_len, key_len)`;
+            differentiable.
+        is_causal: query `i + query_offset` attends only to keys `j <= i + query_offset`.
+        sliding_window: optional positive int, `|i + query_offset - j| < sliding_window`.
+        query_offset: position of the first query among the keys (int or scalar int tensor).
+        scale: logit scale.
+        dropout_rate: dropout on the normalised attention weights when `training`.
+        training: whether dropout is active.
+        seed_generator: a `keras.random.SeedGenerator` for dropout.
+        query_block_size: queries per chunk (static int).
+        key_block_size: keys per block (static int).
+
+    Returns:
+        `(batch, query_len, heads, value_depth)` in the dtype of `value`; fully masked rows are 0.
+
+    Example:
+
+    >>> q = k = v = keras.random.normal((1, 4096, 8, 32))
+    >>> out = blockwise_attention(q, k, v, is_causal=True, scale=32 ** -0.5)
+    >>> out.shape
+    TensorShape([1, 4096, 8, 32])
+    """
+    for name, size in (("query_block_size", query_block_size), ("key_block_size", key_block_size)):
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(f"`{name}` must be a positive integer. Received: {name}={size!r}")
+    query_len, key_len = _length(query), _length(key)
+    plan = _Plan(
+        query_len=query_len,
+        key_len=key_len,
+        query_block=_clamp_block(query_block_size, query_len),
+        key_block=_clamp_block(key_block_size, key_len),
+        is_causal=is_causal,
+        sliding_window=sliding_window,
+        query_offset=query_offset if isinstance(query_offset, int) else tf.cast(query_offset, "int32"),
+        dropout_rate=dropout_rate if training else 0.0,
+    )
+    seed = None
+    if plan.dropout_rate > 0.0:
+        seed = keras.random.randint((2,), 0, 2**31 - 1, dtype="int32", seed=seed_generator)
+    query = tf.multiply(query, tf.cast(scale, query.dtype))  # (batch, query_len, heads, depth)
+    # (batch, heads, padded_len, depth): one transpose per tensor, the blocks are then contiguous.
+    query = _to_blocks_layout(query, plan.padded_query_len - query_len)
+    key = _to_blocks_layout(key, plan.padded_key_len - key_len)
+    value = _to_blocks_layout(value, plan.padded_key_len - key_len)
+    mask = None if mask is None else _pad_pairwise(tf.cast(mask, "bool"), plan, False)
+    if bias is None:
+        output = _attend_with_recompute(plan, mask, seed, query, key, value)
+    else:
+        bias = _pad_pairwise(tf.cast(bias, softmax_dtype(query.dtype)), plan, 0)
+        output = _attend_with_recompute(plan, mask, seed, query, key, value, bias)
+    output = tf.transpose(output[:, :, :query_len], (0, 2, 1, 3))  # (batch, query_len, heads, dv)
+    return tf.cast(output, value.dtype)
+
+
+def _length(tensor):
+    static = tensor.shape[1]
+    return static if static is not None else tf.shape(tensor)[1]
+
+
+def _clamp_block(block, length):
+    return min(block, length) if isinstance(length, int) and length > 0 else block
+
+
+def _to_blocks_layout(tensor, padding):
+    tensor = tf.transpose(tensor, (0, 2, 1, 3))  # (batch, heads, seq, depth)
+    return tf.pad(tensor, [[0, 0], [0, 0], [0, padding], [0, 0]])  # (batch, heads, padded, depth)
+
+
+def _pad_pairwise(tensor, plan, value):
+    """Pads the non-broadcast query/key axes of a `(batch?, heads?, q?, k?)` tensor to whole blocks."""
+    query_pad = 0 if tensor.shape[2] == 1 else plan.padded_query_len - plan.query_len
+    key_pad = 0 if tensor.shape[3] == 1 else plan.padded_key_len - plan.key_len
+    return tf.pad(tensor, [[0, 0], [0, 0], [0, query_pad], [0, key_pad]], constant_values=value)
+
+
+def _rows(tensor, block, size):
+    """Rows `[block * size, (block + 1) * size)` of a `(batch, heads, seq, ...)` tensor."""
+    begin = tf.stack([0, 0, block * size] + [0] * (len(tensor.shape) - 3))
+    return tf.slice(tensor, begin, [-1, -1, size] + [-1] * (len(tensor.shape) - 3))
+
+
+def _pairwise_block(tensor, plan, query_block, key_block):
+    """Block `(query_block, key_block)` of a `(batch?, heads?, q?, k?)` mask or bias."""
+    query_full, key_full = tensor.shape[2] != 1, tensor.shape[3] != 1
+    begin = tf.stack(
+        [
+            0,
+            0,
+            query_block * plan.query_block if query_full else 0,
+            key_block * plan.key_block if key_full else 0,
+        ]
+    )
+    size = [-1, -1, plan.query_block if query_full else 1, plan.key_block if key_full else 1]
+    return tf.slice(tensor, begin, size)
+
+
+def _block_mask(plan, mask, query_block, key_block):
+    """Boolean `(batch?, heads?, query_block, key_block)` mask of one block, or `None`."""
+    # Position of the block's first query relative to its first key.
+    offset = plan.query_offset + query_block * plan.query_block - key_block * plan.key_block
+    parts = []
+    if mask is not None:
+        parts.append(_pairwise_block(mask, plan, query_block, key_block))
+    if plan.is_causal:
+        parts.append(causal_mask(plan.query_block, plan.key_block, offset))
+    if plan.sliding_window is not None:
+        parts.append(sliding_window_mask(plan.query_block, plan.key_block, plan.sliding_window, offset))
+    if plan.pads_keys:
+        cols = key_block * plan.key_block + tf.range(plan.key_block)  # (key_block,)
+        parts.append(tf.reshape(cols < plan.key_len, (1, 1, 1, plan.key_block)))
+    if not parts:
+        return None
+    block_mask = parts[0]
+    for part in parts[1:]:
+        block_mask = tf.logical_and(block_mask, part)
+    return block_mask
+
+
+def _block_logits(plan, mask, bias, query_block, key_block, query, key):
+    """Masked-filled logits `(batch, heads, q_block, k_block)` and the block's mask (or `None`)."""
+    logits = tf.matmul(query, key, transpose_b=True)  # (batch, heads, q_block, k_block)
+    logits = tf.cast(logits, softmax_dtype(logits.dtype))
+    if bias is not None:
+        logits = logits + _pairwise_block(bias, plan, query_block, key_block)
+    block_mask = _block_mask(plan, mask, query_block, key_block)
+    if block_mask is not None:
+        logits = fill_masked(logits, block_mask)
+    return logits, block_mask
+
+
+def _dropout_keep_scale(plan, seed, query_block, key_block, shape, dtype):
+    """`keep / (1 - rate)` for one block, regenerated identically in the backward pass."""
+    block_seed = tf.random.experimental.stateless_fold_in(
+        seed, query_block * plan.num_key_blocks + key_block
+    )
+    keep = tf.random.stateless_uniform(shape, seed=block_seed) >= plan.dropout_rate
+    return tf.cast(keep, dtype) / (1.0 - plan.dropout_rate)
+
+
+def _attend_with_recompute(plan, mask, seed, query, key, value, bias=None):
+    """Attention of `(batch, heads, padded_len, depth)` tensors whose gradient recomputes blocks."""
+
+    @tf.custom_gradient
+    def attend(*inputs):
+        output, log_sum_exp = _forward(plan, mask, seed, *inputs)
+
+        def gradient(output_gradient):
+            return _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient)
+
+        return output, gradient
+
+    inputs = (query, key, value) if bias is None else (query, key, value, bias)
+    return attend(*inputs)
+
+
+def _forward(plan, mask, seed, query, key, value, bias=None):
+    """Output `(batch, heads, padded_q, value_depth)` and log-sum-exp `(batch, heads, padded_q, 1)`."""
+    dtype = softmax_dtype(query.dtype)
+
+    def query_chunk(query_block, outputs, log_sum_exps):
+        chunk = _rows(query, query_block, plan.query_block)  # (batch, heads, q_block, depth)
+        batch, heads = _dims(query)[:2]
+
+        def key_step(key_block, row_max, row_sum, accumulator):
+            logits, block_mask = _block_logits(
+                plan, mask, bias, query_block, key_block, chunk, _rows(key, key_block, plan.key_block)
+            )  # (batch, heads, q_block, k_block)
+            new_max = tf.maximum(row_max, tf.reduce_max(logits, -1, keepdims=True))
+            weights = tf.exp(logits - new_max)  # (batch, heads, q_block, k_block)
+            if block_mask is not None:
+                weights = zero_masked(weights, block_mask)
+            correction = tf.exp(row_max - new_max)  # (batch, heads, q_block, 1)
+            row_sum = correction * row_sum + tf.reduce_sum(weights, -1, keepdims=True)
+            if plan.dropout_rate > 0.0:
+                weights *= _dropout_keep_scale(plan, seed, query_block, key_block, tf.shape(weights), dtype)
+            values = _rows(value, key_block, plan.key_block)  # (batch, heads, k_block, value_depth)
+            update = tf.matmul(tf.cast(weights, value.dtype), values)  # (batch, heads, q_block, dv)
+            accumulator = correction * accumulator + tf.cast(update, dtype)
+            return key_block + 1, new_max, row_sum, accumulator
+
+        start, stop = plan.key_blocks_for(query_block)
+        row_max = tf.fill(tf.stack([batch, heads, plan.query_block, 1]), tf.constant(-float("inf"), dtype))
+        row_sum = tf.zeros_like(row_max)  # (batch, heads, q_block, 1)
+        accumulator = tf.zeros(tf.stack([batch, heads, plan.query_block, value.shape[-1]]), dtype)
+        _, row_max, row_sum, accumulator = tf.while_loop(
+            lambda key_block, *_: key_block < stop,
+            key_step,
+            (start, row_max, row_sum, accumulator),
+        )
+        # A row with no attended key has row_sum == 0: output 0, like the dense path.
+        attended = row_sum > 0
+        safe_sum = tf.where(attended, row_sum, tf.ones_like(row_sum))
+        output = tf.where(attended, accumulator / safe_sum, tf.zeros_like(accumulator))
+        log_sum_exp = tf.where(attended, row_max + tf.math.log(safe_sum), tf.zeros_like(row_sum))
+        return (
+            query_block + 1,
+            outputs.write(query_block, output),
+            log_sum_exps.write(query_block, log_sum_exp),
+        )
+
+    outputs = _block_array(dtype, plan.num_query_blocks, query, plan.query_block, value.shape[-1])
+    log_sum_exps = _block_array(dtype, plan.num_query_blocks, query, plan.query_block, 1)
+    _, outputs, log_sum_exps = tf.while_loop(
+        lambda query_block, *_: query_block < plan.num_query_blocks,
+        query_chunk,
+        (0, outputs, log_sum_exps),
+    )
+    return _unblock(outputs.stack()), _unblock(log_sum_exps.stack())
+
+
+def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
+    """Gradients of `inputs` (query, key, value[, bias]) recomputed block by block."""
+    query, key, value = inputs[:3]
+    bias = inputs[3] if len(inputs) == 4 else None
+    dtype = softmax_dtype(query.dtype)
+    output_gradient = tf.cast(output_gradient, dtype)  # (batch, heads, padded_q, value_depth)
+    # rowsum(dO * O) = sum_k P_k dP_k, the subtracted term of the softmax gradient.
+    delta = tf.reduce_sum(output_gradient * output, -1, keepdims=True)  # (batch, heads, padded_q, 1)
+    query_f, key_f, value_f = (tf.cast(t, dtype) for t in (query, key, value))
+
+    def key_block_step(key_block, key_grads, value_grads, query_grads, bias_grads):
+        keys = _rows(key_f, key_block, plan.key_block)  # (batch, heads, k_block, depth)
+        values = _rows(value_f, key_block, plan.key_block)  # (batch, heads, k_block, value_depth)
+
+        def query_step(query_block, key_grad, value_grad, query_grads, bias_grads):
+            chunk = _rows(query_f, query_block, plan.query_block)  # (batch, heads, q_block, depth)
+            chunk_grad = _rows(output_gradient, query_block, plan.query_block)  # (b, h, q_block, dv)
+            logits, block_mask = _block_logits(plan, mask, bias, query_block, key_block, chunk, keys)
+            lse = _rows(log_sum_exp, query_block, plan.query_block)  # (batch, heads, q_block, 1)
+            weights = tf.exp(logits - lse)  # (batch, heads, q_block, k_block), normalised
+            if block_mask is not None:
+                weights = zero_masked(weights, block_mask)
+            weights_grad = tf.matmul(chunk_grad, values, transpose_b=True)  # (b, h, q_block, k_block)
+            dropped = weights
+            if plan.dropout_rate > 0.0:
+                keep_scale = _dropout_keep_scale(
+                    plan, seed, query_block, key_block, tf.shape(weights), dtype
+                )
+                dropped, weights_grad = weights * keep_scale, weights_grad * keep_scale
+            value_grad += tf.matmul(dropped, chunk_grad, transpose_a=True)  # (b, h, k_block, dv)
+            row_delta = _rows(delta, query_block, plan.query_block)  # (batch, heads, q_block, 1)
+            logits_grad = weights * (weights_grad - row_delta)  # (batch, heads, q_block, k_block)
+            key_grad += tf.matmul(logits_grad, chunk, transpose_a=True)  # (b, h, k_block, depth)
+            query_grads = query_grads.write(
+                query_block, query_grads.read(query_block) + tf.matmul(logits_grad, keys)
+            )
+            if bias is not None:
+                bias_grads = _accumulate_bias_grad(plan, bias, bias_grads, query_block, key_block, logits_grad)
+            return query_block + 1, key_grad, value_grad, query_grads, bias_grads
+
+        start, stop = plan.query_blocks_for(key_block)
+        _, key_grad, value_grad, query_grads, bias_grads = tf.while_loop(
+            lambda query_block, *_: query_block < stop,
+            query_step,
+            (start, tf.zeros_like(keys), tf.zeros_like(values), query_grads, bias_grads),
+        )
+        return (
+            key_block + 1,
+            key_grads.write(key_block, key_grad),
+            value_grads.write(key_block, value_grad),
+            query_grads,
+            bias_grads,
+        )
+
+    query_grads = _zero_blocks(query_f, plan.num_query_blocks, plan.query_block)
+    bias_grads = _zero_bias_grad_blocks(plan, bias) if bias is not None else tf.zeros(())
+    key_grads = _block_array(dtype, plan.num_key_blocks, key, plan.key_block, key.shape[-1])
+    value_grads = _block_array(dtype, plan.num_key_blocks, key, plan.key_block, value.shape[-1])
+    _, key_grads, value_grads, query_grads, bias_grads = tf.while_loop(
+        lambda key_block, *_: key_block < plan.num_key_blocks,
+        key_block_step,
+        (0, key_grads, value_grads, query_grads, bias_grads),
+    )
+    grads = [
+        tf.cast(_unblock(query_grads.stack()), query.dtype),
+        tf.cast(_unblock(key_grads.stack()), key.dtype),
+        tf.cast(_unblock(value_grads.stack()), value.dtype),
+    ]
+    if bias is not None:
+        grads.append(tf.cast(_unblock_bias_grad(plan, bias, bias_grads.stack()), bias.dtype))
+    return grads
+
+
+def _dims(tensor):
+    """The shape of `tensor` as a list: static sizes where known, scalar tensors elsewhere."""
+    dynamic = tf.shape(tensor)
+    return [size if size is not None else dynamic[axis] for axis, size in enumerate(tensor.shape)]
+
+
+def _block_array(dtype, num_blocks, like, block, depth):
+    """An empty TensorArray of `num_blocks` blocks `(batch, heads, block, depth)` of `like`."""
+    element_shape = tf.TensorShape([like.shape[0], like.shape[1], block, depth])
+    return tf.TensorArray(dtype, size=num_blocks, element_shape=element_shape)
+
+
+def _unblock(blocks):
+    """`(num_blocks, batch, heads, block, depth)` -> `(batch, heads, num_blocks * block, depth)`."""
+    blocks = tf.transpose(blocks, (1, 2, 0, 3, 4))  # (batch, heads, num_blocks, block, depth)
+    batch, heads, num_blocks, block, depth = _dims(blocks)
+    return tf.reshape(blocks, tf.stack([batch, heads, num_blocks * block, depth]))
+
+
+def _zero_blocks(tensor, num_blocks, block):
+    """A TensorArray of `num_blocks` zero `(batch, heads, block, depth)` blocks shaped like `tensor`."""
+    batch, heads, _, depth = _dims(tensor)
+    zeros = tf.zeros(tf.stack([num_blocks, batch, heads, block, depth]), tensor.dtype)
+    return _block_array(tensor.dtype, num_blocks, tensor, block, tensor.shape[3]).unstack(zeros)
+
+
+def _bias_grid(plan, bias):
+    """Blocks of the bias gradient along the query and key axes (1 where the bias broadcasts)."""
+    query_full, key_full = bias.shape[2] != 1, bias.shape[3] != 1
+    return (
+        plan.num_query_blocks if query_full else 1,
+        plan.num_key_blocks if key_full else 1,
+        plan.query_block if query_full else 1,
+        plan.key_block if key_full else 1,
+    )
+
+
+def _zero_bias_grad_blocks(plan, bias):
+    """A TensorArray of zero bias-gradient blocks, one per (query block, key block) of the grid."""
+    rows, cols, block_rows, block_cols = _bias_grid(plan, bias)
+    batch, heads = _dims(bias)[:2]
+    zeros = tf.zeros(tf.stack([rows * cols, batch, heads, block_rows, block_cols]), bias.dtype)
+    element_shape = tf.TensorShape([bias.shape[0], bias.shape[1], block_rows, block_cols])
+    return tf.TensorArray(bias.dtype, size=rows * cols, element_shape=element_shape).unstack(zeros)
+
+
+def _accumulate_bias_grad(plan, bias, bias_grads, query_block, key_block, logits_grad):
+    """Adds one block's logits gradient, summed over the bias's broadcast axes, to its grid cell."""
+    reduced = [axis for axis in range(4) if bias.shape[axis] == 1]
+    if reduced:
+        logits_grad = tf.reduce_sum(logits_grad, reduced, keepdims=True)
+    _, cols, _, _ = _bias_grid(plan, bias)
+    row = query_block if bias.shape[2] != 1 else 0
+    col = key_block if bias.shape[3] != 1 else 0
+    cell = row * cols + col
+    return bias_grads.write(cell, bias_grads.read(cell) + logits_grad)
+
+
+def _unblock_bias_grad(plan, bias, blocks):
+    """`(rows * cols, batch?, heads?, block_rows, block_cols)` grid -> the padded bias's shape."""
+    rows, cols, block_rows, block_cols = _bias_grid(plan, bias)
+    batch, heads = _dims(bias)[:2]
+    grid = tf.reshape(blocks, tf.stack([rows, cols, batch, heads, block_rows, block_cols]))
+    grid = tf.transpose(grid, (2, 3, 0, 4, 1, 5))  # (batch?, heads?, rows, block_rows, cols, block_cols)
+    return tf.reshape(grid, tf.shape(bias))

@@ -1,0 +1,316 @@
+"""Blockwise attention against the NumPy float64 reference and the dense path, values and gradients.
+
+Small blocks (8 queries x 16 keys) over lengths that are not multiples of them, so every test runs
+several query chunks, several key blocks, padding and, under causal/window masks, block skipping.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn import attention
+from keras_attn import blockwise_attention as blockwise_module
+from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.blockwise_attention import blockwise_attention
+from keras_attn.multi_head_attention import MultiHeadAttention
+from tests import reference
+
+FLOAT32_ATOL = 1e-5
+BLOCKS = dict(query_block_size=8, key_block_size=16)
+BATCH, QUERY_LEN, KEY_LEN, HEADS, DEPTH, VALUE_DEPTH = 2, 37, 45, 3, 8, 5
+
+
+def _inputs(rng, query_len=QUERY_LEN, key_len=KEY_LEN, value_depth=VALUE_DEPTH):
+    shapes = ((BATCH, query_len, HEADS, DEPTH), (BATCH, key_len, HEADS, DEPTH), (BATCH, key_len, HEADS, value_depth))
+    return [rng.normal(size=shape).astype("float32") for shape in shapes]
+
+
+def _mask_cases(rng):
+    """Every mask kind, with query rows that see no key at all in the explicit masks."""
+    full_mask = rng.random((BATCH, HEADS, QUERY_LEN, KEY_LEN)) < 0.6
+    full_mask[0, 1, [0, 9, 20]] = False
+    full_mask[1, :, 36] = False
+    padding = np.ones((BATCH, 1, 1, KEY_LEN), bool)
+    padding[1, ..., 30:] = False
+    return {
+        "none": {},
+        "causal": dict(is_causal=True),
+        "window": dict(sliding_window=6),
+        "causal_window": dict(is_causal=True, sliding_window=11),
+        "padding": dict(mask=padding),
+        "full_mask_with_empty_rows": dict(mask=full_mask),
+        "causal_offset": dict(is_causal=True, query_offset=KEY_LEN - QUERY_LEN),
+        "window_offset": dict(sliding_window=5, query_offset=3),
+        "bias": dict(bias=rng.normal(size=(1, HEADS, QUERY_LEN, KEY_LEN)).astype("float32")),
+        "key_bias_causal": dict(bias=rng.normal(size=(BATCH, 1, 1, KEY_LEN)).astype("float32"), is_causal=True),
+        "bias_and_mask": dict(bias=rng.normal(size=(BATCH, HEADS, QUERY_LEN, 1)).astype("float32"), mask=full_mask),
+    }
+
+
+CASES = sorted(_mask_cases(np.random.default_rng(0)))
+
+
+def _case(name):
+    return _mask_cases(np.random.default_rng(0))[name]
+
+
+def _reference(query, key, value, case):
+    case = dict(case)
+    offset = case.pop("query_offset", 0)
+    if offset:
+        # The reference aligns queries at the top left: prepend `offset` queries and drop them.
+        padded = np.concatenate([np.zeros_like(query[:, :offset]), query], axis=1)
+        extra = {name: np.pad(case[name], [(0, 0)] * 2 + [(offset, 0), (0, 0)]) for name in ("mask", "bias") if name in case}
+        output, weights = reference.attention(padded, key, value, **{**case, **extra})
+        return output[:, offset:], weights[:, :, offset:]
+    return reference.attention(query, key, value, **case)
+
+
+def _gradients(function, inputs, output_grad):
+    """Gradients of `sum(function(*inputs) * output_grad)` with respect to every input."""
+    inputs = [tf.constant(x) for x in inputs]
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        loss = tf.reduce_sum(function(*inputs) * output_grad)
+    return [g.numpy() for g in tape.gradient(loss, inputs)]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_reference_and_dense_path(name):
+    rng = np.random.default_rng(1)
+    query, key, value = _inputs(rng)
+    case = _case(name)
+    expected, _ = _reference(query, key, value, case)
+    output = blockwise_attention(query, key, value, scale=DEPTH**-0.5, **BLOCKS, **case).numpy()
+    dense = scaled_dot_product_attention(query, key, value, implementation="dense", **case).numpy()
+    np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL)
+    np.testing.assert_allclose(output, dense, atol=FLOAT32_ATOL)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_gradients_match_dense_path(name):
+    rng = np.random.default_rng(2)
+    case = _case(name)
+    bias = case.pop("bias", None)
+    inputs = _inputs(rng) + ([] if bias is None else [bias])
+    output_grad = rng.normal(size=(BATCH, QUERY_LEN, HEADS, VALUE_DEPTH)).astype("float32")
+
+    def blockwise(query, key, value, bias=None):
+        return blockwise_attention(query, key, value, bias=bias, scale=DEPTH**-0.5, **BLOCKS, **case)
+
+    def dense(query, key, value, bias=None):
+        return scaled_dot_product_attention(query, key, value, bias=bias, implementation="dense", **case)
+
+    for got, want in zip(_gradients(blockwise, inputs, output_grad), _gradients(dense, inputs, output_grad)):
+        np.testing.assert_allclose(got, want, atol=FLOAT32_ATOL)
+
+
+def test_fully_masked_rows_give_zero_output_and_zero_query_gradient():
+    rng = np.random.default_rng(3)
+    query, key, value = _inputs(rng)
+    mask = rng.random((BATCH, 1, QUERY_LEN, KEY_LEN)) < 0.5
+    mask[0, :, 12] = False
+    mask[1] = False
+    output_grad = np.ones((BATCH, QUERY_LEN, HEADS, VALUE_DEPTH), "float32")
+
+    def attend(query, key, value):
+        return blockwise_attention(query, key, value, mask=mask, scale=0.3, **BLOCKS)
+
+    output = attend(query, key, value).numpy()
+    query_grad, key_grad, value_grad = _gradients(attend, (query, key, value), output_grad)
+    assert np.all(output[0, 12] == 0.0) and np.all(output[1] == 0.0)
+    assert np.all(query_grad[0, 12] == 0.0) and np.all(query_grad[1] == 0.0)
+    assert np.all(key_grad[1] == 0.0) and np.all(value_grad[1] == 0.0)
+    assert np.all(np.isfinite(query_grad))
+
+
+@pytest.mark.parametrize("structure", [dict(is_causal=True), dict(sliding_window=4), dict(is_causal=True, sliding_window=9)])
+def test_blocks_outside_the_causal_or_window_band_are_never_computed(structure):
+    # NaN keys/values wherever the structure masks every query: a computed block would multiply
+    # zero weights by NaN values (and NaN logits) and poison the output and the gradients.
+    rng = np.random.default_rng(4)
+    query_len, key_len = 16, 96
+    query, key, value = _inputs(rng, query_len=query_len, key_len=key_len)
+    rows, cols = np.arange(query_len)[:, None], np.arange(key_len)[None, :]
+    allowed = np.ones((query_len, key_len), bool)
+    if structure.get("is_causal"):
+        allowed &= cols <= rows
+    if "sliding_window" in structure:
+        allowed &= np.abs(rows - cols) < structure["sliding_window"]
+    unseen_blocks = ~allowed.reshape(query_len, key_len // 16, 16).any(axis=(0, 2))  # per key block
+    assert unseen_blocks.any()
+    unseen = np.repeat(unseen_blocks, 16)
+    poisoned_key, poisoned_value = key.copy(), value.copy()
+    poisoned_key[:, unseen] = np.nan
+    poisoned_value[:, unseen] = np.nan
+
+    def attend(query, key, value):
+        return blockwise_attention(query, key, value, scale=DEPTH**-0.5, **BLOCKS, **structure)
+
+    output = attend(query, poisoned_key, poisoned_value).numpy()
+    expected, _ = reference.attention(query, key, value, **structure)
+    np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL)
+    output_grad = np.ones_like(output)
+    query_grad, key_grad, value_grad = _gradients(attend, (query, poisoned_key, poisoned_value), output_grad)
+    assert np.all(np.isfinite(query_grad))
+    assert np.all(np.isfinite(key_grad[:, ~unseen])) and np.all(np.isfinite(value_grad[:, ~unseen]))
+
+
+def _dropped_weights(seed, rate, case, query, key):
+    """The dropped-out weights `(batch, heads, q, k)`: attend to one-hot values, one per key."""
+    one_hot = np.broadcast_to(np.eye(KEY_LEN, dtype="float32")[None, :, None, :], (BATCH, KEY_LEN, HEADS, KEY_LEN))
+    output = blockwise_attention(
+        query, key, one_hot, scale=DEPTH**-0.5, dropout_rate=rate, training=True,
+        seed_generator=keras.random.SeedGenerator(seed), **BLOCKS, **case,
+    )  # (batch, q, heads, k)
+    return np.transpose(output.numpy(), (0, 2, 1, 3))
+
+
+def test_dropout_drops_normalised_weights_and_rescales_the_rest():
+    rng = np.random.default_rng(5)
+    query, key, _ = _inputs(rng)
+    case, rate = dict(is_causal=True), 0.3
+    _, weights = reference.attention(query, key, np.zeros_like(key), **case)
+    dropped = _dropped_weights(7, rate, case, query, key)
+    kept = dropped != 0.0
+    np.testing.assert_allclose(dropped[kept], weights[kept] / (1.0 - rate), atol=FLOAT32_ATOL)
+    drop_fraction = 1.0 - kept[weights > 0].mean()
+    assert abs(drop_fraction - rate) < 0.05
+    np.testing.assert_array_equal(_dropped_weights(7, rate, case, query, key), dropped)
+    assert not np.array_equal(_dropped_weights(8, rate, case, query, key), dropped)
+
+
+def test_dropout_gradients_use_the_forward_masks():
+    rng = np.random.default_rng(6)
+    query, key, value = _inputs(rng, value_depth=KEY_LEN)
+    case, rate, seed = dict(sliding_window=20), 0.25, 11
+    keep = _dropped_weights(seed, rate, case, query, key) != 0.0  # (batch, heads, q, k)
+    output_grad = rng.normal(size=(BATCH, QUERY_LEN, HEADS, KEY_LEN)).astype("float32")
+
+    def blockwise(query, key, value):
+        return blockwise_attention(
+            query, key, value, scale=DEPTH**-0.5, dropout_rate=rate, training=True,
+            seed_generator=keras.random.SeedGenerator(seed), **BLOCKS, **case,
+        )
+
+    def dense_with_the_same_masks(query, key, value):
+        mask = attention.sliding_window_mask(QUERY_LEN, KEY_LEN, case["sliding_window"])
+        logits = attention.attention_logits(query, key, DEPTH**-0.5)
+        weights = attention.masked_softmax(logits, mask) * keep / (1.0 - rate)
+        return tf.einsum("bhqk,bkhd->bqhd", weights, value)
+
+    inputs = (query, key, value)
+    for got, want in zip(_gradients(blockwise, inputs, output_grad), _gradients(dense_with_the_same_masks, inputs, output_grad)):
+        np.testing.assert_allclose(got, want, atol=FLOAT32_ATOL)
+
+
+def test_no_dropout_outside_training():
+    rng = np.random.default_rng(7)
+    query, key, value = _inputs(rng)
+    output = blockwise_attention(query, key, value, scale=0.5, dropout_rate=0.5, training=False, **BLOCKS)
+    expected, _ = reference.attention(query, key, value, scale=0.5)
+    np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_compiled_forward_and_gradients(jit_compile):
+    rng = np.random.default_rng(8)
+    query, key, value = _inputs(rng)
+    bias = rng.normal(size=(1, HEADS, QUERY_LEN, KEY_LEN)).astype("float32")
+    output_grad = rng.normal(size=(BATCH, QUERY_LEN, HEADS, VALUE_DEPTH)).astype("float32")
+    case = dict(is_causal=True, sliding_window=13)
+
+    def blockwise(query, key, value, bias):
+        return blockwise_attention(query, key, value, bias=bias, scale=DEPTH**-0.5, **BLOCKS, **case)
+
+    @tf.function(jit_compile=jit_compile)
+    def compiled(*inputs):
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            output = blockwise(*inputs)
+            loss = tf.reduce_sum(output * output_grad)
+        return output, tape.gradient(loss, inputs)
+
+    inputs = [tf.constant(x) for x in (query, key, value, bias)]
+    output, grads = compiled(*inputs)
+    expected, _ = reference.attention(query, key, value, bias=bias, **case)
+    np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL)
+    eager_grads = _gradients(blockwise, (query, key, value, bias), output_grad)
+    for got, want in zip(grads, eager_grads):
+        np.testing.assert_allclose(got, want, atol=FLOAT32_ATOL)
+
+
+def test_dynamic_lengths_in_tf_function():
+    rng = np.random.default_rng(9)
+    spec = tf.TensorSpec((None, None, HEADS, DEPTH), tf.float32)
+
+    @tf.function(input_signature=[spec, spec, spec])
+    def attend(query, key, value):
+        return blockwise_attention(query, key, value, is_causal=True, scale=DEPTH**-0.5, **BLOCKS)
+
+    for query_len in (5, 40):
+        query, key, value = _inputs(rng, query_len=query_len, key_len=query_len, value_depth=DEPTH)
+        expected, _ = reference.attention(query, key, value, is_causal=True)
+        np.testing.assert_allclose(attend(query, key, value), expected, atol=FLOAT32_ATOL)
+
+
+def test_grouped_query_heads_through_the_core():
+    rng = np.random.default_rng(10)
+    query = rng.normal(size=(BATCH, 40, 4, DEPTH)).astype("float32")
+    key, value = (rng.normal(size=(BATCH, 40, 2, DEPTH)).astype("float32") for _ in range(2))
+    output = scaled_dot_product_attention(query, key, value, is_causal=True, implementation="blockwise")
+    expected, _ = reference.attention(query, key, value, is_causal=True)
+    np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL)
+
+
+def test_auto_picks_blockwise_from_the_threshold_unless_weights_are_returned(monkeypatch):
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return blockwise_attention(*args, **kwargs)
+
+    monkeypatch.setattr(blockwise_module, "blockwise_attention", spy)
+    monkeypatch.setattr(attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 30 * 30)
+    rng = np.random.default_rng(11)
+    short = _inputs(rng, query_len=20, key_len=20, value_depth=DEPTH)
+    long = _inputs(rng, query_len=30, key_len=30, value_depth=DEPTH)
+    scaled_dot_product_attention(*short, is_causal=True)
+    assert not calls
+    scaled_dot_product_attention(*long, is_causal=True, return_weights=True)
+    assert not calls
+    output = scaled_dot_product_attention(*long, is_causal=True)
+    assert len(calls) == 1 and calls[0]["is_causal"]
+    expected, _ = reference.attention(*long, is_causal=True)
+    np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL)
+
+
+def test_multi_head_attention_implementations_agree_and_round_trip():
+    rng = np.random.default_rng(12)
+    inputs = rng.normal(size=(2, 33, 16)).astype("float32")
+    padding = np.ones((2, 33), bool)
+    padding[1, 25:] = False
+    dense = MultiHeadAttention(num_heads=2, key_dim=8, implementation="dense")
+    blockwise = MultiHeadAttention.from_config({**dense.get_config(), "implementation": "blockwise"})
+    expected = dense(inputs, inputs, use_causal_mask=True, value_mask=padding)
+    blockwise(inputs, inputs)
+    blockwise.set_weights(dense.get_weights())
+    output = blockwise(inputs, inputs, use_causal_mask=True, value_mask=padding)
+    np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL)
+    assert MultiHeadAttention.from_config(blockwise.get_config()).implementation == "blockwise"
+
+
+def test_bad_arguments_raise_value_errors_naming_them():
+    rng = np.random.default_rng(13)
+    query, key, value = _inputs(rng)
+    with pytest.raises(ValueError, match="implementation=.fast."):
+        scaled_dot_product_attention(query, key, value, implementation="fast")
+    with pytest.raises(ValueError, match="return_weights=True"):
+        scaled_dot_product_attention(query, key, value, implementation="blockwise", return_weights=True)
+    with pytest.raises(ValueError, match="query_block_size=0"):
+        blockwise_attention(query, key, value, query_block_size=0)
+    with pytest.raises(ValueError, match="key_block_size=2.5"):
+        blockwise_attention(query, key, value, key_block_size=2.5)
+    with pytest.raises(ValueError, match="implementation='flash'"):
+        MultiHeadAttention(num_heads=2, key_dim=4, implementation="flash")
