@@ -16,6 +16,7 @@ from keras_attn.rotary_embedding import RotaryEmbedding
 from keras_attn.self_attention import SelfAttention
 from keras_attn.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_attn.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_attn.transformer_decoder import TransformerDecoder
 from keras_attn.transformer_encoder import TransformerEncoder
 
 __version__ = "0.1.0"

@@ -81,12 +81,12 @@ class TransformerBlock(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
 
-    def _attention(self, name, hidden_dim):
+    def _attention(self, name, hidden_dim, sliding_window=None):
         return MultiHeadAttention(
             num_heads=self.num_heads,
             key_dim=head_size(hidden_dim, self.num_heads, self.key_dim),
             dropout=self.dropout if self.attention_dropout is None else self.attention_dropout,
-            sliding_window=self.sliding_window,
+            sliding_window=sliding_window,
             num_key_value_heads=self.num_key_value_heads,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),
@@ -211,7 +211,7 @@ class TransformerEncoder(TransformerBlock):
 
     def build(self, inputs_shape):
         check_sequence_shape("inputs", inputs_shape)
-        self.self_attention = self._attention("self_attention", inputs_shape[-1])
+        self.self_attention = self._attention("self_attention", inputs_shape[-1], self.sliding_window)
         self.self_attention.build(inputs_shape, inputs_shape)
         self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm", inputs_shape)
         self.self_attention_dropout = self._dropout("self_attention_dropout")

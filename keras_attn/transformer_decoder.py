@@ -1,0 +1,227 @@
+"""Transformer decoder block: causal self-attention, optional cross-attention, feed-forward."""
+
+import keras
+from keras import ops
+
+from keras_attn.transformer_encoder import TransformerBlock
+from keras_attn.transformer_encoder import check_padding_mask
+from keras_attn.transformer_encoder import check_sequence_shape
+from keras_attn.transformer_encoder import keras_mask
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerDecoder(TransformerBlock):
+    """Transformer decoder block (Vaswani et al., 2017) with key/value caches for generation.
+
+    Causal self-attention over `decoder_sequence`, then (when the layer is called with an
+    `encoder_sequence`) cross-attention from the decoder to the encoder sequence (any length
+    and width), then a feed-forward block; each sub-block has a residual connection and a
+    layer normalisation, post-norm by default, pre-norm with `norm_first=True`. Attention is
+    `keras_attn.MultiHeadAttention` (exact masking, float32 softmax). Call the layer with or
+    without `encoder_sequence` consistently: the first call decides whether it has
+    cross-attention.
+
+    Padding: the Keras masks of `decoder_sequence` and `encoder_sequence` (from
+    `Embedding(mask_zero=True)` or `TokenAndPositionEmbedding` upstream) are used when
+    `decoder_padding_mask` / `encoder_padding_mask` are not passed; explicit masks always win.
+    Padded keys are never attended to and padded decoder positions get zero attention
+    outputs, so padding never changes the outputs at real positions. The output keeps the
+    decoder's Keras mask.
+
+    Cached decoding (KerasHub semantics): pass `self_attention_cache`
+    `(batch, 2, max_len, kv_heads, key_dim)` (see `initial_self_attention_cache`) and
+    `self_attention_cache_update_index`, the position of the first token of
+    `decoder_sequence`; its keys/values are written into the cache and the tokens attend
+    causally to the cache. With cross-attention also pass `cross_attention_cache` from
+    `compute_cross_attention_cache(encoder_sequence)` (the encoder keys/values projected once);
+    `encoder_sequence` is still passed (for its padding mask) but not projected again. In
+    cached mode `decoder_padding_mask` covers the new tokens only, so padding must come after
+    the real tokens (right padding), as in generation.
+
+    Args:
+        intermediate_dim: width of the feed-forward hidden layer.
+        num_heads: number of attention heads.
+        key_dim: size of each attention head; defaults to `hidden // num_heads` (which must
+            then divide).
+        dropout: dropout on each sub-block's output before the residual add (and on the
+            attention weights unless `attention_dropout` is given).
+        attention_dropout: dropout on the attention weights; defaults to `dropout`.
+        activation: feed-forward activation.
+        layer_norm_epsilon: epsilon of the layer normalisations.
+        norm_first: pre-norm (`True`) or post-norm (`False`).
+        sliding_window: optional positive int; self-attention is limited to
+            `|i - j| < window`.
+        num_key_value_heads: key/value heads for grouped-query attention (divides `num_heads`).
+        kernel_initializer: initializer of every kernel.
+        bias_initializer: initializer of every bias.
+        **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        decoder_sequence: `(batch, target_len, hidden)`.
+        encoder_sequence: optional `(batch, source_len, encoder_hidden)`.
+        decoder_padding_mask: optional boolean `(batch, target_len)`, `True` for real tokens.
+        decoder_attention_mask: optional boolean `(batch, target_len, key_len)` (or 4-D with
+            a heads axis) combined with the causal and padding masks; `key_len` is `max_len`
+            with a cache.
+        encoder_padding_mask: optional boolean `(batch, source_len)`.
+        encoder_attention_mask: optional boolean `(batch, target_len, source_len)` (or 4-D).
+        self_attention_cache: optional `(batch, 2, max_len, kv_heads, key_dim)`.
+        self_attention_cache_update_index: int or scalar int tensor; required with a cache.
+        cross_attention_cache: optional `(batch, 2, source_len, kv_heads, key_dim)`.
+        use_causal_mask: whether self-attention is causal (default `True`).
+        training: whether dropout is active.
+
+    Returns:
+        `(batch, target_len, hidden)`; with a self-attention cache,
+        `(outputs, self_attention_cache)`, or `(outputs, self_attention_cache,
+        cross_attention_cache)` when the layer has cross-attention.
+
+    Example:
+
+    >>> source = keras.random.normal((2, 9, 32))
+    >>> target = keras.random.normal((2, 7, 16))
+    >>> decoder = TransformerDecoder(intermediate_dim=64, num_heads=4)
+    >>> decoder(target, source).shape
+    (2, 7, 16)
+    >>> cache = decoder.initial_self_attention_cache(batch_size=2, max_length=7)
+    >>> cross = decoder.compute_cross_attention_cache(source)
+    >>> out, cache, cross = decoder(target[:, :1], source, self_attention_cache=cache,
+    ...                             self_attention_cache_update_index=0, cross_attention_cache=cross)
+    """
+
+    def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
+        check_sequence_shape("decoder_sequence", decoder_sequence_shape)
+        hidden_dim = decoder_sequence_shape[-1]
+        self.self_attention = self._attention("self_attention", hidden_dim, self.sliding_window)
+        self.self_attention.build(decoder_sequence_shape, decoder_sequence_shape)
+        self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm", decoder_sequence_shape)
+        self.self_attention_dropout = self._dropout("self_attention_dropout")
+        self.cross_attention = None
+        if encoder_sequence_shape is not None:
+            check_sequence_shape("encoder_sequence", encoder_sequence_shape)
+            self.cross_attention = self._attention("cross_attention", hidden_dim)
+            self.cross_attention.build(decoder_sequence_shape, encoder_sequence_shape)
+            self.cross_attention_layer_norm = self._layer_norm("cross_attention_layer_norm", decoder_sequence_shape)
+            self.cross_attention_dropout = self._dropout("cross_attention_dropout")
+        self._build_feed_forward(decoder_sequence_shape)
+
+    def initial_self_attention_cache(self, batch_size, max_length):
+        """An all-zero self-attention cache `(batch_size, 2, max_length, kv_heads, key_dim)`."""
+        attention = self.self_attention
+        shape = (batch_size, 2, max_length, attention.num_key_value_heads, attention.key_dim)
+        return ops.zeros(shape, self.compute_dtype)
+
+    def compute_cross_attention_cache(self, encoder_sequence):
+        """Projects the encoder keys/values once: `(batch, 2, source_len, kv_heads, key_dim)`."""
+        if self.cross_attention is None:
+            raise ValueError(
+                "This TransformerDecoder has no cross-attention (it was built without "
+                "`encoder_sequence`), so there is no cross-attention cache to compute."
+            )
+        key = self.cross_attention.key_dense(encoder_sequence)  # (batch, source_len, kv_heads, key_dim)
+        value = self.cross_attention.value_dense(encoder_sequence)  # (batch, source_len, kv_heads, key_dim)
+        return ops.stack((key, value), axis=1)
+
+    def _check_call(self, encoder_sequence, self_attention_cache, cross_attention_cache):
+        has_cross_attention = self.cross_attention is not None
+        if has_cross_attention != (encoder_sequence is not None):
+            built = "with" if has_cross_attention else "without"
+            raise ValueError(
+                f"This TransformerDecoder was built {built} cross-attention: call it "
+                f"{built} `encoder_sequence` every time. Received: encoder_sequence="
+                f"{None if encoder_sequence is None else tuple(encoder_sequence.shape)}"
+            )
+        if has_cross_attention and (self_attention_cache is None) != (cross_attention_cache is None):
+            raise ValueError(
+                "With cross-attention, `self_attention_cache` and `cross_attention_cache` must be "
+                "given together. Received: self_attention_cache="
+                f"{None if self_attention_cache is None else tuple(self_attention_cache.shape)}, "
+                "cross_attention_cache="
+                f"{None if cross_attention_cache is None else tuple(cross_attention_cache.shape)}"
+            )
+        if not has_cross_attention and cross_attention_cache is not None:
+            raise ValueError(
+                "This TransformerDecoder has no cross-attention. Received: cross_attention_cache="
+                f"{tuple(cross_attention_cache.shape)}"
+            )
+
+    def call(
+        self,
+        decoder_sequence,
+        encoder_sequence=None,
+        decoder_padding_mask=None,
+        decoder_attention_mask=None,
+        encoder_padding_mask=None,
+        encoder_attention_mask=None,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
+        cross_attention_cache=None,
+        use_causal_mask=True,
+        training=None,
+    ):
+        self._check_call(encoder_sequence, self_attention_cache, cross_attention_cache)
+        decoder_padding_mask = keras_mask(decoder_sequence) if decoder_padding_mask is None else decoder_padding_mask
+        check_padding_mask("decoder_padding_mask", decoder_padding_mask)
+
+        def self_attend(x):
+            if self_attention_cache is None:
+                output = self.self_attention(
+                    x,
+                    x,
+                    query_mask=decoder_padding_mask,
+                    value_mask=decoder_padding_mask,
+                    attention_mask=decoder_attention_mask,
+                    use_causal_mask=use_causal_mask,
+                    training=training,
+                )  # (batch, target_len, hidden)
+                return output, None
+            return self.self_attention(
+                x,
+                x,
+                query_mask=decoder_padding_mask,
+                value_mask=_all_keys(self_attention_cache),
+                attention_mask=decoder_attention_mask,
+                use_causal_mask=use_causal_mask,
+                cache=self_attention_cache,
+                cache_update_index=self_attention_cache_update_index,
+                training=training,
+            )  # (batch, target_len, hidden), (batch, 2, max_len, kv_heads, key_dim)
+
+        x, self_attention_cache = self._residual(
+            decoder_sequence, self_attend, self.self_attention_layer_norm, self.self_attention_dropout, training
+        )
+        if self.cross_attention is not None:
+            encoder_padding_mask = (
+                keras_mask(encoder_sequence) if encoder_padding_mask is None else encoder_padding_mask
+            )
+            check_padding_mask("encoder_padding_mask", encoder_padding_mask)
+
+            def cross_attend(x):
+                output = self.cross_attention(
+                    x,
+                    encoder_sequence,
+                    query_mask=decoder_padding_mask,
+                    value_mask=encoder_padding_mask,
+                    attention_mask=encoder_attention_mask,
+                    cache=cross_attention_cache,
+                    training=training,
+                )  # (batch, target_len, hidden), and the unchanged cache when given
+                return output[0] if cross_attention_cache is not None else output, None
+
+            x, _ = self._residual(x, cross_attend, self.cross_attention_layer_norm, self.cross_attention_dropout, training)
+        x = self._feed_forward_block(x, training)
+        if self_attention_cache is None:
+            return x
+        if self.cross_attention is None:
+            return x, self_attention_cache
+        return x, self_attention_cache, cross_attention_cache
+
+
+def _all_keys(cache):
+    """An all-true key mask `(batch, max_len)` over a cache.
+
+    Passing it explicitly keeps Keras from filling the attention's `value_mask` with the Keras
+    mask of the new tokens (their length is not the cache length); the causal mask over the
+    cache already limits which keys each new token sees.
+    """
+    return ops.ones((ops.shape(cache)[0], ops.shape(cache)[2]), "bool")
