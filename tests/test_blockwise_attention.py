@@ -4,13 +4,14 @@ Small blocks (8 queries x 16 keys) over lengths that are not multiples of them, 
 several query chunks, several key blocks, padding and, under causal/window masks, block skipping.
 """
 
+import importlib
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from keras_attn import attention
-from keras_attn import blockwise_attention as blockwise_module
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.blockwise_attention import blockwise_attention
 from keras_attn.multi_head_attention import MultiHeadAttention
@@ -271,6 +272,7 @@ def test_auto_picks_blockwise_from_the_threshold_unless_weights_are_returned(mon
         calls.append(kwargs)
         return blockwise_attention(*args, **kwargs)
 
+    blockwise_module = importlib.import_module("keras_attn.blockwise_attention")
     monkeypatch.setattr(blockwise_module, "blockwise_attention", spy)
     monkeypatch.setattr(attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 30 * 30)
     rng = np.random.default_rng(11)
