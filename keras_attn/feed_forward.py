@@ -42,7 +42,7 @@ class FeedForward(keras.layers.Layer):
     Example:
 
     >>> x = keras.random.normal((2, 7, 16))
-    >>> FeedForward(intermediate_dim=64, activation="gelu")(x).shape
+    >>> tuple(FeedForward(intermediate_dim=64, activation="gelu")(x).shape)
     (2, 7, 16)
     """
 

@@ -33,7 +33,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     >>> tokens = keras.layers.Embedding(100, 16)(keras.ops.ones((2, 10), "int32"))
     >>> x = tokens + PositionEmbedding(sequence_length=32)(tokens)
-    >>> x.shape
+    >>> tuple(x.shape)
     (2, 10, 16)
     """
 

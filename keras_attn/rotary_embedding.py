@@ -36,7 +36,7 @@ class RotaryEmbedding(keras.layers.Layer):
     Example:
 
     >>> query = keras.random.normal((2, 10, 4, 16))
-    >>> RotaryEmbedding()(query, start_index=5).shape
+    >>> tuple(RotaryEmbedding()(query, start_index=5).shape)
     (2, 10, 4, 16)
     """
 

@@ -76,9 +76,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     Example:
 
     >>> x = keras.random.normal((2, 7, 16))
-    >>> SinusoidalPositionEncoding()(x).shape
+    >>> tuple(SinusoidalPositionEncoding()(x).shape)
     (2, 7, 16)
-    >>> SinusoidalPositionEncoding(merge_mode="concat", encoding_dim=4)(x).shape
+    >>> tuple(SinusoidalPositionEncoding(merge_mode="concat", encoding_dim=4)(x).shape)
     (2, 7, 20)
     """
 

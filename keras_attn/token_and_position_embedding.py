@@ -49,7 +49,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     >>> ids = keras.Input((None,), dtype="int32")
     >>> x = TokenAndPositionEmbedding(1000, 128, 64)(ids)  # carries the mask ids != 0
-    >>> x.shape
+    >>> tuple(x.shape)
     (None, None, 64)
     """
 

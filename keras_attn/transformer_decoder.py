@@ -81,7 +81,7 @@ class TransformerDecoder(TransformerBlock):
     >>> source = keras.random.normal((2, 9, 32))
     >>> target = keras.random.normal((2, 7, 16))
     >>> decoder = TransformerDecoder(intermediate_dim=64, num_heads=4)
-    >>> decoder(target, source).shape
+    >>> tuple(decoder(target, source).shape)
     (2, 7, 16)
     >>> cache = decoder.initial_self_attention_cache(batch_size=2, max_length=7)
     >>> cross = decoder.compute_cross_attention_cache(source)

@@ -204,7 +204,7 @@ class TransformerEncoder(TransformerBlock):
     Example:
 
     >>> ids = keras.Input((None,), dtype="int32")
-    >>> x = keras_attn.TokenAndPositionEmbedding(1000, 128, 64)(ids)
+    >>> x = keras.layers.Embedding(1000, 64, mask_zero=True)(ids)
     >>> x = TransformerEncoder(intermediate_dim=128, num_heads=4)(x)  # padding from the mask
     >>> model = keras.Model(ids, x)
     """
