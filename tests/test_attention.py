@@ -97,6 +97,8 @@ def test_matches_reference(
     _assert_matches_reference(output, weights, expected, expected_weights)
     without_weights = scaled_dot_product_attention(query, key, value, **options)
     np.testing.assert_array_equal(without_weights, output)
+    blockwise = scaled_dot_product_attention(query, key, value, implementation="blockwise", **options)
+    np.testing.assert_allclose(np.asarray(blockwise, np.float64), expected, atol=FLOAT32_ATOL, rtol=0)
 
 
 def test_causal_top_left_aligned_when_query_and_key_lengths_differ():
@@ -158,11 +160,14 @@ def _assert_rows_exactly_zero(output, weights, fully_masked):
 
 @pytest.mark.parametrize("jit_compile", [None, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("training", [False, True], ids=["inference", "dropout"])
-@pytest.mark.parametrize("return_weights", [True, False])
-def test_fully_masked_rows_are_exactly_zero_on_every_path(jit_compile, training, return_weights):
+@pytest.mark.parametrize(
+    "return_weights, implementation", [(True, "dense"), (False, "dense"), (False, "blockwise")]
+)
+def test_fully_masked_rows_are_exactly_zero_on_every_path(jit_compile, training, return_weights, implementation):
     inputs, mask, fully_masked = _fully_masked_case()
     attend = functools.partial(
         scaled_dot_product_attention,
+        implementation=implementation,
         mask=mask,
         is_causal=True,
         dropout_rate=0.3,
