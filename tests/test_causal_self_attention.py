@@ -85,6 +85,8 @@ def test_cached_decoding_with_a_padding_mask_over_the_cache():
         output, cache = layer(x[:, index : index + 1], mask=padding, cache=cache, cache_update_index=index)
         real = padding[:, index]
         np.testing.assert_allclose(output.numpy()[real], full[real, index : index + 1], atol=ATOL)
+        # The mask covers the cache, not this step: it must not be attached to the output.
+        assert getattr(output, "_keras_mask", None) is None
 
 
 def test_serialization_round_trip():

@@ -155,6 +155,22 @@ def test_matches_float64_reference(config, cross, use_causal_mask):
     np.testing.assert_allclose(scores, expected_scores, atol=1e-10)
 
 
+@pytest.mark.parametrize("use_causal_mask", [False, True])
+def test_blockwise_implementation_matches_float64_reference(use_causal_mask):
+    rng = np.random.default_rng(11)
+    query, value = rng.standard_normal((BATCH, QUERY_LEN, QUERY_DIM)), rng.standard_normal((BATCH, KEY_LEN, VALUE_DIM))
+    config = dict(num_heads=4, key_dim=3, num_key_value_heads=2, sliding_window=3, implementation="blockwise")
+    layer = _float64_layer((query, value), **config)
+    value_mask = _padding([KEY_LEN, 0], KEY_LEN)  # batch 1 attends to nothing: exact zeros
+    bias = rng.standard_normal((1, 4, QUERY_LEN, KEY_LEN))
+    output = layer(query, value, value_mask=value_mask, attention_bias=bias, use_causal_mask=use_causal_mask)
+    expected, _ = reference.multi_head_attention(
+        layer.get_weights(), query, value, mask=value_mask[:, None, None, :], bias=bias,
+        is_causal=use_causal_mask, sliding_window=3,
+    )
+    np.testing.assert_allclose(output, expected, atol=1e-10)
+
+
 def _spy_on_fused_path(layer, monkeypatch):
     calls = []
     fused = layer._fused_qkv
@@ -399,10 +415,13 @@ def test_bad_constructor_arguments(arguments, message):
         (lambda q, v: (q, v, None, dict(attention_mask=np.ones((2, 4, 7), bool))), "attention_mask.shape=(2, 4, 7)"),
         (lambda q, v: (q, v, None, dict(attention_mask=np.ones((2, 3, 5, 7), bool))), "attention_mask.shape=(2, 3, 5, 7)"),
         (lambda q, v: (q, v, None, dict(attention_bias=np.ones((2, 3, 5, 7)))), "attention_bias.shape=(2, 3, 5, 7)"),
+        (lambda q, v: (q, v, None, dict(cache=np.zeros((2, 2, 7, 2, 3)))), "cache.shape=(2, 2, 7, 2, 3)"),
+        (lambda q, v: (q, v, None, dict(cache_update_index=3)), "cache_update_index=3"),
     ],
     ids=[
         "query_rank", "value_rank", "key_value_lengths", "query_mask_rank", "value_mask_rank", "value_mask_length",
         "query_mask_length", "attention_mask_rank", "attention_mask_shape", "attention_mask_heads", "bias_heads",
+        "cache_shape", "index_without_cache",
     ],
 )
 def test_bad_call_arguments(call, message):
