@@ -22,10 +22,11 @@ def test_returns_table_rows_broadcast_to_inputs(start_index):
     np.testing.assert_array_equal(got, np.broadcast_to(table[start_index:start_index + 6], (3, 6, 4)))
 
 
-def test_tensor_start_index_for_cached_decoding():
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_tensor_start_index_for_cached_decoding(jit_compile):
     layer = built_layer()
     table = keras.ops.convert_to_numpy(layer.position_embeddings)
-    step = tf.function(lambda x, index: layer(x, start_index=index))
+    step = tf.function(lambda x, index: layer(x, start_index=index), jit_compile=jit_compile)
     for index in (0, 7, 15):
         got = keras.ops.convert_to_numpy(step(np.zeros((2, 1, 4), "float32"), tf.constant(index)))
         np.testing.assert_array_equal(got[:, 0], np.broadcast_to(table[index], (2, 4)))
