@@ -59,8 +59,8 @@ class MultiHeadAttention(keras.layers.Layer):
         query_mask: optional boolean `(batch, query_len)`; `False` rows get zero attention.
         value_mask: optional boolean `(batch, key_len)`; `False` keys are never attended.
         key_mask: optional boolean `(batch, key_len)`; combined with `value_mask`.
-        attention_mask: optional boolean mask broadcastable to
-            `(batch, query_len, key_len)` (3-D, as in Keras) or
+        attention_mask: optional boolean mask broadcastable to `(query_len, key_len)` or
+            `(batch, query_len, key_len)` (2-D/3-D, as in Keras) or
             `(batch, heads, query_len, key_len)` (4-D).
         return_attention_scores: if `True`, also return the weights
             `(batch, heads, query_len, key_len)`.
@@ -352,13 +352,15 @@ class MultiHeadAttention(keras.layers.Layer):
         """Merges padding masks and an explicit mask into one 4-D boolean mask (or `None`)."""
         if attention_mask is not None:
             rank = len(attention_mask.shape)
-            if rank not in (3, 4):
+            if rank not in (2, 3, 4):
                 raise ValueError(
-                    "`attention_mask` must have rank 3 (batch, query_len, key_len) or 4 "
-                    "(batch, heads, query_len, key_len). "
+                    "`attention_mask` must have rank 2 (query_len, key_len), 3 (batch, query_len, "
+                    "key_len) or 4 (batch, heads, query_len, key_len). "
                     f"Received: attention_mask.shape={tuple(attention_mask.shape)}"
                 )
-            if rank == 3:
+            if rank == 2:
+                attention_mask = ops.expand_dims(attention_mask, 0)  # (1, q, k)
+            if rank in (2, 3):
                 attention_mask = ops.expand_dims(attention_mask, 1)  # (batch, 1, q, k)
         for name, padding in (("query_mask", query_mask), ("value_mask", value_mask), ("key_mask", key_mask)):
             if padding is not None and len(padding.shape) != 2:
@@ -417,7 +419,11 @@ def _check_mask_shapes(projected_query, projected_key, **tensors):
         "query_mask": [(batch, query_len)],
         "value_mask": [(batch, key_len)],
         "key_mask": [(batch, key_len)],
-        "attention_mask": [(batch, query_len, key_len), (batch, heads, query_len, key_len)],
+        "attention_mask": [
+            (query_len, key_len),
+            (batch, query_len, key_len),
+            (batch, heads, query_len, key_len),
+        ],
         "attention_bias": [(batch, heads, query_len, key_len)],
     }
     for name, tensor in tensors.items():

@@ -65,6 +65,7 @@ KERAS_CASES = {
     "padding": (dict(num_heads=2, key_dim=4), dict(cross=True, padding=True), {}),
     "padding_causal": (dict(num_heads=3, key_dim=4), dict(cross=False, padding=True), dict(use_causal_mask=True)),
     "attention_mask": (dict(num_heads=2, key_dim=4), dict(cross=True, attention_mask=True), {}),
+    "attention_mask_2d": (dict(num_heads=2, key_dim=4), dict(cross=True, attention_mask="2d"), {}),
     "sliding_window": (dict(num_heads=2, key_dim=4, sliding_window=2), dict(cross=False), {}),
     "window_causal": (dict(num_heads=2, key_dim=4, sliding_window=3), dict(cross=True), dict(use_causal_mask=True)),
     "gate": (dict(num_heads=2, key_dim=4, use_gate=True), dict(cross=False), {}),
@@ -83,7 +84,10 @@ def _keras_case(rng, cross=False, separate_key=False, padding=False, attention_m
     if padding:
         masks["query_mask"] = _padding([QUERY_LEN, 2], QUERY_LEN)
         masks["value_mask"] = _padding([key_len - 1, 3], key_len)
-    if attention_mask:
+    if attention_mask == "2d":  # Keras broadcasts a (query_len, key_len) mask over the batch
+        masks["attention_mask"] = rng.random((QUERY_LEN, key_len)) < 0.7
+        masks["attention_mask"][1] = False  # one fully masked query row
+    elif attention_mask:
         masks["attention_mask"] = rng.random((BATCH, QUERY_LEN, key_len)) < 0.7
         masks["attention_mask"][0, 1] = False  # one fully masked query row
     return query, value, key, masks
@@ -411,7 +415,7 @@ def test_bad_constructor_arguments(arguments, message):
         (lambda q, v: (q, v, None, dict(value_mask=np.ones((7,), bool))), "value_mask.shape=(7,)"),
         (lambda q, v: (q, v, None, dict(value_mask=np.ones((2, 6), bool))), "value_mask.shape=(2, 6)"),
         (lambda q, v: (q, v, None, dict(query_mask=np.ones((2, 4), bool))), "query_mask.shape=(2, 4)"),
-        (lambda q, v: (q, v, None, dict(attention_mask=np.ones((5, 7), bool))), "attention_mask.shape=(5, 7)"),
+        (lambda q, v: (q, v, None, dict(attention_mask=np.ones((7,), bool))), "attention_mask.shape=(7,)"),
         (lambda q, v: (q, v, None, dict(attention_mask=np.ones((2, 4, 7), bool))), "attention_mask.shape=(2, 4, 7)"),
         (lambda q, v: (q, v, None, dict(attention_mask=np.ones((2, 3, 5, 7), bool))), "attention_mask.shape=(2, 3, 5, 7)"),
         (lambda q, v: (q, v, None, dict(attention_bias=np.ones((2, 3, 5, 7)))), "attention_bias.shape=(2, 3, 5, 7)"),
