@@ -34,7 +34,8 @@ class TransformerDecoder(TransformerBlock):
     `decoder_sequence`; its keys/values are written into the cache and the tokens attend
     causally to the cache. With cross-attention also pass `cross_attention_cache` from
     `compute_cross_attention_cache(encoder_sequence)` (the encoder keys/values projected once);
-    `encoder_sequence` is still passed (for its padding mask) but not projected again. In
+    `encoder_sequence` is then not projected again and may be omitted (pass
+    `encoder_padding_mask` explicitly, there is no Keras mask to read it from). In
     cached mode `decoder_padding_mask` covers the new tokens only, so padding must come after
     the real tokens (right padding), as in generation.
 
@@ -58,7 +59,8 @@ class TransformerDecoder(TransformerBlock):
 
     Call arguments:
         decoder_sequence: `(batch, target_len, hidden)`.
-        encoder_sequence: optional `(batch, source_len, encoder_hidden)`.
+        encoder_sequence: optional `(batch, source_len, encoder_hidden)`; optional with a
+            `cross_attention_cache`.
         decoder_padding_mask: optional boolean `(batch, target_len)`, `True` for real tokens.
         decoder_attention_mask: optional boolean `(batch, target_len, key_len)` (or 4-D with
             a heads axis) combined with the causal and padding masks; `key_len` is `max_len`
@@ -113,23 +115,19 @@ class TransformerDecoder(TransformerBlock):
 
     def compute_cross_attention_cache(self, encoder_sequence):
         """Projects the encoder keys/values once: `(batch, 2, source_len, kv_heads, key_dim)`."""
-        if self.cross_attention is None:
-            raise ValueError(
-                "This TransformerDecoder has no cross-attention (it was built without "
-                "`encoder_sequence`), so there is no cross-attention cache to compute."
-            )
-        key = self.cross_attention.key_dense(encoder_sequence)  # (batch, source_len, kv_heads, key_dim)
-        value = self.cross_attention.value_dense(encoder_sequence)  # (batch, source_len, kv_heads, key_dim)
-        return ops.stack((key, value), axis=1)
+        return compute_cross_attention_cache(self, encoder_sequence)
 
     def _check_call(self, encoder_sequence, self_attention_cache, cross_attention_cache):
         has_cross_attention = self.cross_attention is not None
-        if has_cross_attention != (encoder_sequence is not None):
+        has_source = encoder_sequence is not None or cross_attention_cache is not None
+        if has_cross_attention != has_source:
             built = "with" if has_cross_attention else "without"
             raise ValueError(
-                f"This TransformerDecoder was built {built} cross-attention: call it "
-                f"{built} `encoder_sequence` every time. Received: encoder_sequence="
-                f"{None if encoder_sequence is None else tuple(encoder_sequence.shape)}"
+                f"This TransformerDecoder was built {built} cross-attention: call it {built} "
+                "`encoder_sequence` (or, with cross-attention, a `cross_attention_cache`) every time. "
+                "Received: encoder_sequence="
+                f"{None if encoder_sequence is None else tuple(encoder_sequence.shape)}, "
+                f"cross_attention_cache={None if cross_attention_cache is None else tuple(cross_attention_cache.shape)}"
             )
         if has_cross_attention and (self_attention_cache is None) != (cross_attention_cache is None):
             raise ValueError(
@@ -138,11 +136,6 @@ class TransformerDecoder(TransformerBlock):
                 f"{None if self_attention_cache is None else tuple(self_attention_cache.shape)}, "
                 "cross_attention_cache="
                 f"{None if cross_attention_cache is None else tuple(cross_attention_cache.shape)}"
-            )
-        if not has_cross_attention and cross_attention_cache is not None:
-            raise ValueError(
-                "This TransformerDecoder has no cross-attention. Received: cross_attention_cache="
-                f"{tuple(cross_attention_cache.shape)}"
             )
 
     def call(
@@ -197,11 +190,15 @@ class TransformerDecoder(TransformerBlock):
             check_padding_mask("encoder_padding_mask", encoder_padding_mask)
 
             def cross_attend(x):
+                if cross_attention_cache is not None and encoder_padding_mask is None:
+                    keys_mask = _all_keys(cross_attention_cache)
+                else:
+                    keys_mask = encoder_padding_mask
                 output = self.cross_attention(
                     x,
-                    encoder_sequence,
+                    x if encoder_sequence is None else encoder_sequence,  # not projected with a cache
                     query_mask=decoder_padding_mask,
-                    value_mask=encoder_padding_mask,
+                    value_mask=keys_mask,
                     attention_mask=encoder_attention_mask,
                     cache=cross_attention_cache,
                     training=training,
@@ -215,6 +212,23 @@ class TransformerDecoder(TransformerBlock):
         if self.cross_attention is None:
             return x, self_attention_cache
         return x, self_attention_cache, cross_attention_cache
+
+
+def compute_cross_attention_cache(decoder, encoder_sequence):
+    """`decoder`'s cross-attention keys/values of `encoder_sequence`, projected once.
+
+    Returns:
+        `(batch, 2, source_len, kv_heads, key_dim)`, the `cross_attention_cache` argument of
+        every cached decoding step.
+    """
+    if decoder.cross_attention is None:
+        raise ValueError(
+            "This TransformerDecoder has no cross-attention (it was built without "
+            "`encoder_sequence`), so there is no cross-attention cache to compute."
+        )
+    key = decoder.cross_attention.key_dense(encoder_sequence)  # (batch, source_len, kv_heads, key_dim)
+    value = decoder.cross_attention.value_dense(encoder_sequence)  # (batch, source_len, kv_heads, key_dim)
+    return ops.stack((key, value), axis=1)
 
 
 def _all_keys(cache):

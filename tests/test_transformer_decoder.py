@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from keras_attn import TokenAndPositionEmbedding
 from keras_attn import TransformerDecoder
+from keras_attn.transformer_decoder import compute_cross_attention_cache
 from tests import layer_checks
 from tests import reference
 
@@ -213,6 +214,23 @@ def test_cached_decoding_from_keras_masked_embeddings():
         )
         outputs.append(to_numpy(output))
     np.testing.assert_allclose(np.concatenate(outputs, axis=1)[TARGET_PADDING], full[TARGET_PADDING], atol=1e-5)
+
+
+def test_cached_cross_attention_needs_no_encoder_sequence():
+    """A translator projects the encoder once; later steps pass only the cache and the mask."""
+    target, source = random_sequences(10)
+    decoder = built_decoder()
+    full = to_numpy(decoder(target, source, encoder_padding_mask=SOURCE_PADDING))
+    cache = decoder.initial_self_attention_cache(BATCH, TARGET)
+    cross = compute_cross_attention_cache(decoder, source)
+    outputs = []
+    for t in range(TARGET):
+        output, cache, cross = decoder(
+            target[:, t:t + 1], encoder_padding_mask=SOURCE_PADDING, self_attention_cache=cache,
+            self_attention_cache_update_index=t, cross_attention_cache=cross,
+        )
+        outputs.append(to_numpy(output))
+    assert np.max(np.abs(np.concatenate(outputs, axis=1) - full)) <= 1e-5
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
