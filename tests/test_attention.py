@@ -28,6 +28,7 @@ FEW_EXAMPLES = settings(
     max_examples=40,
     deadline=None,
     derandomize=True,
+    database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 
