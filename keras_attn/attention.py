@@ -243,7 +243,8 @@ def scaled_dot_product_attention(
     _check_inputs(query, key, value, mask)
     if bias is not None:
         _check_broadcastable("bias", bias, query, key)
-    if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window <= 0):
+    window_is_int = isinstance(sliding_window, int) and not isinstance(sliding_window, bool)
+    if sliding_window is not None and (not window_is_int or sliding_window <= 0):
         raise ValueError(
             f"`sliding_window` must be None or a positive integer. Received: sliding_window={sliding_window}"
         )

@@ -305,6 +305,7 @@ def _bad_call(**overrides):
         (dict(sliding_window=0), "sliding_window=0"),
         (dict(sliding_window=-2), "sliding_window=-2"),
         (dict(sliding_window=1.5), "sliding_window=1.5"),
+        (dict(sliding_window=True), "sliding_window=True"),
         (dict(dropout_rate=1.0), "dropout_rate=1.0"),
         (dict(dropout_rate=-0.1), "dropout_rate=-0.1"),
     ],
