@@ -237,7 +237,7 @@ def scaled_dot_product_attention(
 
     >>> q = k = v = keras.random.normal((2, 5, 4, 8))
     >>> out, w = scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)
-    >>> out.shape, w.shape
+    >>> tuple(out.shape), tuple(w.shape)
     ((2, 5, 4, 8), (2, 4, 5, 5))
     """
     _check_inputs(query, key, value, mask)

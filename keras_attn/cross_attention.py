@@ -34,7 +34,7 @@ class CrossAttention(MultiHeadAttention):
 
     >>> decoder_states = keras.random.normal((2, 7, 32))
     >>> encoder_outputs = keras.random.normal((2, 11, 48))
-    >>> CrossAttention(num_heads=4, key_dim=8)(decoder_states, encoder_outputs).shape
+    >>> tuple(CrossAttention(num_heads=4, key_dim=8)(decoder_states, encoder_outputs).shape)
     (2, 7, 32)
     """
 

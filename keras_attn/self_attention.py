@@ -27,7 +27,7 @@ class SelfAttention(MultiHeadAttention):
     Example:
 
     >>> x = keras.random.normal((2, 10, 32))
-    >>> SelfAttention(num_heads=4, key_dim=8)(x).shape
+    >>> tuple(SelfAttention(num_heads=4, key_dim=8)(x).shape)
     (2, 10, 32)
     """
 
