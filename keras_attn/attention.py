@@ -21,9 +21,11 @@ from keras import ops
 
 _MASK_RANK = 4
 ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "blockwise")
-# `implementation="auto"` switches to blockwise attention from `query_len * key_len` this large
-# (benchmarks/layer_throughput.py: below it the dense path is faster; above it memory dominates).
+# `implementation="auto"` switches to blockwise attention from `query_len * key_len` this large;
+# much earlier under causal/band masks, where blockwise skips the masked blocks
+# (benchmarks/layer_throughput.py: below these sizes the dense path is faster).
 BLOCKWISE_MIN_ATTENTION_SIZE = 2048 * 2048
+BLOCKWISE_MIN_BANDED_ATTENTION_SIZE = 512 * 512
 
 
 def causal_mask(query_len, key_len, query_offset=0):
@@ -226,7 +228,8 @@ def scaled_dot_product_attention(
             reference); `"blockwise"` (TensorFlow backend) uses
             `keras_attn.blockwise_attention`, memory linear in the length, same numerics;
             `"auto"` picks blockwise when the static `query_len * key_len` reaches
-            `BLOCKWISE_MIN_ATTENTION_SIZE`, unless `return_weights`.
+            `BLOCKWISE_MIN_ATTENTION_SIZE` (`BLOCKWISE_MIN_BANDED_ATTENTION_SIZE` with
+            `is_causal` or `sliding_window`), unless `return_weights`.
 
     Returns:
         The output `(batch, query_len, heads, value_depth)` in the dtype of `value`, and, when
@@ -256,7 +259,8 @@ def scaled_dot_product_attention(
     groups = query.shape[2] // key.shape[2]
     key = _repeat_kv_heads(key, groups)  # (batch, key_len, heads, depth)
     value = _repeat_kv_heads(value, groups)  # (batch, key_len, heads, value_depth)
-    if _use_blockwise(implementation, query, key, return_weights):
+    banded = is_causal or sliding_window is not None
+    if _use_blockwise(implementation, query, key, banded, return_weights):
         # Imported here: blockwise_attention builds on this module's masks and numerics.
         from keras_attn.blockwise_attention import blockwise_attention
 
@@ -286,7 +290,7 @@ def scaled_dot_product_attention(
     return output
 
 
-def _use_blockwise(implementation, query, key, return_weights):
+def _use_blockwise(implementation, query, key, banded, return_weights):
     if implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(
             f"`implementation` must be one of {ATTENTION_IMPLEMENTATIONS}. Received: implementation={implementation!r}"
@@ -310,5 +314,6 @@ def _use_blockwise(implementation, query, key, return_weights):
         and keras.backend.backend() == "tensorflow"
         and query_len is not None
         and key_len is not None
-        and query_len * key_len >= BLOCKWISE_MIN_ATTENTION_SIZE
+        and query_len * key_len
+        >= (BLOCKWISE_MIN_BANDED_ATTENTION_SIZE if banded else BLOCKWISE_MIN_ATTENTION_SIZE)
     )

@@ -32,7 +32,11 @@ from keras_attn.attention import sliding_window_mask
 from keras_attn.attention import softmax_dtype
 from keras_attn.attention import zero_masked
 
-DEFAULT_BLOCK_SIZE = 512
+# Default block sizes grow with the length (about 16 blocks per axis) between these bounds:
+# small blocks skip more of a causal matrix at short lengths (128 was fastest at length 512 in
+# benchmarks/layer_throughput.py); large ones keep the per-block loop overhead low at long lengths.
+MIN_DEFAULT_BLOCK_SIZE = 128
+MAX_DEFAULT_BLOCK_SIZE = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +116,8 @@ def blockwise_attention(
     dropout_rate=0.0,
     training=False,
     seed_generator=None,
-    query_block_size=DEFAULT_BLOCK_SIZE,
-    key_block_size=DEFAULT_BLOCK_SIZE,
+    query_block_size=None,
+    key_block_size=None,
 ):
     """Blockwise attention with an online softmax; memory linear in the sequence length.
 
@@ -135,8 +139,9 @@ def blockwise_attention(
         dropout_rate: dropout on the normalised attention weights when `training`.
         training: whether dropout is active.
         seed_generator: a `keras.random.SeedGenerator` for dropout.
-        query_block_size: queries per chunk (static int).
-        key_block_size: keys per block (static int).
+        query_block_size: queries per chunk (static int); by default about `query_len / 16`,
+            a power of two between `MIN_DEFAULT_BLOCK_SIZE` and `MAX_DEFAULT_BLOCK_SIZE`.
+        key_block_size: keys per block (static int); the same default over `key_len`.
 
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype of `value`; fully masked rows are 0.
@@ -149,9 +154,11 @@ def blockwise_attention(
     TensorShape([1, 4096, 8, 32])
     """
     for name, size in (("query_block_size", query_block_size), ("key_block_size", key_block_size)):
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise ValueError(f"`{name}` must be a positive integer. Received: {name}={size!r}")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+            raise ValueError(f"`{name}` must be None or a positive integer. Received: {name}={size!r}")
     query_len, key_len = _length(query), _length(key)
+    query_block_size = query_block_size or _default_block_size(query_len)
+    key_block_size = key_block_size or _default_block_size(key_len)
     plan = _Plan(
         query_len=query_len,
         key_len=key_len,
@@ -183,6 +190,13 @@ def blockwise_attention(
 def _length(tensor):
     static = tensor.shape[1]
     return static if static is not None else tf.shape(tensor)[1]
+
+
+def _default_block_size(length):
+    if not isinstance(length, int):
+        return MIN_DEFAULT_BLOCK_SIZE
+    target = 2 ** max(0, (length // 16 - 1).bit_length())  # power of two >= length / 16
+    return min(MAX_DEFAULT_BLOCK_SIZE, max(MIN_DEFAULT_BLOCK_SIZE, target))
 
 
 def _clamp_block(block, length):

@@ -274,18 +274,22 @@ def test_auto_picks_blockwise_from_the_threshold_unless_weights_are_returned(mon
 
     blockwise_module = importlib.import_module("keras_attn.blockwise_attention")
     monkeypatch.setattr(blockwise_module, "blockwise_attention", spy)
-    monkeypatch.setattr(attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 30 * 30)
+    monkeypatch.setattr(attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 40 * 40)
+    monkeypatch.setattr(attention, "BLOCKWISE_MIN_BANDED_ATTENTION_SIZE", 30 * 30)
     rng = np.random.default_rng(11)
     short = _inputs(rng, query_len=20, key_len=20, value_depth=DEPTH)
-    long = _inputs(rng, query_len=30, key_len=30, value_depth=DEPTH)
+    medium = _inputs(rng, query_len=30, key_len=30, value_depth=DEPTH)
+    long = _inputs(rng, query_len=40, key_len=40, value_depth=DEPTH)
     scaled_dot_product_attention(*short, is_causal=True)
-    assert not calls
+    scaled_dot_product_attention(*medium)
     scaled_dot_product_attention(*long, is_causal=True, return_weights=True)
     assert not calls
-    output = scaled_dot_product_attention(*long, is_causal=True)
+    output = scaled_dot_product_attention(*medium, is_causal=True)
     assert len(calls) == 1 and calls[0]["is_causal"]
-    expected, _ = reference.attention(*long, is_causal=True)
+    expected, _ = reference.attention(*medium, is_causal=True)
     np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL)
+    scaled_dot_product_attention(*long)
+    assert len(calls) == 2 and not calls[1]["is_causal"]
 
 
 def test_multi_head_attention_implementations_agree_and_round_trip():
