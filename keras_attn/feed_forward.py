@@ -2,18 +2,9 @@
 
 import keras
 
-from keras_attn.multi_head_attention import _check_positive_int
-
-
-def clone_initializer(initializer):
-    """A fresh copy of `initializer`, so that sublayers never share one seeded instance."""
-    return initializer.__class__.from_config(initializer.get_config())
-
-
-def check_rate(name, rate):
-    """Raises a `ValueError` unless `rate` is a number in [0, 1)."""
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
-        raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={rate!r}")
+from keras_attn.utils import check_positive_int
+from keras_attn.utils import check_rate
+from keras_attn.utils import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -56,8 +47,8 @@ class FeedForward(keras.layers.Layer):
         bias_initializer="zeros",
         **kwargs,
     ):
-        _check_positive_int("intermediate_dim", intermediate_dim)
-        _check_positive_int("output_dim", output_dim, allow_none=True)
+        check_positive_int("intermediate_dim", intermediate_dim)
+        check_positive_int("output_dim", output_dim, allow_none=True)
         check_rate("dropout", dropout)
         super().__init__(**kwargs)
         self.supports_masking = True

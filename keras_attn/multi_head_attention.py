@@ -7,6 +7,9 @@ from keras_attn.attention import ATTENTION_IMPLEMENTATIONS
 from keras_attn.attention import merge_masks
 from keras_attn.attention import padding_mask_to_attention_mask
 from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.utils import check_positive_int
+from keras_attn.utils import check_rate
+from keras_attn.utils import clone_initializer
 
 _SEQUENCE_AXES = (None, 1, (1,), [1], (-2,), [-2])
 
@@ -114,11 +117,11 @@ class MultiHeadAttention(keras.layers.Layer):
         implementation="auto",
         **kwargs,
     ):
-        _check_positive_int("num_heads", num_heads)
-        _check_positive_int("key_dim", key_dim)
-        _check_positive_int("value_dim", value_dim, allow_none=True)
-        _check_positive_int("sliding_window", sliding_window, allow_none=True)
-        _check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("key_dim", key_dim)
+        check_positive_int("value_dim", value_dim, allow_none=True)
+        check_positive_int("sliding_window", sliding_window, allow_none=True)
+        check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
         if num_key_value_heads is not None and num_heads % num_key_value_heads:
             raise ValueError(
                 "`num_key_value_heads` must divide `num_heads`. Received: "
@@ -129,8 +132,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"`implementation` must be one of {ATTENTION_IMPLEMENTATIONS}. "
                 f"Received: implementation={implementation!r}"
             )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout}")
+        check_rate("dropout", dropout)
         if attention_axes not in _SEQUENCE_AXES:
             raise ValueError(
                 "keras_attn attends over the sequence axis of (batch, seq, features) inputs only: "
@@ -160,12 +162,8 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _projection(self, name, heads, head_dim, activation=None):
         initializer_config = dict(
-            kernel_initializer=self.kernel_initializer.__class__.from_config(
-                self.kernel_initializer.get_config()
-            ),
-            bias_initializer=self.bias_initializer.__class__.from_config(
-                self.bias_initializer.get_config()
-            ),
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
         )
         projection = keras.layers.EinsumDense(
             "abc,cde->abde",
@@ -215,12 +213,8 @@ class MultiHeadAttention(keras.layers.Layer):
             "abcd,cde->abe",
             output_shape=(None, output_dim),
             bias_axes="e" if self.use_bias else None,
-            kernel_initializer=self.kernel_initializer.__class__.from_config(
-                self.kernel_initializer.get_config()
-            ),
-            bias_initializer=self.bias_initializer.__class__.from_config(
-                self.bias_initializer.get_config()
-            ),
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             kernel_regularizer=self.kernel_regularizer,
             bias_regularizer=self.bias_regularizer,
             kernel_constraint=self.kernel_constraint,
@@ -441,14 +435,6 @@ def _broadcastable(shape, target):
     return len(shape) == len(target) and all(
         received in (None, 1) or expected in (None, received) for received, expected in zip(shape, target)
     )
-
-
-def _check_positive_int(name, value, allow_none=False):
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        expected = "a positive integer or None" if allow_none else "a positive integer"
-        raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
 
 
 def _normalize_output_shape(output_shape):

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_attn.multi_head_attention import _check_positive_int
+from keras_attn.utils import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -38,7 +38,7 @@ class PositionEmbedding(keras.layers.Layer):
     """
 
     def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
-        _check_positive_int("sequence_length", sequence_length)
+        check_positive_int("sequence_length", sequence_length)
         super().__init__(**kwargs)
         self.supports_masking = True
         self.sequence_length = sequence_length

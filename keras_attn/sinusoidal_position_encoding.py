@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_attn.multi_head_attention import _check_positive_int
+from keras_attn.utils import check_positive_int
 
 _MERGE_MODES = ("add", "concat")
 
@@ -86,7 +86,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         if merge_mode not in _MERGE_MODES:
             raise ValueError(f"`merge_mode` must be one of {_MERGE_MODES}. Received: merge_mode={merge_mode!r}")
         check_max_wavelength(max_wavelength)
-        _check_positive_int("encoding_dim", encoding_dim, allow_none=True)
+        check_positive_int("encoding_dim", encoding_dim, allow_none=True)
         super().__init__(**kwargs)
         self.supports_masking = True
         self.merge_mode = merge_mode

@@ -5,8 +5,8 @@ import math
 import keras
 from keras import ops
 
-from keras_attn.feed_forward import clone_initializer
-from keras_attn.multi_head_attention import _check_positive_int
+from keras_attn.utils import clone_initializer
+from keras_attn.utils import check_positive_int
 from keras_attn.position_embedding import PositionEmbedding
 from keras_attn.sinusoidal_position_encoding import SinusoidalPositionEncoding
 
@@ -64,14 +64,14 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         scale_embeddings=False,
         **kwargs,
     ):
-        _check_positive_int("vocabulary_size", vocabulary_size)
-        _check_positive_int("embedding_dim", embedding_dim)
+        check_positive_int("vocabulary_size", vocabulary_size)
+        check_positive_int("embedding_dim", embedding_dim)
         if position_encoding not in _POSITION_ENCODINGS:
             raise ValueError(
                 f"`position_encoding` must be one of {_POSITION_ENCODINGS}. "
                 f"Received: position_encoding={position_encoding!r}"
             )
-        _check_positive_int("sequence_length", sequence_length, allow_none=position_encoding == "sinusoidal")
+        check_positive_int("sequence_length", sequence_length, allow_none=position_encoding == "sinusoidal")
         super().__init__(**kwargs)
         self.vocabulary_size = vocabulary_size
         self.sequence_length = sequence_length

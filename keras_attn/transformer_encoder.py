@@ -3,10 +3,10 @@
 import keras
 
 from keras_attn.feed_forward import FeedForward
-from keras_attn.feed_forward import check_rate
-from keras_attn.feed_forward import clone_initializer
+from keras_attn.utils import check_rate
+from keras_attn.utils import clone_initializer
 from keras_attn.multi_head_attention import MultiHeadAttention
-from keras_attn.multi_head_attention import _check_positive_int
+from keras_attn.utils import check_positive_int
 
 
 def keras_mask(tensor):
@@ -60,9 +60,9 @@ class TransformerBlock(keras.layers.Layer):
         bias_initializer="zeros",
         **kwargs,
     ):
-        _check_positive_int("intermediate_dim", intermediate_dim)
-        _check_positive_int("num_heads", num_heads)
-        _check_positive_int("key_dim", key_dim, allow_none=True)
+        check_positive_int("intermediate_dim", intermediate_dim)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("key_dim", key_dim, allow_none=True)
         check_rate("dropout", dropout)
         if attention_dropout is not None:
             check_rate("attention_dropout", attention_dropout)

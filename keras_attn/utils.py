@@ -1,0 +1,21 @@
+"""Argument checks and small helpers shared by the keras_attn layers (not public API)."""
+
+
+def check_positive_int(name, value, allow_none=False):
+    """Raises a `ValueError` naming `name` unless `value` is a positive int (or allowed `None`)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        expected = "a positive integer or None" if allow_none else "a positive integer"
+        raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
+
+
+def check_rate(name, rate):
+    """Raises a `ValueError` naming `name` unless `rate` is a number in [0, 1)."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+        raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={rate!r}")
+
+
+def clone_initializer(initializer):
+    """A fresh copy of `initializer`, so that sublayers never share one seeded instance."""
+    return initializer.__class__.from_config(initializer.get_config())
