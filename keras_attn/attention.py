@@ -223,7 +223,8 @@ def scaled_dot_product_attention(
         dropout_rate: dropout applied to the attention weights when `training`.
         training: whether dropout is active.
         seed_generator: a `keras.random.SeedGenerator` for dropout (one is made if `None`).
-        return_weights: if `True`, also return the attention weights.
+        return_weights: if `True`, also return the attention weights (normalised, before
+            dropout, as `keras.layers.MultiHeadAttention` returns its scores).
         implementation: `"dense"` materialises the `(query_len, key_len)` weights (the
             reference); `"blockwise"` (TensorFlow backend) uses
             `keras_attn.blockwise_attention`, memory linear in the length, same numerics;
@@ -281,12 +282,13 @@ def scaled_dot_product_attention(
     if bias is not None:
         logits = logits + ops.cast(bias, logits.dtype)
     weights = masked_softmax(logits, mask)  # (batch, heads, query_len, key_len), float32
+    dropped = weights
     if training and dropout_rate > 0.0:
-        weights = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
-    weights = ops.cast(weights, value.dtype)
-    output = ops.einsum("bhqk,bkhd->bqhd", weights, value)  # (batch, query_len, heads, value_depth)
+        dropped = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
+    dropped = ops.cast(dropped, value.dtype)
+    output = ops.einsum("bhqk,bkhd->bqhd", dropped, value)  # (batch, query_len, heads, value_depth)
     if return_weights:
-        return output, weights
+        return output, ops.cast(weights, value.dtype)
     return output
 
 

@@ -186,20 +186,27 @@ def test_fully_masked_rows_are_exactly_zero_on_every_path(jit_compile, training,
 
 def test_dropout_zeroes_or_rescales_each_weight_in_training_only():
     rng = np.random.default_rng(4)
-    query, key, value = _qkv(rng, 2, 6, 6, 2, 2, 4, 4)
+    query, key, _ = _qkv(rng, 2, 6, 6, 2, 2, 4, 4)
+    # One-hot values: output[b, q, h, k] is the (dropped-out) weight of key k, so the output
+    # shows the weights that were actually applied.
+    value = np.broadcast_to(np.eye(6, dtype="float32")[None, :, None, :], (2, 6, 2, 6))
     rate = 0.5
     attend = functools.partial(
         scaled_dot_product_attention, query, key, value, dropout_rate=rate, return_weights=True,
         seed_generator=keras.random.SeedGenerator(0),
     )
-    _, inference_weights = attend(training=False)
-    _, eval_weights = scaled_dot_product_attention(query, key, value, return_weights=True)
+    eval_output, eval_weights = scaled_dot_product_attention(query, key, value, return_weights=True)
+    eval_weights = eval_weights.numpy()
+    inference_output, inference_weights = attend(training=False)
     np.testing.assert_array_equal(inference_weights, eval_weights)
-    _, training_weights = attend(training=True)
-    training_weights, eval_weights = training_weights.numpy(), eval_weights.numpy()
-    dropped = training_weights == 0
+    np.testing.assert_array_equal(inference_output, eval_output)
+    training_output, training_weights = attend(training=True)
+    # The returned weights are the normalised ones, before dropout (as Keras returns them).
+    np.testing.assert_array_equal(training_weights, eval_weights)
+    applied = np.transpose(training_output.numpy(), (0, 2, 1, 3))  # (batch, heads, q, k)
+    dropped = applied == 0
     assert 0.2 < dropped.mean() < 0.8
-    np.testing.assert_allclose(training_weights[~dropped], eval_weights[~dropped] / (1 - rate), rtol=1e-5)
+    np.testing.assert_allclose(applied[~dropped], eval_weights[~dropped] / (1 - rate), rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", sorted(HALF_TOLERANCES))
