@@ -1,0 +1,38 @@
+"""ONNX export of the token-id classifier, bundled with what a client needs to tokenise.
+
+String ops do not convert to ONNX, so the ONNX graph starts at token ids: input `token_ids`
+(int32 `[batch, length]`, both dynamic, 0 = padding), output `probability` (float32
+`[batch, 1]`). The bundle directory holds:
+
+    model.onnx         tf2onnx conversion (opset <= 18)
+    vocabulary.txt     the training vocabulary (line i = id 2 + i)
+    tokenizer.json     standardisation rules, reserved ids, sequence length
+    onnx_predictor.py  a NumPy + onnxruntime predictor applying them (a copy of
+                       export/onnx_predictor.py; the bundle needs no project code)
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import tensorflow as tf
+import tf2onnx
+
+from export import onnx_predictor
+from pipelines.imdb_data import tokenizer_rules
+
+OPSET = 18
+INPUT_NAME = "token_ids"
+
+
+def write_onnx_bundle(model, vocabulary_path, sequence_length, path):
+    """Converts `model` with tf2onnx and writes the predictor bundle into `path` (created)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    signature = [tf.TensorSpec([None, None], tf.int32, name=INPUT_NAME)]
+    predict = tf.function(lambda token_ids: model(token_ids, training=False), input_signature=signature)
+    tf2onnx.convert.from_function(predict, input_signature=signature, opset=OPSET, output_path=str(path / "model.onnx"))
+    shutil.copyfile(vocabulary_path, path / "vocabulary.txt")
+    (path / "tokenizer.json").write_text(json.dumps(tokenizer_rules(sequence_length), indent=2) + "\n")
+    shutil.copyfile(onnx_predictor.__file__, path / "onnx_predictor.py")
+    return path

@@ -1,0 +1,72 @@
+"""Runs an exported IMDB classifier with onnxruntime, tokenising exactly as training did.
+
+Self-contained: needs only NumPy and onnxruntime (no TensorFlow, no project code), so the export
+bundle ships a copy of this file next to `model.onnx`, `vocabulary.txt` and `tokenizer.json`:
+
+    import onnx_predictor
+    predictor = onnx_predictor.OnnxSentimentPredictor("path/to/bundle")
+    predictor.predict(["A wonderful film.", "Dull and far too long."])
+    # {"probability": array([...], float32), "label": array([1, 0])}
+
+Tokenisation (`tokenizer.json` holds the rules the SavedModel's TF string ops apply):
+lowercase ASCII letters only, replace each `replace` pair in order, delete every character of
+`strip_characters`, split on runs of ASCII whitespace, look each token up in the vocabulary
+(line `i` of `vocabulary.txt` is id `first_token_id + i`; unknown tokens get `oov_id`), keep the
+first `sequence_length` ids and right-pad the batch with `padding_id` to its longest row.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_ASCII_WHITESPACE = re.compile("[ \t\n\v\f\r]+")
+
+
+class OnnxSentimentPredictor:
+    """Raw review strings in, positive-class probability and label out, through onnxruntime.
+
+    Args:
+        bundle_dir: directory holding `model.onnx`, `vocabulary.txt` and `tokenizer.json`.
+    """
+
+    def __init__(self, bundle_dir):
+        bundle_dir = Path(bundle_dir)
+        self.rules = json.loads((bundle_dir / "tokenizer.json").read_text(encoding="utf-8"))
+        if self.rules.get("lowercase") != "ascii" or self.rules.get("split") != "ascii_whitespace":
+            raise ValueError(f"Unsupported tokenizer rules in {bundle_dir / 'tokenizer.json'}: {self.rules}")
+        tokens = (bundle_dir / "vocabulary.txt").read_text(encoding="utf-8").split("\n")[:-1]
+        first = self.rules["first_token_id"]
+        self.token_to_id = {token: first + index for index, token in enumerate(tokens)}
+        self._strip = re.compile("[" + re.escape(self.rules["strip_characters"]) + "]")
+        self.session = onnxruntime.InferenceSession(
+            str(bundle_dir / "model.onnx"), providers=["CPUExecutionProvider"]
+        )
+        self.input_name = self.session.get_inputs()[0].name
+
+    def standardize(self, text):
+        text = text.translate(_ASCII_LOWER)
+        for old, new in self.rules["replace"]:
+            text = text.replace(old, new)
+        return self._strip.sub("", text)
+
+    def token_ids(self, texts):
+        """Int32 ids `(batch, longest row)` (at least one column), 0-padded on the right."""
+        oov, length = self.rules["oov_id"], self.rules["sequence_length"]
+        rows = []
+        for text in texts:
+            tokens = [token for token in _ASCII_WHITESPACE.split(self.standardize(text)) if token]
+            rows.append([self.token_to_id.get(token, oov) for token in tokens][:length])
+        ids = np.full((len(rows), max([1] + [len(row) for row in rows])), self.rules["padding_id"], np.int32)
+        for index, row in enumerate(rows):
+            ids[index, : len(row)] = row
+        return ids
+
+    def predict(self, texts):
+        """`{"probability": float32 (batch,), "label": int64 (batch,)}` for a list of strings."""
+        (probability,) = self.session.run(None, {self.input_name: self.token_ids(texts)})
+        probability = probability.reshape(-1)
+        return {"probability": probability, "label": (probability >= 0.5).astype(np.int64)}

@@ -1,0 +1,63 @@
+"""The project's main job: IMDB reviews -> trained classifier -> verified SavedModel + ONNX.
+
+    python -m pipelines.main_job [--export-dir artifacts/export] [any pipelines.train_imdb flag]
+
+Trains with the default configuration on the shipped data (`pipelines.train_imdb`), evaluates on
+the official test split, exports the SavedModel (TF Serving layout) and the ONNX bundle, verifies
+both against the Keras model on real test reviews of varied lengths (`export.verify`), and prints
+a final summary: test accuracy, training time, export paths, parity figures. The summary is also
+written to `<output-dir>/main_job.json`.
+"""
+
+import argparse
+import json
+import sys
+
+from export.verify import export_and_verify
+from export.verify import verification_reviews
+from pipelines import common
+from pipelines import train_imdb
+
+_VERIFICATION_POOL = 2_000  # test reviews the verification picks its varied lengths from
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--export-dir", default="artifacts/export", help="root of the TF Serving layout")
+    parser.add_argument("--model-name", default="imdb_sentiment")
+    known, rest = parser.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:
+        print(__doc__)
+    return known, train_imdb.parse_args(rest)
+
+
+def main(argv=None):
+    export_args, train_args = parse_args(argv)
+    run = train_imdb.train(train_args)
+    pool = [text.decode("utf-8") for text, _ in run.splits.test.take(_VERIFICATION_POOL).as_numpy_iterator()]
+    exports = export_and_verify(
+        run.model,
+        run.vectorizer,
+        run.summary["vocabulary"],
+        run.config.sequence_length,
+        verification_reviews(pool),
+        export_args.export_dir,
+        export_args.model_name,
+    )
+    summary = {
+        "test_accuracy": run.summary["test_accuracy"],
+        "validation_accuracy": run.summary["validation_accuracy"],
+        "training_seconds": run.summary["training_seconds"],
+        "epochs_run": run.summary["epochs_run"],
+        "train_examples_per_second": run.summary["train_examples_per_second"],
+        "data": run.summary["data"],
+        "exports": exports,
+        "training_summary": str(run.output_dir / "summary.json"),
+    }
+    common.write_json_atomic(run.output_dir / "main_job.json", summary)
+    print(json.dumps(summary, indent=2, sort_keys=True))
+    return summary
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

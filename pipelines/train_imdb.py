@@ -1,0 +1,182 @@
+"""Trains the IMDB sentiment classifier from the raw reviews and writes a run summary.
+
+    python -m pipelines.train_imdb [--data PATH] [--smoke] [--mixed-precision mixed_bfloat16]
+        [--jit-compile] [--strategy {default,mirrored}] [--output-dir runs/imdb] ...
+
+Data: see `pipelines.imdb_data` (lookup order --data, $KERAS_ATTN_DATA / $IMDB_DATA_DIR,
+../shared/data, TFDS). The vectoriser is adapted on the training split only (minus the held-out
+validation slice) and its vocabulary written to `<output-dir>/vocabulary.txt`; the test split is
+only used for the final evaluation. Rerunning the same command after an interruption resumes from
+the last finished epoch. `<output-dir>/summary.json` holds data counts, parameters, epochs, time,
+throughput and validation/test accuracy.
+"""
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import keras
+
+from models.sentiment_classifier import SentimentClassifierConfig
+from models.sentiment_classifier import build_sentiment_classifier
+from pipelines import common
+from pipelines import imdb_data
+
+SMOKE_MODEL = SentimentClassifierConfig(
+    vocabulary_size=2_000,
+    sequence_length=128,
+    embedding_dim=16,
+    num_layers=1,
+    num_heads=2,
+    intermediate_dim=32,
+    bigram_buckets=1_024,
+    bigram_dim=8,
+)
+SMOKE_DATA = {"validation_size": 64, "max_train": 256, "max_test": 128}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingRun:
+    """What a training run leaves for export: the model, the vectoriser and the data."""
+
+    model: keras.Model
+    vectorizer: keras.layers.TextVectorization
+    config: SentimentClassifierConfig
+    splits: imdb_data.ImdbSplits
+    summary: dict
+    output_dir: Path
+
+
+def parse_args(argv=None):
+    defaults = SentimentClassifierConfig()
+    parser = argparse.ArgumentParser(prog="python -m pipelines.train_imdb", description=__doc__.split("\n")[0])
+    parser.add_argument("--data", help="IMDB archive or a directory holding it (see pipelines/imdb_data.py)")
+    parser.add_argument("--cache-dir", help="decoded-data cache (default $KERAS_ATTN_CACHE or ~/.cache/keras_attn)")
+    parser.add_argument("--no-download", action="store_true", help="never fall back to a TFDS download")
+    parser.add_argument("--output-dir", default="runs/imdb", help="checkpoints, logs, vocabulary, summary")
+    parser.add_argument("--smoke", action="store_true", help="tiny model and a few hundred reviews (tests)")
+    parser.add_argument("--mixed-precision", choices=common.PRECISION_POLICIES[1:], help="dtype policy")
+    parser.add_argument("--jit-compile", action="store_true", help="XLA-compile the train/eval steps")
+    parser.add_argument("--strategy", choices=common.STRATEGIES, default="default")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument("--warmup-fraction", type=float, default=0.1)
+    parser.add_argument("--patience", type=int, default=2, help="EarlyStopping patience (epochs)")
+    parser.add_argument("--validation-size", type=int, default=2_500, help="training reviews held out")
+    parser.add_argument("--max-train", type=int, help="cap on training reviews")
+    parser.add_argument("--max-test", type=int, help="cap on test reviews")
+    parser.add_argument("--seed", type=int, default=1337)
+    for field in dataclasses.fields(SentimentClassifierConfig):
+        flag = "--" + field.name.replace("_", "-")
+        if field.name == "pooling":
+            parser.add_argument(flag, help=f"comma-separated modes (default {','.join(defaults.pooling)})")
+        else:
+            parser.add_argument(flag, type=type(getattr(defaults, field.name)), help=f"default {getattr(defaults, field.name)}")
+    args = parser.parse_args(argv)
+    if args.epochs <= 0:
+        parser.error(f"--epochs must be positive, got {args.epochs}")
+    return args
+
+
+def model_config(args):
+    """The default (or smoke) configuration, overridden by the model flags given."""
+    base = SMOKE_MODEL if args.smoke else SentimentClassifierConfig()
+    overrides = {}
+    for field in dataclasses.fields(SentimentClassifierConfig):
+        value = getattr(args, field.name)
+        if value is not None:
+            overrides[field.name] = tuple(value.split(",")) if field.name == "pooling" else value
+    return dataclasses.replace(base, **overrides)
+
+
+def data_limits(args):
+    limits = dict(SMOKE_DATA) if args.smoke else {"validation_size": args.validation_size}
+    for name in ("max_train", "max_test"):
+        if getattr(args, name) is not None:
+            limits[name] = getattr(args, name)
+    return limits
+
+
+def train(args):
+    """Runs data -> vectoriser -> fit -> best weights -> evaluation; returns a `TrainingRun`."""
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    keras.utils.set_random_seed(args.seed)
+    policy = common.set_precision(args.mixed_precision)
+    strategy = common.make_strategy(args.strategy)
+    config = model_config(args)
+
+    cache = imdb_data.load_cache(args.data, args.cache_dir, allow_download=not args.no_download)
+    splits = imdb_data.split_reviews(cache, **data_limits(args))
+    vectorizer = imdb_data.adapt_vectorizer(splits.train.map(lambda text, label: text), config.vocabulary_size)
+    vocabulary_path = imdb_data.save_vocabulary(vectorizer, output_dir / "vocabulary.txt")
+    config = dataclasses.replace(config, vocabulary_size=vectorizer.vocabulary_size())
+
+    def batches(reviews, **options):
+        ids = imdb_data.token_ids(reviews, vectorizer, config.sequence_length)
+        return imdb_data.batched(ids, args.batch_size, config.sequence_length, **options)
+
+    train_batches = batches(splits.train, shuffle=True, seed=args.seed, drop_remainder=True)
+    validation_batches, test_batches = batches(splits.validation), batches(splits.test)
+    total_steps = args.epochs * common.steps_per_epoch(splits.counts["train"], args.batch_size)
+
+    with strategy.scope():
+        model = build_sentiment_classifier(config)
+        model.compile(
+            optimizer=common.adamw_with_warmup(
+                args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay
+            ),
+            loss=keras.losses.BinaryCrossentropy(),
+            metrics=[keras.metrics.BinaryAccuracy(name="accuracy")],
+            jit_compile=args.jit_compile,
+        )
+    callbacks = common.training_callbacks(output_dir, monitor="val_accuracy", patience=args.patience)
+    history = model.fit(train_batches, validation_data=validation_batches, epochs=args.epochs, callbacks=callbacks)
+
+    common.restore_best_weights(model, output_dir)
+    validation = model.evaluate(validation_batches, return_dict=True, verbose=0)
+    test = model.evaluate(test_batches, return_dict=True, verbose=0)
+    epochs = common.read_history(output_dir)
+    training_seconds = sum(epoch["epoch_seconds"] for epoch in epochs)
+    summary = {
+        "data": {"source": splits.source, "cache": str(cache.directory), **splits.counts},
+        "model": config.to_dict(),
+        "parameters": model.count_params(),
+        "vocabulary": str(vocabulary_path),
+        "precision": policy,
+        "jit_compile": args.jit_compile,
+        "strategy": args.strategy,
+        "replicas": strategy.num_replicas_in_sync,
+        "batch_size": args.batch_size,
+        "learning_rate": args.learning_rate,
+        "epochs_run": len(epochs),
+        "epochs_this_invocation": len(history.epoch),
+        "best_epoch": _best_epoch(epochs),
+        "training_seconds": round(training_seconds, 1),
+        "train_examples_per_second": round(splits.counts["train"] * len(epochs) / max(training_seconds, 1e-9), 1),
+        "validation_accuracy": validation["accuracy"],
+        "test_accuracy": test["accuracy"],
+        "test_loss": test["loss"],
+    }
+    common.write_json_atomic(output_dir / "summary.json", summary)
+    return TrainingRun(model, vectorizer, config, splits, summary, output_dir)
+
+
+def _best_epoch(epochs):
+    """1-based number of the epoch with the best validation accuracy (the weights kept)."""
+    if not epochs:
+        return None
+    return int(max(epochs, key=lambda row: row["val_accuracy"])["epoch"]) + 1
+
+
+def main(argv=None):
+    run = train(parse_args(argv))
+    print(json.dumps(run.summary, indent=2, sort_keys=True))
+    return run
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+import dataclasses
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import onnx
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import prediction_log_pb2
+
+from export import verify
+from export.onnx_predictor import OnnxSentimentPredictor
+from models.sentiment_classifier import SentimentClassifierConfig
+from models.sentiment_classifier import build_sentiment_classifier
+from pipelines import imdb_data
+from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
+from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
+
+CONFIG = SentimentClassifierConfig(
+    vocabulary_size=800,
+    sequence_length=96,
+    embedding_dim=16,
+    num_layers=1,
+    num_heads=2,
+    intermediate_dim=32,
+    bigram_buckets=512,
+    bigram_dim=8,
+)
+ODD_REVIEWS = [
+    "",
+    "   ",
+    "<br /><br />",
+    "ÉLAN élan Straße naïve 10/10 — “quoted” ¡wow!",
+    "tabs\tand\nnew\rlines\x0bvertical\x0cfeed\u00a0nbsp\u2003em-space\u0085nel",
+    "UPPER lower MiXeD don't can't won't",
+]
+
+
+@dataclasses.dataclass
+class Trained:
+    model: keras.Model
+    vectorizer: keras.layers.TextVectorization
+    vocabulary: object
+    test_reviews: list
+
+
+@pytest.fixture(scope="module")
+def trained(small_imdb_archive, imdb_cache_dir, tmp_path_factory):
+    """A small classifier after a few steps on real reviews (parity needs no accuracy)."""
+    keras.utils.set_random_seed(7)
+    cache = imdb_data.load_cache(small_imdb_archive, imdb_cache_dir)
+    splits = imdb_data.split_reviews(cache, validation_size=60)
+    vectorizer = imdb_data.adapt_vectorizer(splits.train.map(lambda text, label: text), CONFIG.vocabulary_size)
+    vocabulary = imdb_data.save_vocabulary(vectorizer, tmp_path_factory.mktemp("run") / "vocabulary.txt")
+    model = build_sentiment_classifier(CONFIG)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="binary_crossentropy")
+    ids = imdb_data.token_ids(splits.train, vectorizer, CONFIG.sequence_length)
+    model.fit(imdb_data.batched(ids, 32, CONFIG.sequence_length), epochs=1, verbose=0)
+    test_reviews = [text.decode("utf-8") for text, _ in splits.test.as_numpy_iterator()]
+    return Trained(model, vectorizer, vocabulary, test_reviews)
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    export_dir = tmp_path_factory.mktemp("export")
+    reviews = verify.verification_reviews(trained.test_reviews)
+    result = verify.export_and_verify(
+        trained.model, trained.vectorizer, trained.vocabulary, CONFIG.sequence_length, reviews, export_dir
+    )
+    return export_dir, reviews, result
+
+
+def keras_probabilities(trained, reviews):
+    return verify.keras_reference(trained.model, trained.vectorizer, CONFIG.sequence_length, reviews)[1]
+
+
+def test_tf_serving_layout(exported, trained):
+    export_dir, reviews, result = exported
+    version = export_dir / "imdb_sentiment" / "1"
+    assert result["savedmodel"] == str(version)
+    assert (version / "saved_model.pb").is_file() and (version / "variables").is_dir()
+    assert (version / "assets" / "vocabulary.txt").read_text() == trained.vocabulary.read_text()
+    config = (export_dir / "models.config").read_text()
+    assert 'name: "imdb_sentiment"' in config and f'base_path: "{version.parent.resolve()}"' in config
+    assert "onnx" not in config
+    assert not list(export_dir.rglob(".staging-*"))
+
+
+def test_warmup_records_are_predict_requests_on_raw_reviews(exported):
+    export_dir, reviews, _ = exported
+    records = export_dir / "imdb_sentiment" / "1" / "assets.extra" / "tf_serving_warmup_requests"
+    batches = []
+    for record in tf.data.TFRecordDataset(str(records)).as_numpy_iterator():
+        log = prediction_log_pb2.PredictionLog.FromString(record)
+        request = log.predict_log.request
+        assert request.model_spec.name == "imdb_sentiment"
+        assert request.model_spec.signature_name == "serving_default"
+        batches.append([s.decode("utf-8") for s in tf.make_ndarray(request.inputs["reviews"]).tolist()])
+    assert batches == [reviews[:1], reviews[:8]]
+
+
+def test_serving_signature_answers_raw_strings(exported, trained):
+    export_dir, _, _ = exported
+    serve = tf.saved_model.load(str(export_dir / "imdb_sentiment" / "1")).signatures["serving_default"]
+    (spec,) = serve.structured_input_signature[1].values()
+    assert spec.dtype == tf.string and spec.shape.as_list() == [None]
+    reviews = trained.test_reviews[:5] + ODD_REVIEWS
+    outputs = serve(reviews=tf.constant(reviews))
+    expected = keras_probabilities(trained, reviews)
+    np.testing.assert_allclose(outputs["probability"].numpy(), expected, atol=1e-5)
+    assert outputs["label"].dtype == tf.int64
+    np.testing.assert_array_equal(outputs["label"].numpy(), (outputs["probability"].numpy() >= 0.5).astype(np.int64))
+
+
+def test_parity_figures_are_reported_within_tolerance(exported):
+    _, reviews, result = exported
+    parity = result["parity"]
+    assert parity["reviews"] == len(reviews)
+    assert max(parity["token_lengths"]) == CONFIG.sequence_length and min(parity["token_lengths"]) == 0
+    for key in ("savedmodel_fresh_process_max_abs_diff", "saved_model_cli_max_abs_diff", "onnx_max_abs_diff"):
+        assert 0.0 <= parity[key] <= 1e-5
+
+
+def test_onnx_model_has_dynamic_batch_and_length(exported, trained):
+    export_dir, _, _ = exported
+    bundle = export_dir / "onnx" / "imdb_sentiment" / "1"
+    model = onnx.load(str(bundle / "model.onnx"))
+    assert max(op.version for op in model.opset_import if op.domain in ("", "ai.onnx")) <= 18
+    (graph_input,) = model.graph.input
+    assert [dim.HasField("dim_value") for dim in graph_input.type.tensor_type.shape.dim] == [False, False]
+    predictor = OnnxSentimentPredictor(bundle)
+    for reviews in (trained.test_reviews[:1], trained.test_reviews[10:13], ODD_REVIEWS):
+        np.testing.assert_allclose(
+            predictor.predict(reviews)["probability"], keras_probabilities(trained, reviews), atol=1e-5
+        )
+
+
+def test_onnx_tokenisation_equals_training_on_every_review(exported, trained):
+    export_dir, _, _ = exported
+    predictor = OnnxSentimentPredictor(export_dir / "onnx" / "imdb_sentiment" / "1")
+    reviews = trained.test_reviews + ODD_REVIEWS
+    expected = imdb_data.dense_token_ids(tf.constant(reviews), trained.vectorizer, CONFIG.sequence_length)
+    np.testing.assert_array_equal(predictor.token_ids(reviews), expected.numpy())
+
+
+def test_onnx_bundle_runs_without_project_code(exported, trained, tmp_path):
+    export_dir, _, _ = exported
+    bundle = export_dir / "onnx" / "imdb_sentiment" / "1"
+    reviews = trained.test_reviews[:4]
+    script = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import onnx_predictor; "
+        "p = onnx_predictor.OnnxSentimentPredictor(sys.argv[1]).predict(json.loads(sys.argv[2])); "
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'export')]; "
+        "print(json.dumps(p['probability'].tolist()))"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(bundle), json.dumps(reviews)],
+                            cwd=tmp_path, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_allclose(json.loads(result.stdout), keras_probabilities(trained, reviews), atol=1e-5)
+
+
+def test_export_never_overwrites_a_version(exported, trained):
+    export_dir, reviews, _ = exported
+    first = export_dir / "imdb_sentiment" / "1" / "saved_model.pb"
+    before = (first.read_bytes(), first.stat().st_mtime_ns)
+    result = verify.export_and_verify(
+        trained.model, trained.vectorizer, trained.vocabulary, CONFIG.sequence_length, reviews[:4], export_dir
+    )
+    assert result["savedmodel"] == str(export_dir / "imdb_sentiment" / "2")
+    assert result["onnx"] == str(export_dir / "onnx" / "imdb_sentiment" / "2")
+    assert (first.read_bytes(), first.stat().st_mtime_ns) == before
+
+
+def test_disagreeing_export_is_refused_and_removed(exported, trained, monkeypatch):
+    export_dir, reviews, _ = exported
+    published = sorted(p.name for p in (export_dir / "imdb_sentiment").iterdir())
+    other = keras.models.clone_model(trained.model)
+    other.set_weights([w * 1.01 for w in trained.model.get_weights()])
+    write_onnx = verify.onnx_export.write_onnx_bundle
+    monkeypatch.setattr(
+        verify.onnx_export, "write_onnx_bundle", lambda model, *args: write_onnx(other, *args)
+    )
+    with pytest.raises(verify.ExportVerificationError, match="ONNX Runtime: probabilities differ"):
+        verify.export_and_verify(
+            trained.model, trained.vectorizer, trained.vocabulary, CONFIG.sequence_length, reviews[:6], export_dir
+        )
+    assert sorted(p.name for p in (export_dir / "imdb_sentiment").iterdir()) == published
+    assert not list(export_dir.rglob(".staging-*"))
