@@ -5,8 +5,8 @@ import math
 import keras
 from keras import ops
 
-from keras_attn.utils import clone_initializer
 from keras_attn.utils import check_positive_int
+from keras_attn.utils import clone_initializer
 from keras_attn.position_embedding import PositionEmbedding
 from keras_attn.sinusoidal_position_encoding import SinusoidalPositionEncoding
 

@@ -4,9 +4,9 @@ import keras
 from keras import ops
 
 from keras_attn.transformer_encoder import TransformerBlock
-from keras_attn.transformer_encoder import check_padding_mask
-from keras_attn.transformer_encoder import check_sequence_shape
-from keras_attn.transformer_encoder import keras_mask
+from keras_attn.utils import check_padding_mask
+from keras_attn.utils import check_sequence_shape
+from keras_attn.utils import keras_mask
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

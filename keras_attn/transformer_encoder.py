@@ -3,30 +3,13 @@
 import keras
 
 from keras_attn.feed_forward import FeedForward
-from keras_attn.utils import check_rate
-from keras_attn.utils import clone_initializer
 from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_positive_int
-
-
-def keras_mask(tensor):
-    """The Keras mask a mask-producing layer upstream attached to `tensor`, or `None`."""
-    return getattr(tensor, "_keras_mask", None)
-
-
-def check_padding_mask(name, mask):
-    """Raises a `ValueError` unless `mask` is `None` or has rank 2 `(batch, seq)`."""
-    if mask is not None and len(mask.shape) != 2:
-        raise ValueError(f"`{name}` must have rank 2 (batch, seq). Received: {name}.shape={tuple(mask.shape)}")
-
-
-def check_sequence_shape(name, shape):
-    """Raises a `ValueError` unless `shape` is `(batch, seq, features)` with known features."""
-    if len(shape) != 3 or shape[-1] is None:
-        raise ValueError(
-            f"`{name}` must have rank 3 (batch, seq, features) with a known feature size. "
-            f"Received: {name}.shape={tuple(shape)}"
-        )
+from keras_attn.utils import check_rate
+from keras_attn.utils import check_sequence_shape
+from keras_attn.utils import clone_initializer
+from keras_attn.utils import keras_mask
 
 
 def head_size(hidden_dim, num_heads, key_dim):

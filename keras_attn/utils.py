@@ -19,3 +19,23 @@ def check_rate(name, rate):
 def clone_initializer(initializer):
     """A fresh copy of `initializer`, so that sublayers never share one seeded instance."""
     return initializer.__class__.from_config(initializer.get_config())
+
+
+def keras_mask(tensor):
+    """The Keras mask a mask-producing layer upstream attached to `tensor`, or `None`."""
+    return getattr(tensor, "_keras_mask", None)
+
+
+def check_padding_mask(name, mask):
+    """Raises a `ValueError` unless `mask` is `None` or has rank 2 `(batch, seq)`."""
+    if mask is not None and len(mask.shape) != 2:
+        raise ValueError(f"`{name}` must have rank 2 (batch, seq). Received: {name}.shape={tuple(mask.shape)}")
+
+
+def check_sequence_shape(name, shape):
+    """Raises a `ValueError` unless `shape` is `(batch, seq, features)` with known features."""
+    if len(shape) != 3 or shape[-1] is None:
+        raise ValueError(
+            f"`{name}` must have rank 3 (batch, seq, features) with a known feature size. "
+            f"Received: {name}.shape={tuple(shape)}"
+        )
