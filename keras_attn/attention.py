@@ -19,6 +19,8 @@ import math
 import keras
 from keras import ops
 
+from keras_attn.utils import float_math_dtype
+
 _MASK_RANK = 4
 ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "blockwise")
 # `implementation="auto"` switches to blockwise attention from `query_len * key_len` this large;
@@ -148,18 +150,13 @@ def _repeat_kv_heads(tensor, groups):
     return ops.repeat(tensor, groups, axis=2)
 
 
-def softmax_dtype(dtype):
-    """The dtype logits and softmax run in: float32, or float64 for float64 inputs."""
-    return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
-
-
 def attention_logits(query, key, scale):
-    """Logits `(batch, heads, query_len, key_len)` of `scale * query . key`, in `softmax_dtype`."""
+    """Logits `(batch, heads, query_len, key_len)` of `scale * query . key`, in `float_math_dtype`."""
     # `convert_to_tensor`, not `cast`: a Python float cast goes through float32 first.
     scale = ops.convert_to_tensor(scale, dtype=query.dtype)
     query = ops.multiply(query, scale)  # (batch, query_len, heads, depth)
     logits = ops.einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, query_len, key_len)
-    return ops.cast(logits, softmax_dtype(logits.dtype))
+    return ops.cast(logits, float_math_dtype(logits.dtype))
 
 
 def masked_softmax(logits, mask=None):
@@ -169,7 +166,7 @@ def masked_softmax(logits, mask=None):
         logits: float logits `(batch, heads, query_len, key_len)`.
         mask: optional boolean mask broadcastable to `logits`, `True` = attend.
     """
-    logits = ops.cast(logits, softmax_dtype(logits.dtype))
+    logits = ops.cast(logits, float_math_dtype(logits.dtype))
     if mask is None:
         return ops.softmax(logits, axis=-1)
     weights = ops.softmax(fill_masked(logits, mask), axis=-1)  # (batch, heads, q, k)

@@ -29,8 +29,8 @@ import tensorflow as tf
 from keras_attn.attention import causal_mask
 from keras_attn.attention import fill_masked
 from keras_attn.attention import sliding_window_mask
-from keras_attn.attention import softmax_dtype
 from keras_attn.attention import zero_masked
+from keras_attn.utils import float_math_dtype
 
 # Default block sizes grow with the length (about 16 blocks per axis) between these bounds:
 # small blocks skip more of a causal matrix at short lengths (128 was fastest at length 512 in
@@ -181,7 +181,7 @@ def blockwise_attention(
     if bias is None:
         output = _attend_with_recompute(plan, mask, seed, query, key, value)
     else:
-        bias = _pad_pairwise(tf.cast(bias, softmax_dtype(query.dtype)), plan, 0)
+        bias = _pad_pairwise(tf.cast(bias, float_math_dtype(query.dtype)), plan, 0)
         output = _attend_with_recompute(plan, mask, seed, query, key, value, bias)
     output = tf.transpose(output[:, :, :query_len], (0, 2, 1, 3))  # (batch, query_len, heads, dv)
     return tf.cast(output, value.dtype)
@@ -261,7 +261,7 @@ def _block_mask(plan, mask, query_block, key_block):
 def _block_logits(plan, mask, bias, query_block, key_block, query, key):
     """Masked-filled logits `(batch, heads, q_block, k_block)` and the block's mask (or `None`)."""
     logits = tf.matmul(query, key, transpose_b=True)  # (batch, heads, q_block, k_block)
-    logits = tf.cast(logits, softmax_dtype(logits.dtype))
+    logits = tf.cast(logits, float_math_dtype(logits.dtype))
     if bias is not None:
         logits = logits + _pairwise_block(bias, plan, query_block, key_block)
     block_mask = _block_mask(plan, mask, query_block, key_block)
@@ -297,7 +297,7 @@ def _attend_with_recompute(plan, mask, seed, query, key, value, bias=None):
 
 def _forward(plan, mask, seed, query, key, value, bias=None):
     """Output `(batch, heads, padded_q, value_depth)` and log-sum-exp `(batch, heads, padded_q, 1)`."""
-    dtype = softmax_dtype(query.dtype)
+    dtype = float_math_dtype(query.dtype)
 
     def query_chunk(query_block, outputs, log_sum_exps):
         chunk = _rows(query, query_block, plan.query_block)  # (batch, heads, q_block, depth)
@@ -354,7 +354,7 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
     """Gradients of `inputs` (query, key, value[, bias]) recomputed block by block."""
     query, key, value = inputs[:3]
     bias = inputs[3] if len(inputs) == 4 else None
-    dtype = softmax_dtype(query.dtype)
+    dtype = float_math_dtype(query.dtype)
     output_gradient = tf.cast(output_gradient, dtype)  # (batch, heads, padded_q, value_depth)
     # rowsum(dO * O) = sum_k P_k dP_k, the subtracted term of the softmax gradient.
     delta = tf.reduce_sum(output_gradient * output, -1, keepdims=True)  # (batch, heads, padded_q, 1)

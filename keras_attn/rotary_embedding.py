@@ -5,7 +5,7 @@ from keras import ops
 
 from keras_attn.sinusoidal_position_encoding import check_max_wavelength
 from keras_attn.sinusoidal_position_encoding import inverse_frequencies
-from keras_attn.sinusoidal_position_encoding import math_dtype
+from keras_attn.utils import float_math_dtype
 from keras_attn.sinusoidal_position_encoding import positions
 
 
@@ -59,7 +59,7 @@ class RotaryEmbedding(keras.layers.Layer):
             )
 
     def call(self, inputs, start_index=0):
-        dtype = math_dtype(self.compute_dtype)
+        dtype = float_math_dtype(self.compute_dtype)
         scaled_positions = positions(ops.shape(inputs)[1], start_index, dtype) / self.scaling_factor  # (seq,)
         angles = ops.einsum(
             "t,f->tf", scaled_positions, inverse_frequencies(inputs.shape[-1], self.max_wavelength, dtype)

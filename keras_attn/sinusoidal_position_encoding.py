@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_attn.utils import check_positive_int
+from keras_attn.utils import float_math_dtype
 
 _MERGE_MODES = ("add", "concat")
 
@@ -15,10 +16,6 @@ def check_max_wavelength(max_wavelength):
             f"`max_wavelength` must be a number greater than 1. Received: max_wavelength={max_wavelength!r}"
         )
 
-
-def math_dtype(compute_dtype):
-    """Float64 for a float64 layer, float32 otherwise: positions and angles never use 16 bits."""
-    return "float64" if compute_dtype == "float64" else "float32"
 
 
 def inverse_frequencies(dim, max_wavelength, dtype="float32"):
@@ -113,7 +110,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
         width = self._encoding_width(inputs.shape[-1])
         encoding = sinusoids(
-            length, width, self.max_wavelength, start_index, math_dtype(self.compute_dtype)
+            length, width, self.max_wavelength, start_index, float_math_dtype(self.compute_dtype)
         )  # (seq, width)
         encoding = ops.expand_dims(ops.cast(encoding, self.compute_dtype), 0)  # (1, seq, width)
         if self.merge_mode == "add":

@@ -1,5 +1,13 @@
 """Argument checks and small helpers shared by the keras_attn layers (not public API)."""
 
+import keras
+
+
+def float_math_dtype(dtype):
+    """The dtype for numerically sensitive math (softmax, positions, angles) given a tensor or
+    compute dtype: float64 for float64, float32 otherwise, never 16 bits."""
+    return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
+
 
 def check_positive_int(name, value, allow_none=False):
     """Raises a `ValueError` naming `name` unless `value` is a positive int (or allowed `None`)."""
