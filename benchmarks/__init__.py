@@ -1,0 +1,1 @@
+"""Benchmark scripts (not tests): each prints a table and writes JSON to benchmarks/results/."""

@@ -1,0 +1,120 @@
+"""Per-token latency of incremental decoding: key/value cache vs recomputing the prefix.
+
+A stack of `--layers` causal self-attention blocks (`keras_attn.MultiHeadAttention` plus a
+residual), batch 1, width 256, 8 heads. At output step `s`:
+
+- cached: one token attends over the layer's cache (`cache`, `cache_update_index=s - 1`; the
+  cache holds `--max-length` positions, so the step costs the same at every `s`);
+- recompute: the whole prefix of `s` tokens runs through the stack again (causal mask) and the
+  last position is the new token's output, as without a cache.
+
+Both run in `tf.function`, with and without `jit_compile`; the ratio is measured in the same run.
+
+    python -m benchmarks.cached_decoding
+"""
+
+import sys
+
+from benchmarks import common
+
+import tensorflow as tf  # noqa: E402
+
+from keras_attn.multi_head_attention import MultiHeadAttention  # noqa: E402
+
+DEFAULT_STEPS = (8, 16, 32, 64, 128, 256)
+
+
+class Stack:
+    """Causal self-attention blocks sharing their weights between the cached and full passes."""
+
+    def __init__(self, num_layers, width, heads, max_length):
+        self.layers = [MultiHeadAttention(heads, width // heads) for _ in range(num_layers)]
+        self.heads, self.key_dim, self.max_length = heads, width // heads, max_length
+        probe = tf.zeros((1, 2, width))
+        for layer in self.layers:
+            layer(probe, probe)
+
+    def full(self, x):
+        """`(1, length, width)` -> the output of the last position `(1, 1, width)`."""
+        for layer in self.layers:
+            x = x + layer(x, x, use_causal_mask=True)
+        return x[:, -1:]
+
+    def step(self, token, caches, index):
+        """One token `(1, 1, width)` at position `index`; returns its output and the new caches."""
+        new_caches = []
+        for layer, cache in zip(self.layers, caches):
+            attended, cache = layer(token, token, use_causal_mask=True, cache=cache, cache_update_index=index)
+            token = token + attended
+            new_caches.append(cache)
+        return token, new_caches
+
+    def empty_caches(self):
+        shape = (1, 2, self.max_length, self.heads, self.key_dim)
+        return [tf.random.normal(shape) for _ in self.layers]  # contents do not change the cost
+
+
+def measure(stack, steps, width, repeats, jit_compile):
+    cached = tf.function(stack.step, jit_compile=jit_compile)
+    spec = tf.TensorSpec((1, None, width), tf.float32)
+    # One trace for every prefix length without XLA; XLA compiles each length once (warm-up).
+    recompute = tf.function(stack.full, jit_compile=jit_compile, input_signature=None if jit_compile else [spec])
+    caches = stack.empty_caches()
+    token = tf.random.normal((1, 1, width))
+    rows = []
+    for step in steps:
+        prefix = tf.random.normal((1, step, width))
+        index = tf.constant(step - 1)
+        cached_s = common.median_seconds(lambda: cached(token, caches, index), repeats)
+        recompute_s = common.median_seconds(lambda: recompute(prefix), repeats)
+        rows.append(
+            {
+                "jit_compile": jit_compile,
+                "step": step,
+                "cached_ms": cached_s * 1e3,
+                "recompute_ms": recompute_s * 1e3,
+                "recompute_over_cached": recompute_s / cached_s,
+            }
+        )
+    first = rows[0]["cached_ms"]
+    for row in rows:
+        row["cached_vs_first_step"] = row["cached_ms"] / first
+    return rows
+
+
+def main(argv=None):
+    parser = common.parse_args(
+        __doc__.splitlines()[0],
+        steps=dict(type=int, nargs="+", default=list(DEFAULT_STEPS)),
+        layers=dict(type=int, default=4),
+        width=dict(type=int, default=256),
+        heads=dict(type=int, default=8),
+        repeats=dict(type=int, default=20),
+        jit_compile=dict(type=int, nargs="+", default=[0, 1]),
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps, args.layers, args.width, args.heads, args.repeats = [2, 4], 1, 16, 2, 2
+        args.jit_compile = [0]
+    stack = Stack(args.layers, args.width, args.heads, max_length=max(args.steps))
+    rows = []
+    for jit_compile in args.jit_compile:
+        rows.extend(measure(stack, args.steps, args.width, args.repeats, bool(jit_compile)))
+    common.print_table(
+        rows,
+        [
+            ("jit_compile", "jit", "{}"),
+            ("step", "step", "{}"),
+            ("cached_ms", "cached ms/token", "{:.2f}"),
+            ("recompute_ms", "recompute ms/token", "{:.2f}"),
+            ("recompute_over_cached", "recompute / cached", "{:.1f}"),
+            ("cached_vs_first_step", "cached / first step", "{:.2f}"),
+        ],
+    )
+    config = {k: v for k, v in vars(args).items() if k != "output"}
+    common.write_results("cached_decoding" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,124 @@
+"""Shared harness of the benchmark scripts: timing, the matmul peak, tables and JSON results.
+
+Every script measures its peer in the same run and reports ratios, so figures from a noisy,
+shared machine stay comparable. Results go to `benchmarks/results/<name>.json` (atomic write).
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import tarfile
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import tensorflow as tf  # noqa: E402
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def parse_args(description, **extra):
+    """`--smoke` (seconds, tiny sizes; what the test suite runs) and `--output` for every script."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds; for tests")
+    parser.add_argument("--output", default=None, help="JSON path (default benchmarks/results/<name>.json)")
+    for flag, options in extra.items():
+        parser.add_argument(f"--{flag.replace('_', '-')}", **options)
+    return parser
+
+
+def median_seconds(step, repeats, warmup=1):
+    """Median wall time of `step()` over `repeats` runs after `warmup` runs (results materialised)."""
+    for _ in range(warmup):
+        _materialise(step())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _materialise(step())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _materialise(result):
+    for tensor in tf.nest.flatten(result):
+        if hasattr(tensor, "numpy"):
+            tensor.numpy()
+
+
+def matmul_peak_gflops(size=1024, repeats=10):
+    """Measured float32 matmul throughput (GFLOP/s) of this machine, best of `repeats`."""
+    a = tf.random.normal((size, size))
+    b = tf.random.normal((size, size))
+    matmul = tf.function(lambda: tf.matmul(a, b))
+    _materialise(matmul())
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _materialise(matmul())
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def machine():
+    """What the figures were measured on: CPU count, load, versions."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    import keras
+
+    return {
+        "cpus": os.cpu_count(),
+        "load_average": load,
+        "platform": platform.platform(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
+
+
+def print_table(rows, columns):
+    """Prints `rows` (dicts) as an aligned table of `columns` (key, header, format)."""
+    headers = [header for _, header, _ in columns]
+    cells = [[("-" if row.get(key) is None else fmt.format(row[key])) for key, _, fmt in columns] for row in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    print("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
+    for cell_row in cells:
+        print("  ".join(c.rjust(w) for c, w in zip(cell_row, widths)))
+
+
+def write_results(name, payload, output=None):
+    """Atomically writes `payload` (plus the machine description) as JSON; returns the path."""
+    path = output or os.path.join(RESULTS_DIR, f"{name}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    payload = {"benchmark": name, "machine": machine(), **payload}
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    with os.fdopen(handle, "w") as file:
+        json.dump(payload, file, indent=2)
+    os.replace(temporary, path)
+    print(f"wrote {path}")
+    return path
+
+
+_TEST_REVIEW = re.compile(r"aclImdb/test/(pos|neg)/[^/]+\.txt$")
+
+
+def imdb_test_reviews(count):
+    """The first `count` (text, label) test reviews of the local IMDB archive, streamed."""
+    from pipelines.imdb_data import locate_archive
+
+    archive, looked = locate_archive()
+    if archive is None:
+        raise FileNotFoundError(f"No local IMDB archive; looked in: {', '.join(looked)}")
+    reviews = []
+    with tarfile.open(archive, "r|gz") as tar:
+        for member in tar:
+            match = _TEST_REVIEW.search(member.name)
+            if member.isfile() and match:
+                text = tar.extractfile(member).read().decode("utf-8")
+                reviews.append((text, int(match.group(1) == "pos")))
+                if len(reviews) == count:
+                    break
+    return reviews

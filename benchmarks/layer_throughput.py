@@ -1,0 +1,129 @@
+"""Attention layer throughput, forward + backward, compiled: keras_attn vs keras.layers.MultiHeadAttention.
+
+For each length the batch is `--tokens // length` (at least 1). Every layer runs one training
+step (forward, `sum(y * y)`, gradients of the weights and the input) inside `tf.function`, with
+and without `jit_compile`. Throughput is reported as dense-work GFLOP/s: the FLOPs of the four
+projections and of the full (unmasked) `Q K^T` and `P V` products, times three for the backward
+pass, whatever the implementation skips. The float32 matmul peak is measured in the same run.
+
+    python -m benchmarks.layer_throughput                 # lengths 128..4096, causal
+    python -m benchmarks.layer_throughput --lengths 512 --tokens 8192   # the target case
+"""
+
+import sys
+
+from benchmarks import common
+
+import keras  # noqa: E402  (after common sets the backend)
+import tensorflow as tf  # noqa: E402
+
+from keras_attn.multi_head_attention import MultiHeadAttention  # noqa: E402
+
+DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
+
+
+def dense_work_flops(batch, length, width):
+    """Forward + backward FLOPs counted as dense work: projections and the full attention matrix."""
+    projections = 4 * 2 * batch * length * width * width
+    attention = 2 * 2 * batch * length * length * width
+    return 3 * (projections + attention)
+
+
+def layers(num_heads, key_dim):
+    """The layers under test, by name: the peer first."""
+    return {
+        "keras": lambda: keras.layers.MultiHeadAttention(num_heads, key_dim),
+        "keras_attn dense": lambda: MultiHeadAttention(num_heads, key_dim, implementation="dense"),
+        "keras_attn auto": lambda: MultiHeadAttention(num_heads, key_dim),
+    }
+
+
+def training_step(layer, inputs, causal, jit_compile):
+    """A compiled forward + backward step of `layer` on `inputs`."""
+    layer(inputs, inputs, use_causal_mask=causal)
+
+    @tf.function(jit_compile=jit_compile)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, x, use_causal_mask=causal)
+            loss = tf.reduce_sum(y * y)
+        return tape.gradient(loss, [x] + layer.trainable_variables)
+
+    return lambda: step(inputs)
+
+
+def measure_length(length, args):
+    batch = max(1, args.tokens // length)
+    inputs = tf.random.normal((batch, length, args.width))
+    flops = dense_work_flops(batch, length, args.width)
+    rows = []
+    for name, make_layer in layers(args.heads, args.width // args.heads).items():
+        for jit_compile in args.jit_compile:
+            seconds = common.median_seconds(
+                training_step(make_layer(), inputs, bool(args.causal), bool(jit_compile)), args.repeats
+            )
+            rows.append(
+                {
+                    "length": length,
+                    "batch": batch,
+                    "layer": name,
+                    "jit_compile": bool(jit_compile),
+                    "ms_per_step": seconds * 1e3,
+                    "tokens_per_s": batch * length / seconds,
+                    "gflops": flops / seconds / 1e9,
+                }
+            )
+    keras_best = min(row["ms_per_step"] for row in rows if row["layer"] == "keras")
+    for row in rows:
+        row["speedup_vs_keras_best"] = keras_best / row["ms_per_step"]
+    return rows
+
+
+def main(argv=None):
+    parser = common.parse_args(
+        __doc__.splitlines()[0],
+        lengths=dict(type=int, nargs="+", default=list(DEFAULT_LENGTHS)),
+        tokens=dict(type=int, default=8192, help="tokens per step; batch = tokens // length"),
+        width=dict(type=int, default=256),
+        heads=dict(type=int, default=8),
+        repeats=dict(type=int, default=5),
+        causal=dict(type=int, default=1, help="1: causal self-attention (default), 0: full"),
+        jit_compile=dict(type=int, nargs="+", default=[0, 1], help="jit_compile settings to run"),
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.lengths, args.tokens, args.width, args.heads, args.repeats = [16], 32, 16, 2, 1
+        args.jit_compile = [0]
+    peak = common.matmul_peak_gflops(size=256 if args.smoke else 1024)
+    print(f"float32 matmul peak: {peak:.0f} GFLOP/s")
+    rows = []
+    for length in args.lengths:
+        rows.extend(measure_length(length, args))
+    for row in rows:
+        row["fraction_of_matmul_peak"] = row["gflops"] / peak
+    common.print_table(
+        rows,
+        [
+            ("length", "length", "{}"),
+            ("batch", "batch", "{}"),
+            ("layer", "layer", "{}"),
+            ("jit_compile", "jit", "{}"),
+            ("ms_per_step", "ms/step", "{:.1f}"),
+            ("tokens_per_s", "tokens/s", "{:.0f}"),
+            ("gflops", "GFLOP/s", "{:.1f}"),
+            ("fraction_of_matmul_peak", "of peak", "{:.0%}"),
+            ("speedup_vs_keras_best", "x keras best", "{:.2f}"),
+        ],
+    )
+    config = {k: v for k, v in vars(args).items() if k != "output"}
+    common.write_results(
+        "layer_throughput" + ("_smoke" if args.smoke else ""),
+        {"config": config, "matmul_peak_gflops": peak, "rows": rows},
+        args.output,
+    )
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,159 @@
+"""Peak process memory and time of causal self-attention vs length: keras_attn vs Keras.
+
+Batch 1, width 256, 8 heads, causal; forward and forward + backward (gradients of the weights
+and the input) inside `tf.function`. Each (layer, mode, length) runs in a fresh subprocess that
+reports its peak resident set size (`resource.getrusage`); the parent kills a child whose RSS
+passes `--cap-gb` (recorded as "over cap") and stops growing the length of that layer.
+
+    python -m benchmarks.memory_scaling
+    python -m benchmarks.memory_scaling --forward-lengths 131072 --backward-lengths 32768
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+from benchmarks import common
+
+FORWARD_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+BACKWARD_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
+LAYERS = ("keras", "keras_attn")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_child(layer_name, mode, length, width, heads):
+    """In the child: builds the layer, traces, runs one step; prints a JSON line."""
+    import keras
+    import tensorflow as tf
+
+    from keras_attn.multi_head_attention import MultiHeadAttention
+
+    baseline = _peak_rss_gb()
+    if layer_name == "keras":
+        layer = keras.layers.MultiHeadAttention(heads, width // heads)
+    else:
+        layer = MultiHeadAttention(heads, width // heads)
+    inputs = tf.random.normal((1, length, width))
+
+    @tf.function
+    def forward(x):
+        return layer(x, x, use_causal_mask=True)
+
+    @tf.function
+    def forward_backward(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(forward(x) ** 2)
+        return tape.gradient(loss, [x] + layer.trainable_variables)
+
+    layer(inputs[:, :8], inputs[:, :8])  # builds the weights
+    step = forward if mode == "forward" else forward_backward
+    step.get_concrete_function(inputs)  # traces outside the timed call
+    start = time.perf_counter()
+    for tensor in tf.nest.flatten(step(inputs)):
+        tensor.numpy()
+    seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "peak_rss_gb": _peak_rss_gb(), "baseline_rss_gb": baseline}))
+
+
+def _peak_rss_gb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
+
+
+def _rss_gb(pid):
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
+
+
+def measure(layer_name, mode, length, args):
+    """Runs one child with an RSS watchdog; returns a result row."""
+    command = [
+        sys.executable, "-m", "benchmarks.memory_scaling", "--child",
+        "--layer", layer_name, "--mode", mode, "--length", str(length),
+        "--width", str(args.width), "--heads", str(args.heads),
+    ]
+    row = {"layer": layer_name, "mode": mode, "length": length}
+    child = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    watched_peak = 0.0
+    while child.poll() is None:
+        watched_peak = max(watched_peak, _rss_gb(child.pid))
+        if watched_peak > args.cap_gb:
+            child.kill()
+            child.wait()
+            return {**row, "status": f"over cap ({args.cap_gb:g} GB)", "peak_rss_gb": watched_peak}
+        time.sleep(0.05)
+    output = child.stdout.read().strip().splitlines()
+    if child.returncode != 0 or not output:
+        return {**row, "status": f"failed (exit {child.returncode})", "peak_rss_gb": watched_peak}
+    return {**row, "status": "ok", **json.loads(output[-1])}
+
+
+def main(argv=None):
+    parser = common.parse_args(
+        __doc__.splitlines()[0],
+        forward_lengths=dict(type=int, nargs="*", default=list(FORWARD_LENGTHS)),
+        backward_lengths=dict(type=int, nargs="*", default=list(BACKWARD_LENGTHS)),
+        width=dict(type=int, default=256),
+        heads=dict(type=int, default=8),
+        cap_gb=dict(type=float, default=10.0, help="kill a child above this RSS (GB)"),
+        child=dict(action="store_true", help=argparse.SUPPRESS),
+        layer=dict(choices=LAYERS, help=argparse.SUPPRESS),
+        mode=dict(choices=("forward", "forward_backward"), help=argparse.SUPPRESS),
+        length=dict(type=int, help=argparse.SUPPRESS),
+    )
+    args = parser.parse_args(argv)
+    if args.child:
+        return run_child(args.layer, args.mode, args.length, args.width, args.heads)
+    if args.smoke:
+        args.forward_lengths, args.backward_lengths, args.width, args.heads = [32], [], 16, 2
+    rows = []
+    for mode, lengths in (("forward", args.forward_lengths), ("forward_backward", args.backward_lengths)):
+        for layer_name in LAYERS:
+            for length in lengths:
+                row = measure(layer_name, mode, length, args)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if row["status"] != "ok":
+                    break  # longer lengths will not fit either
+    _add_ratios(rows)
+    common.print_table(
+        rows,
+        [
+            ("mode", "mode", "{}"),
+            ("length", "length", "{}"),
+            ("layer", "layer", "{}"),
+            ("status", "status", "{}"),
+            ("peak_rss_gb", "peak RSS GB", "{:.2f}"),
+            ("baseline_rss_gb", "baseline GB", "{:.2f}"),
+            ("seconds", "seconds", "{:.2f}"),
+            ("memory_vs_keras", "mem / keras", "{:.2f}"),
+            ("time_vs_keras", "time / keras", "{:.2f}"),
+        ],
+    )
+    config = {k: v for k, v in vars(args).items() if k not in ("output", "child", "layer", "mode", "length")}
+    common.write_results("memory_scaling" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
+    return rows
+
+
+def _add_ratios(rows):
+    """keras_attn's memory and time over Keras's at the same mode and length, where both ran."""
+    keras_rows = {(r["mode"], r["length"]): r for r in rows if r["layer"] == "keras" and r["status"] == "ok"}
+    for row in rows:
+        peer = keras_rows.get((row["mode"], row["length"]))
+        if row["layer"] == "keras_attn" and row["status"] == "ok" and peer:
+            row["memory_vs_keras"] = row["peak_rss_gb"] / peer["peak_rss_gb"]
+            row["time_vs_keras"] = row["seconds"] / peer["seconds"]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
