@@ -1,0 +1,109 @@
+"""The main job in --smoke size on a small archive cut from the real one: train, evaluate, export,
+verify; plus resuming after an interruption, mixed precision, XLA and a mirrored strategy."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from pipelines import common
+from pipelines import main_job
+from pipelines import train_imdb
+from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
+from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
+
+pytestmark = pytest.mark.slow
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def smoke_args(archive, cache_dir, output_dir, *extra):
+    return ["--smoke", "--data", str(archive), "--cache-dir", str(cache_dir), "--no-download",
+            "--output-dir", str(output_dir), *extra]
+
+
+def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsys):
+    export_dir = tmp_path / "export"
+    summary = main_job.main(
+        smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path / "run", "--epochs", "1", "--export-dir", str(export_dir))
+    )
+    printed = capsys.readouterr().out
+    assert json.loads(printed[printed.rindex("\n{\n") + 1 :]) == summary
+    training = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert training["data"]["train"] == 300 - train_imdb.SMOKE_DATA["validation_size"]
+    assert training["data"]["validation"] == train_imdb.SMOKE_DATA["validation_size"]
+    assert training["data"]["test"] == train_imdb.SMOKE_DATA["max_test"]
+    assert training["epochs_run"] == 1 and training["training_seconds"] > 0
+    assert training["train_examples_per_second"] > 0 and training["parameters"] > 0
+    assert 0.0 <= training["test_accuracy"] <= 1.0 and 0.0 <= training["validation_accuracy"] <= 1.0
+    assert summary["test_accuracy"] == training["test_accuracy"]
+    assert summary == json.loads((tmp_path / "run" / "main_job.json").read_text())
+    exports = summary["exports"]
+    assert exports["savedmodel"] == str(export_dir / "imdb_sentiment" / "1")
+    assert (Path(exports["onnx"]) / "model.onnx").is_file()
+    for key in ("savedmodel_fresh_process_max_abs_diff", "saved_model_cli_max_abs_diff", "onnx_max_abs_diff"):
+        assert exports["parity"][key] <= 1e-5
+    assert (tmp_path / "run" / "vocabulary.txt").is_file()
+    assert list((tmp_path / "run" / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+class _Interrupt(Exception):
+    pass
+
+
+class _InterruptAfterFirstEpoch(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 1:
+            raise _Interrupt
+
+
+def test_rerunning_an_interrupted_run_resumes_it(small_imdb_archive, imdb_cache_dir, tmp_path, monkeypatch):
+    args = smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "2")
+    make_callbacks = common.training_callbacks
+    monkeypatch.setattr(
+        common, "training_callbacks", lambda *a, **k: make_callbacks(*a, **k) + [_InterruptAfterFirstEpoch()]
+    )
+    with pytest.raises(_Interrupt):
+        train_imdb.main(args)
+    assert [row["epoch"] for row in common.read_history(tmp_path)] == [0]
+    monkeypatch.undo()
+
+    run = train_imdb.main(args)  # the same command again
+    assert [row["epoch"] for row in common.read_history(tmp_path)] == [0, 1]
+    assert run.summary["epochs_this_invocation"] == 1 and run.summary["epochs_run"] == 2
+    # The optimizer state came back too: its step count covers both epochs.
+    most_steps_per_epoch = math.ceil(run.summary["data"]["train"] / run.summary["batch_size"])
+    assert int(run.model.optimizer.iterations.numpy()) > most_steps_per_epoch
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_with_xla(small_imdb_archive, imdb_cache_dir, tmp_path, policy):
+    run = train_imdb.main(
+        smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "1", "--mixed-precision", policy, "--jit-compile")
+    )
+    assert run.summary["precision"] == policy and run.summary["jit_compile"] is True
+    assert run.model.get_layer("token_and_position_embedding").dtype_policy.name == policy
+    assert run.model.get_layer("probability").compute_dtype == "float32"
+    losses = [row["loss"] for row in common.read_history(tmp_path)]
+    assert np.all(np.isfinite(losses)) and np.isfinite(run.summary["test_loss"])
+
+
+def test_mirrored_strategy_over_two_logical_cpus(small_imdb_archive, imdb_cache_dir, tmp_path):
+    # Logical devices must be configured before TensorFlow initialises: a fresh process.
+    script = (
+        "import sys; from pipelines import common; common.split_cpu(2); "
+        "from pipelines import train_imdb; run = train_imdb.main(sys.argv[1:]); "
+        "assert run.summary['replicas'] == 2, run.summary"
+    )
+    args = smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "1", "--strategy", "mirrored")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run([sys.executable, "-c", script, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["strategy"] == "mirrored" and summary["replicas"] == 2
+    assert 0.0 <= summary["test_accuracy"] <= 1.0
