@@ -1,4 +1,4 @@
-"""Small slices of the real Tatoeba English-Spanish pairs and a tiny trained translator, cached.
+"""Small slices of the real Tatoeba English-Spanish pairs and a tiny translator, cached.
 
 The data is read from `../shared/data/spa-eng/spa-eng.zip` (never copied into the repository);
 tests that need it are skipped when the file is not there. Everything is built once per process.
@@ -61,19 +61,24 @@ def tiny_config(vectorizers, **overrides):
 
 
 @functools.lru_cache(maxsize=None)
-def tiny_trained_translator(epochs=4):
-    """A 2+2-layer width-32 translator fitted for a few epochs on the slice (its outputs vary
-    with the source, so decoding tests exercise real, non-degenerate token sequences)."""
+def tiny_translator(tie_embeddings=False, sharpen=4.0, end_bias=3.5):
+    """A 2+2-layer width-32 translator with sharpened random weights (no training: cheap).
+
+    The output projection is scaled by `sharpen` so that logits spread widely (far from ties)
+    and the `[end]` logit is raised by `end_bias`, so that hypotheses differ per source and
+    finish after different numbers of steps: decoding tests see varied token sequences.
+    """
     from models.translator import build_translator
-    from models.translator import compile_translator
-    from pipelines.translation_data import make_dataset
 
     keras.utils.set_random_seed(3)
     vectorizers = tiny_vectorizers()
-    sources, targets = spanish_english_slice()
-    dataset = make_dataset(vectorizers, sources, targets, tokens_per_batch=1024, shuffle=True, seed=3)
-    model = build_translator(tiny_config(vectorizers))
-    steps = epochs * int(dataset.reduce(0, lambda count, _: count + 1))
-    compile_translator(model, 3e-3, steps)
-    model.fit(dataset, epochs=epochs, verbose=0)
+    model = build_translator(tiny_config(vectorizers, tie_embeddings=tie_embeddings))
+    if tie_embeddings:
+        table = model.target_embedding.token_embedding.embeddings
+    else:
+        table = model.output_projection.kernel
+    table.assign(table * sharpen)
+    bias = np.zeros(model.target_vocabulary_size, "float32")
+    bias[vectorizers.end_id] = end_bias
+    (model.output_bias if tie_embeddings else model.output_projection.bias).assign(bias)
     return model, vectorizers

@@ -1,0 +1,279 @@
+"""Encoder-decoder Transformer translator (Vaswani et al., 2017) built from keras_attn layers.
+
+`Translator` maps `(source_ids, target_in_ids)` to next-token logits `(batch, target_len,
+target_vocabulary_size)` for teacher-forced training. Its pieces (`encode`, `embed_target`,
+`decoder_layers`, `project`) are what `models.decoding` drives for greedy and beam search
+with a key/value cache.
+"""
+
+import dataclasses
+
+import keras
+from keras import ops
+
+from keras_attn.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_attn.transformer_decoder import TransformerDecoder
+from keras_attn.transformer_encoder import TransformerEncoder
+from pipelines.common import adamw_with_warmup
+from pipelines.translation_data import PADDING_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslatorConfig:
+    """The default translator: trains on 2 CPU cores in about 20 minutes (see README)."""
+
+    source_vocabulary_size: int = 15_000
+    target_vocabulary_size: int = 8_000
+    sequence_length: int = 32
+    embedding_dim: int = 192
+    intermediate_dim: int = 768
+    num_heads: int = 4
+    num_encoder_layers: int = 2
+    num_decoder_layers: int = 2
+    dropout: float = 0.1
+    tie_embeddings: bool = True
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+def build_translator(config):
+    """A built `Translator` from a `TranslatorConfig`."""
+    model = Translator(**config.to_dict())
+    model.build()
+    return model
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class Translator(keras.Model):
+    """Transformer encoder-decoder for sequence-to-sequence translation.
+
+    Encoder: token-and-position embedding + `num_encoder_layers` `TransformerEncoder` blocks.
+    Decoder: token-and-position embedding + `num_decoder_layers` `TransformerDecoder` blocks
+    (causal self-attention, cross-attention to the encoder output under the source padding
+    mask, feed-forward), then a projection to the target vocabulary, tied to the target
+    token embedding when `tie_embeddings`. The blocks normalise first (pre-LN), so each stack
+    ends with a layer normalisation.
+
+    Args:
+        source_vocabulary_size: number of source token ids (id 0 is padding).
+        target_vocabulary_size: number of target token ids (id 0 is padding).
+        sequence_length: the longest source and target sequence (positions embedded).
+        embedding_dim: model width.
+        intermediate_dim: feed-forward width.
+        num_heads: attention heads (`embedding_dim` must be a multiple).
+        num_encoder_layers: encoder blocks.
+        num_decoder_layers: decoder blocks.
+        dropout: dropout rate in every block and after the embeddings.
+        tie_embeddings: project the decoder output with the transposed target embedding matrix
+            (plus a bias) instead of a separate `Dense`.
+        **kwargs: base `Model` arguments (`name`, `dtype`).
+
+    Call arguments:
+        inputs: a tuple `(source_ids, target_in_ids)` of int tensors `(batch, source_len)`,
+            `(batch, target_len)`, zero-padded.
+        training: whether dropout is active.
+
+    Returns:
+        Float logits `(batch, target_len, target_vocabulary_size)`.
+
+    Example:
+
+    >>> model = Translator(100, 120, sequence_length=16, embedding_dim=32, intermediate_dim=64,
+    ...                    num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
+    >>> logits = model((keras.ops.ones((2, 7), "int32"), keras.ops.ones((2, 5), "int32")))
+    >>> logits.shape
+    (2, 5, 120)
+    """
+
+    def __init__(
+        self,
+        source_vocabulary_size,
+        target_vocabulary_size,
+        sequence_length=32,
+        embedding_dim=256,
+        intermediate_dim=1024,
+        num_heads=4,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dropout=0.1,
+        tie_embeddings=True,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if embedding_dim % num_heads:
+            raise ValueError(
+                "`embedding_dim` must be a multiple of `num_heads`. "
+                f"Received: embedding_dim={embedding_dim}, num_heads={num_heads}"
+            )
+        self.source_vocabulary_size = source_vocabulary_size
+        self.target_vocabulary_size = target_vocabulary_size
+        self.sequence_length = sequence_length
+        self.embedding_dim = embedding_dim
+        self.intermediate_dim = intermediate_dim
+        self.num_heads = num_heads
+        self.num_encoder_layers = num_encoder_layers
+        self.num_decoder_layers = num_decoder_layers
+        self.dropout = dropout
+        self.tie_embeddings = tie_embeddings
+
+        self.source_embedding = TokenAndPositionEmbedding(
+            source_vocabulary_size, sequence_length, embedding_dim, name="source_embedding"
+        )
+        self.target_embedding = TokenAndPositionEmbedding(
+            target_vocabulary_size, sequence_length, embedding_dim, name="target_embedding"
+        )
+        self.source_dropout = keras.layers.Dropout(dropout, name="source_dropout")
+        self.target_dropout = keras.layers.Dropout(dropout, name="target_dropout")
+        self.encoder_layers = [
+            TransformerEncoder(
+                intermediate_dim, num_heads, dropout=dropout, norm_first=True, name=f"encoder_{index}"
+            )
+            for index in range(num_encoder_layers)
+        ]
+        self.decoder_layers = [
+            TransformerDecoder(
+                intermediate_dim, num_heads, dropout=dropout, norm_first=True, name=f"decoder_{index}"
+            )
+            for index in range(num_decoder_layers)
+        ]
+        self.encoder_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="encoder_norm")
+        self.decoder_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="decoder_norm")
+        if tie_embeddings:
+            self.output_bias = self.add_weight(
+                name="output_bias", shape=(target_vocabulary_size,), initializer="zeros"
+            )
+        else:
+            self.output_projection = keras.layers.Dense(target_vocabulary_size, name="output_projection")
+
+    def build(self, input_shape=None):
+        source_shape = (None, self.sequence_length)
+        hidden_shape = (None, self.sequence_length, self.embedding_dim)
+        self.source_embedding.build(source_shape)
+        self.target_embedding.build(source_shape)
+        for layer in self.encoder_layers:
+            layer.build(hidden_shape)
+        for layer in self.decoder_layers:
+            layer.build(hidden_shape, hidden_shape)
+        self.encoder_norm.build(hidden_shape)
+        self.decoder_norm.build(hidden_shape)
+        if not self.tie_embeddings:
+            self.output_projection.build(hidden_shape)
+        self.built = True
+
+    def source_padding_mask(self, source_ids):
+        return ops.not_equal(source_ids, PADDING_ID)  # (batch, source_len)
+
+    def encode(self, source_ids, training=None):
+        """Encoder output `(batch, source_len, embedding_dim)`."""
+        padding_mask = self.source_padding_mask(source_ids)
+        hidden = self.source_dropout(self.source_embedding(source_ids), training=training)
+        for layer in self.encoder_layers:
+            hidden = layer(hidden, padding_mask=padding_mask, training=training)
+        return self.encoder_norm(hidden)  # (batch, source_len, embedding_dim)
+
+    def embed_target(self, target_ids, start_index=0, training=None):
+        """Target embeddings of the tokens at positions `start_index ..`."""
+        embedded = self.target_embedding(target_ids, start_index=start_index)
+        return self.target_dropout(embedded, training=training)  # (batch, target_len, embedding_dim)
+
+    def project(self, hidden):
+        """Final normalisation and projection to target logits `(..., target_vocabulary_size)`."""
+        hidden = self.decoder_norm(hidden)
+        if not self.tie_embeddings:
+            return self.output_projection(hidden)
+        embeddings = ops.cast(self.target_embedding.token_embedding.embeddings, hidden.dtype)
+        logits = ops.matmul(hidden, ops.transpose(embeddings))  # (..., target_vocabulary_size)
+        return logits + ops.cast(self.output_bias, hidden.dtype)
+
+    def decode(self, target_ids, encoder_output, source_padding_mask, training=None):
+        """Logits for every position of `target_ids`, without a cache (the full causal pass)."""
+        hidden = self.embed_target(target_ids, training=training)
+        target_padding_mask = ops.not_equal(target_ids, PADDING_ID)  # (batch, target_len)
+        for layer in self.decoder_layers:
+            hidden = layer(
+                hidden,
+                encoder_output,
+                decoder_padding_mask=target_padding_mask,
+                encoder_padding_mask=source_padding_mask,
+                training=training,
+            )
+        return self.project(hidden)  # (batch, target_len, target_vocabulary_size)
+
+    def call(self, inputs, training=None):
+        source_ids, target_ids = inputs
+        encoder_output = self.encode(source_ids, training=training)
+        return self.decode(target_ids, encoder_output, self.source_padding_mask(source_ids), training=training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "source_vocabulary_size": self.source_vocabulary_size,
+                "target_vocabulary_size": self.target_vocabulary_size,
+                "sequence_length": self.sequence_length,
+                "embedding_dim": self.embedding_dim,
+                "intermediate_dim": self.intermediate_dim,
+                "num_heads": self.num_heads,
+                "num_encoder_layers": self.num_encoder_layers,
+                "num_decoder_layers": self.num_decoder_layers,
+                "dropout": self.dropout,
+                "tie_embeddings": self.tie_embeddings,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TokenAccuracy(keras.metrics.Metric):
+    """Share of non-padding target tokens whose arg-max prediction is right (over all batches).
+
+    Args:
+        padding_id: the target id that is ignored.
+        **kwargs: base `Metric` arguments (`name`, `dtype`).
+    """
+
+    def __init__(self, padding_id=PADDING_ID, name="token_accuracy", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.padding_id = padding_id
+        self.correct = self.add_variable(shape=(), initializer="zeros", name="correct")
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        y_true = ops.cast(y_true, "int32")  # (batch, target_len)
+        counted = ops.cast(ops.not_equal(y_true, self.padding_id), "float32")
+        predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")  # (batch, target_len)
+        hits = ops.cast(ops.equal(predicted, y_true), "float32") * counted
+        if sample_weight is not None:
+            weight = ops.cast(sample_weight, "float32")
+            hits, counted = hits * weight, counted * weight
+        self.correct.assign_add(ops.sum(hits))
+        self.total.assign_add(ops.sum(counted))
+
+    def result(self):
+        return ops.divide_no_nan(self.correct, self.total)
+
+    def reset_state(self):
+        self.correct.assign(0.0)
+        self.total.assign(0.0)
+
+    def get_config(self):
+        return {**super().get_config(), "padding_id": self.padding_id}
+
+
+def translation_loss():
+    """Cross-entropy over target tokens that ignores padding (mean over real tokens)."""
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=PADDING_ID)
+
+
+def compile_translator(
+    model, learning_rate, total_steps, warmup_fraction=0.05, weight_decay=0.01, jit_compile=False
+):
+    """AdamW with linear warm-up then cosine decay, the padding-aware loss and token accuracy."""
+    model.compile(
+        optimizer=adamw_with_warmup(learning_rate, total_steps, warmup_fraction, weight_decay),
+        loss=translation_loss(),
+        metrics=[TokenAccuracy()],
+        jit_compile=jit_compile,
+    )
+    return model
