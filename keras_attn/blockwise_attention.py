@@ -37,6 +37,9 @@ from keras_attn.utils import float_math_dtype
 # benchmarks/layer_throughput.py); large ones keep the per-block loop overhead low at long lengths.
 MIN_DEFAULT_BLOCK_SIZE = 128
 MAX_DEFAULT_BLOCK_SIZE = 1024
+# Loop iterations run one at a time: TensorFlow would otherwise run up to 10 iterations of each
+# nested loop ahead (100 blocks' temporaries at once), and peak memory would grow with length.
+_PARALLEL_ITERATIONS = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,6 +331,7 @@ def _forward(plan, mask, seed, query, key, value, bias=None):
             lambda key_block, *_: key_block < stop,
             key_step,
             (start, row_max, row_sum, accumulator),
+            parallel_iterations=_PARALLEL_ITERATIONS,
         )
         # A row with no attended key has row_sum == 0: output 0, like the dense path.
         attended = row_sum > 0
@@ -346,6 +350,7 @@ def _forward(plan, mask, seed, query, key, value, bias=None):
         lambda query_block, *_: query_block < plan.num_query_blocks,
         query_chunk,
         (0, outputs, log_sum_exps),
+        parallel_iterations=_PARALLEL_ITERATIONS,
     )
     return _unblock(outputs.stack()), _unblock(log_sum_exps.stack())
 
@@ -395,6 +400,7 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
             lambda query_block, *_: query_block < stop,
             query_step,
             (start, tf.zeros_like(keys), tf.zeros_like(values), query_grads, bias_grads),
+            parallel_iterations=_PARALLEL_ITERATIONS,
         )
         return (
             key_block + 1,
@@ -412,6 +418,7 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
         lambda key_block, *_: key_block < plan.num_key_blocks,
         key_block_step,
         (0, key_grads, value_grads, query_grads, bias_grads),
+        parallel_iterations=_PARALLEL_ITERATIONS,
     )
     grads = [
         tf.cast(_unblock(query_grads.stack()), query.dtype),
