@@ -32,6 +32,24 @@ def parse_args(description, **extra):
     return parser
 
 
+def best_seconds_round_robin(steps, rounds, warmup=1):
+    """`{name: best wall time}` of the `steps` (name -> callable), run in turn `rounds` times.
+
+    Running the candidates in turn, and keeping each one's best time, evens out the load of a
+    shared machine between them: interference only ever adds time.
+    """
+    for step in steps.values():
+        for _ in range(warmup):
+            _materialise(step())
+    best = {name: float("inf") for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            _materialise(step())
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
 def median_seconds(step, repeats, warmup=1):
     """Median wall time of `step()` over `repeats` runs after `warmup` runs (results materialised)."""
     for _ in range(warmup):

@@ -2,9 +2,10 @@
 
 For each length the batch is `--tokens // length` (at least 1). Every layer runs one training
 step (forward, `sum(y * y)`, gradients of the weights and the input) inside `tf.function`, with
-and without `jit_compile`. Throughput is reported as dense-work GFLOP/s: the FLOPs of the four
-projections and of the full (unmasked) `Q K^T` and `P V` products, times three for the backward
-pass, whatever the implementation skips. The float32 matmul peak is measured in the same run.
+and without `jit_compile`; the layers run in turn `--repeats` times and each keeps its best
+time. Throughput is reported as dense-work GFLOP/s: the FLOPs of the four projections and of
+the full (unmasked) `Q K^T` and `P V` products, times three for the backward pass, whatever
+the implementation skips. The float32 matmul peak is measured in the same run.
 
     python -m benchmarks.layer_throughput                 # lengths 128..4096, causal
     python -m benchmarks.layer_throughput --lengths 512 --tokens 8192   # the target case
@@ -57,26 +58,28 @@ def measure_length(length, args):
     batch = max(1, args.tokens // length)
     inputs = tf.random.normal((batch, length, args.width))
     flops = dense_work_flops(batch, length, args.width)
-    rows = []
-    for name, make_layer in layers(args.heads, args.width // args.heads).items():
-        for jit_compile in args.jit_compile:
-            seconds = common.median_seconds(
-                training_step(make_layer(), inputs, bool(args.causal), bool(jit_compile)), args.repeats
-            )
-            rows.append(
-                {
-                    "length": length,
-                    "batch": batch,
-                    "layer": name,
-                    "jit_compile": bool(jit_compile),
-                    "ms_per_step": seconds * 1e3,
-                    "tokens_per_s": batch * length / seconds,
-                    "gflops": flops / seconds / 1e9,
-                }
-            )
+    steps = {
+        (name, bool(jit_compile)): training_step(make_layer(), inputs, bool(args.causal), bool(jit_compile))
+        for name, make_layer in layers(args.heads, args.width // args.heads).items()
+        for jit_compile in args.jit_compile
+    }
+    best = common.best_seconds_round_robin(steps, args.repeats)
+    rows = [
+        {
+            "length": length,
+            "batch": batch,
+            "layer": name,
+            "jit_compile": jit_compile,
+            "ms_per_step": seconds * 1e3,
+            "tokens_per_s": batch * length / seconds,
+            "gflops": flops / seconds / 1e9,
+        }
+        for (name, jit_compile), seconds in best.items()
+    ]
     keras_best = min(row["ms_per_step"] for row in rows if row["layer"] == "keras")
     for row in rows:
         row["speedup_vs_keras_best"] = keras_best / row["ms_per_step"]
+        print(f"  {row['length']} x{row['batch']} {row['layer']} jit={row['jit_compile']}: {row['ms_per_step']:.1f} ms", flush=True)
     return rows
 
 
