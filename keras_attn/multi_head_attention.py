@@ -399,10 +399,14 @@ class MultiHeadAttention(keras.layers.Layer):
 
 def _query_rows(query_mask, query, cache_update_index):
     """The rows of a `(batch, max_len)` query mask over the cache that belong to `query`."""
-    if query_mask.shape[1] == query.shape[1]:
+    if query_mask.shape[1] is not None and query_mask.shape[1] == query.shape[1]:
         return query_mask  # already over the queries (e.g. the Keras mask of `query`)
-    start = (0, cache_update_index)
-    return ops.slice(query_mask, start, (ops.shape(query_mask)[0], ops.shape(query)[1]))
+    # Decided at run time when a length is unknown statically (e.g. inside a `while_loop`); a
+    # mask as long as the queries is over the queries (over the cache it would need index 0).
+    query_len = ops.shape(query)[1]
+    over_queries = ops.equal(ops.shape(query_mask)[1], query_len)
+    start = ops.where(over_queries, 0, ops.cast(cache_update_index, "int32"))
+    return ops.slice(query_mask, (0, start), (ops.shape(query_mask)[0], query_len))
 
 
 def _check_mask_shapes(projected_query, projected_key, **tensors):

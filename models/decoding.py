@@ -48,11 +48,14 @@ def decoder_step(model, token, self_caches, cross_caches, source_padding_mask, i
     Returns:
         `(logits, updated_self_caches)`.
     """
-    hidden = model.embed_target(token, start_index=index)  # (batch, 1, embedding_dim)
+    # A tensor `index` leaves the position slice's length unknown: restore the static width 1.
+    hidden = ops.reshape(model.embed_target(token, start_index=index), (-1, 1, model.embedding_dim))
+    token_mask = ops.not_equal(token, PADDING_ID)  # (batch, 1)
     updated = []
     for layer, self_cache, cross_cache in zip(model.decoder_layers, self_caches, cross_caches):
         hidden, self_cache, _ = layer(
             hidden,
+            decoder_padding_mask=token_mask,
             encoder_padding_mask=source_padding_mask,
             self_attention_cache=self_cache,
             self_attention_cache_update_index=index,
@@ -66,7 +69,7 @@ def cached_step(model, cross_caches, source_padding_mask):
     """`step(tokens, self_caches, index) -> (logits, self_caches)` feeding one token at a time."""
 
     def step(tokens, self_caches, index):
-        token = ops.slice(tokens, (0, index), (ops.shape(tokens)[0], 1))  # (batch, 1)
+        token = ops.expand_dims(ops.take(tokens, index, axis=1), 1)  # (batch, 1), static width
         return decoder_step(model, token, self_caches, cross_caches, source_padding_mask, index)
 
     return step
