@@ -1,0 +1,345 @@
+"""Exports a trained translator as a TF Serving SavedModel and as ONNX graphs, verified.
+
+    python -m export.translator_export --run runs/translator --export-dir artifacts/translator
+
+Writes `<export-dir>/translator/<version>/` (TF Serving's layout; the version is one more than
+the highest present) holding:
+
+- the SavedModel, whose `serving_default` signature maps a batch of raw source strings
+  (`source`, `tf.string`, `(batch,)`) to translated strings (`translation`): tokenisation
+  (`TextVectorization`), the encoder, the cached greedy decoding loop and detokenisation all run
+  in the graph;
+- `onnx/encoder.onnx` (source ids -> the decoder's cross-attention keys/values, projected once)
+  and `onnx/decoder_step.onnx` (one token + the self-attention cache -> logits + the updated
+  cache), with dynamic batch and lengths, plus the vocabularies and `onnx/decoding.json`;
+  `onnx_greedy_decode` drives them with onnxruntime.
+
+Before the version directory appears (an atomic rename of a temporary directory), the export is
+checked on test sentences: the SavedModel reloaded in a fresh Python process with no project code
+must give the Keras model's translations, and the ONNX greedy decoder the Keras decoder's tokens.
+Any disagreement raises `ExportVerificationError` and publishes nothing.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from models.decoding import cross_attention_caches
+from models.decoding import decoder_step
+from models.decoding import translate_ids
+from pipelines.translate import decode_sentences
+from pipelines.translate import load_run
+from pipelines.translate import make_decoder
+from pipelines.translation_data import PADDING_ID
+from pipelines.translation_data import detokenize
+from pipelines.translation_data import make_vectorizer
+
+MODEL_NAME = "translator"
+ONNX_OPSET = 18
+SIGNATURE_INPUT = "source"
+SIGNATURE_OUTPUT = "translation"
+
+# Runs in a fresh interpreter (`python -I`, outside the repository): TensorFlow only.
+_RELOAD_SCRIPT = """
+import json, sys
+import tensorflow as tf
+serving = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+sentences = json.load(open(sys.argv[2], encoding="utf-8"))
+out = serving(source=tf.constant(sentences, tf.string))["translation"].numpy()
+project = sorted(m for m in sys.modules if m.split(".")[0] in ("keras_attn", "models", "pipelines", "export"))
+print(json.dumps({"translations": [t.decode("utf-8") for t in out], "project_modules": project}))
+"""
+
+
+class ExportVerificationError(RuntimeError):
+    """An exported artifact does not reproduce the Keras model's output."""
+
+
+def serving_function(model, vectorizers):
+    """`serve(source) -> {"translation": ...}`: raw strings in, translated strings out."""
+    source_vectorizer = make_vectorizer(
+        vectorizers.source_vocabulary, lowercase=True, sequence_length=vectorizers.sequence_length
+    )
+    source_vectorizer.build((None,))
+    target_tokens = tf.constant(vectorizers.target.get_vocabulary(), tf.string)
+
+    def serve(source):
+        source_ids = tf.cast(source_vectorizer(source), tf.int32)  # (batch, sequence_length)
+        ids = translate_ids(model, source_ids, vectorizers.start_id, vectorizers.end_id)[:, 1:]
+        words = tf.ragged.boolean_mask(
+            tf.gather(target_tokens, ids),
+            tf.logical_and(tf.not_equal(ids, vectorizers.end_id), tf.not_equal(ids, PADDING_ID)),
+        )  # (batch, None): the tokens before `[end]`
+        return {SIGNATURE_OUTPUT: detokenize(tf.strings.reduce_join(words, axis=1, separator=" "))}
+
+    return serve, source_vectorizer
+
+
+def write_saved_model(model, vectorizers, path):
+    serve, source_vectorizer = serving_function(model, vectorizers)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.track(source_vectorizer)
+    archive.add_endpoint(
+        name="serving_default",
+        fn=serve,
+        input_signature=[tf.TensorSpec((None,), tf.string, name=SIGNATURE_INPUT)],
+    )
+    archive.write_out(str(path), verbose=False)
+
+
+def _stacked_caches(model):
+    """Static sizes of the stacked caches: `(layers, 2, length, heads, head_dim)`."""
+    return len(model.decoder_layers), model.num_heads, model.embedding_dim // model.num_heads
+
+
+def onnx_functions(model):
+    """The encoder and one cached decoder step as `tf.function`s with dynamic batch and lengths."""
+    layers, heads, head_dim = _stacked_caches(model)
+    cache_spec = (None, layers, 2, None, heads, head_dim)
+
+    @tf.function(input_signature=[tf.TensorSpec((None, None), tf.int32, name="source_ids")])
+    def encoder(source_ids):
+        caches = cross_attention_caches(model, model.encode(source_ids))
+        return {"cross_cache": tf.stack(caches, axis=1)}  # (batch, layers, 2, source_len, heads, head_dim)
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec((None, 1), tf.int32, name="token"),
+            tf.TensorSpec((), tf.int32, name="index"),
+            tf.TensorSpec(cache_spec, tf.float32, name="self_cache"),
+            tf.TensorSpec(cache_spec, tf.float32, name="cross_cache"),
+            tf.TensorSpec((None, None), tf.int32, name="source_ids"),
+        ]
+    )
+    def step(token, index, self_cache, cross_cache, source_ids):
+        logits, updated = decoder_step(
+            model,
+            token,
+            tf.unstack(self_cache, layers, axis=1),
+            tf.unstack(cross_cache, layers, axis=1),
+            model.source_padding_mask(source_ids),
+            index,
+        )
+        return {"logits": logits, "updated_self_cache": tf.stack(updated, axis=1)}
+
+    return encoder, step
+
+
+def _dynamic_update_slice_to_onnx(ctx, node, name, args):
+    """tf2onnx handler: `XlaDynamicUpdateSlice(operand, update, starts)` (the key/value cache write
+    of `keras.ops.slice_update`), which tf2onnx lacks, as
+    `Where(Pad(ones_like(update)), Pad(update), operand)` with pads `starts` and
+    `shape(operand) - starts - shape(update)`."""
+    import onnx
+    from onnx import numpy_helper
+
+    operand, update, starts = node.input
+    operand_shape = ctx.make_node("Shape", [operand]).output[0]
+    update_shape = ctx.make_node("Shape", [update]).output[0]
+    before = ctx.make_node("Cast", [starts], attr={"to": onnx.TensorProto.INT64}).output[0]
+    room = ctx.make_node("Sub", [operand_shape, before]).output[0]
+    after = ctx.make_node("Sub", [room, update_shape]).output[0]
+    pads = ctx.make_node("Concat", [before, after], attr={"axis": 0}).output[0]
+    padded_update = ctx.make_node("Pad", [update, pads]).output[0]
+    ones = ctx.make_node(
+        "ConstantOfShape", [update_shape], attr={"value": numpy_helper.from_array(np.ones(1, np.float32))}
+    ).output[0]
+    written = ctx.make_node("Pad", [ones, pads]).output[0]
+    where_written = ctx.make_node("Cast", [written], attr={"to": onnx.TensorProto.BOOL}).output[0]
+    node.type = "Where"
+    ctx.replace_inputs(node, [where_written, padded_update, operand])
+    return node
+
+
+def write_onnx(model, vectorizers, directory):
+    import tf2onnx
+
+    os.makedirs(directory, exist_ok=True)
+    encoder, step = onnx_functions(model)
+    for name, function in (("encoder", encoder), ("decoder_step", step)):
+        tf2onnx.convert.from_function(
+            function,
+            input_signature=function.input_signature,
+            opset=ONNX_OPSET,
+            custom_op_handlers={"XlaDynamicUpdateSlice": (_dynamic_update_slice_to_onnx, [])},
+            output_path=os.path.join(directory, f"{name}.onnx"),
+        )
+    layers, heads, head_dim = _stacked_caches(model)
+    with open(os.path.join(directory, "decoding.json"), "w", encoding="utf-8") as handle:
+        json.dump(
+            {
+                "start_id": vectorizers.start_id,
+                "end_id": vectorizers.end_id,
+                "padding_id": PADDING_ID,
+                "max_length": vectorizers.sequence_length,
+                "cache_shape": [layers, 2, heads, head_dim],
+            },
+            handle,
+            indent=1,
+        )
+    vectorizers.save(directory)
+
+
+def onnx_greedy_decode(directory, source_ids):
+    """Greedy decoding with onnxruntime only: `(batch, max_length)` ids like `translate_ids`."""
+    import onnxruntime
+
+    with open(os.path.join(directory, "decoding.json"), encoding="utf-8") as handle:
+        decoding = json.load(handle)
+    options = {"providers": ["CPUExecutionProvider"]}
+    encoder = onnxruntime.InferenceSession(os.path.join(directory, "encoder.onnx"), **options)
+    step = onnxruntime.InferenceSession(os.path.join(directory, "decoder_step.onnx"), **options)
+    source_ids = np.asarray(source_ids, np.int32)
+    batch, max_length = source_ids.shape[0], decoding["max_length"]
+    (cross_cache,) = encoder.run(None, {"source_ids": source_ids})
+    layers, pair, heads, head_dim = decoding["cache_shape"]
+    self_cache = np.zeros((batch, layers, pair, max_length, heads, head_dim), np.float32)
+    tokens = np.full((batch, max_length), decoding["padding_id"], np.int32)
+    tokens[:, 0] = decoding["start_id"]
+    finished = np.zeros(batch, bool)
+    output_names = [output.name for output in step.get_outputs()]
+    for index in range(max_length - 1):
+        outputs = step.run(
+            None,
+            {
+                "token": tokens[:, index : index + 1],
+                "index": np.asarray(index, np.int32),
+                "self_cache": self_cache,
+                "cross_cache": cross_cache,
+                "source_ids": source_ids,
+            },
+        )
+        outputs = dict(zip(output_names, outputs))
+        self_cache = outputs["updated_self_cache"]
+        next_ids = np.argmax(outputs["logits"], axis=-1).astype(np.int32)
+        next_ids[finished] = decoding["padding_id"]
+        tokens[:, index + 1] = next_ids
+        finished |= next_ids == decoding["end_id"]
+        if finished.all():
+            break
+    return tokens
+
+
+def reload_translations(saved_model_dir, sentences):
+    """Translations from the SavedModel, loaded in a fresh process without project code."""
+    with tempfile.TemporaryDirectory() as scratch:
+        inputs = os.path.join(scratch, "sentences.json")
+        with open(inputs, "w", encoding="utf-8") as handle:
+            json.dump(sentences, handle, ensure_ascii=False)
+        environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+        environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        result = subprocess.run(
+            [sys.executable, "-I", "-c", _RELOAD_SCRIPT, os.path.abspath(saved_model_dir), inputs],
+            cwd=scratch,
+            env=environment,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    if result.returncode:
+        raise ExportVerificationError(f"Reloading the SavedModel failed:\n{result.stderr[-4000:]}")
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    if payload["project_modules"]:
+        raise ExportVerificationError(f"The reload imported project code: {payload['project_modules']}")
+    return payload["translations"]
+
+
+def _first_mismatch(expected, received):
+    for position, (wanted, got) in enumerate(zip(expected, received)):
+        if not np.array_equal(wanted, got):
+            return position, wanted, got
+    return None
+
+
+def verify_export(model, vectorizers, version_dir, sentences):
+    """Raises `ExportVerificationError` unless the SavedModel and ONNX agree with Keras."""
+    decoder = make_decoder(model, vectorizers)
+    expected_ids = np.concatenate(
+        [decoder(vectorizers.source_ids(sentences[i : i + 256])).numpy() for i in range(0, len(sentences), 256)]
+    )
+    expected_text = detokenize(decode_sentences(decoder, vectorizers, sentences))
+    reloaded = reload_translations(version_dir, sentences)
+    mismatch = _first_mismatch(expected_text, reloaded)
+    if mismatch or len(reloaded) != len(expected_text):
+        raise ExportVerificationError(
+            f"SavedModel translation differs from Keras at sentence {mismatch}: {sentences[mismatch[0]]!r}"
+            if mismatch
+            else f"SavedModel returned {len(reloaded)} translations for {len(expected_text)} sentences"
+        )
+    onnx_ids = np.concatenate(
+        [
+            onnx_greedy_decode(os.path.join(version_dir, "onnx"), vectorizers.source_ids(sentences[i : i + 256]))
+            for i in range(0, len(sentences), 256)
+        ]
+    )
+    mismatch = _first_mismatch(expected_ids, onnx_ids)
+    if mismatch:
+        raise ExportVerificationError(
+            f"ONNX greedy tokens differ from the TF decoder at sentence {mismatch[0]} "
+            f"({sentences[mismatch[0]]!r}): TF {mismatch[1].tolist()} vs ONNX {mismatch[2].tolist()}"
+        )
+    return {"sentences": len(sentences), "saved_model_matches": True, "onnx_matches": True}
+
+
+def next_version(model_dir):
+    versions = [int(name) for name in os.listdir(model_dir) if name.isdigit()] if os.path.isdir(model_dir) else []
+    return max(versions, default=0) + 1
+
+
+def export_translator(model, vectorizers, export_dir, sentences):
+    """Writes, verifies and atomically publishes `<export_dir>/translator/<version>`."""
+    model_dir = os.path.join(export_dir, MODEL_NAME)
+    os.makedirs(model_dir, exist_ok=True)
+    version = next_version(model_dir)
+    staging = tempfile.mkdtemp(prefix=f".{version}-", dir=model_dir)
+    try:
+        write_saved_model(model, vectorizers, staging)
+        write_onnx(model, vectorizers, os.path.join(staging, "onnx"))
+        report = verify_export(model, vectorizers, staging, sentences)
+        final = os.path.join(model_dir, str(version))
+        os.rename(staging, final)  # atomic: the version appears complete or not at all
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final, report
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m export.translator_export", description=__doc__.split("\n")[0])
+    parser.add_argument("--run", default="runs/translator", help="training output directory")
+    parser.add_argument("--export-dir", default="artifacts", help="TF Serving base directory")
+    parser.add_argument("--verify-sentences", type=int, default=200, help="test sentences checked")
+    args = parser.parse_args(argv)
+    model, vectorizers, _ = load_run(args.run)
+    sentences = verification_sentences(args.run, args.verify_sentences)
+    path, report = export_translator(model, vectorizers, args.export_dir, sentences)
+    print(json.dumps({"export": path, **report}, indent=2))
+
+
+def verification_sentences(run_dir, count):
+    """`count` evenly spaced source sentences of the run's recorded test split."""
+    from pipelines.translation_data import orient_pairs
+    from pipelines.translation_data import read_pairs
+    from pipelines.translation_data import read_split
+
+    with open(os.path.join(run_dir, "run_config.json"), encoding="utf-8") as handle:
+        run_config = json.load(handle)
+    sources, _ = orient_pairs(
+        read_pairs(run_config["data"]), run_config["columns"], run_config["source"], run_config["target"]
+    )
+    test = read_split(os.path.join(run_dir, "split.json"))["test"]
+    chosen = test[np.linspace(0, len(test) - 1, min(count, len(test))).astype(int)]
+    return [sources[i] for i in chosen]
+
+
+if __name__ == "__main__":
+    main()

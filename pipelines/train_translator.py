@@ -1,0 +1,301 @@
+"""Trains the Transformer translator on tab-separated sentence pairs and scores it on the test split.
+
+    python -m pipelines.train_translator [--data ../shared/data/spa-eng/spa-eng.zip]
+        [--source es --target en] [--smoke] [--mixed-precision mixed_bfloat16] [--jit-compile]
+        [--strategy {default,mirrored}] [--output-dir runs/translator] ...
+
+Data: `--data` is a UTF-8 file of tab-separated pairs or a zip holding one (first two columns,
+language codes `--columns`, default `en,<the other language>`). The seeded train/validation/test
+split is written to `<output-dir>/split.json` (with the data file's SHA-256), the vocabularies to
+`<output-dir>/{source,target}_vocabulary.txt`; both are reused when the command is rerun, which
+resumes training from the last finished epoch. After training, the best checkpoint is scored on
+the test split: token accuracy (teacher forcing) and BLEU (sacrebleu on detokenised greedy or
+beam-search translations). `<output-dir>/summary.json` holds the data counts, model, time, figures
+and example translations; `translator.keras` and `run_config.json` are what `pipelines.translate`
+and `export.translator_export` read.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import sacrebleu
+
+from models.translator import TranslatorConfig
+from models.translator import build_translator
+from models.translator import compile_translator
+from pipelines import common
+from pipelines import translation_data
+from pipelines.translate import MODEL_FILE
+from pipelines.translate import RUN_CONFIG
+from pipelines.translate import decode_sentences
+from pipelines.translate import make_decoder
+
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spa-eng" / "spa-eng.zip"
+SMOKE_MODEL = TranslatorConfig(
+    source_vocabulary_size=600,
+    target_vocabulary_size=400,
+    sequence_length=16,
+    embedding_dim=32,
+    intermediate_dim=64,
+    num_heads=2,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+)
+SMOKE_DATA = {"max_pairs": 1_500, "max_test": 64}
+NUM_EXAMPLES = 8
+
+
+def parse_args(argv=None):
+    defaults = TranslatorConfig()
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.train_translator", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="tab-separated pairs (.txt or .zip)")
+    parser.add_argument("--columns", help="language codes of the two columns (default en,<other>)")
+    parser.add_argument("--source", default="es", help="source language code")
+    parser.add_argument("--target", default="en", help="target language code")
+    parser.add_argument("--output-dir", default="runs/translator", help="checkpoints, logs, vocabularies, summary")
+    parser.add_argument("--smoke", action="store_true", help="tiny model and ~1,500 pairs (tests)")
+    parser.add_argument("--mixed-precision", choices=common.PRECISION_POLICIES[1:], help="dtype policy")
+    parser.add_argument("--jit-compile", action="store_true", help="XLA-compile training and decoding")
+    parser.add_argument("--strategy", choices=common.STRATEGIES, default="default")
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--tokens-per-batch", type=int, default=2048, help="padded source tokens per batch")
+    parser.add_argument("--learning-rate", type=float, default=1.5e-3)
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument("--warmup-fraction", type=float, default=0.05)
+    parser.add_argument("--patience", type=int, default=3, help="EarlyStopping patience (epochs)")
+    parser.add_argument("--validation-fraction", type=float, default=0.05)
+    parser.add_argument("--test-fraction", type=float, default=0.1)
+    parser.add_argument("--max-pairs", type=int, help="use only the first N pairs of the file")
+    parser.add_argument("--max-test", type=int, help="cap on test pairs scored with BLEU")
+    parser.add_argument("--beam-size", type=int, default=1, help="BLEU decoding: 1 = greedy")
+    parser.add_argument("--seed", type=int, default=1337)
+    for field in dataclasses.fields(TranslatorConfig):
+        flag = "--" + field.name.replace("_", "-")
+        default = getattr(defaults, field.name)
+        if isinstance(default, bool):
+            parser.add_argument(flag, type=_parse_bool, help=f"true/false (default {default})")
+        else:
+            parser.add_argument(flag, type=type(default), help=f"default {default}")
+    args = parser.parse_args(argv)
+    if args.epochs <= 0:
+        parser.error(f"--epochs must be positive, got {args.epochs}")
+    return args
+
+
+def _parse_bool(text):
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
+
+
+def model_config(args):
+    """The default (or smoke) configuration, overridden by the model flags given."""
+    base = SMOKE_MODEL if args.smoke else TranslatorConfig()
+    overrides = {
+        field.name: getattr(args, field.name)
+        for field in dataclasses.fields(TranslatorConfig)
+        if getattr(args, field.name) is not None
+    }
+    return dataclasses.replace(base, **overrides)
+
+
+def pair_columns(args):
+    if args.columns:
+        return tuple(code.strip() for code in args.columns.split(","))
+    other = args.target if args.source == "en" else args.source
+    return ("en", other)
+
+
+def load_split_pairs(args, output_dir):
+    """Reads the pairs, orients them, and makes (or reuses) the seeded split recorded in the run."""
+    sources, targets = translation_data.orient_pairs(
+        translation_data.read_pairs(args.data), pair_columns(args), args.source, args.target
+    )
+    max_pairs = args.max_pairs or (SMOKE_DATA["max_pairs"] if args.smoke else None)
+    if max_pairs:
+        sources, targets = sources[:max_pairs], targets[:max_pairs]
+    split_path = output_dir / "split.json"
+    if split_path.is_file():
+        split = translation_data.read_split(split_path)
+    else:
+        split = translation_data.split_indices(len(sources), args.seed, args.validation_fraction, args.test_fraction)
+        translation_data.write_split(split_path, split, args.data, args.seed)
+    return {
+        name: ([sources[i] for i in indices], [targets[i] for i in indices]) for name, indices in split.items()
+    }
+
+
+def load_or_build_vectorizers(pairs, config, output_dir):
+    if (output_dir / "target_vocabulary.txt").is_file():
+        return translation_data.TranslationVectorizers.load(output_dir, config.sequence_length)
+    source_vocabulary, target_vocabulary = translation_data.build_vocabularies(
+        *pairs["train"], config.source_vocabulary_size, config.target_vocabulary_size
+    )
+    vectorizers = translation_data.TranslationVectorizers(
+        source_vocabulary, target_vocabulary, config.sequence_length
+    )
+    vectorizers.save(output_dir)
+    return vectorizers
+
+
+def count_batches(dataset):
+    return int(dataset.reduce(0, lambda count, _: count + 1))
+
+
+def score_translations(hypotheses, references):
+    """Cased sacrebleu BLEU (13a tokenisation) of detokenised hypotheses against raw references.
+
+    Returns:
+        `(score, signature)`.
+    """
+    metric = sacrebleu.BLEU()
+    return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
+
+
+def train(args):
+    """Data -> vocabularies -> fit -> best weights -> test token accuracy and BLEU; returns the summary."""
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if args.strategy == "mirrored":
+        common.split_cpu(2)
+    keras.utils.set_random_seed(args.seed)
+    policy = common.set_precision(args.mixed_precision)
+    strategy = common.make_strategy(args.strategy)
+    config = model_config(args)
+
+    pairs = load_split_pairs(args, output_dir)
+    vectorizers = load_or_build_vectorizers(pairs, config, output_dir)
+    config = dataclasses.replace(
+        config,
+        source_vocabulary_size=vectorizers.source_vocabulary_size,
+        target_vocabulary_size=vectorizers.target_vocabulary_size,
+    )
+
+    def batches(name, **options):
+        return translation_data.make_dataset(
+            vectorizers, *pairs[name], tokens_per_batch=args.tokens_per_batch, seed=args.seed, **options
+        )
+
+    train_batches = batches("train", shuffle=True)
+    validation_batches = batches("validation")
+    test_batches = batches("test", drop_long=False)
+    total_steps = args.epochs * count_batches(train_batches)
+
+    with strategy.scope():
+        model = build_translator(config)
+        compile_translator(
+            model, args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay, args.jit_compile
+        )
+    callbacks = common.training_callbacks(
+        output_dir, monitor="val_token_accuracy", patience=args.patience
+    )
+    started = time.perf_counter()
+    history = model.fit(train_batches, validation_data=validation_batches, epochs=args.epochs, callbacks=callbacks)
+    training_seconds = time.perf_counter() - started
+
+    common.restore_best_weights(model, output_dir)
+    model = float32_translator(model, config, args.learning_rate, total_steps)
+    model.save(output_dir / MODEL_FILE)
+    common.write_json_atomic(
+        output_dir / RUN_CONFIG,
+        {
+            "source": args.source,
+            "target": args.target,
+            "columns": list(pair_columns(args)),
+            "data": str(args.data),
+            "model": config.to_dict(),
+        },
+    )
+    test = model.evaluate(test_batches, return_dict=True, verbose=0)
+    evaluation = evaluate_bleu(model, vectorizers, *pairs["test"], args)
+    summary = {
+        "data": {
+            "path": str(args.data),
+            "source": args.source,
+            "target": args.target,
+            **{name: len(sources) for name, (sources, _) in pairs.items()},
+        },
+        "model": config.to_dict(),
+        "parameters": model.count_params(),
+        "precision": policy,
+        "jit_compile": args.jit_compile,
+        "strategy": args.strategy,
+        "replicas": strategy.num_replicas_in_sync,
+        "tokens_per_batch": args.tokens_per_batch,
+        "learning_rate": args.learning_rate,
+        "epochs_run": len(common.read_history(output_dir)),
+        "epochs_this_invocation": len(history.epoch),
+        "best_epoch": _best_epoch(output_dir),
+        "training_seconds": round(training_seconds, 1),
+        "cpu_count": os.cpu_count(),
+        "test_token_accuracy": test["token_accuracy"],
+        "test_loss": test["loss"],
+        **evaluation,
+    }
+    common.write_json_atomic(output_dir / "summary.json", summary)
+    return summary
+
+
+def float32_translator(model, config, learning_rate, total_steps):
+    """The trained weights in a float32 model: what is saved, scored and exported, whatever the
+    training precision (mixed-precision variables are float32 already, so this is exact)."""
+    if common.set_precision("float32") == model.dtype_policy.name:
+        return model
+    evaluated = build_translator(config)
+    evaluated.set_weights(model.get_weights())
+    return compile_translator(evaluated, learning_rate, total_steps)
+
+
+def evaluate_bleu(model, vectorizers, sources, references, args):
+    """BLEU of the detokenised translations of the test sources, with timing and examples."""
+    limit = args.max_test or (SMOKE_DATA["max_test"] if args.smoke else None)
+    if limit and limit < len(sources):
+        # The file is sorted by length: an evenly spaced subset keeps every length.
+        chosen = np.linspace(0, len(sources) - 1, limit).astype(int)
+        sources, references = [sources[i] for i in chosen], [references[i] for i in chosen]
+    decoder = make_decoder(model, vectorizers, beam_size=args.beam_size, jit_compile=args.jit_compile)
+    started = time.perf_counter()
+    hypotheses = translation_data.detokenize(decode_sentences(decoder, vectorizers, sources))
+    decoding_seconds = time.perf_counter() - started
+    bleu, signature = score_translations(hypotheses, references)
+    return {
+        "test_bleu": round(bleu, 2),
+        "bleu_signature": signature,
+        "bleu_sentences": len(sources),
+        "beam_size": args.beam_size,
+        "decoding_seconds": round(decoding_seconds, 1),
+        "examples": [
+            {"source": source, "reference": reference, "translation": hypothesis}
+            for source, reference, hypothesis in _spread(list(zip(sources, references, hypotheses)))
+        ],
+    }
+
+
+def _spread(items, count=NUM_EXAMPLES):
+    """`count` evenly spaced items (short to long sentences)."""
+    return [items[i] for i in np.linspace(0, len(items) - 1, min(count, len(items))).astype(int)]
+
+
+def _best_epoch(output_dir):
+    history = [row for row in common.read_history(output_dir) if "val_token_accuracy" in row]
+    if not history:
+        return None
+    return int(max(history, key=lambda row: row["val_token_accuracy"])["epoch"]) + 1
+
+
+def main(argv=None):
+    summary = train(parse_args(argv))
+    print(json.dumps(summary, indent=2, sort_keys=True, ensure_ascii=False))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

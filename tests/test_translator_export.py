@@ -1,0 +1,108 @@
+import functools
+import io
+import os
+import tempfile
+from contextlib import redirect_stdout
+
+import numpy as np
+import pytest
+
+from export import translator_export
+from models.decoding import translate_ids
+from pipelines import translate
+from pipelines.translation_data import detokenize
+from tests.translation_fixtures import spanish_english_slice
+from tests.translation_fixtures import tiny_translator
+
+# Unknown words, accents, punctuation and an empty string besides ordinary test sentences.
+EXTRA_SENTENCES = ["¿Quién es Zyxwv?", "¡ÉL NO ESTÁ AQUÍ!", ""]
+
+
+def _sentences():
+    return spanish_english_slice()[0][:16] + EXTRA_SENTENCES
+
+
+@functools.lru_cache(maxsize=None)
+def _exported():
+    """One verified export of the tiny translator, shared by the tests of this module."""
+    model, vectorizers = tiny_translator()
+    export_dir = tempfile.mkdtemp(prefix="translator-export-")
+    path, report = translator_export.export_translator(model, vectorizers, export_dir, _sentences())
+    return path, report
+
+
+def _keras_translations(sentences):
+    model, vectorizers = tiny_translator()
+    ids = translate_ids(model, vectorizers.source_ids(sentences), vectorizers.start_id, vectorizers.end_id)
+    return detokenize([vectorizers.target_tokens(row) for row in ids.numpy()])
+
+
+def test_export_has_the_tf_serving_layout_and_passed_verification():
+    path, report = _exported()
+    assert os.path.basename(path) == "1" and os.path.basename(os.path.dirname(path)) == "translator"
+    assert os.path.isfile(os.path.join(path, "saved_model.pb"))
+    for name in ("encoder.onnx", "decoder_step.onnx", "decoding.json", "target_vocabulary.txt"):
+        assert os.path.isfile(os.path.join(path, "onnx", name)), name
+    assert report == {"sentences": len(_sentences()), "saved_model_matches": True, "onnx_matches": True}
+    assert sorted(os.listdir(os.path.dirname(path))) == ["1"]  # no staging directory left behind
+
+
+def test_saved_model_in_a_fresh_process_translates_like_keras():
+    path, _ = _exported()
+    sentences = spanish_english_slice()[0][100:108] + EXTRA_SENTENCES
+    assert translator_export.reload_translations(path, sentences) == _keras_translations(sentences)
+
+
+def test_onnx_greedy_decoder_matches_the_tf_decoder_for_any_batch_and_length():
+    path, _ = _exported()
+    model, vectorizers = tiny_translator()
+    for begin, batch, width in ((200, 1, 16), (210, 5, 9), (220, 7, 12)):
+        source_ids = vectorizers.source_ids(spanish_english_slice()[0][begin : begin + batch]).numpy()[:, :width]
+        expected = translate_ids(model, source_ids, vectorizers.start_id, vectorizers.end_id).numpy()
+        np.testing.assert_array_equal(translator_export.onnx_greedy_decode(os.path.join(path, "onnx"), source_ids), expected)
+
+
+def test_translate_command_reads_the_export():
+    path, _ = _exported()
+    sentences = ["Tengo hambre.", "¿Dónde está Tom?"]
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        translate.main(["--export", os.path.dirname(path), *sentences])
+    assert printed.getvalue().splitlines() == _keras_translations(sentences)
+
+
+def test_verification_fails_loudly_when_the_model_disagrees():
+    path, _ = _exported()
+    model, vectorizers = tiny_translator()
+    bias = model.output_projection.bias
+    original = bias.numpy()
+    changed = original.copy()
+    changed[vectorizers.end_id] += 50.0  # now every translation ends at once
+    bias.assign(changed)
+    try:
+        with pytest.raises(translator_export.ExportVerificationError, match="SavedModel"):
+            translator_export.verify_export(model, vectorizers, path, _sentences()[:4])
+    finally:
+        bias.assign(original)
+
+
+def test_a_failed_export_publishes_nothing(tmp_path, monkeypatch):
+    model, vectorizers = tiny_translator()
+
+    def wrong_onnx(directory, source_ids):
+        return np.zeros((len(source_ids), vectorizers.sequence_length), np.int32)
+
+    monkeypatch.setattr(translator_export, "write_onnx", lambda *args: None)
+    monkeypatch.setattr(translator_export, "onnx_greedy_decode", wrong_onnx)
+    monkeypatch.setattr(translator_export, "reload_translations", lambda path, sentences: _keras_translations(sentences))
+    monkeypatch.setattr(translator_export, "write_saved_model", lambda *args: None)
+    with pytest.raises(translator_export.ExportVerificationError, match="ONNX"):
+        translator_export.export_translator(model, vectorizers, str(tmp_path), _sentences()[:4])
+    assert os.listdir(tmp_path / "translator") == []
+
+
+def test_versions_count_up(tmp_path):
+    assert translator_export.next_version(str(tmp_path / "absent")) == 1
+    for name in ("1", "7", "notes", ".3-staging"):
+        (tmp_path / name).mkdir()
+    assert translator_export.next_version(str(tmp_path)) == 8
