@@ -2,8 +2,10 @@
 
 Batch 1, width 256, 8 heads, causal; forward and forward + backward (gradients of the weights
 and the input) inside `tf.function`. Each (layer, mode, length) runs in a fresh subprocess that
-reports its peak resident set size (`resource.getrusage`); the parent kills a child whose RSS
-passes `--cap-gb` (recorded as "over cap") and stops growing the length of that layer.
+reports its peak resident set size (`resource.getrusage`) and the wall time of its one call
+(traced beforehand; the first run's graph optimisation is included, for both layers alike); the
+parent kills a child whose RSS passes `--cap-gb` (recorded as "over cap") and stops growing the
+length of that layer.
 
     python -m benchmarks.memory_scaling
     python -m benchmarks.memory_scaling --forward-lengths 131072 --backward-lengths 32768
