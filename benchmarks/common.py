@@ -9,7 +9,6 @@ import json
 import os
 import platform
 import re
-import statistics
 import tarfile
 import tempfile
 import time
@@ -48,18 +47,6 @@ def best_seconds_round_robin(steps, rounds, warmup=1):
             _materialise(step())
             best[name] = min(best[name], time.perf_counter() - start)
     return best
-
-
-def median_seconds(step, repeats, warmup=1):
-    """Median wall time of `step()` over `repeats` runs after `warmup` runs (results materialised)."""
-    for _ in range(warmup):
-        _materialise(step())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        _materialise(step())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _materialise(result):

@@ -4,7 +4,8 @@ A freshly built classifier (`models.sentiment_classifier`, default configuration
 latency does not depend on the weights) with a vocabulary adapted on real IMDB reviews is
 exported with the project's exporters (`export.savedmodel.write_savedmodel`,
 `export.onnx_export.write_onnx_bundle`) into a temporary directory, reloaded, and timed on real
-reviews at batch 1 and 32, end to end from raw strings:
+reviews at batch 1 and 32 (in turn, `--repeats` times, best time each), end to end from raw
+strings:
 
 - TF SavedModel: `serving_default(reviews=...)` of the reloaded SavedModel (TF string ops
   tokenise inside the graph);
@@ -49,11 +50,15 @@ def measure(serving, predictor, reviews, batch_size, repeats):
     batch = list(itertools.islice(itertools.cycle(reviews), batch_size))
     strings = tf.constant(batch)
     ids = predictor.token_ids(batch)
-    saved_model_s = common.median_seconds(lambda: serving(reviews=strings), repeats)
-    onnx_s = common.median_seconds(lambda: predictor.predict(batch), repeats)
-    session_s = common.median_seconds(
-        lambda: predictor.session.run(None, {predictor.input_name: ids}), repeats
+    best = common.best_seconds_round_robin(
+        {
+            "saved_model": lambda: serving(reviews=strings),
+            "onnx": lambda: predictor.predict(batch),
+            "session": lambda: predictor.session.run(None, {predictor.input_name: ids}),
+        },
+        repeats,
     )
+    saved_model_s, onnx_s, session_s = best["saved_model"], best["onnx"], best["session"]
     expected = serving(reviews=strings)["probability"].numpy()
     received = predictor.predict(batch)["probability"]
     return {
