@@ -102,6 +102,7 @@ def write_results(name, payload, output=None):
     handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
     with os.fdopen(handle, "w") as file:
         json.dump(payload, file, indent=2)
+    os.chmod(temporary, 0o644)  # mkstemp makes it private
     os.replace(temporary, path)
     print(f"wrote {path}")
     return path
