@@ -175,7 +175,8 @@ def blockwise_attention(
     seed = None
     if plan.dropout_rate > 0.0:
         seed = keras.random.randint((2,), 0, 2**31 - 1, dtype="int32", seed=seed_generator)
-    query = tf.multiply(query, tf.cast(scale, query.dtype))  # (batch, query_len, heads, depth)
+    # convert_to_tensor, not cast: a Python float cast goes through float32.
+    query = tf.multiply(query, tf.convert_to_tensor(scale, query.dtype))  # (batch, query_len, heads, depth)
     # (batch, heads, padded_len, depth): one transpose per tensor, the blocks are then contiguous.
     query = _to_blocks_layout(query, plan.padded_query_len - query_len)
     key = _to_blocks_layout(key, plan.padded_key_len - key_len)

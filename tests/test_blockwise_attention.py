@@ -206,6 +206,20 @@ def test_dropout_gradients_use_the_forward_masks():
         np.testing.assert_allclose(got, want, atol=FLOAT32_ATOL)
 
 
+@pytest.mark.parametrize("dtype, atol", [("float64", 1e-12), ("float16", 2e-3), ("bfloat16", 2e-2)])
+def test_other_dtypes_match_the_reference_and_keep_their_dtype(dtype, atol):
+    rng = np.random.default_rng(14)
+    query, key, value = (tf.constant(x, dtype) for x in _inputs(rng))
+    with tf.GradientTape() as tape:
+        tape.watch([query, key, value])
+        output = blockwise_attention(query, key, value, is_causal=True, scale=DEPTH**-0.5, **BLOCKS)
+        loss = tf.reduce_sum(tf.cast(output, "float32"))
+    grads = tape.gradient(loss, [query, key, value])
+    expected, _ = reference.attention(*(tf.cast(x, "float64").numpy() for x in (query, key, value)), is_causal=True)
+    assert output.dtype == dtype and all(grad.dtype == dtype for grad in grads)
+    np.testing.assert_allclose(tf.cast(output, "float64"), expected, atol=atol)
+
+
 def test_no_dropout_outside_training():
     rng = np.random.default_rng(7)
     query, key, value = _inputs(rng)
