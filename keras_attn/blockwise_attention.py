@@ -75,6 +75,22 @@ class _Plan:
     def pads_keys(self):
         return not isinstance(self.key_len, int) or self.key_len % self.key_block != 0
 
+    def block_unmasked(self, query_block, key_block):
+        """Whether no causal, window or key-padding mask reaches block `(query_block, key_block)`."""
+        first_row = self.query_offset + query_block * self.query_block
+        last_row = first_row + self.query_block - 1
+        first_col = key_block * self.key_block
+        last_col = first_col + self.key_block - 1
+        unmasked = tf.constant(True)
+        if self.pads_keys:
+            unmasked = tf.logical_and(unmasked, last_col < self.key_len)
+        if self.is_causal:
+            unmasked = tf.logical_and(unmasked, last_col <= first_row)
+        if self.sliding_window is not None:
+            widest = tf.maximum(last_row - first_col, last_col - first_row)
+            unmasked = tf.logical_and(unmasked, widest < self.sliding_window)
+        return unmasked
+
     def key_blocks_for(self, query_block):
         """`[start, stop)` of the key blocks query chunk `query_block` can attend to."""
         first_row = self.query_offset + query_block * self.query_block
@@ -262,16 +278,30 @@ def _block_mask(plan, mask, query_block, key_block):
     return block_mask
 
 
+def _apply_block_mask(plan, mask, query_block, key_block, tensor, rule):
+    """`rule(tensor, block mask)` (the core's fill or zeroing), skipped where no mask reaches.
+
+    Blocks inside the causal/window band (most of them at long lengths) need no masking; they
+    are told apart at run time, so only the diagonal and edge blocks pay for it.
+    """
+    if mask is None and not (plan.is_causal or plan.sliding_window is not None or plan.pads_keys):
+        return tensor
+
+    def masked():
+        return rule(tensor, _block_mask(plan, mask, query_block, key_block))
+
+    if mask is not None:
+        return masked()
+    return tf.cond(plan.block_unmasked(query_block, key_block), lambda: tensor, masked)
+
+
 def _block_logits(plan, mask, bias, query_block, key_block, query, key):
-    """Masked-filled logits `(batch, heads, q_block, k_block)` and the block's mask (or `None`)."""
+    """Mask-filled logits `(batch, heads, q_block, k_block)` of one block."""
     logits = tf.matmul(query, key, transpose_b=True)  # (batch, heads, q_block, k_block)
     logits = tf.cast(logits, float_math_dtype(logits.dtype))
     if bias is not None:
         logits = logits + _pairwise_block(bias, plan, query_block, key_block)
-    block_mask = _block_mask(plan, mask, query_block, key_block)
-    if block_mask is not None:
-        logits = fill_masked(logits, block_mask)
-    return logits, block_mask
+    return _apply_block_mask(plan, mask, query_block, key_block, logits, fill_masked)
 
 
 def _dropout_keep_scale(plan, seed, query_block, key_block, shape, dtype):
@@ -308,13 +338,12 @@ def _forward(plan, mask, seed, query, key, value, bias=None):
         batch, heads = _dims(query)[:2]
 
         def key_step(key_block, row_max, row_sum, accumulator):
-            logits, block_mask = _block_logits(
+            logits = _block_logits(
                 plan, mask, bias, query_block, key_block, chunk, _rows(key, key_block, plan.key_block)
             )  # (batch, heads, q_block, k_block)
             new_max = tf.maximum(row_max, tf.reduce_max(logits, -1, keepdims=True))
             weights = tf.exp(logits - new_max)  # (batch, heads, q_block, k_block)
-            if block_mask is not None:
-                weights = zero_masked(weights, block_mask)
+            weights = _apply_block_mask(plan, mask, query_block, key_block, weights, zero_masked)
             correction = tf.exp(row_max - new_max)  # (batch, heads, q_block, 1)
             row_sum = correction * row_sum + tf.reduce_sum(weights, -1, keepdims=True)
             if plan.dropout_rate > 0.0:
@@ -373,11 +402,10 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
         def query_step(query_block, key_grad, value_grad, query_grads, bias_grads):
             chunk = _rows(query_f, query_block, plan.query_block)  # (batch, heads, q_block, depth)
             chunk_grad = _rows(output_gradient, query_block, plan.query_block)  # (b, h, q_block, dv)
-            logits, block_mask = _block_logits(plan, mask, bias, query_block, key_block, chunk, keys)
+            logits = _block_logits(plan, mask, bias, query_block, key_block, chunk, keys)
             lse = _rows(log_sum_exp, query_block, plan.query_block)  # (batch, heads, q_block, 1)
             weights = tf.exp(logits - lse)  # (batch, heads, q_block, k_block), normalised
-            if block_mask is not None:
-                weights = zero_masked(weights, block_mask)
+            weights = _apply_block_mask(plan, mask, query_block, key_block, weights, zero_masked)
             weights_grad = tf.matmul(chunk_grad, values, transpose_b=True)  # (b, h, q_block, k_block)
             dropped = weights
             if plan.dropout_rate > 0.0:
