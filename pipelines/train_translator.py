@@ -65,7 +65,7 @@ def parse_args(argv=None):
     parser.add_argument("--mixed-precision", choices=common.PRECISION_POLICIES[1:], help="dtype policy")
     parser.add_argument("--jit-compile", action="store_true", help="XLA-compile training and decoding")
     parser.add_argument("--strategy", choices=common.STRATEGIES, default="default")
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--tokens-per-batch", type=int, default=2048, help="padded source tokens per batch")
     parser.add_argument("--learning-rate", type=float, default=1.5e-3)
     parser.add_argument("--weight-decay", type=float, default=0.01)
@@ -76,6 +76,11 @@ def parse_args(argv=None):
     parser.add_argument("--max-pairs", type=int, help="use only the first N pairs of the file")
     parser.add_argument("--max-test", type=int, help="cap on test pairs scored with BLEU")
     parser.add_argument("--beam-size", type=int, default=1, help="BLEU decoding: 1 = greedy")
+    parser.add_argument(
+        "--evaluate-only",
+        action="store_true",
+        help="score the finished run in --output-dir again (e.g. with --beam-size 4); no training",
+    )
     parser.add_argument("--seed", type=int, default=1337)
     for field in dataclasses.fields(TranslatorConfig):
         flag = "--" + field.name.replace("_", "-")
@@ -202,7 +207,7 @@ def train(args):
     training_seconds = time.perf_counter() - started
 
     common.restore_best_weights(model, output_dir)
-    model = float32_translator(model, config, args.learning_rate, total_steps)
+    model = scoring_translator(model, config, args.learning_rate, total_steps)
     model.save(output_dir / MODEL_FILE)
     common.write_json_atomic(
         output_dir / RUN_CONFIG,
@@ -235,6 +240,9 @@ def train(args):
         "epochs_this_invocation": len(history.epoch),
         "best_epoch": _best_epoch(output_dir),
         "training_seconds": round(training_seconds, 1),
+        "training_seconds_all_epochs": round(
+            sum(row.get("epoch_seconds", 0.0) for row in common.read_history(output_dir)), 1
+        ),
         "cpu_count": os.cpu_count(),
         "test_token_accuracy": test["token_accuracy"],
         "test_loss": test["loss"],
@@ -244,14 +252,14 @@ def train(args):
     return summary
 
 
-def float32_translator(model, config, learning_rate, total_steps):
-    """The trained weights in a float32 model: what is saved, scored and exported, whatever the
-    training precision (mixed-precision variables are float32 already, so this is exact)."""
-    if common.set_precision("float32") == model.dtype_policy.name:
-        return model
-    evaluated = build_translator(config)
-    evaluated.set_weights(model.get_weights())
-    return compile_translator(evaluated, learning_rate, total_steps)
+def scoring_translator(model, config, learning_rate, total_steps):
+    """The trained weights in a plain float32 model, outside any distribution strategy: what is
+    saved, scored and exported, whatever the training precision and strategy (mixed-precision
+    variables are float32 already, so the copy is exact)."""
+    common.set_precision("float32")
+    scoring = build_translator(config)
+    scoring.set_weights(model.get_weights())
+    return compile_translator(scoring, learning_rate, total_steps)
 
 
 def evaluate_bleu(model, vectorizers, sources, references, args):
@@ -291,8 +299,21 @@ def _best_epoch(output_dir):
     return int(max(history, key=lambda row: row["val_token_accuracy"])["epoch"]) + 1
 
 
+def evaluate_run(args):
+    """Scores a finished run's saved model on its recorded test split; writes evaluation_beam<K>.json."""
+    from pipelines.translate import load_run
+
+    output_dir = Path(args.output_dir)
+    model, vectorizers, _ = load_run(output_dir)
+    sources, references = load_split_pairs(args, output_dir)["test"]
+    summary = evaluate_bleu(model, vectorizers, sources, references, args)
+    common.write_json_atomic(output_dir / f"evaluation_beam{args.beam_size}.json", summary)
+    return summary
+
+
 def main(argv=None):
-    summary = train(parse_args(argv))
+    args = parse_args(argv)
+    summary = evaluate_run(args) if args.evaluate_only else train(args)
     print(json.dumps(summary, indent=2, sort_keys=True, ensure_ascii=False))
     return summary
 

@@ -32,7 +32,7 @@ def load_run(run_dir):
         raise ValueError(f"`run_dir` holds no {RUN_CONFIG}. Received: run_dir={run_dir!r}")
     with open(config_path, encoding="utf-8") as handle:
         run_config = json.load(handle)
-    model = keras.saving.load_model(os.path.join(run_dir, MODEL_FILE))
+    model = keras.saving.load_model(os.path.join(run_dir, MODEL_FILE), compile=False)
     vectorizers = TranslationVectorizers.load(run_dir, model.sequence_length)
     return model, vectorizers, run_config
 

@@ -14,6 +14,8 @@ from pipelines.translation_data import detokenize
 from tests.translation_fixtures import spanish_english_slice
 from tests.translation_fixtures import tiny_translator
 
+pytestmark = pytest.mark.slow
+
 # Unknown words, accents, punctuation and an empty string besides ordinary test sentences.
 EXTRA_SENTENCES = ["¿Quién es Zyxwv?", "¡ÉL NO ESTÁ AQUÍ!", ""]
 
