@@ -1,6 +1,6 @@
 """Exports a trained translator as a TF Serving SavedModel and as ONNX graphs, verified.
 
-    python -m export.translator_export --run runs/translator --export-dir artifacts/translator
+    python -m export.translator_export --run runs/translator --export-dir artifacts/export
 
 Writes `<export-dir>/translator/<version>/` (TF Serving's layout; the version is one more than
 the highest present) holding:
@@ -316,7 +316,7 @@ def export_translator(model, vectorizers, export_dir, sentences):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m export.translator_export", description=__doc__.split("\n")[0])
     parser.add_argument("--run", default="runs/translator", help="training output directory")
-    parser.add_argument("--export-dir", default="artifacts", help="TF Serving base directory")
+    parser.add_argument("--export-dir", default="artifacts/export", help="TF Serving base directory")
     parser.add_argument("--verify-sentences", type=int, default=200, help="test sentences checked")
     args = parser.parse_args(argv)
     model, vectorizers, _ = load_run(args.run)

@@ -1,7 +1,7 @@
 """`translate`: prints the translation of each input sentence, from a training run or an export.
 
     python -m pipelines.translate --run runs/translator "¿Dónde está la estación?"
-    echo "Tengo hambre." | python -m pipelines.translate --export artifacts/translator/translator
+    echo "Tengo hambre." | python -m pipelines.translate --export artifacts/export/translator
 
 `--run` is a training output directory (`translator.keras`, the vocabularies and
 `run_config.json`); `--export` is a SavedModel (a version directory, or the model directory,
