@@ -64,6 +64,7 @@ def staging_directory(model_dir):
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=model_dir))
+    os.chmod(staging, 0o755)  # mkdtemp makes it private; a model server may run as another user
     try:
         yield staging
     except BaseException:

@@ -158,7 +158,7 @@ def export_and_verify(model, vectorizer, vocabulary_path, sequence_length, revie
     Returns:
         `{"savedmodel": path, "onnx": path, "models_config": path, "parity": {...}}`.
     """
-    export_dir = Path(export_dir)
+    export_dir = Path(export_dir).resolve()
     with savedmodel.staging_directory(export_dir / model_name) as saved_staging, \
             savedmodel.staging_directory(export_dir / "onnx" / model_name) as onnx_staging:
         savedmodel.write_savedmodel(model, vocabulary_path, vectorizer.vocabulary_size(), sequence_length, saved_staging)

@@ -12,6 +12,7 @@ written to `<output-dir>/main_job.json`.
 import argparse
 import json
 import sys
+import time
 
 from export.verify import export_and_verify
 from export.verify import verification_reviews
@@ -32,6 +33,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    started = time.perf_counter()
     export_args, train_args = parse_args(argv)
     run = train_imdb.train(train_args)
     pool = [text.decode("utf-8") for text, _ in run.splits.test.take(_VERIFICATION_POOL).as_numpy_iterator()]
@@ -53,6 +55,7 @@ def main(argv=None):
         "data": run.summary["data"],
         "exports": exports,
         "training_summary": str(run.output_dir / "summary.json"),
+        "main_job_seconds": round(time.perf_counter() - started, 1),
     }
     common.write_json_atomic(run.output_dir / "main_job.json", summary)
     print(json.dumps(summary, indent=2, sort_keys=True))

@@ -86,6 +86,7 @@ def test_tf_serving_layout(exported, trained):
     assert 'name: "imdb_sentiment"' in config and f'base_path: "{version.parent.resolve()}"' in config
     assert "onnx" not in config
     assert not list(export_dir.rglob(".staging-*"))
+    assert version.stat().st_mode & 0o755 == 0o755  # readable by a server running as another user
 
 
 def test_warmup_records_are_predict_requests_on_raw_reviews(exported):

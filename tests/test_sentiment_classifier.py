@@ -6,7 +6,9 @@ import pytest
 
 from models.hashed_bigram_embedding import HashedBigramEmbedding
 from models.sentiment_classifier import SentimentClassifierConfig
+from models.sentiment_classifier import BRANCHES
 from models.sentiment_classifier import build_sentiment_classifier
+from models.sentiment_classifier import training_model
 from tests import layer_checks
 
 TINY = SentimentClassifierConfig(
@@ -39,6 +41,25 @@ def test_output_is_a_probability_per_review():
     probability = keras.ops.convert_to_numpy(build_sentiment_classifier(TINY)(ids))
     assert probability.shape == (4, 1) and probability.dtype == np.float32
     assert np.all((probability > 0) & (probability < 1))
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))
+
+
+def test_prediction_averages_the_branch_logits_and_training_sees_each_branch():
+    model = build_sentiment_classifier(TINY)
+    ids = token_ids(np.random.default_rng(6), [10, 5, 1, 0])
+    logits = keras.Model(model.input, [model.get_layer(f"{b}_logit").output for b in BRANCHES])(ids)
+    attention_logit, bag_logit = (keras.ops.convert_to_numpy(t) for t in logits)
+    outputs = {k: keras.ops.convert_to_numpy(v) for k, v in training_model(model)(ids).items()}
+    assert sorted(outputs) == sorted([*BRANCHES, "probability"])
+    np.testing.assert_allclose(outputs["attention"], sigmoid(attention_logit), atol=1e-6)
+    np.testing.assert_allclose(outputs["bag"], sigmoid(bag_logit), atol=1e-6)
+    expected = sigmoid((attention_logit + bag_logit) / 2)
+    np.testing.assert_allclose(outputs["probability"], expected, atol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(ids)), expected, atol=1e-6)
+    assert len(training_model(model).weights) == len(model.weights)
 
 
 def test_padding_does_not_change_the_prediction():
