@@ -55,18 +55,11 @@ def _materialise(result):
             tensor.numpy()
 
 
-def matmul_peak_gflops(size=1024, repeats=10):
-    """Measured float32 matmul throughput (GFLOP/s) of this machine, best of `repeats`."""
+def matmul_step(size=1024):
+    """A compiled float32 `(size, size) @ (size, size)` and its FLOPs, to measure the matmul peak."""
     a = tf.random.normal((size, size))
     b = tf.random.normal((size, size))
-    matmul = tf.function(lambda: tf.matmul(a, b))
-    _materialise(matmul())
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        _materialise(matmul())
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
+    return tf.function(lambda: tf.matmul(a, b)), 2 * size**3
 
 
 def machine():
