@@ -35,6 +35,8 @@ def parse_args(argv=None):
 def main(argv=None):
     started = time.perf_counter()
     export_args, train_args = parse_args(argv)
+    if train_args.cpu_devices:
+        common.split_cpu(train_args.cpu_devices)  # before TensorFlow initialises its devices
     run = train_imdb.train(train_args)
     pool = [text.decode("utf-8") for text, _ in run.splits.test.take(_VERIFICATION_POOL).as_numpy_iterator()]
     exports = export_and_verify(

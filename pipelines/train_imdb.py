@@ -64,6 +64,9 @@ def parse_args(argv=None):
     parser.add_argument("--mixed-precision", choices=common.PRECISION_POLICIES[1:], help="dtype policy")
     parser.add_argument("--jit-compile", action="store_true", help="XLA-compile the train/eval steps")
     parser.add_argument("--strategy", choices=common.STRATEGIES, default="default")
+    parser.add_argument(
+        "--cpu-devices", type=int, help="split the CPU into N logical devices (mirrored training without GPUs)"
+    )
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=2e-3)
@@ -194,7 +197,10 @@ def _best_epoch(epochs):
 
 
 def main(argv=None):
-    run = train(parse_args(argv))
+    args = parse_args(argv)
+    if args.cpu_devices:
+        common.split_cpu(args.cpu_devices)  # before TensorFlow initialises its devices
+    run = train(args)
     print(json.dumps(run.summary, indent=2, sort_keys=True))
     return run
 

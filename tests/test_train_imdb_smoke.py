@@ -100,15 +100,12 @@ def test_mixed_precision_with_xla(small_imdb_archive, imdb_cache_dir, tmp_path, 
 
 
 def test_mirrored_strategy_over_two_logical_cpus(small_imdb_archive, imdb_cache_dir, tmp_path):
-    # Logical devices must be configured before TensorFlow initialises: a fresh process.
-    script = (
-        "import sys; from pipelines import common; common.split_cpu(2); "
-        "from pipelines import train_imdb; run = train_imdb.main(sys.argv[1:]); "
-        "assert run.summary['replicas'] == 2, run.summary"
-    )
-    args = smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "1", "--strategy", "mirrored")
+    # Logical devices must be configured before TensorFlow initialises: the CLI in a fresh process.
+    args = smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "1", "--strategy", "mirrored",
+                      "--cpu-devices", "2")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    result = subprocess.run([sys.executable, "-c", script, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    command = [sys.executable, "-m", "pipelines.train_imdb", *args]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["strategy"] == "mirrored" and summary["replicas"] == 2
