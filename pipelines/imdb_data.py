@@ -19,7 +19,6 @@ test split is only read for the final evaluation.
 """
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -34,6 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from pipelines.common import file_sha256
 from pipelines.common import write_text_atomic
 
 DATA_ENV_VARS = ("KERAS_ATTN_DATA", "IMDB_DATA_DIR")
@@ -124,14 +124,6 @@ def locate_archive(data=None, environ=None):
     return _archive_in(SHARED_DATA_DIR), looked
 
 
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _read_archive(archive):
     """`{split: [(text, label), ...]}` from an aclImdb tar.gz; raises ImdbDataError if unusable."""
     reviews = {split: [] for split in SPLITS}
@@ -217,7 +209,7 @@ def load_cache(data=None, cache_dir=None, allow_download=True, environ=None):
     cache_root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     archive, looked = locate_archive(data, environ)
     if archive is not None:
-        target = cache_root / "imdb" / f"v{_CACHE_VERSION}-{_sha256(archive)[:16]}"
+        target = cache_root / "imdb" / f"v{_CACHE_VERSION}-{file_sha256(archive)[:16]}"
         if not (target / "meta.json").is_file():
             _write_cache(target, _read_archive(archive), source=str(archive))
     else:
