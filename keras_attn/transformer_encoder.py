@@ -205,15 +205,17 @@ class TransformerEncoder(TransformerBlock):
         check_padding_mask("padding_mask", padding_mask)
 
         def attend(x):
-            return self.self_attention(
+            attended = self.self_attention(
                 x,
                 x,
                 query_mask=padding_mask,
                 value_mask=padding_mask,
                 attention_mask=attention_mask,
                 training=training,
-                return_attention_scores=True,
-            )  # (batch, seq, hidden), (batch, heads, seq, seq)
+                return_attention_scores=return_attention_scores,
+            )  # (batch, seq, hidden)[, (batch, heads, seq, seq)]
+            # Scores only when asked: asking would also keep long inputs off blockwise attention.
+            return attended if return_attention_scores else (attended, None)
 
         x, scores = self._residual(
             inputs, attend, self.self_attention_layer_norm, self.self_attention_dropout, training

@@ -157,3 +157,26 @@ def test_bad_arguments_name_the_value():
         TransformerEncoder(16, 2)(np.zeros((3, 6), "float32"))
     with pytest.raises(ValueError, match=r"padding_mask.shape=\(3, 6, 1\)"):
         TransformerEncoder(16, 2)(random_inputs(), padding_mask=PADDING[..., None])
+
+
+@pytest.mark.parametrize("return_attention_scores", [False, True])
+def test_long_inputs_take_blockwise_attention_unless_scores_are_asked(monkeypatch, return_attention_scores):
+    import keras_attn.attention
+    import keras_attn.blockwise_attention
+
+    calls = []
+    blockwise = keras_attn.blockwise_attention.blockwise_attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return blockwise(*args, **kwargs)
+
+    monkeypatch.setattr(keras_attn.blockwise_attention, "blockwise_attention", spy)
+    monkeypatch.setattr(keras_attn.attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 16 * 16)
+    encoder = TransformerEncoder(intermediate_dim=8, num_heads=2)
+    inputs = np.random.default_rng(0).normal(size=(1, 16, 4)).astype("float32")
+    result = encoder(inputs, return_attention_scores=return_attention_scores)
+    assert len(calls) == (0 if return_attention_scores else 1)
+    output = result[0] if return_attention_scores else result
+    dense = encoder(inputs, return_attention_scores=True)[0]  # the dense path, same weights
+    np.testing.assert_allclose(output, dense, atol=1e-5)
