@@ -14,7 +14,6 @@ Layout: `(batch, seq, heads, depth)` for query, key and value (what the projecti
 `(batch, heads, query_len, key_len)`.
 """
 
-import dataclasses
 import math
 
 import keras
@@ -26,13 +25,14 @@ from keras_attn.utils import float_math_dtype
 
 _MASK_RANK = 4
 ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "chunked", "blockwise")
-# `implementation="auto"` switches to blockwise attention from `query_len * key_len` this large;
-# earlier under causal/band masks, where blockwise skips the masked blocks. Below the banded
-# threshold the chunked path takes causal/band attention (benchmarks/layer_throughput.py: at
-# length 512 chunked is the fastest under XLA and within noise of blockwise without it; from 1024
-# blockwise wins without XLA and keeps memory linear).
+# `implementation="auto"` switches to blockwise attention (memory linear in the length) from
+# `query_len * key_len` this large. Below the banded threshold the chunked path takes causal/band
+# attention: benchmarks/layer_throughput.py measured it faster than blockwise (and than dense and
+# Keras) at every length from 256 to 4096 without XLA (1.3x to 2.2x Keras, blockwise 1.0x to
+# 1.6x); it keeps each chunk's weights for the backward pass, so from 8192 (over 1 GB per
+# sequence) blockwise takes over.
 BLOCKWISE_MIN_ATTENTION_SIZE = 2048 * 2048
-BLOCKWISE_MIN_BANDED_ATTENTION_SIZE = 1024 * 1024
+BLOCKWISE_MIN_BANDED_ATTENTION_SIZE = 8192 * 8192
 # Queries per chunk of the chunked path: each chunk computes only the keys its band reaches.
 QUERY_CHUNK_SIZE = 128
 # The finite logit of masked entries: `exp(MASK_FILL - m)` is exactly 0 for any real row maximum
@@ -233,11 +233,12 @@ def scaled_dot_product_attention(
         return_weights: if `True`, also return the attention weights (normalised, before
             dropout, as `keras.layers.MultiHeadAttention` returns its scores).
         implementation: `"dense"` materialises the `(query_len, key_len)` weights (the
-            reference); `"chunked"` (causal or sliding-window attention, static lengths, an
-            int `query_offset`, and a mask/bias with static query and key dimensions) runs
-            the queries in chunks of `QUERY_CHUNK_SIZE`, each over
-            only the keys its band reaches (about half the work of `"dense"` under a causal
-            mask, same numerics); `"blockwise"` (TensorFlow backend) uses
+            reference); `"chunked"` (TensorFlow backend; causal or sliding-window attention,
+            static lengths, an int `query_offset`, and a mask/bias with static query and key
+            dimensions) uses `keras_attn.chunked_attention`: queries in chunks of
+            `QUERY_CHUNK_SIZE`, each over only the keys its band reaches (about half the work
+            of `"dense"` under a causal mask), with a written-out gradient, same numerics;
+            `"blockwise"` (TensorFlow backend) uses
             `keras_attn.blockwise_attention`, memory linear in the length, same numerics;
             `"auto"` picks blockwise on the TensorFlow backend when the static
             `query_len * key_len` reaches `BLOCKWISE_MIN_ATTENTION_SIZE`
@@ -285,8 +286,12 @@ def scaled_dot_product_attention(
 
     dropout_rate = dropout_rate if training else 0.0
     if path == "chunked":
-        return _chunked_attention(
-            query, key, value, mask, bias, is_causal, sliding_window, query_offset, scale, dropout_rate, seed_generator
+        from keras_attn.chunked_attention import chunked_attention
+
+        return chunked_attention(
+            query, key, value, mask=mask, bias=bias, is_causal=is_causal, sliding_window=sliding_window,
+            query_offset=query_offset, scale=scale, dropout_rate=dropout_rate, seed_generator=seed_generator,
+            chunk_size=QUERY_CHUNK_SIZE,
         )
     return _dense_attention(
         query, key, value, mask, bias, is_causal, sliding_window, query_offset, scale, dropout_rate,
@@ -294,7 +299,7 @@ def scaled_dot_product_attention(
     )
 
 
-def _banded_mask(mask, query_len, key_len, is_causal, sliding_window, query_offset):
+def banded_mask(mask, query_len, key_len, is_causal, sliding_window, query_offset):
     """`mask` merged with the causal and sliding-window masks that apply."""
     if is_causal:
         mask = merge_masks(mask, causal_mask(query_len, key_len, query_offset))
@@ -317,7 +322,7 @@ def _dense_attention(
     (query `i` always sees key 0), so it needs neither.
     """
     rows_may_be_empty = mask is not None or sliding_window is not None
-    mask = _banded_mask(mask, ops.shape(query)[1], ops.shape(key)[1], is_causal, sliding_window, query_offset)
+    mask = banded_mask(mask, ops.shape(query)[1], ops.shape(key)[1], is_causal, sliding_window, query_offset)
     logits = attention_logits(query, key, scale)  # (batch, heads, query_len, key_len)
     if bias is not None:
         logits = logits + ops.cast(bias, logits.dtype)
@@ -344,71 +349,6 @@ def _zero_rows_without_keys(output, mask):
     return ops.where(has_keys, output, ops.zeros_like(output))
 
 
-@dataclasses.dataclass(frozen=True)
-class QueryChunk:
-    """Queries `[query_start, query_stop)` attend to keys `[key_start, key_stop)` (static ints)."""
-
-    query_start: int
-    query_stop: int
-    key_start: int
-    key_stop: int
-
-
-def banded_query_chunks(query_len, key_len, chunk_size, is_causal, sliding_window, query_offset=0):
-    """Splits the queries into chunks of `chunk_size` and bounds each chunk's keys by the bands.
-
-    Under a causal mask chunk `i` needs only the keys up to its last query, so the chunks cover
-    about half of the `(query_len, key_len)` matrix; a sliding window bounds both ends.
-    """
-    chunks = []
-    for query_start in range(0, query_len, chunk_size):
-        query_stop = min(query_start + chunk_size, query_len)
-        first, last = query_start + query_offset, query_stop - 1 + query_offset  # positions among the keys
-        key_start, key_stop = 0, key_len
-        if is_causal:
-            key_stop = min(key_stop, last + 1)
-        if sliding_window is not None:
-            key_start = min(max(key_start, first - sliding_window + 1), key_len)
-            if not is_causal:
-                key_stop = min(key_stop, last + sliding_window)
-        chunks.append(QueryChunk(query_start, query_stop, key_start, max(key_start, key_stop)))
-    return chunks
-
-
-def _chunked_attention(
-    query, key, value, mask, bias, is_causal, sliding_window, query_offset, scale, dropout_rate, seed_generator
-):
-    """Dense attention per `banded_query_chunks` chunk, on only the keys the chunk can see."""
-    outputs = []
-    chunks = banded_query_chunks(
-        query.shape[1], key.shape[1], QUERY_CHUNK_SIZE, is_causal, sliding_window, query_offset
-    )
-    for chunk in chunks:
-        chunk_query = query[:, chunk.query_start : chunk.query_stop]  # (batch, chunk_len, heads, depth)
-        if chunk.key_stop == chunk.key_start:  # the bands mask every key of the chunk
-            outputs.append(ops.zeros(tuple(ops.shape(chunk_query)[:-1]) + (value.shape[-1],), value.dtype))
-            continue
-        keys = slice(chunk.key_start, chunk.key_stop)
-        chunk_mask, chunk_bias = (
-            None if pairwise is None else _pairwise_slice(pairwise, chunk) for pairwise in (mask, bias)
-        )
-        chunk_offset = query_offset + chunk.query_start - chunk.key_start  # first query's position among the keys
-        outputs.append(  # (batch, chunk_len, heads, value_depth)
-            _dense_attention(
-                chunk_query, key[:, keys], value[:, keys], chunk_mask, chunk_bias, is_causal, sliding_window,
-                chunk_offset, scale, dropout_rate, seed_generator, return_weights=False,
-            )
-        )
-    return ops.concatenate(outputs, axis=1)  # (batch, query_len, heads, value_depth)
-
-
-def _pairwise_slice(tensor, chunk):
-    """A mask or bias `(batch | 1, heads | 1, query_len | 1, key_len | 1)` cut to the chunk."""
-    rows = slice(None) if tensor.shape[2] == 1 else slice(chunk.query_start, chunk.query_stop)
-    cols = slice(None) if tensor.shape[3] == 1 else slice(chunk.key_start, chunk.key_stop)
-    return tensor[:, :, rows, cols]
-
-
 def _choose_implementation(
     implementation, query, key, mask, bias, is_causal, sliding_window, query_offset, return_weights
 ):
@@ -422,10 +362,11 @@ def _choose_implementation(
             f"`implementation={implementation!r}` never materialises the whole attention matrix: it cannot "
             "be combined with `return_weights=True`. Received: return_weights=True"
         )
-    if implementation == "blockwise" and keras.backend.backend() != "tensorflow":
+    on_tensorflow = keras.backend.backend() == "tensorflow"
+    if implementation in ("chunked", "blockwise") and not on_tensorflow:
         raise ValueError(
-            "`implementation='blockwise'` needs the TensorFlow backend. "
-            f"Received: implementation='blockwise' with backend {keras.backend.backend()!r}"
+            f"`implementation={implementation!r}` needs the TensorFlow backend. "
+            f"Received: implementation={implementation!r} with backend {keras.backend.backend()!r}"
         )
     if implementation == "chunked":
         unchunkable = _why_not_chunked(query, key, mask, bias, is_causal, sliding_window, query_offset)
@@ -439,13 +380,13 @@ def _choose_implementation(
     banded = is_causal or sliding_window is not None
     threshold = BLOCKWISE_MIN_BANDED_ATTENTION_SIZE if banded else BLOCKWISE_MIN_ATTENTION_SIZE
     if (
-        keras.backend.backend() == "tensorflow"
+        on_tensorflow
         and query_len is not None
         and key_len is not None
         and query_len * key_len >= threshold
     ):
         return "blockwise"
-    chunkable = not _why_not_chunked(query, key, mask, bias, is_causal, sliding_window, query_offset)
+    chunkable = on_tensorflow and not _why_not_chunked(query, key, mask, bias, is_causal, sliding_window, query_offset)
     if chunkable and query_len >= 2 * QUERY_CHUNK_SIZE:
         return "chunked"
     return "dense"

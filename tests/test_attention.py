@@ -13,7 +13,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from keras_attn import attention as attention_module
-from keras_attn.attention import banded_query_chunks
 from keras_attn.attention import causal_mask
 from keras_attn.attention import merge_masks
 from keras_attn.attention import padding_mask_to_attention_mask
@@ -286,48 +285,6 @@ def test_gradients_match_finite_differences():
     assert_gradients_match_finite_differences(lambda: attend, (query, key, value, bias))
 
 
-def test_chunked_gradients_equal_the_dense_ones(small_query_chunks):
-    rng = np.random.default_rng(7)
-    query, key, value = (tf.constant(t) for t in _qkv(rng, 2, 7, 7, 4, 2, 3, 2, dtype="float64"))
-    bias = tf.constant(rng.standard_normal((1, 4, 7, 7)))
-    mask = rng.random((2, 1, 7, 7)) < 0.7
-    mask[0, :, 1, :] = False  # a fully masked row
-
-    def gradients(implementation):
-        with tf.GradientTape() as tape:
-            tape.watch([query, key, value, bias])
-            output = scaled_dot_product_attention(
-                query, key, value, mask=mask, bias=bias, is_causal=True, sliding_window=3,
-                implementation=implementation,
-            )
-            loss = tf.reduce_sum(output * tf.sin(output))
-        return tape.gradient(loss, [query, key, value, bias])
-
-    for chunked, dense in zip(gradients("chunked"), gradients("dense")):
-        np.testing.assert_allclose(chunked, dense, atol=1e-12, rtol=0)
-
-
-@pytest.mark.parametrize("is_causal, sliding_window", [(True, None), (True, 3), (False, 3)])
-@pytest.mark.parametrize("query_len, key_len, query_offset", [(9, 9, 0), (4, 9, 5), (9, 5, 0), (3, 4, 6)])
-def test_banded_query_chunks_cover_exactly_the_band(is_causal, sliding_window, query_len, key_len, query_offset):
-    band = np.ones((query_len, key_len), bool)
-    rows = np.arange(query_len)[:, None] + query_offset
-    cols = np.arange(key_len)[None, :]
-    if is_causal:
-        band &= cols <= rows
-    if sliding_window is not None:
-        band &= np.abs(rows - cols) < sliding_window
-    covered = np.zeros_like(band)
-    next_query = 0
-    for chunk in banded_query_chunks(query_len, key_len, 2, is_causal, sliding_window, query_offset):
-        assert chunk.query_start == next_query and 0 <= chunk.key_start <= chunk.key_stop <= key_len
-        next_query = chunk.query_stop
-        covered[chunk.query_start : chunk.query_stop, chunk.key_start : chunk.key_stop] = True
-    assert next_query == query_len
-    assert np.all(covered[band])  # every key a query may attend to is in its chunk
-    assert covered.sum() < band.size or band.all()  # and the chunks skip part of the masked area
-
-
 @pytest.mark.parametrize(
     "query_len, is_causal, return_weights, expected",
     [
@@ -336,7 +293,9 @@ def test_banded_query_chunks_cover_exactly_the_band(is_causal, sliding_window, q
         (256, False, False, "dense"),  # no band
         (256, True, True, "dense"),  # the weights are materialised anyway
         (512, True, False, "chunked"),
-        (1024, True, False, "blockwise"),
+        (4096, True, False, "chunked"),
+        (8192, True, False, "blockwise"),
+        (2048, False, False, "blockwise"),  # no band: blockwise from 2048 x 2048
     ],
 )
 def test_auto_chooses_the_path_by_length_and_band(query_len, is_causal, return_weights, expected):

@@ -1,0 +1,290 @@
+"""Query-chunked scaled dot-product attention for causal and banded masks (TensorFlow backend).
+
+The same contract as `keras_attn.attention.scaled_dot_product_attention` (masks, causal, sliding
+window, bias, dropout on the normalised weights, fully masked rows give exactly zero) for
+attention whose causal or sliding-window band leaves part of the `(query_len, key_len)` matrix
+out: the queries run in chunks, and each chunk computes only the keys its band reaches (about
+half the work of the dense path under a causal mask).
+
+The gradient is written out (a `tf.custom_gradient`) instead of being differentiated through the
+softmax: each chunk keeps its weights from the forward pass, and the softmax gradient subtracts
+`rowsum(dO * O)` (FlashAttention's `delta`, a pass over the output) rather than reducing the
+product of the weights and their gradient. Those passes over the weights are what the step is
+made of at depth 32 (benchmarks/layer_throughput.py). Memory is that of the dense weights,
+inside the band; long sequences go to `keras_attn.blockwise_attention` (linear memory).
+
+The numerics are the core's (`fill_masked`, `zero_masked`, float32 softmax): they live in
+`keras_attn.attention` only.
+"""
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+
+from keras_attn.attention import banded_mask
+from keras_attn.attention import fill_masked
+from keras_attn.attention import zero_masked
+from keras_attn.utils import float_math_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryChunk:
+    """Queries `[query_start, query_stop)` attend to keys `[key_start, key_stop)` (static ints)."""
+
+    query_start: int
+    query_stop: int
+    key_start: int
+    key_stop: int
+
+    @property
+    def has_keys(self):
+        return self.key_stop > self.key_start
+
+
+def banded_query_chunks(query_len, key_len, chunk_size, is_causal, sliding_window, query_offset=0):
+    """Splits the queries into chunks of `chunk_size` and bounds each chunk's keys by the bands.
+
+    Under a causal mask chunk `i` needs only the keys up to its last query, so the chunks cover
+    about half of the `(query_len, key_len)` matrix; a sliding window bounds both ends.
+    """
+    chunks = []
+    for query_start in range(0, query_len, chunk_size):
+        query_stop = min(query_start + chunk_size, query_len)
+        first, last = query_start + query_offset, query_stop - 1 + query_offset  # positions among the keys
+        key_start, key_stop = 0, key_len
+        if is_causal:
+            key_stop = min(key_stop, last + 1)
+        if sliding_window is not None:
+            key_start = min(max(key_start, first - sliding_window + 1), key_len)
+            if not is_causal:
+                key_stop = min(key_stop, last + sliding_window)
+        chunks.append(QueryChunk(query_start, query_stop, key_start, max(key_start, key_stop)))
+    return chunks
+
+
+def chunked_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    bias=None,
+    is_causal=False,
+    sliding_window=None,
+    query_offset=0,
+    scale=1.0,
+    dropout_rate=0.0,
+    seed_generator=None,
+    chunk_size=128,
+):
+    """Attention of `banded_query_chunks` chunks, each over only the keys its band reaches.
+
+    Args:
+        query: `(batch, query_len, heads, depth)`, static `query_len`.
+        key: `(batch, key_len, heads, depth)`, static `key_len` (key/value heads already
+            repeated to the query heads).
+        value: `(batch, key_len, heads, value_depth)`.
+        mask: optional boolean mask broadcastable to `(batch, heads, query_len, key_len)` with
+            static query and key dimensions.
+        bias: optional additive bias, same shape rules as `mask`; it receives a gradient.
+        is_causal: query `i` attends only to keys `j <= i + query_offset`.
+        sliding_window: optional positive int; keys with `|i + query_offset - j| < sliding_window`.
+        query_offset: Python int position of the first query among the keys.
+        scale: logit scale.
+        dropout_rate: dropout on the normalised weights (pass 0 outside training).
+        seed_generator: a `keras.random.SeedGenerator` for dropout.
+        chunk_size: queries per chunk.
+
+    Returns:
+        `(batch, query_len, heads, value_depth)` in the dtype of `value`.
+    """
+    query_len, key_len = query.shape[1], key.shape[1]
+    chunks = banded_query_chunks(query_len, key_len, chunk_size, is_causal, sliding_window, query_offset)
+    if mask is not None:
+        mask = tf.convert_to_tensor(mask, tf.bool)
+    chunk_masks = [
+        banded_mask(
+            None if mask is None else _pairwise_slice(mask, chunk),
+            chunk.query_stop - chunk.query_start,
+            chunk.key_stop - chunk.key_start,
+            is_causal,
+            sliding_window,
+            query_offset + chunk.query_start - chunk.key_start,  # first query's position among the chunk's keys
+        )
+        for chunk in chunks
+    ]
+    # `convert_to_tensor`, not `cast`: a Python float cast goes through float32 first.
+    scaled_query = query * tf.convert_to_tensor(scale, query.dtype)
+    scaled_query = tf.transpose(scaled_query, (0, 2, 1, 3))  # (batch, heads, query_len, depth)
+    key, value = (tf.transpose(t, (0, 2, 1, 3)) for t in (key, value))  # (batch, heads, k, depth)
+    plan = _ChunkPlan(
+        chunks, chunk_masks, _keep_scales(chunks, scaled_query, dropout_rate, seed_generator),
+        rows_may_be_empty=mask is not None or sliding_window is not None, key_len=key_len,
+    )
+    inputs = (scaled_query, key, value) if bias is None else (scaled_query, key, value, tf.convert_to_tensor(bias))
+    output = _attend(plan, *inputs)  # (batch, heads, query_len, value_depth)
+    return tf.transpose(output, (0, 2, 1, 3))  # (batch, query_len, heads, value_depth)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChunkPlan:
+    """The chunks of one call with their merged masks and dropout keep-scales (`None`: none)."""
+
+    chunks: list
+    masks: list
+    keep_scales: list
+    rows_may_be_empty: bool
+    key_len: int
+
+
+def _pairwise_slice(tensor, chunk):
+    """A mask or bias `(batch | 1, heads | 1, query_len | 1, key_len | 1)` cut to the chunk."""
+    rows = slice(None) if tensor.shape[2] == 1 else slice(chunk.query_start, chunk.query_stop)
+    cols = slice(None) if tensor.shape[3] == 1 else slice(chunk.key_start, chunk.key_stop)
+    return tensor[:, :, rows, cols]
+
+
+def _keys(tensor, chunk):
+    """Rows `[key_start, key_stop)` of a `(batch, heads, key_len, depth)` tensor."""
+    return tensor[:, :, chunk.key_start : chunk.key_stop]
+
+
+def _queries(tensor, chunk):
+    """Rows `[query_start, query_stop)` of a `(batch, heads, query_len, depth)` tensor."""
+    return tensor[:, :, chunk.query_start : chunk.query_stop]
+
+
+def _keep_scales(chunks, query, dropout_rate, seed_generator):
+    """Per chunk, `keep / (1 - rate)` of shape `(batch, heads, chunk_len, chunk_keys)`, or `None`.
+
+    Drawn outside the custom gradient (the seed generator's state is a variable), so the backward
+    pass applies exactly the forward masks.
+    """
+    if dropout_rate == 0.0:
+        return [None] * len(chunks)
+    batch, heads = tf.shape(query)[0], tf.shape(query)[1]
+    dtype = float_math_dtype(query.dtype)
+    return [
+        keras.random.dropout(
+            tf.ones(tf.stack([batch, heads, chunk.query_stop - chunk.query_start, chunk.key_stop - chunk.key_start]), dtype),
+            dropout_rate,
+            seed=seed_generator,
+        )
+        if chunk.has_keys
+        else None
+        for chunk in chunks
+    ]
+
+
+def _attend(plan, *inputs):
+    """`(batch, heads, q, depth)` scaled query, key, value[, bias] -> output, with a custom gradient."""
+
+    @tf.custom_gradient
+    def attend(*inputs):
+        output, weights = _forward(plan, *inputs)
+
+        def gradient(output_gradient):
+            return _backward(plan, inputs, output, weights, output_gradient)
+
+        return output, gradient
+
+    return attend(*inputs)
+
+
+def _chunk_weights(plan, index, query, key, bias):
+    """Normalised float32 weights `(batch, heads, chunk_len, chunk_keys)` of chunk `index`."""
+    chunk, mask = plan.chunks[index], plan.masks[index]
+    logits = tf.matmul(_queries(query, chunk), _keys(key, chunk), transpose_b=True)  # (b, h, chunk_len, chunk_keys)
+    logits = tf.cast(logits, float_math_dtype(logits.dtype))
+    if bias is not None:
+        logits += tf.cast(_pairwise_slice(bias, chunk), logits.dtype)
+    if mask is not None:
+        logits = fill_masked(logits, mask)
+    weights = tf.nn.softmax(logits)  # (batch, heads, chunk_len, chunk_keys)
+    if plan.rows_may_be_empty:
+        weights = zero_masked(weights, mask)  # a row without keys: zero weights, zero output and gradient
+    return weights
+
+
+def _forward(plan, query, key, value, bias=None):
+    """Output `(batch, heads, query_len, value_depth)` and each chunk's weights (`None`: no keys)."""
+    outputs, chunk_weights = [], []
+    batch, heads = tf.shape(query)[0], tf.shape(query)[1]
+    for index, chunk in enumerate(plan.chunks):
+        if not chunk.has_keys:  # the bands mask every key of the chunk
+            shape = tf.stack([batch, heads, chunk.query_stop - chunk.query_start, value.shape[-1]])
+            outputs.append(tf.zeros(shape, value.dtype))
+            chunk_weights.append(None)
+            continue
+        weights = _chunk_weights(plan, index, query, key, bias)
+        dropped = weights if plan.keep_scales[index] is None else weights * plan.keep_scales[index]
+        outputs.append(tf.matmul(tf.cast(dropped, value.dtype), _keys(value, chunk)))  # (b, h, chunk_len, dv)
+        chunk_weights.append(weights)
+    return tf.concat(outputs, axis=2), chunk_weights  # (batch, heads, query_len, value_depth)
+
+
+def _backward(plan, inputs, output, chunk_weights, output_gradient):
+    """Gradients of (query, key, value[, bias]) from each chunk's stored weights."""
+    query, key, value = inputs[:3]
+    bias = inputs[3] if len(inputs) == 4 else None
+    dtype = float_math_dtype(query.dtype)
+    query_f, key_f, value_f, output_gradient = (tf.cast(t, dtype) for t in (query, key, value, output_gradient))
+    # rowsum(dO * O) = sum_k P_k dP_k, the subtracted term of the softmax gradient.
+    delta = tf.reduce_sum(output_gradient * tf.cast(output, dtype), -1, keepdims=True)  # (batch, heads, q, 1)
+    # [dO, -delta] . [V, 1]^T = dP - delta: without dropout the subtraction rides on the matmul
+    # instead of taking a pass over the weights.
+    shifted_grad = tf.concat([output_gradient, -delta], -1)  # (batch, heads, q, value_depth + 1)
+    shifted_values = tf.concat([value_f, tf.ones_like(value_f[..., :1])], -1)  # (batch, heads, k, value_depth + 1)
+    query_grads, key_grads, value_grads, bias_grads = [], [], [], []
+    for index, chunk in enumerate(plan.chunks):
+        weights, keep_scale = chunk_weights[index], plan.keep_scales[index]
+        if weights is None:
+            query_grads.append(tf.zeros_like(_queries(query_f, chunk)))
+            bias_grads.append(None)
+            continue
+        chunk_grad = _queries(output_gradient, chunk)  # (batch, heads, chunk_len, value_depth)
+        if keep_scale is None:
+            dropped = weights
+            shifted = tf.matmul(_queries(shifted_grad, chunk), _keys(shifted_values, chunk), transpose_b=True)
+            logits_grad = weights * shifted  # (batch, heads, chunk_len, chunk_keys)
+        else:
+            dropped = weights * keep_scale
+            weights_grad = tf.matmul(chunk_grad, _keys(value_f, chunk), transpose_b=True) * keep_scale
+            logits_grad = weights * (weights_grad - _queries(delta, chunk))  # (b, h, chunk_len, chunk_keys)
+        value_grads.append(_pad_keys(tf.matmul(dropped, chunk_grad, transpose_a=True), chunk, plan.key_len))
+        query_grads.append(tf.matmul(logits_grad, _keys(key_f, chunk)))  # (batch, heads, chunk_len, depth)
+        key_grads.append(_pad_keys(tf.matmul(logits_grad, _queries(query_f, chunk), transpose_a=True), chunk, plan.key_len))
+        bias_grads.append(logits_grad)
+    grads = [
+        tf.cast(tf.concat(query_grads, axis=2), query.dtype),
+        tf.cast(tf.add_n(key_grads), key.dtype),
+        tf.cast(tf.add_n(value_grads), value.dtype),
+    ]
+    if bias is not None:
+        grads.append(tf.cast(_bias_gradient(plan, bias, bias_grads), bias.dtype))
+    return grads
+
+
+def _pad_keys(tensor, chunk, key_len):
+    """A chunk's `(batch, heads, chunk_keys, depth)` key gradient placed among all `key_len` keys."""
+    return tf.pad(tensor, [[0, 0], [0, 0], [chunk.key_start, key_len - chunk.key_stop], [0, 0]])
+
+
+def _bias_gradient(plan, bias, logits_grads):
+    """The gradient of a broadcast bias from each chunk's logits gradient (`None`: no keys)."""
+    summed_axes = [axis for axis in range(4) if bias.shape[axis] == 1]
+    per_chunk = []
+    for chunk, logits_grad in zip(plan.chunks, logits_grads):
+        query_rows = 1 if bias.shape[2] == 1 else chunk.query_stop - chunk.query_start
+        if logits_grad is None:
+            shape = tf.stack([tf.shape(bias)[0], tf.shape(bias)[1], query_rows, tf.shape(bias)[3]])
+            per_chunk.append(tf.zeros(shape, float_math_dtype(bias.dtype)))
+            continue
+        grad = tf.reduce_sum(logits_grad, axis=summed_axes, keepdims=True) if summed_axes else logits_grad
+        if bias.shape[3] != 1:
+            grad = tf.pad(grad, [[0, 0], [0, 0], [0, 0], [chunk.key_start, plan.key_len - chunk.key_stop]])
+        per_chunk.append(grad)
+    if bias.shape[2] == 1:
+        return tf.add_n(per_chunk)
+    return tf.concat(per_chunk, axis=2)
+

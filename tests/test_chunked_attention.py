@@ -1,0 +1,201 @@
+"""Chunked attention against the NumPy float64 reference and the dense path, values and gradients.
+
+Chunks of 4 queries over lengths that are not multiples of 4, so every test runs several chunks,
+a short last chunk and, under causal/window masks, chunks that skip keys (or see none at all).
+The written-out gradient is checked against autodiff through the dense path, in float64.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn import attention
+from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.chunked_attention import banded_query_chunks
+from keras_attn.chunked_attention import chunked_attention
+from tests import reference
+
+CHUNK = 4
+BATCH, QUERY_LEN, KEY_LEN, HEADS, DEPTH, VALUE_DEPTH = 2, 11, 11, 3, 5, 4
+FLOAT32_ATOL = 1e-5
+
+
+def _inputs(rng, dtype="float64", key_len=KEY_LEN, value_depth=VALUE_DEPTH):
+    shapes = ((BATCH, QUERY_LEN, HEADS, DEPTH), (BATCH, key_len, HEADS, DEPTH), (BATCH, key_len, HEADS, value_depth))
+    return [tf.constant(rng.normal(size=shape), dtype) for shape in shapes]
+
+
+def _gradients(function, inputs, output_grad):
+    """Gradients of `sum(function(*inputs) * output_grad)` with respect to every input."""
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        loss = tf.reduce_sum(tf.cast(function(*inputs), output_grad.dtype) * output_grad)
+    return [g.numpy() for g in tape.gradient(loss, inputs)]
+
+
+def _empty_rows_mask(rng, shape):
+    mask = rng.random(shape) < 0.7
+    if shape[2] == 1:
+        mask[0] = False  # padding only: the first sequence has no keys at all
+    else:
+        mask[0, ..., 1, :] = False  # a query row that sees no key
+    return mask
+
+
+CASES = {
+    "causal": dict(is_causal=True),
+    "causal_window": dict(is_causal=True, sliding_window=3),
+    "window": dict(sliding_window=2),
+    "causal_offset_longer_keys": dict(is_causal=True, query_offset=6, key_len=17),
+    "window_offset_chunks_without_keys": dict(sliding_window=2, query_offset=9, key_len=10),
+    "full_bias_and_mask": dict(is_causal=True, bias=(1, HEADS, QUERY_LEN, KEY_LEN), mask=(BATCH, 1, QUERY_LEN, KEY_LEN)),
+    "key_bias_window": dict(is_causal=True, sliding_window=3, bias=(BATCH, 1, 1, KEY_LEN)),
+    "query_bias_and_padding": dict(sliding_window=4, bias=(BATCH, HEADS, QUERY_LEN, 1), mask=(BATCH, 1, 1, KEY_LEN)),
+}
+
+
+def _case(name, rng):
+    case = dict(CASES[name])
+    key_len = case.pop("key_len", KEY_LEN)
+    if "bias" in case:
+        shape = case["bias"][:3] + ((key_len,) if case["bias"][3] != 1 else (1,))
+        case["bias"] = tf.constant(rng.normal(size=shape))
+    if "mask" in case:
+        shape = case["mask"][:3] + (key_len,)
+        case["mask"] = _empty_rows_mask(rng, shape)
+    return key_len, case
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_values_and_gradients_equal_the_dense_path(name):
+    rng = np.random.default_rng(1)
+    key_len, case = _case(name, rng)
+    bias = case.pop("bias", None)
+    inputs = _inputs(rng, key_len=key_len) + ([] if bias is None else [bias])
+    output_grad = tf.constant(rng.normal(size=(BATCH, QUERY_LEN, HEADS, VALUE_DEPTH)))
+
+    def chunked(query, key, value, bias=None):
+        return chunked_attention(query, key, value, bias=bias, scale=0.4, chunk_size=CHUNK, **case)
+
+    def dense(query, key, value, bias=None):
+        return scaled_dot_product_attention(query, key, value, bias=bias, scale=0.4, implementation="dense", **case)
+
+    np.testing.assert_allclose(chunked(*inputs), dense(*inputs), atol=1e-12, rtol=0)
+    for got, want in zip(_gradients(chunked, inputs, output_grad), _gradients(dense, inputs, output_grad)):
+        np.testing.assert_allclose(got, want, atol=1e-12, rtol=0)
+
+
+def test_rows_without_keys_give_zero_output_and_zero_gradients():
+    rng = np.random.default_rng(2)
+    query, key, value = _inputs(rng)
+    mask = _empty_rows_mask(rng, (BATCH, 1, QUERY_LEN, KEY_LEN))
+    output_grad = tf.ones((BATCH, QUERY_LEN, HEADS, VALUE_DEPTH), "float64")
+
+    def attend(query, key, value):
+        return chunked_attention(query, key, value, mask=mask, is_causal=True, chunk_size=CHUNK)
+
+    output = attend(query, key, value).numpy()
+    query_grad, _, _ = _gradients(attend, [query, key, value], output_grad)
+    assert np.all(output[0, 1] == 0.0) and np.all(query_grad[0, 1] == 0.0)
+    assert np.all(np.isfinite(query_grad)) and np.any(output[1] != 0.0)
+
+
+def _dropped_weights(seed, rate, query, key):
+    """The dropped-out weights `(batch, heads, q, k)`: attend to one-hot values, one per key."""
+    one_hot = np.broadcast_to(np.eye(KEY_LEN)[None, :, None, :], (BATCH, KEY_LEN, HEADS, KEY_LEN))
+    output = chunked_attention(
+        query, key, tf.constant(one_hot), is_causal=True, scale=DEPTH**-0.5, dropout_rate=rate,
+        seed_generator=keras.random.SeedGenerator(seed), chunk_size=CHUNK,
+    )  # (batch, q, heads, k)
+    return np.transpose(output.numpy(), (0, 2, 1, 3))
+
+
+def test_dropout_drops_normalised_weights_and_the_gradient_uses_the_forward_masks():
+    rng = np.random.default_rng(3)
+    query, key, value = _inputs(rng, value_depth=KEY_LEN)
+    rate, seed = 0.3, 11
+    _, weights = reference.attention(query.numpy(), key.numpy(), value.numpy(), is_causal=True)
+    dropped = _dropped_weights(seed, rate, query, key)
+    keep = dropped != 0.0
+    np.testing.assert_allclose(dropped[keep], weights[keep] / (1.0 - rate), atol=1e-12)
+    assert abs((1.0 - keep[weights > 0].mean()) - rate) < 0.1
+    output_grad = tf.constant(rng.normal(size=(BATCH, QUERY_LEN, HEADS, KEY_LEN)))
+
+    def chunked(query, key, value):
+        return chunked_attention(
+            query, key, value, is_causal=True, scale=DEPTH**-0.5, dropout_rate=rate,
+            seed_generator=keras.random.SeedGenerator(seed), chunk_size=CHUNK,
+        )
+
+    def dense_with_the_same_masks(query, key, value):
+        logits = attention.attention_logits(query, key, DEPTH**-0.5)
+        weights = attention.masked_softmax(logits, attention.causal_mask(QUERY_LEN, KEY_LEN)) * keep / (1.0 - rate)
+        return tf.einsum("bhqk,bkhd->bqhd", weights, value)
+
+    inputs = [query, key, value]
+    for got, want in zip(_gradients(chunked, inputs, output_grad), _gradients(dense_with_the_same_masks, inputs, output_grad)):
+        np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype, atol", [("float32", FLOAT32_ATOL), ("float16", 2e-3), ("bfloat16", 2e-2)])
+def test_other_dtypes_keep_their_dtype_and_match_the_float64_gradients(dtype, atol):
+    rng = np.random.default_rng(4)
+    inputs64 = _inputs(rng)
+    inputs = [tf.cast(x, dtype) for x in inputs64]
+    output_grad = tf.constant(rng.normal(size=(BATCH, QUERY_LEN, HEADS, VALUE_DEPTH)), "float32")
+
+    def attend(query, key, value):
+        return chunked_attention(query, key, value, is_causal=True, sliding_window=5, chunk_size=CHUNK)
+
+    assert attend(*inputs).dtype == dtype
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        loss = tf.reduce_sum(tf.cast(attend(*inputs), "float32") * output_grad)
+    grads = tape.gradient(loss, inputs)
+    assert all(grad.dtype == dtype for grad in grads)
+    exact = _gradients(attend, [tf.cast(x, "float64") for x in inputs], tf.cast(output_grad, "float64"))
+    for got, want in zip(grads, exact):
+        np.testing.assert_allclose(tf.cast(got, "float64"), want, atol=atol * max(1.0, np.abs(want).max()))
+
+
+def test_compiled_gradients_equal_the_eager_ones():
+    rng = np.random.default_rng(5)
+    inputs = [tf.cast(x, "float32") for x in _inputs(rng)]
+    bias = tf.constant(rng.normal(size=(1, HEADS, QUERY_LEN, KEY_LEN)), "float32")
+    output_grad = tf.constant(rng.normal(size=(BATCH, QUERY_LEN, HEADS, VALUE_DEPTH)), "float32")
+
+    def attend(query, key, value, bias):
+        return chunked_attention(query, key, value, bias=bias, is_causal=True, sliding_window=6, chunk_size=CHUNK)
+
+    def gradients(query, key, value, bias):
+        with tf.GradientTape() as tape:
+            tape.watch([query, key, value, bias])
+            loss = tf.reduce_sum(attend(query, key, value, bias) * output_grad)
+        return tape.gradient(loss, [query, key, value, bias])
+
+    eager = gradients(*inputs, bias)
+    compiled = tf.function(gradients, jit_compile=True)(*inputs, bias)
+    for got, want in zip(compiled, eager):
+        np.testing.assert_allclose(got, want, atol=FLOAT32_ATOL)
+
+
+@pytest.mark.parametrize("is_causal, sliding_window", [(True, None), (True, 3), (False, 3)])
+@pytest.mark.parametrize("query_len, key_len, query_offset", [(9, 9, 0), (4, 9, 5), (9, 5, 0), (3, 4, 6)])
+def test_banded_query_chunks_cover_exactly_the_band(is_causal, sliding_window, query_len, key_len, query_offset):
+    band = np.ones((query_len, key_len), bool)
+    rows = np.arange(query_len)[:, None] + query_offset
+    cols = np.arange(key_len)[None, :]
+    if is_causal:
+        band &= cols <= rows
+    if sliding_window is not None:
+        band &= np.abs(rows - cols) < sliding_window
+    covered = np.zeros_like(band)
+    next_query = 0
+    for chunk in banded_query_chunks(query_len, key_len, 2, is_causal, sliding_window, query_offset):
+        assert chunk.query_start == next_query and 0 <= chunk.key_start <= chunk.key_stop <= key_len
+        next_query = chunk.query_stop
+        covered[chunk.query_start : chunk.query_stop, chunk.key_start : chunk.key_stop] = True
+    assert next_query == query_len
+    assert np.all(covered[band])  # every key a query may attend to is in its chunk
+    assert covered.sum() < band.size or band.all()  # and the chunks skip part of the masked area
