@@ -235,7 +235,7 @@ class MultiHeadAttention(keras.layers.Layer):
         fused = ops.matmul(inputs, ops.cast(kernel, self.compute_dtype))  # (batch, seq, fused)
         if self.use_bias:
             bias = ops.concatenate([ops.reshape(p.bias, (-1,)) for p in projections], axis=0)
-            fused = fused + ops.cast(bias, self.compute_dtype)
+            fused = ops.add(fused, ops.cast(bias, self.compute_dtype))  # a BiasAdd on TensorFlow (its gradient is fast)
         sizes = [
             self.num_heads * self.key_dim,
             self.num_key_value_heads * self.key_dim,
@@ -247,6 +247,21 @@ class MultiHeadAttention(keras.layers.Layer):
         key = ops.reshape(key, (batch, length, self.num_key_value_heads, self.key_dim))
         value = ops.reshape(value, (batch, length, self.num_key_value_heads, self.value_dim))
         return query, key, value
+
+    def _output_projection(self, attended):
+        """`output_dense` as one 2-D matmul: `(batch, query_len, heads, value_dim)` -> `(batch, query_len, output_dim)`.
+
+        The same weights and result as calling the `EinsumDense`, which lowers `abcd,cde->abe` to
+        a batched matmul whose kernel gradient is computed per batch element and then summed.
+        """
+        kernel = self.output_dense.kernel  # (heads, value_dim, output_dim)
+        width = self.num_heads * self.value_dim
+        batch, length = ops.shape(attended)[0], ops.shape(attended)[1]
+        attended = ops.reshape(attended, (batch, length, width))  # (batch, query_len, heads * value_dim)
+        output = ops.matmul(attended, ops.cast(ops.reshape(kernel, (width, -1)), self.compute_dtype))
+        if self.use_bias:
+            output = ops.add(output, ops.cast(self.output_dense.bias, self.compute_dtype))
+        return output  # (batch, query_len, output_dim)
 
     def _project(self, query, key, value):
         if query is value and key is value:
@@ -313,7 +328,7 @@ class MultiHeadAttention(keras.layers.Layer):
         attended, weights = attention if return_attention_scores else (attention, None)
         if self.use_gate:
             attended = attended * self.gate_dense(query)
-        output = self.output_dense(attended)  # (batch, query_len, output_dim)
+        output = self._output_projection(attended)  # (batch, query_len, output_dim)
         results = (output,)
         if return_attention_scores:
             results += (weights,)
