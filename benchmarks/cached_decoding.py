@@ -8,12 +8,20 @@ residual), batch 1, width 256, 8 heads. At output step `s`:
 - recompute: the whole prefix of `s` tokens runs through the stack again (causal mask) and the
   last position is the new token's output, as without a cache.
 
-Both run in `tf.function`, with and without `jit_compile`; all (kind, step) candidates run in
-turn `--repeats` times and each keeps its best time, so the ratios come from the same run.
+Each is timed two ways, both in `tf.function`, with and without `jit_compile`:
+
+- `call`: one Python call per token (what a Python decoding loop pays, dispatch included);
+- `loop`: `--loop-tokens` tokens in one compiled `while` loop, each output fed back as the next
+  token (how `models.decoding` generates: its greedy and beam searches are one `while_loop`), so
+  the per-token figure is the step itself and the cache is updated in place.
+
+All (mode, kind, step) candidates run in turn `--repeats` times and each keeps its best time, so
+the ratios come from the same run.
 
     python -m benchmarks.cached_decoding
 """
 
+import functools
 import sys
 
 from benchmarks import common
@@ -55,33 +63,71 @@ class Stack:
         return [tf.random.normal(shape) for _ in self.layers]  # contents do not change the cost
 
 
-def measure(stack, steps, width, repeats, jit_compile):
-    cached = tf.function(stack.step, jit_compile=jit_compile)
-    spec = tf.TensorSpec((1, None, width), tf.float32)
+def generation_loop(step, tokens):
+    """`step(token, state) -> (token, state)` run `tokens` times in one graph `while` loop."""
+
+    def run(token, state):
+        for _ in tf.range(tokens):
+            token, state = step(token, state)
+        return token, state
+
+    return run
+
+
+def candidates_for(stack, steps, width, loop_tokens, jit_compile):
+    """`{(mode, kind, step): callable}` for the cached step and the recomputed prefix."""
+    compile_ = functools.partial(tf.function, jit_compile=jit_compile)
+    cached_call = compile_(stack.step)
     # One trace for every prefix length without XLA; XLA compiles each length once (warm-up).
-    recompute = tf.function(stack.full, jit_compile=jit_compile, input_signature=None if jit_compile else [spec])
+    spec = tf.TensorSpec((1, None, width), tf.float32)
+    recompute_call = compile_(stack.full, input_signature=None if jit_compile else [spec])
+
+    def cached_step(index):
+        def step(token, caches):
+            return stack.step(token, caches, index)
+
+        return step
+
+    def recompute_step(token, prefix):
+        prefix = tf.concat([prefix[:, 1:], token], axis=1)  # the newest token replaces the oldest
+        return stack.full(prefix), prefix
+
+    cached_loop = compile_(lambda token, caches, index: generation_loop(cached_step(index), loop_tokens)(token, caches))
+    recompute_loop = compile_(generation_loop(recompute_step, loop_tokens))
     caches = stack.empty_caches()
     token = tf.random.normal((1, 1, width))
     candidates = {}
     for step in steps:
         prefix = tf.random.normal((1, step, width))
         index = tf.constant(step - 1)
-        candidates[("cached", step)] = lambda index=index: cached(token, caches, index)
-        candidates[("recompute", step)] = lambda prefix=prefix: recompute(prefix)
+        candidates[("call", "cached", step)] = lambda index=index: cached_call(token, caches, index)
+        candidates[("call", "recompute", step)] = lambda prefix=prefix: recompute_call(prefix)
+        candidates[("loop", "cached", step)] = lambda index=index: cached_loop(token, caches, index)
+        candidates[("loop", "recompute", step)] = lambda prefix=prefix: recompute_loop(token, prefix)
+    return candidates
+
+
+def measure(stack, steps, width, repeats, loop_tokens, jit_compile):
+    candidates = candidates_for(stack, steps, width, loop_tokens, jit_compile)
     best = common.best_seconds_round_robin(candidates, repeats)
-    rows = [
-        {
-            "jit_compile": jit_compile,
-            "step": step,
-            "cached_ms": best[("cached", step)] * 1e3,
-            "recompute_ms": best[("recompute", step)] * 1e3,
-            "recompute_over_cached": best[("recompute", step)] / best[("cached", step)],
-        }
-        for step in steps
-    ]
-    first = rows[0]["cached_ms"]
-    for row in rows:
-        row["cached_vs_first_step"] = row["cached_ms"] / first
+    rows = []
+    for mode, tokens_per_call in (("call", 1), ("loop", loop_tokens)):
+        for step in steps:
+            cached = best[(mode, "cached", step)] / tokens_per_call
+            recompute = best[(mode, "recompute", step)] / tokens_per_call
+            rows.append(
+                {
+                    "jit_compile": jit_compile,
+                    "mode": mode,
+                    "step": step,
+                    "cached_ms": cached * 1e3,
+                    "recompute_ms": recompute * 1e3,
+                    "recompute_over_cached": recompute / cached,
+                }
+            )
+        first = rows[-len(steps)]["cached_ms"]
+        for row in rows[-len(steps) :]:
+            row["cached_vs_first_step"] = row["cached_ms"] / first
     return rows
 
 
@@ -93,20 +139,22 @@ def main(argv=None):
         width=dict(type=int, default=256),
         heads=dict(type=int, default=8),
         repeats=dict(type=int, default=20),
+        loop_tokens=dict(type=int, default=16, help="tokens per compiled generation loop (mode `loop`)"),
         jit_compile=dict(type=int, nargs="+", default=[0, 1]),
     )
     args = parser.parse_args(argv)
     if args.smoke:
-        args.steps, args.layers, args.width, args.heads, args.repeats = [2, 4], 1, 16, 2, 2
+        args.steps, args.layers, args.width, args.heads, args.repeats, args.loop_tokens = [2, 4], 1, 16, 2, 2, 2
         args.jit_compile = [0]
     stack = Stack(args.layers, args.width, args.heads, max_length=max(args.steps))
     rows = []
     for jit_compile in args.jit_compile:
-        rows.extend(measure(stack, args.steps, args.width, args.repeats, bool(jit_compile)))
+        rows.extend(measure(stack, args.steps, args.width, args.repeats, args.loop_tokens, bool(jit_compile)))
     common.print_table(
         rows,
         [
             ("jit_compile", "jit", "{}"),
+            ("mode", "mode", "{}"),
             ("step", "step", "{}"),
             ("cached_ms", "cached ms/token", "{:.2f}"),
             ("recompute_ms", "recompute ms/token", "{:.2f}"),
