@@ -164,16 +164,12 @@ def _keep_scales(chunks, query, dropout_rate, seed_generator):
         return [None] * len(chunks)
     batch, heads = tf.shape(query)[0], tf.shape(query)[1]
     dtype = float_math_dtype(query.dtype)
-    return [
-        keras.random.dropout(
-            tf.ones(tf.stack([batch, heads, chunk.query_stop - chunk.query_start, chunk.key_stop - chunk.key_start]), dtype),
-            dropout_rate,
-            seed=seed_generator,
-        )
-        if chunk.has_keys
-        else None
-        for chunk in chunks
-    ]
+
+    def keep_scale(chunk):
+        shape = tf.stack([batch, heads, chunk.query_stop - chunk.query_start, chunk.key_stop - chunk.key_start])
+        return keras.random.dropout(tf.ones(shape, dtype), dropout_rate, seed=seed_generator)
+
+    return [keep_scale(chunk) if chunk.has_keys else None for chunk in chunks]
 
 
 def _attend(plan, *inputs):
@@ -253,7 +249,8 @@ def _backward(plan, inputs, output, chunk_weights, output_gradient):
             logits_grad = weights * (weights_grad - _queries(delta, chunk))  # (b, h, chunk_len, chunk_keys)
         value_grads.append(_pad_keys(tf.matmul(dropped, chunk_grad, transpose_a=True), chunk, plan.key_len))
         query_grads.append(tf.matmul(logits_grad, _keys(key_f, chunk)))  # (batch, heads, chunk_len, depth)
-        key_grads.append(_pad_keys(tf.matmul(logits_grad, _queries(query_f, chunk), transpose_a=True), chunk, plan.key_len))
+        key_grad = tf.matmul(logits_grad, _queries(query_f, chunk), transpose_a=True)  # (b, h, chunk_keys, depth)
+        key_grads.append(_pad_keys(key_grad, chunk, plan.key_len))
         bias_grads.append(logits_grad)
     grads = [
         tf.cast(tf.concat(query_grads, axis=2), query.dtype),
