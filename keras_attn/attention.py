@@ -308,6 +308,11 @@ def banded_mask(mask, query_len, key_len, is_causal, sliding_window, query_offse
     return mask
 
 
+def may_empty_rows(mask, sliding_window):
+    """Whether some query row may see no key: a causal mask alone never empties one (row `i` sees key 0)."""
+    return mask is not None or sliding_window is not None
+
+
 def _dense_attention(
     query, key, value, mask, bias, is_causal, sliding_window, query_offset, scale, dropout_rate, seed_generator,
     return_weights,
@@ -321,7 +326,7 @@ def _dense_attention(
     the weights are zeroed only when they are returned. A causal mask alone never empties a row
     (query `i` always sees key 0), so it needs neither.
     """
-    rows_may_be_empty = mask is not None or sliding_window is not None
+    rows_may_be_empty = may_empty_rows(mask, sliding_window)
     mask = banded_mask(mask, ops.shape(query)[1], ops.shape(key)[1], is_causal, sliding_window, query_offset)
     logits = attention_logits(query, key, scale)  # (batch, heads, query_len, key_len)
     if bias is not None:

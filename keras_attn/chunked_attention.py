@@ -13,7 +13,7 @@ product of the weights and their gradient. Those passes over the weights are wha
 made of at depth 32 (benchmarks/layer_throughput.py). Memory is that of the dense weights,
 inside the band; long sequences go to `keras_attn.blockwise_attention` (linear memory).
 
-The numerics are the core's (`fill_masked`, `zero_masked`, float32 softmax): they live in
+The numerics are the core's (`masked_softmax`, `fill_masked`, float32 softmax): they live in
 `keras_attn.attention` only.
 """
 
@@ -24,7 +24,8 @@ import tensorflow as tf
 
 from keras_attn.attention import banded_mask
 from keras_attn.attention import fill_masked
-from keras_attn.attention import zero_masked
+from keras_attn.attention import masked_softmax
+from keras_attn.attention import may_empty_rows
 from keras_attn.utils import float_math_dtype
 
 
@@ -119,7 +120,7 @@ def chunked_attention(
     key, value = (tf.transpose(t, (0, 2, 1, 3)) for t in (key, value))  # (batch, heads, k, depth)
     plan = _ChunkPlan(
         chunks, chunk_masks, _keep_scales(chunks, scaled_query, dropout_rate, seed_generator),
-        rows_may_be_empty=mask is not None or sliding_window is not None, key_len=key_len,
+        rows_may_be_empty=may_empty_rows(mask, sliding_window), key_len=key_len,
     )
     inputs = (scaled_query, key, value) if bias is None else (scaled_query, key, value, tf.convert_to_tensor(bias))
     output = _attend(plan, *inputs)  # (batch, heads, query_len, value_depth)
@@ -194,12 +195,10 @@ def _chunk_weights(plan, index, query, key, bias):
     logits = tf.cast(logits, float_math_dtype(logits.dtype))
     if bias is not None:
         logits += tf.cast(_pairwise_slice(bias, chunk), logits.dtype)
-    if mask is not None:
-        logits = fill_masked(logits, mask)
-    weights = tf.nn.softmax(logits)  # (batch, heads, chunk_len, chunk_keys)
+    # Every chunk has a band mask. A row without keys gets zero weights, so a zero output and gradient.
     if plan.rows_may_be_empty:
-        weights = zero_masked(weights, mask)  # a row without keys: zero weights, zero output and gradient
-    return weights
+        return masked_softmax(logits, mask)  # (batch, heads, chunk_len, chunk_keys)
+    return tf.nn.softmax(fill_masked(logits, mask))
 
 
 def _forward(plan, query, key, value, bias=None):
@@ -227,10 +226,12 @@ def _backward(plan, inputs, output, chunk_weights, output_gradient):
     query_f, key_f, value_f, output_gradient = (tf.cast(t, dtype) for t in (query, key, value, output_gradient))
     # rowsum(dO * O) = sum_k P_k dP_k, the subtracted term of the softmax gradient.
     delta = tf.reduce_sum(output_gradient * tf.cast(output, dtype), -1, keepdims=True)  # (batch, heads, q, 1)
-    # [dO, -delta] . [V, 1]^T = dP - delta: without dropout the subtraction rides on the matmul
-    # instead of taking a pass over the weights.
-    shifted_grad = tf.concat([output_gradient, -delta], -1)  # (batch, heads, q, value_depth + 1)
-    shifted_values = tf.concat([value_f, tf.ones_like(value_f[..., :1])], -1)  # (batch, heads, k, value_depth + 1)
+    with_dropout = any(keep_scale is not None for keep_scale in plan.keep_scales)
+    if not with_dropout:
+        # [dO, -delta] . [V, 1]^T = dP - delta: the subtraction rides on the matmul instead of
+        # taking a pass over the weights (with dropout, dP is rescaled first and cannot).
+        shifted_grad = tf.concat([output_gradient, -delta], -1)  # (batch, heads, q, value_depth + 1)
+        shifted_values = tf.concat([value_f, tf.ones_like(value_f[..., :1])], -1)  # (batch, heads, k, dv + 1)
     query_grads, key_grads, value_grads, bias_grads = [], [], [], []
     for index, chunk in enumerate(plan.chunks):
         weights, keep_scale = chunk_weights[index], plan.keep_scales[index]
@@ -239,7 +240,7 @@ def _backward(plan, inputs, output, chunk_weights, output_gradient):
             bias_grads.append(None)
             continue
         chunk_grad = _queries(output_gradient, chunk)  # (batch, heads, chunk_len, value_depth)
-        if keep_scale is None:
+        if not with_dropout:
             dropped = weights
             shifted = tf.matmul(_queries(shifted_grad, chunk), _keys(shifted_values, chunk), transpose_b=True)
             logits_grad = weights * shifted  # (batch, heads, chunk_len, chunk_keys)
