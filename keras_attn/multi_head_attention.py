@@ -232,10 +232,8 @@ class MultiHeadAttention(keras.layers.Layer):
         kernel = ops.concatenate(
             [ops.reshape(p.kernel, (ops.shape(p.kernel)[0], -1)) for p in projections], axis=-1
         )  # (features, (heads + 2 * kv_heads) * head_dim)
-        fused = ops.matmul(inputs, ops.cast(kernel, self.compute_dtype))  # (batch, seq, fused)
-        if self.use_bias:
-            bias = ops.concatenate([ops.reshape(p.bias, (-1,)) for p in projections], axis=0)
-            fused = ops.add(fused, ops.cast(bias, self.compute_dtype))  # a BiasAdd on TensorFlow (its gradient is fast)
+        bias = ops.concatenate([ops.reshape(p.bias, (-1,)) for p in projections], axis=0) if self.use_bias else None
+        fused = self._affine(inputs, kernel, bias)  # (batch, seq, fused)
         sizes = [
             self.num_heads * self.key_dim,
             self.num_key_value_heads * self.key_dim,
@@ -258,10 +256,19 @@ class MultiHeadAttention(keras.layers.Layer):
         width = self.num_heads * self.value_dim
         batch, length = ops.shape(attended)[0], ops.shape(attended)[1]
         attended = ops.reshape(attended, (batch, length, width))  # (batch, query_len, heads * value_dim)
-        output = ops.matmul(attended, ops.cast(ops.reshape(kernel, (width, -1)), self.compute_dtype))
-        if self.use_bias:
-            output = ops.add(output, ops.cast(self.output_dense.bias, self.compute_dtype))
-        return output  # (batch, query_len, output_dim)
+        bias = self.output_dense.bias if self.use_bias else None
+        return self._affine(attended, ops.reshape(kernel, (width, -1)), bias)  # (batch, query_len, output_dim)
+
+    def _affine(self, inputs, kernel, bias):
+        """`inputs (..., in) @ kernel (in, out) + bias (out,)` in the compute dtype, as 2-D matmuls.
+
+        `ops.add` of a vector is a `BiasAdd` on TensorFlow, whose gradient is a fast reduction
+        (`+` gives an `AddV2` reduced by a slow column sum).
+        """
+        outputs = ops.matmul(inputs, ops.cast(kernel, self.compute_dtype))
+        if bias is not None:
+            outputs = ops.add(outputs, ops.cast(bias, self.compute_dtype))
+        return outputs
 
     def _project(self, query, key, value):
         if query is value and key is value:
