@@ -253,3 +253,16 @@ def padded_token_ids(rng, lengths, width, vocabulary_size):
     ids = rng.integers(1, vocabulary_size, size=(len(lengths), width)).astype("int32")
     ids[np.arange(width)[None, :] >= np.asarray(lengths)[:, None]] = 0
     return ids
+
+
+def output_gradients(function, inputs, output_grad):
+    """Gradients of `sum(function(*inputs) * output_grad)` with respect to every input, as NumPy.
+
+    The output is cast to `output_grad`'s dtype, so half-precision functions can be checked
+    against a float32 or float64 cotangent.
+    """
+    inputs = [tf.convert_to_tensor(x) for x in inputs]
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        loss = tf.reduce_sum(tf.cast(function(*inputs), output_grad.dtype) * output_grad)
+    return [g.numpy() for g in tape.gradient(loss, inputs)]

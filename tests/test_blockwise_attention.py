@@ -16,6 +16,7 @@ from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.blockwise_attention import blockwise_attention
 from keras_attn.multi_head_attention import MultiHeadAttention
 from tests import reference
+from tests.layer_checks import output_gradients
 
 FLOAT32_ATOL = 1e-5
 BLOCKS = dict(query_block_size=8, key_block_size=16)
@@ -68,15 +69,6 @@ def _reference(query, key, value, case):
     return reference.attention(query, key, value, **case)
 
 
-def _gradients(function, inputs, output_grad):
-    """Gradients of `sum(function(*inputs) * output_grad)` with respect to every input."""
-    inputs = [tf.constant(x) for x in inputs]
-    with tf.GradientTape() as tape:
-        tape.watch(inputs)
-        loss = tf.reduce_sum(function(*inputs) * output_grad)
-    return [g.numpy() for g in tape.gradient(loss, inputs)]
-
-
 @pytest.mark.parametrize("name", CASES)
 def test_matches_reference_and_dense_path(name):
     rng = np.random.default_rng(1)
@@ -103,7 +95,7 @@ def test_gradients_match_dense_path(name):
     def dense(query, key, value, bias=None):
         return scaled_dot_product_attention(query, key, value, bias=bias, implementation="dense", **case)
 
-    for got, want in zip(_gradients(blockwise, inputs, output_grad), _gradients(dense, inputs, output_grad)):
+    for got, want in zip(output_gradients(blockwise, inputs, output_grad), output_gradients(dense, inputs, output_grad)):
         np.testing.assert_allclose(got, want, atol=FLOAT32_ATOL)
 
 
@@ -119,7 +111,7 @@ def test_fully_masked_rows_give_zero_output_and_zero_query_gradient():
         return blockwise_attention(query, key, value, mask=mask, scale=0.3, **BLOCKS)
 
     output = attend(query, key, value).numpy()
-    query_grad, key_grad, value_grad = _gradients(attend, (query, key, value), output_grad)
+    query_grad, key_grad, value_grad = output_gradients(attend, (query, key, value), output_grad)
     assert np.all(output[0, 12] == 0.0) and np.all(output[1] == 0.0)
     assert np.all(query_grad[0, 12] == 0.0) and np.all(query_grad[1] == 0.0)
     assert np.all(key_grad[1] == 0.0) and np.all(value_grad[1] == 0.0)
@@ -153,7 +145,7 @@ def test_blocks_outside_the_causal_or_window_band_are_never_computed(structure):
     expected, _ = reference.attention(query, key, value, **structure)
     np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL)
     output_grad = np.ones_like(output)
-    query_grad, key_grad, value_grad = _gradients(attend, (query, poisoned_key, poisoned_value), output_grad)
+    query_grad, key_grad, value_grad = output_gradients(attend, (query, poisoned_key, poisoned_value), output_grad)
     assert np.all(np.isfinite(query_grad))
     assert np.all(np.isfinite(key_grad[:, ~unseen])) and np.all(np.isfinite(value_grad[:, ~unseen]))
 
@@ -202,7 +194,8 @@ def test_dropout_gradients_use_the_forward_masks():
         return tf.einsum("bhqk,bkhd->bqhd", weights, value)
 
     inputs = (query, key, value)
-    for got, want in zip(_gradients(blockwise, inputs, output_grad), _gradients(dense_with_the_same_masks, inputs, output_grad)):
+    got_grads, want_grads = output_gradients(blockwise, inputs, output_grad), output_gradients(dense_with_the_same_masks, inputs, output_grad)
+    for got, want in zip(got_grads, want_grads):
         np.testing.assert_allclose(got, want, atol=FLOAT32_ATOL)
 
 
@@ -251,7 +244,7 @@ def test_compiled_forward_and_gradients(jit_compile):
     output, grads = compiled(*inputs)
     expected, _ = reference.attention(query, key, value, bias=bias, **case)
     np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL)
-    eager_grads = _gradients(blockwise, (query, key, value, bias), output_grad)
+    eager_grads = output_gradients(blockwise, (query, key, value, bias), output_grad)
     for got, want in zip(grads, eager_grads):
         np.testing.assert_allclose(got, want, atol=FLOAT32_ATOL)
 

@@ -15,6 +15,7 @@ from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.chunked_attention import banded_query_chunks
 from keras_attn.chunked_attention import chunked_attention
 from tests import reference
+from tests.layer_checks import output_gradients
 
 CHUNK = 4
 BATCH, QUERY_LEN, KEY_LEN, HEADS, DEPTH, VALUE_DEPTH = 2, 11, 11, 3, 5, 4
@@ -24,14 +25,6 @@ FLOAT32_ATOL = 1e-5
 def _inputs(rng, dtype="float64", key_len=KEY_LEN, value_depth=VALUE_DEPTH):
     shapes = ((BATCH, QUERY_LEN, HEADS, DEPTH), (BATCH, key_len, HEADS, DEPTH), (BATCH, key_len, HEADS, value_depth))
     return [tf.constant(rng.normal(size=shape), dtype) for shape in shapes]
-
-
-def _gradients(function, inputs, output_grad):
-    """Gradients of `sum(function(*inputs) * output_grad)` with respect to every input."""
-    with tf.GradientTape() as tape:
-        tape.watch(inputs)
-        loss = tf.reduce_sum(tf.cast(function(*inputs), output_grad.dtype) * output_grad)
-    return [g.numpy() for g in tape.gradient(loss, inputs)]
 
 
 def _empty_rows_mask(rng, shape):
@@ -82,7 +75,7 @@ def test_values_and_gradients_equal_the_dense_path(name):
         return scaled_dot_product_attention(query, key, value, bias=bias, scale=0.4, implementation="dense", **case)
 
     np.testing.assert_allclose(chunked(*inputs), dense(*inputs), atol=1e-12, rtol=0)
-    for got, want in zip(_gradients(chunked, inputs, output_grad), _gradients(dense, inputs, output_grad)):
+    for got, want in zip(output_gradients(chunked, inputs, output_grad), output_gradients(dense, inputs, output_grad)):
         np.testing.assert_allclose(got, want, atol=1e-12, rtol=0)
 
 
@@ -96,7 +89,7 @@ def test_rows_without_keys_give_zero_output_and_zero_gradients():
         return chunked_attention(query, key, value, mask=mask, is_causal=True, chunk_size=CHUNK)
 
     output = attend(query, key, value).numpy()
-    query_grad, _, _ = _gradients(attend, [query, key, value], output_grad)
+    query_grad, _, _ = output_gradients(attend, [query, key, value], output_grad)
     assert np.all(output[0, 1] == 0.0) and np.all(query_grad[0, 1] == 0.0)
     assert np.all(np.isfinite(query_grad)) and np.any(output[1] != 0.0)
 
@@ -134,7 +127,8 @@ def test_dropout_drops_normalised_weights_and_the_gradient_uses_the_forward_mask
         return tf.einsum("bhqk,bkhd->bqhd", weights, value)
 
     inputs = [query, key, value]
-    for got, want in zip(_gradients(chunked, inputs, output_grad), _gradients(dense_with_the_same_masks, inputs, output_grad)):
+    got_grads, want_grads = output_gradients(chunked, inputs, output_grad), output_gradients(dense_with_the_same_masks, inputs, output_grad)
+    for got, want in zip(got_grads, want_grads):
         np.testing.assert_allclose(got, want, atol=1e-12)
 
 
@@ -154,7 +148,7 @@ def test_other_dtypes_keep_their_dtype_and_match_the_float64_gradients(dtype, at
         loss = tf.reduce_sum(tf.cast(attend(*inputs), "float32") * output_grad)
     grads = tape.gradient(loss, inputs)
     assert all(grad.dtype == dtype for grad in grads)
-    exact = _gradients(attend, [tf.cast(x, "float64") for x in inputs], tf.cast(output_grad, "float64"))
+    exact = output_gradients(attend, [tf.cast(x, "float64") for x in inputs], tf.cast(output_grad, "float64"))
     for got, want in zip(grads, exact):
         np.testing.assert_allclose(tf.cast(got, "float64"), want, atol=atol * max(1.0, np.abs(want).max()))
 
