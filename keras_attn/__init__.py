@@ -1,10 +1,10 @@
 """keras_attn: attention layers for TensorFlow/Keras 3."""
 
-from keras_attn.attention import causal_mask
-from keras_attn.attention import masked_softmax
-from keras_attn.attention import merge_masks
 from keras_attn.attention import scaled_dot_product_attention
-from keras_attn.attention import sliding_window_mask
+from keras_attn.softmax import masked_softmax
+from keras_attn.masks import causal_mask
+from keras_attn.masks import merge_masks
+from keras_attn.masks import sliding_window_mask
 from keras_attn.causal_self_attention import CausalSelfAttention
 from keras_attn.cross_attention import CrossAttention
 from keras_attn.feed_forward import FeedForward

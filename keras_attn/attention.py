@@ -19,9 +19,15 @@ import math
 import keras
 from keras import ops
 
+from keras_attn.blockwise_attention import blockwise_attention
+from keras_attn.chunked_attention import chunked_attention
+from keras_attn.softmax import attention_logits
+from keras_attn.softmax import fill_masked
+from keras_attn.softmax import zero_masked
+from keras_attn.masks import banded_mask
+from keras_attn.masks import may_empty_rows
 from keras_attn.utils import check_positive_int
 from keras_attn.utils import check_rate
-from keras_attn.utils import float_math_dtype
 
 _MASK_RANK = 4
 ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "chunked", "blockwise")
@@ -35,76 +41,6 @@ BLOCKWISE_MIN_ATTENTION_SIZE = 2048 * 2048
 BLOCKWISE_MIN_BANDED_ATTENTION_SIZE = 8192 * 8192
 # Queries per chunk of the chunked path: each chunk computes only the keys its band reaches.
 QUERY_CHUNK_SIZE = 128
-# The finite logit of masked entries: `exp(MASK_FILL - m)` is exactly 0 for any real row maximum
-# `m`, so only a row with no attended key at all needs its weights or output zeroed.
-MASK_FILL = -1e9
-
-
-def causal_mask(query_len, key_len, query_offset=0):
-    """Boolean lower-triangular mask, `True` where query `i` may attend to key `j <= i + offset`.
-
-    With `query_offset=0` it is aligned at the top left, as
-    `keras.layers.MultiHeadAttention(use_causal_mask=True)`: query `i` sees keys `0..i` even when
-    `key_len != query_len`. In cached decoding the queries are the tokens at positions
-    `query_offset, query_offset + 1, ...` of a key/value cache of length `key_len`.
-
-    Args:
-        query_len: number of queries.
-        key_len: number of keys.
-        query_offset: position of the first query (an int or a scalar int tensor).
-
-    Returns:
-        A boolean tensor of shape `(1, 1, query_len, key_len)`.
-    """
-    rows = ops.arange(query_len, dtype="int32") + ops.cast(query_offset, "int32")
-    rows = ops.expand_dims(rows, -1)  # (query_len, 1)
-    cols = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)  # (1, key_len)
-    return ops.reshape(ops.greater_equal(rows, cols), (1, 1, query_len, key_len))
-
-
-def sliding_window_mask(query_len, key_len, window, query_offset=0):
-    """Boolean band mask, `True` where `|i + query_offset - j| < window` (local attention).
-
-    The same band as `keras.layers.MultiHeadAttention(sliding_window=window)`; combined with
-    `causal_mask` it gives the causal sliding window of Mistral-style models. `query_offset` is
-    the position of the first query, as in `causal_mask`.
-
-    Returns:
-        A boolean tensor of shape `(1, 1, query_len, key_len)`.
-    """
-    rows = ops.arange(query_len, dtype="int32") + ops.cast(query_offset, "int32")
-    rows = ops.expand_dims(rows, -1)  # (query_len, 1)
-    cols = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)  # (1, key_len)
-    band = ops.less(ops.abs(rows - cols), window)  # (query_len, key_len)
-    return ops.reshape(band, (1, 1, query_len, key_len))
-
-
-def merge_masks(*masks):
-    """Logical AND of the masks that are not `None`; `None` when all are `None`."""
-    merged = None
-    for mask in masks:
-        if mask is None:
-            continue
-        mask = ops.cast(mask, "bool")
-        merged = mask if merged is None else ops.logical_and(merged, mask)
-    return merged
-
-
-def padding_mask_to_attention_mask(query_mask=None, key_mask=None):
-    """Turns `(batch, query_len)` / `(batch, key_len)` padding masks into a 4-D attention mask.
-
-    Returns:
-        A boolean tensor broadcastable to `(batch, 1, query_len, key_len)`, or `None`.
-    """
-    rows = None if query_mask is None else ops.reshape(
-        ops.cast(query_mask, "bool"), (ops.shape(query_mask)[0], 1, -1, 1)
-    )  # (batch, 1, query_len, 1)
-    cols = None if key_mask is None else ops.reshape(
-        ops.cast(key_mask, "bool"), (ops.shape(key_mask)[0], 1, 1, -1)
-    )  # (batch, 1, 1, key_len)
-    return merge_masks(rows, cols)
-
-
 def _check_inputs(query, key, value, mask):
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if len(tensor.shape) != 4:
@@ -158,39 +94,6 @@ def _repeat_kv_heads(tensor, groups):
     if groups == 1:
         return tensor
     return ops.repeat(tensor, groups, axis=2)
-
-
-def attention_logits(query, key, scale):
-    """Logits `(batch, heads, query_len, key_len)` of `scale * query . key`, in `float_math_dtype`."""
-    # `convert_to_tensor`, not `cast`: a Python float cast goes through float32 first.
-    scale = ops.convert_to_tensor(scale, dtype=query.dtype)
-    query = ops.multiply(query, scale)  # (batch, query_len, heads, depth)
-    logits = ops.einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, query_len, key_len)
-    return ops.cast(logits, float_math_dtype(logits.dtype))
-
-
-def masked_softmax(logits, mask=None):
-    """Float32 softmax over the last axis; masked entries and fully masked rows are exactly 0.
-
-    Args:
-        logits: float logits `(batch, heads, query_len, key_len)`.
-        mask: optional boolean mask broadcastable to `logits`, `True` = attend.
-    """
-    logits = ops.cast(logits, float_math_dtype(logits.dtype))
-    if mask is None:
-        return ops.softmax(logits, axis=-1)
-    weights = ops.softmax(fill_masked(logits, mask), axis=-1)  # (batch, heads, q, k)
-    return zero_masked(weights, mask)
-
-
-def fill_masked(logits, mask):
-    """Masked logits replaced by `MASK_FILL`: `-inf` would give NaN (inf - inf) in a fully masked row."""
-    return ops.where(mask, logits, ops.cast(MASK_FILL, logits.dtype))
-
-
-def zero_masked(weights, mask):
-    """Exact zeros at masked entries: a fully masked row would otherwise softmax to uniform weights."""
-    return ops.where(mask, weights, ops.zeros_like(weights))
 
 
 def scaled_dot_product_attention(
@@ -276,7 +179,6 @@ def scaled_dot_product_attention(
     )
     if path == "blockwise":
         # Imported here: blockwise_attention builds on this module's masks and numerics.
-        from keras_attn.blockwise_attention import blockwise_attention
 
         return blockwise_attention(
             query, key, value, mask=mask, bias=bias, is_causal=is_causal,
@@ -286,7 +188,6 @@ def scaled_dot_product_attention(
 
     dropout_rate = dropout_rate if training else 0.0
     if path == "chunked":
-        from keras_attn.chunked_attention import chunked_attention
 
         return chunked_attention(
             query, key, value, mask=mask, bias=bias, is_causal=is_causal, sliding_window=sliding_window,
@@ -297,20 +198,6 @@ def scaled_dot_product_attention(
         query, key, value, mask, bias, is_causal, sliding_window, query_offset, scale, dropout_rate,
         seed_generator, return_weights,
     )
-
-
-def banded_mask(mask, query_len, key_len, is_causal, sliding_window, query_offset):
-    """`mask` merged with the causal and sliding-window masks that apply."""
-    if is_causal:
-        mask = merge_masks(mask, causal_mask(query_len, key_len, query_offset))
-    if sliding_window is not None:
-        mask = merge_masks(mask, sliding_window_mask(query_len, key_len, sliding_window, query_offset))
-    return mask
-
-
-def may_empty_rows(mask, sliding_window):
-    """Whether some query row may see no key: a causal mask alone never empties one (row `i` sees key 0)."""
-    return mask is not None or sliding_window is not None
 
 
 def _dense_attention(

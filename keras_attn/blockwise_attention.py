@@ -27,10 +27,10 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from keras_attn.attention import causal_mask
-from keras_attn.attention import MASK_FILL
-from keras_attn.attention import fill_masked
-from keras_attn.attention import sliding_window_mask
+from keras_attn.softmax import MASK_FILL
+from keras_attn.softmax import fill_masked
+from keras_attn.masks import causal_mask
+from keras_attn.masks import sliding_window_mask
 from keras_attn.utils import float_math_dtype
 
 # Default block sizes grow with the length (about 16 blocks per axis) between these bounds:

@@ -22,10 +22,10 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from keras_attn.attention import banded_mask
-from keras_attn.attention import fill_masked
-from keras_attn.attention import masked_softmax
-from keras_attn.attention import may_empty_rows
+from keras_attn.softmax import fill_masked
+from keras_attn.softmax import masked_softmax
+from keras_attn.masks import banded_mask
+from keras_attn.masks import may_empty_rows
 from keras_attn.utils import float_math_dtype
 
 

@@ -4,9 +4,9 @@ import keras
 from keras import ops
 
 from keras_attn.attention import ATTENTION_IMPLEMENTATIONS
-from keras_attn.attention import merge_masks
-from keras_attn.attention import padding_mask_to_attention_mask
 from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.masks import merge_masks
+from keras_attn.masks import padding_mask_to_attention_mask
 from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_positive_int
 from keras_attn.utils import check_rate

@@ -11,6 +11,7 @@ from keras_attn.position_embedding import PositionEmbedding
 from keras_attn.sinusoidal_position_encoding import SinusoidalPositionEncoding
 
 _POSITION_ENCODINGS = ("learned", "sinusoidal")
+PADDING_ID = 0  # the token id that `mask_zero=True` masks: every model's vocabulary reserves it
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -117,7 +118,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     def compute_mask(self, token_ids, mask=None):
         if not self.mask_zero:
             return None
-        return ops.not_equal(token_ids, 0)
+        return ops.not_equal(token_ids, PADDING_ID)
 
     def compute_output_shape(self, token_ids_shape):
         return (*token_ids_shape, self.embedding_dim)

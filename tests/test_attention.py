@@ -13,11 +13,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from keras_attn import attention as attention_module
-from keras_attn.attention import causal_mask
-from keras_attn.attention import merge_masks
-from keras_attn.attention import padding_mask_to_attention_mask
+from keras_attn.masks import causal_mask
+from keras_attn.masks import merge_masks
+from keras_attn.masks import padding_mask_to_attention_mask
 from keras_attn.attention import scaled_dot_product_attention
-from keras_attn.attention import sliding_window_mask
+from keras_attn.masks import sliding_window_mask
 from tests import reference
 from tests.layer_checks import assert_gradients_match_finite_differences
 from tests.layer_checks import assert_jit_matches_eager

@@ -4,7 +4,6 @@ Small blocks (8 queries x 16 keys) over lengths that are not multiples of them, 
 several query chunks, several key blocks, padding and, under causal/window masks, block skipping.
 """
 
-import importlib
 
 import keras
 import numpy as np
@@ -12,6 +11,8 @@ import pytest
 import tensorflow as tf
 
 from keras_attn import attention
+from keras_attn import softmax
+from keras_attn import masks
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.blockwise_attention import blockwise_attention
 from keras_attn.multi_head_attention import MultiHeadAttention
@@ -188,9 +189,9 @@ def test_dropout_gradients_use_the_forward_masks():
         )
 
     def dense_with_the_same_masks(query, key, value):
-        mask = attention.sliding_window_mask(QUERY_LEN, KEY_LEN, case["sliding_window"])
-        logits = attention.attention_logits(query, key, DEPTH**-0.5)
-        weights = attention.masked_softmax(logits, mask) * keep / (1.0 - rate)
+        mask = masks.sliding_window_mask(QUERY_LEN, KEY_LEN, case["sliding_window"])
+        logits = softmax.attention_logits(query, key, DEPTH**-0.5)
+        weights = softmax.masked_softmax(logits, mask) * keep / (1.0 - rate)
         return tf.einsum("bhqk,bkhd->bqhd", weights, value)
 
     inputs = (query, key, value)
@@ -279,8 +280,7 @@ def test_auto_picks_blockwise_from_the_threshold_unless_weights_are_returned(mon
         calls.append(kwargs)
         return blockwise_attention(*args, **kwargs)
 
-    blockwise_module = importlib.import_module("keras_attn.blockwise_attention")
-    monkeypatch.setattr(blockwise_module, "blockwise_attention", spy)
+    monkeypatch.setattr(attention, "blockwise_attention", spy)  # the name the dispatcher calls
     monkeypatch.setattr(attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 40 * 40)
     monkeypatch.setattr(attention, "BLOCKWISE_MIN_BANDED_ATTENTION_SIZE", 30 * 30)
     rng = np.random.default_rng(11)

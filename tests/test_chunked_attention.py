@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn import attention
+from keras_attn import softmax
+from keras_attn import masks
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.chunked_attention import banded_query_chunks
 from keras_attn.chunked_attention import chunked_attention
@@ -122,8 +123,8 @@ def test_dropout_drops_normalised_weights_and_the_gradient_uses_the_forward_mask
         )
 
     def dense_with_the_same_masks(query, key, value):
-        logits = attention.attention_logits(query, key, DEPTH**-0.5)
-        weights = attention.masked_softmax(logits, attention.causal_mask(QUERY_LEN, KEY_LEN)) * keep / (1.0 - rate)
+        logits = softmax.attention_logits(query, key, DEPTH**-0.5)
+        weights = softmax.masked_softmax(logits, masks.causal_mask(QUERY_LEN, KEY_LEN)) * keep / (1.0 - rate)
         return tf.einsum("bhqk,bkhd->bqhd", weights, value)
 
     inputs = [query, key, value]

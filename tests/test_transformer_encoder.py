@@ -171,7 +171,7 @@ def test_long_inputs_take_blockwise_attention_unless_scores_are_asked(monkeypatc
         calls.append(1)
         return blockwise(*args, **kwargs)
 
-    monkeypatch.setattr(keras_attn.blockwise_attention, "blockwise_attention", spy)
+    monkeypatch.setattr(keras_attn.attention, "blockwise_attention", spy)  # the name the dispatcher calls
     monkeypatch.setattr(keras_attn.attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 16 * 16)
     encoder = TransformerEncoder(intermediate_dim=8, num_heads=2)
     inputs = np.random.default_rng(0).normal(size=(1, 16, 4)).astype("float32")
