@@ -30,13 +30,13 @@ from export.onnx_predictor import OnnxSentimentPredictor  # noqa: E402
 from export.savedmodel import write_savedmodel  # noqa: E402
 from models.sentiment_classifier import SentimentClassifierConfig  # noqa: E402
 from models.sentiment_classifier import build_sentiment_classifier  # noqa: E402
-from pipelines.imdb_data import adapt_vectorizer  # noqa: E402
-from pipelines.imdb_data import save_vocabulary  # noqa: E402
+from models.imdb_text import adapt_review_vectorizer  # noqa: E402
+from models.imdb_text import save_review_vocabulary  # noqa: E402
 
 def export_classifier(config, reviews, directory):
     """Builds, exports and reloads the classifier; returns (SavedModel signature, ONNX predictor)."""
-    vectorizer = adapt_vectorizer(tf.data.Dataset.from_tensor_slices(reviews), config.vocabulary_size)
-    vocabulary_path = save_vocabulary(vectorizer, Path(directory) / "vocabulary.txt")
+    vectorizer = adapt_review_vectorizer(tf.data.Dataset.from_tensor_slices(reviews), config.vocabulary_size)
+    vocabulary_path = save_review_vocabulary(vectorizer, Path(directory) / "vocabulary.txt")
     model = build_sentiment_classifier(config)
     saved_model_dir = write_savedmodel(
         model, vocabulary_path, config.vocabulary_size, config.max_tokens, Path(directory) / "savedmodel"

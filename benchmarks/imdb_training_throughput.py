@@ -22,8 +22,8 @@ import tensorflow as tf  # noqa: E402
 
 import models.sentiment_classifier as sentiment_classifier  # noqa: E402
 from keras_attn import TransformerEncoder  # noqa: E402
-from pipelines.imdb_data import adapt_vectorizer  # noqa: E402
-from pipelines.imdb_data import dense_token_ids  # noqa: E402
+from models.imdb_text import adapt_review_vectorizer  # noqa: E402
+from models.imdb_text import dense_token_ids  # noqa: E402
 
 _KERAS_MHA_ARGUMENTS = set(inspect.signature(keras.layers.MultiHeadAttention.__init__).parameters)
 
@@ -61,7 +61,7 @@ def training_data(config, count, batch_size):
     reviews = common.imdb_test_reviews(count)
     texts = tf.constant([text for text, _ in reviews])
     labels = tf.constant([[float(label)] for _, label in reviews])
-    vectorizer = adapt_vectorizer(tf.data.Dataset.from_tensor_slices(texts), config.vocabulary_size)
+    vectorizer = adapt_review_vectorizer(tf.data.Dataset.from_tensor_slices(texts), config.vocabulary_size)
     ids = dense_token_ids(texts, vectorizer, config.max_tokens)  # (count, longest) int32
     return tf.data.Dataset.from_tensor_slices((ids, labels)).batch(batch_size, drop_remainder=True).cache()
 

@@ -19,7 +19,7 @@ import tensorflow as tf
 import tf2onnx
 
 from export import onnx_predictor
-from pipelines.imdb_data import tokenizer_rules
+from models.imdb_text import tokenizer_rules
 
 OPSET = 18
 INPUT_NAME = "token_ids"

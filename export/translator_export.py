@@ -23,50 +23,35 @@ Any disagreement raises `ExportVerificationError` and publishes nothing.
 import argparse
 import json
 import os
-import subprocess
-import sys
-import tempfile
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from export.savedmodel import publish
-from export.savedmodel import staging_directory
+from export.fresh_process import ExportVerificationError
+from export.fresh_process import serve_in_fresh_process
+from export.serving_layout import SIGNATURE
+from export.serving_layout import publish
+from export.serving_layout import staging_directory
 from models.decoding import cross_attention_caches
+from models.decoding import decode_sentences
 from models.decoding import decoder_step
+from models.decoding import make_decoder
 from models.decoding import translate_ids
-from pipelines.translate import decode_sentences
-from pipelines.translate import load_run
-from pipelines.translate import make_decoder
-from pipelines.translation_data import PADDING_ID
-from pipelines.translation_data import detokenize
-from pipelines.translation_data import make_vectorizer
+from models.translation_text import detokenize
+from models.translation_text import translation_vectorizer
+from models.translator_run import held_out_sources
+from models.translator_run import load_run
+from models.vocabulary import PADDING_ID
 
 MODEL_NAME = "translator"
 ONNX_OPSET = 18
 SIGNATURE_INPUT = "source"
 SIGNATURE_OUTPUT = "translation"
 
-# Runs in a fresh interpreter (`python -I`, outside the repository): TensorFlow only.
-_RELOAD_SCRIPT = """
-import json, sys
-import tensorflow as tf
-serving = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-sentences = json.load(open(sys.argv[2], encoding="utf-8"))
-out = serving(source=tf.constant(sentences, tf.string))["translation"].numpy()
-project = sorted(m for m in sys.modules if m.split(".")[0] in ("keras_attn", "models", "pipelines", "export"))
-print(json.dumps({"translations": [t.decode("utf-8") for t in out], "project_modules": project}))
-"""
-
-
-class ExportVerificationError(RuntimeError):
-    """An exported artifact does not reproduce the Keras model's output."""
-
-
 def serving_function(model, vectorizers):
     """`serve(source) -> {"translation": ...}`: raw strings in, translated strings out."""
-    source_vectorizer = make_vectorizer(
+    source_vectorizer = translation_vectorizer(
         vectorizers.source_vocabulary, lowercase=True, sequence_length=vectorizers.sequence_length
     )
     source_vectorizer.build((None,))
@@ -90,7 +75,7 @@ def write_saved_model(model, vectorizers, path):
     archive.track(model)
     archive.track(source_vectorizer)
     archive.add_endpoint(
-        name="serving_default",
+        name=SIGNATURE,
         fn=serve,
         input_signature=[tf.TensorSpec((None,), tf.string, name=SIGNATURE_INPUT)],
     )
@@ -232,26 +217,7 @@ def onnx_greedy_decode(directory, source_ids):
 
 def reload_translations(saved_model_dir, sentences):
     """Translations from the SavedModel, loaded in a fresh process without project code."""
-    with tempfile.TemporaryDirectory() as scratch:
-        inputs = os.path.join(scratch, "sentences.json")
-        with open(inputs, "w", encoding="utf-8") as handle:
-            json.dump(sentences, handle, ensure_ascii=False)
-        environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-        environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        result = subprocess.run(
-            [sys.executable, "-I", "-c", _RELOAD_SCRIPT, os.path.abspath(saved_model_dir), inputs],
-            cwd=scratch,
-            env=environment,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    if result.returncode:
-        raise ExportVerificationError(f"Reloading the SavedModel failed:\n{result.stderr[-4000:]}")
-    payload = json.loads(result.stdout.strip().splitlines()[-1])
-    if payload["project_modules"]:
-        raise ExportVerificationError(f"The reload imported project code: {payload['project_modules']}")
-    return payload["translations"]
+    return serve_in_fresh_process(saved_model_dir, {SIGNATURE_INPUT: list(sentences)})[SIGNATURE_OUTPUT]
 
 
 def _first_mismatch(expected, received):
@@ -294,7 +260,7 @@ def verify_export(model, vectorizers, version_dir, sentences):
 def export_translator(model, vectorizers, export_dir, sentences):
     """Writes, verifies and atomically publishes `<export_dir>/translator/<version>`.
 
-    The same staging and publishing as the IMDB export (`export.savedmodel`): built in a readable
+    The same staging and publishing as the IMDB export (`export.serving_layout`): built in a readable
     hidden directory beside the versions, renamed to the next free version only once verified.
     """
     model_dir = os.path.join(export_dir, MODEL_NAME)
@@ -313,25 +279,9 @@ def main(argv=None):
     parser.add_argument("--verify-sentences", type=int, default=200, help="test sentences checked")
     args = parser.parse_args(argv)
     model, vectorizers, _ = load_run(args.run)
-    sentences = verification_sentences(args.run, args.verify_sentences)
+    sentences = held_out_sources(args.run, args.verify_sentences)
     path, report = export_translator(model, vectorizers, args.export_dir, sentences)
     print(json.dumps({"export": path, **report}, indent=2))
-
-
-def verification_sentences(run_dir, count):
-    """`count` evenly spaced source sentences of the run's recorded test split."""
-    from pipelines.translation_data import orient_pairs
-    from pipelines.translation_data import read_pairs
-    from pipelines.translation_data import read_split
-
-    with open(os.path.join(run_dir, "run_config.json"), encoding="utf-8") as handle:
-        run_config = json.load(handle)
-    sources, _ = orient_pairs(
-        read_pairs(run_config["data"]), run_config["columns"], run_config["source"], run_config["target"]
-    )
-    test = read_split(os.path.join(run_dir, "split.json"))["test"]
-    chosen = test[np.linspace(0, len(test) - 1, min(count, len(test))).astype(int)]
-    return [sources[i] for i in chosen]
 
 
 if __name__ == "__main__":

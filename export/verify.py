@@ -14,8 +14,6 @@ Probabilities must agree within `atol` (1e-5) and labels exactly (away from 0.5)
 both renamed into place (new version numbers, never overwriting) and `models.config` updated.
 """
 
-import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -26,30 +24,13 @@ import tensorflow as tf
 
 from export import onnx_export
 from export import savedmodel
+from export import serving_layout
+from export.fresh_process import ExportVerificationError
+from export.fresh_process import serve_in_fresh_process
 from export.onnx_predictor import OnnxSentimentPredictor
-from pipelines.imdb_data import dense_token_ids
+from models.imdb_text import dense_token_ids
 
 ATOL = 1e-5
-_PROJECT_PACKAGES = ("keras_attn", "models", "pipelines", "export")
-
-# Runs in a fresh interpreter whose working directory and path hold no project code.
-_FRESH_PROCESS_SCRIPT = """
-import json, sys
-import tensorflow as tf
-saved_model_dir, reviews_path, output_path, project_packages = sys.argv[1:5]
-with open(reviews_path, encoding="utf-8") as file:
-    reviews = json.load(file)
-serve = tf.saved_model.load(saved_model_dir).signatures["serving_default"]
-outputs = serve(reviews=tf.constant(reviews, tf.string))
-imported = sorted(name for name in sys.modules if name.split(".")[0] in project_packages.split(","))
-with open(output_path, "w") as file:
-    json.dump({"probability": outputs["probability"].numpy().tolist(),
-               "label": outputs["label"].numpy().tolist(), "project_modules": imported}, file)
-"""
-
-
-class ExportVerificationError(RuntimeError):
-    """An export disagrees with the Keras model (or could not be run); nothing was published."""
 
 
 def verification_reviews(reviews, count=12):
@@ -68,18 +49,7 @@ def keras_reference(model, vectorizer, sequence_length, reviews):
 
 def run_fresh_process(saved_model_dir, reviews):
     """Serves `reviews` from the SavedModel in a new interpreter with TensorFlow only."""
-    with tempfile.TemporaryDirectory() as scratch:
-        reviews_path, output_path = Path(scratch) / "reviews.json", Path(scratch) / "outputs.json"
-        reviews_path.write_text(json.dumps(reviews), encoding="utf-8")
-        env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-        command = [sys.executable, "-c", _FRESH_PROCESS_SCRIPT, str(Path(saved_model_dir).resolve()),
-                   str(reviews_path), str(output_path), ",".join(_PROJECT_PACKAGES)]
-        result = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise ExportVerificationError(f"Reloading the SavedModel in a fresh process failed:\n{result.stderr[-4000:]}")
-        outputs = json.loads(output_path.read_text())
-    if outputs["project_modules"]:
-        raise ExportVerificationError(f"The fresh process imported project code: {outputs['project_modules']}")
+    outputs = serve_in_fresh_process(saved_model_dir, {savedmodel.INPUT_NAME: list(reviews)})
     return np.asarray(outputs["probability"], np.float32), np.asarray(outputs["label"])
 
 
@@ -90,7 +60,7 @@ def run_saved_model_cli(saved_model_dir, reviews):
         inputs = Path(scratch) / "reviews.npy"
         np.save(inputs, np.array([review.encode("utf-8") for review in reviews], dtype=object))
         command = [str(cli), "run", "--dir", str(saved_model_dir), "--tag_set", "serve",
-                   "--signature_def", savedmodel.SIGNATURE, "--inputs", f"{savedmodel.INPUT_NAME}={inputs}",
+                   "--signature_def", serving_layout.SIGNATURE, "--inputs", f"{savedmodel.INPUT_NAME}={inputs}",
                    "--outdir", str(Path(scratch) / "out")]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
@@ -159,17 +129,18 @@ def export_and_verify(model, vectorizer, vocabulary_path, sequence_length, revie
         `{"savedmodel": path, "onnx": path, "models_config": path, "parity": {...}}`.
     """
     export_dir = Path(export_dir).resolve()
-    with savedmodel.staging_directory(export_dir / model_name) as saved_staging, \
-            savedmodel.staging_directory(export_dir / "onnx" / model_name) as onnx_staging:
+    with serving_layout.staging_directory(export_dir / model_name) as saved_staging, \
+            serving_layout.staging_directory(export_dir / "onnx" / model_name) as onnx_staging:
         savedmodel.write_savedmodel(model, vocabulary_path, vectorizer.vocabulary_size(), sequence_length, saved_staging)
-        savedmodel.write_warmup_requests(saved_staging, model_name, reviews[:8])
+        warmup_batches = [reviews[:1], reviews[:8]]  # one review alone, then a batch
+        serving_layout.write_warmup_requests(saved_staging, model_name, savedmodel.INPUT_NAME, warmup_batches)
         onnx_export.write_onnx_bundle(model, vocabulary_path, sequence_length, onnx_staging)
         parity = verify_exports(model, vectorizer, sequence_length, saved_staging, onnx_staging, reviews, atol)
-        saved_path = savedmodel.publish(saved_staging, export_dir / model_name)
-        onnx_path = savedmodel.publish(onnx_staging, export_dir / "onnx" / model_name)
+        saved_path = serving_layout.publish(saved_staging, export_dir / model_name)
+        onnx_path = serving_layout.publish(onnx_staging, export_dir / "onnx" / model_name)
     return {
         "savedmodel": str(saved_path),
         "onnx": str(onnx_path),
-        "models_config": str(savedmodel.write_models_config(export_dir)),
+        "models_config": str(serving_layout.write_models_config(export_dir)),
         "parity": parity,
     }

@@ -14,10 +14,11 @@ Two step functions share one search:
 """
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from keras_attn.transformer_decoder import compute_cross_attention_cache
-from pipelines.translation_data import PADDING_ID
+from models.vocabulary import PADDING_ID
 
 _NEGATIVE_INFINITY = -1e9
 
@@ -210,3 +211,32 @@ def translate_ids(
     if beam_size == 1:
         return greedy_search(step, state, batch_size, max_length, start_id, end_id)
     return beam_search(step, state, batch_size, max_length, start_id, end_id, beam_size, length_penalty)
+
+
+def make_decoder(model, vectorizers, beam_size=1, jit_compile=False, use_cache=True):
+    """A `tf.function` mapping `(batch, sequence_length)` source ids to target ids."""
+
+    @tf.function(
+        jit_compile=jit_compile,
+        input_signature=[tf.TensorSpec((None, vectorizers.sequence_length), tf.int32)],
+    )
+    def decode(source_ids):
+        return translate_ids(
+            model,
+            source_ids,
+            vectorizers.start_id,
+            vectorizers.end_id,
+            beam_size=beam_size,
+            use_cache=use_cache,
+        )
+
+    return decode
+
+
+def decode_sentences(decoder, vectorizers, sentences, batch_size=256):
+    """Target token lists for `sentences`, decoded `batch_size` at a time."""
+    tokens = []
+    for begin in range(0, len(sentences), batch_size):
+        ids = decoder(vectorizers.source_ids(sentences[begin : begin + batch_size])).numpy()
+        tokens.extend(vectorizers.target_tokens(row) for row in ids)
+    return tokens

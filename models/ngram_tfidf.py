@@ -5,11 +5,11 @@ import numpy as np
 from keras import ops
 
 from keras_attn.utils import check_positive_int
+from models.serialization import register_serializable
+from models.vocabulary import FIRST_TOKEN_ID
 
-RESERVED_IDS = 2  # 0 = padding, 1 = out-of-vocabulary: never features
 
-
-@keras.saving.register_keras_serializable(package="keras_attn_models")
+@register_serializable()
 class NgramTfIdf(keras.layers.Layer):
     """TF-IDF vector (norm `scale`) of the unigrams and hashed bigrams of each token-id sequence, sparse.
 
@@ -81,7 +81,7 @@ class NgramTfIdf(keras.layers.Layer):
         token_ids = ops.cast(token_ids, "int32")
         first, second = token_ids[:, :-1], token_ids[:, 1:]  # (batch, seq - 1) each
         bigrams = ops.mod(first * self.multiplier + second, self.num_buckets) + self.vocabulary_size
-        real = ops.logical_and(first >= RESERVED_IDS, second >= RESERVED_IDS)  # (batch, seq - 1)
+        real = ops.logical_and(first >= FIRST_TOKEN_ID, second >= FIRST_TOKEN_ID)  # (batch, seq - 1)
         bigrams = ops.where(real, bigrams, ops.zeros_like(bigrams))
         return ops.concatenate([token_ids, bigrams], axis=1)  # (batch, 2 * seq - 1)
 
@@ -89,7 +89,7 @@ class NgramTfIdf(keras.layers.Layer):
         """Sorted feature ids `(batch, 2 * seq - 1)` and where each feature is counted (once)."""
         features = ops.sort(self.feature_ids(token_ids), axis=-1)  # (batch, 2 * seq - 1)
         previous = ops.concatenate([ops.full_like(features[:, :1], -1), features[:, :-1]], axis=1)
-        return features, ops.logical_and(features != previous, features >= RESERVED_IDS)
+        return features, ops.logical_and(features != previous, features >= FIRST_TOKEN_ID)
 
     def call(self, token_ids):
         features, counted = self.first_occurrences(token_ids)  # (batch, 2 * seq - 1) each

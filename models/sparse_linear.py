@@ -4,9 +4,10 @@ import keras
 from keras import ops
 
 from keras_attn.utils import check_positive_int
+from models.serialization import register_serializable
 
 
-@keras.saving.register_keras_serializable(package="keras_attn_models")
+@register_serializable()
 class SparseLinear(keras.layers.Layer):
     """`Dense` on a sparse vector: `sum_i values[i] * kernel[features[i]] + bias`.
 

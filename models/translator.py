@@ -14,8 +14,8 @@ from keras import ops
 from keras_attn.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.transformer_decoder import TransformerDecoder
 from keras_attn.transformer_encoder import TransformerEncoder
-from pipelines.common import adamw_with_warmup
-from pipelines.translation_data import PADDING_ID
+from models.serialization import register_serializable
+from models.vocabulary import PADDING_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +44,7 @@ def build_translator(config):
     return model
 
 
-@keras.saving.register_keras_serializable(package="keras_attn")
+@register_serializable("keras_attn")
 class Translator(keras.Model):
     """Transformer encoder-decoder for sequence-to-sequence translation.
 
@@ -224,7 +224,7 @@ class Translator(keras.Model):
         return config
 
 
-@keras.saving.register_keras_serializable(package="keras_attn")
+@register_serializable("keras_attn")
 class TokenAccuracy(keras.metrics.Metric):
     """Share of non-padding target tokens whose arg-max prediction is right (over all batches).
 
@@ -264,16 +264,3 @@ class TokenAccuracy(keras.metrics.Metric):
 def translation_loss():
     """Cross-entropy over target tokens that ignores padding (mean over real tokens)."""
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=PADDING_ID)
-
-
-def compile_translator(
-    model, learning_rate, total_steps, warmup_fraction=0.05, weight_decay=0.01, jit_compile=False
-):
-    """AdamW with linear warm-up then cosine decay, the padding-aware loss and token accuracy."""
-    model.compile(
-        optimizer=adamw_with_warmup(learning_rate, total_steps, warmup_fraction, weight_decay),
-        loss=translation_loss(),
-        metrics=[TokenAccuracy()],
-        jit_compile=jit_compile,
-    )
-    return model

@@ -9,14 +9,11 @@ Nothing here is specific to one data set. Typical use in a training CLI:
         model.compile(optimizer=adamw_with_warmup(lr, total_steps), ..., jit_compile=args.jit_compile)
     model.fit(..., callbacks=training_callbacks(output_dir, monitor="val_accuracy"))
     restore_best_weights(model, output_dir)
-    write_json_atomic(output_dir / "summary.json", summary)
+    write_json_atomic(output_dir / "summary.json", summary)  # models.files
 """
 
 import csv
-import hashlib
-import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -133,25 +130,11 @@ def steps_per_epoch(examples, batch_size):
     return max(1, math.ceil(examples / batch_size))
 
 
-def file_sha256(path):
-    """Hex SHA-256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def bucket_boundaries(sequence_length, width):
+    """`bucket_by_sequence_length` boundaries padding batches to multiples of `width`, at most `sequence_length`.
 
-
-def write_text_atomic(path, text):
-    """Writes UTF-8 `text` to `path` through a temporary file and a rename (never half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
-    return path
-
-
-def write_json_atomic(path, payload):
-    """Writes `payload` as indented JSON with `write_text_atomic`."""
-    return write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    A length `n` goes to the first bucket whose boundary exceeds it, so the boundaries are the
+    padded lengths `width, 2 * width, ..., sequence_length` plus one.
+    """
+    lengths = list(range(width, sequence_length, width)) + [sequence_length]
+    return [length + 1 for length in lengths]

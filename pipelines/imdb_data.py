@@ -23,18 +23,16 @@ import json
 import os
 import re
 import shutil
-import string
 import tarfile
 import tempfile
 import zlib
 from pathlib import Path
 
-import keras
 import numpy as np
 import tensorflow as tf
 
-from pipelines.common import file_sha256
-from pipelines.common import write_text_atomic
+from models.files import file_sha256
+from pipelines.common import bucket_boundaries
 
 DATA_ENV_VARS = ("KERAS_ATTN_DATA", "IMDB_DATA_DIR")
 CACHE_ENV_VAR = "KERAS_ATTN_CACHE"
@@ -44,16 +42,6 @@ SPLITS = ("train", "test")
 _MEMBER = re.compile(r"^aclImdb/(train|test)/(pos|neg)/(\d+)_(\d+)\.txt$")
 _SHUFFLE_SEED = 20110619  # fixed: the stored order (and so the validation slice) never changes
 _CACHE_VERSION = 1
-
-# The standardisation applied before whitespace splitting, in this order. The SavedModel runs it
-# with TF string ops; the ONNX predictor reads these rules and applies them in Python.
-STANDARDIZATION = {
-    "lowercase": "ascii",
-    "replace": [["<br />", " "]],
-    "strip_characters": string.punctuation,
-    "split": "ascii_whitespace",
-}
-
 
 class ImdbDataError(ValueError):
     """The IMDB data could not be found or read; the message lists every place looked at."""
@@ -233,60 +221,6 @@ def load_cache(data=None, cache_dir=None, allow_download=True, environ=None):
     return ImdbCache(directory=target, source=meta["source"], counts=meta["counts"])
 
 
-@keras.saving.register_keras_serializable(package="keras_attn_pipelines")
-def standardize(texts):
-    """Lowercase (ASCII), `<br />` -> space, strip ASCII punctuation: the rules in STANDARDIZATION."""
-    texts = tf.strings.lower(texts)  # default encoding "": ASCII letters only
-    for old, new in STANDARDIZATION["replace"]:
-        texts = tf.strings.regex_replace(texts, re.escape(old), new)
-    return tf.strings.regex_replace(texts, f"[{re.escape(STANDARDIZATION['strip_characters'])}]", "")
-
-
-def make_vectorizer(vocabulary_size, vocabulary=None):
-    """`TextVectorization` with the project's standardisation; ids 0 = padding, 1 = OOV."""
-    return keras.layers.TextVectorization(
-        max_tokens=vocabulary_size,
-        standardize=standardize,
-        split="whitespace",
-        output_mode="int",
-        ragged=True,
-        vocabulary=vocabulary,
-    )
-
-
-def adapt_vectorizer(texts, vocabulary_size):
-    """A vectoriser adapted on `texts` (a dataset of strings): the training split only."""
-    vectorizer = make_vectorizer(vocabulary_size)
-    vectorizer.adapt(texts.batch(1024))
-    return vectorizer
-
-
-PADDING_ID = 0
-OOV_ID = 1
-FIRST_TOKEN_ID = 2
-
-
-def save_vocabulary(vectorizer, path):
-    """Writes the vocabulary atomically, one token a line: line `i` is id `FIRST_TOKEN_ID + i`.
-
-    The reserved ids (0 padding, 1 out-of-vocabulary) are not in the file: it is the format
-    `TextVectorization(vocabulary=path)` reads back.
-    """
-    tokens = vectorizer.get_vocabulary(include_special_tokens=False)
-    return write_text_atomic(path, "".join(f"{token}\n" for token in tokens))
-
-
-def tokenizer_rules(sequence_length):
-    """Everything a client needs besides the vocabulary to tokenise exactly as training did."""
-    return {
-        **STANDARDIZATION,
-        "sequence_length": sequence_length,
-        "padding_id": PADDING_ID,
-        "oov_id": OOV_ID,
-        "first_token_id": FIRST_TOKEN_ID,
-    }
-
-
 @dataclasses.dataclass(frozen=True)
 class ImdbSplits:
     """Raw `(text, label)` datasets of the three splits and their sizes."""
@@ -325,16 +259,6 @@ def split_reviews(cache, validation_size, max_train=None, max_test=None):
     )
 
 
-def dense_token_ids(texts, vectorizer, sequence_length):
-    """Int32 ids `(batch, longest row)` (at least one column) for a batch of strings, 0-padded.
-
-    What serving and verification feed the model; training batches differ only in padding.
-    """
-    ids = vectorizer(texts)[:, :sequence_length].to_tensor()  # (batch, longest <= sequence_length)
-    at_least_one = tf.maximum(1 - tf.shape(ids)[1], 0)
-    return tf.cast(tf.pad(ids, [[0, 0], [0, at_least_one]]), tf.int32)
-
-
 def token_ids(reviews, vectorizer, sequence_length):
     """`(text, label)` -> `(ids, label)`, ids int32 1-D, truncated to `sequence_length`; cached."""
     vectorized = reviews.batch(256).map(
@@ -343,12 +267,6 @@ def token_ids(reviews, vectorizer, sequence_length):
     return vectorized.unbatch().map(
         lambda ids, label: (tf.cast(ids[:sequence_length], tf.int32), label)
     ).cache()
-
-
-def bucket_boundaries(sequence_length, width=64):
-    """Lengths the batches are padded to: multiples of `width` up to `sequence_length`."""
-    lengths = list(range(width, sequence_length, width)) + [sequence_length]
-    return [length + 1 for length in lengths]  # bucket_by_sequence_length: length < boundary
 
 
 def batched(ids, batch_size, sequence_length, shuffle=False, seed=None, drop_remainder=False):
@@ -360,7 +278,7 @@ def batched(ids, batch_size, sequence_length, shuffle=False, seed=None, drop_rem
     """
     if shuffle:
         ids = ids.shuffle(50_000, seed=seed, reshuffle_each_iteration=True)
-    boundaries = bucket_boundaries(sequence_length)
+    boundaries = bucket_boundaries(sequence_length, width=64)
     return ids.bucket_by_sequence_length(
         element_length_func=lambda token_ids_, label: tf.shape(token_ids_)[0],
         bucket_boundaries=boundaries,

@@ -16,6 +16,7 @@ import time
 
 from export.verify import export_and_verify
 from export.verify import verification_reviews
+from models.files import write_json_atomic
 from pipelines import common
 from pipelines import train_imdb
 
@@ -60,7 +61,7 @@ def main(argv=None):
         "training_summary": str(run.output_dir / "summary.json"),
         "main_job_seconds": round(time.perf_counter() - started, 1),
     }
-    common.write_json_atomic(run.output_dir / "main_job.json", summary)
+    write_json_atomic(run.output_dir / "main_job.json", summary)
     print(json.dumps(summary, indent=2, sort_keys=True))
     return summary
 

@@ -18,11 +18,13 @@ from pathlib import Path
 
 import keras
 
+from models import imdb_text
 from models.sentiment_classifier import BRANCHES
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import fit_ensemble
 from models.sentiment_classifier import training_model
+from models.files import write_json_atomic
 from pipelines import common
 from pipelines import imdb_data
 
@@ -122,8 +124,8 @@ def train(args):
 
     cache = imdb_data.load_cache(args.data, args.cache_dir, allow_download=not args.no_download)
     splits = imdb_data.split_reviews(cache, **data_limits(args))
-    vectorizer = imdb_data.adapt_vectorizer(splits.train.map(lambda text, label: text), config.vocabulary_size)
-    vocabulary_path = imdb_data.save_vocabulary(vectorizer, output_dir / "vocabulary.txt")
+    vectorizer = imdb_text.adapt_review_vectorizer(splits.train.map(lambda text, label: text), config.vocabulary_size)
+    vocabulary_path = imdb_text.save_review_vocabulary(vectorizer, output_dir / "vocabulary.txt")
     config = dataclasses.replace(config, vocabulary_size=vectorizer.vocabulary_size())
 
     def batches(ids, **options):
@@ -198,7 +200,7 @@ def train(args):
         "test_accuracy_by_branch": {branch: test[f"{branch}_accuracy"] for branch in BRANCHES},
         "test_loss": test["loss"],  # the sum of the branch losses
     }
-    common.write_json_atomic(output_dir / "summary.json", summary)
+    write_json_atomic(output_dir / "summary.json", summary)
     return TrainingRun(model, trainer, vectorizer, config, splits, summary, output_dir)
 
 

@@ -29,15 +29,25 @@ import numpy as np
 import sacrebleu
 import tensorflow as tf
 
+from models.decoding import decode_sentences
+from models.decoding import make_decoder
+from models.parallel_text import orient_pairs
+from models.parallel_text import read_pairs
+from models.translation_text import TranslationVectorizers
+from models.translation_text import detokenize
+from models.translator import TokenAccuracy
 from models.translator import TranslatorConfig
 from models.translator import build_translator
-from models.translator import compile_translator
+from models.translator import translation_loss
+from models.translator_run import MODEL_FILE
+from models.translator_run import RUN_CONFIG
+from models.translator_run import SPLIT_FILE
+from models.translator_run import load_run
+from models.translator_run import read_split
+from models.translator_run import write_split
+from models.files import write_json_atomic
 from pipelines import common
 from pipelines import translation_data
-from pipelines.translate import MODEL_FILE
-from pipelines.translate import RUN_CONFIG
-from pipelines.translate import decode_sentences
-from pipelines.translate import make_decoder
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spa-eng" / "spa-eng.zip"
 SMOKE_MODEL = TranslatorConfig(
@@ -52,6 +62,19 @@ SMOKE_MODEL = TranslatorConfig(
 )
 SMOKE_DATA = {"max_pairs": 1_500, "max_test": 64}
 NUM_EXAMPLES = 8
+
+
+def compile_translator(
+    model, learning_rate, total_steps, warmup_fraction=0.05, weight_decay=0.01, jit_compile=False
+):
+    """AdamW with linear warm-up then cosine decay, the padding-aware loss and token accuracy."""
+    model.compile(
+        optimizer=common.adamw_with_warmup(learning_rate, total_steps, warmup_fraction, weight_decay),
+        loss=translation_loss(),
+        metrics=[TokenAccuracy()],
+        jit_compile=jit_compile,
+    )
+    return model
 
 
 def parse_args(argv=None):
@@ -124,18 +147,18 @@ def pair_columns(args):
 
 def load_split_pairs(args, output_dir):
     """Reads the pairs, orients them, and makes (or reuses) the seeded split recorded in the run."""
-    sources, targets = translation_data.orient_pairs(
-        translation_data.read_pairs(args.data), pair_columns(args), args.source, args.target
+    sources, targets = orient_pairs(
+        read_pairs(args.data), pair_columns(args), args.source, args.target
     )
     max_pairs = args.max_pairs or (SMOKE_DATA["max_pairs"] if args.smoke else None)
     if max_pairs:
         sources, targets = sources[:max_pairs], targets[:max_pairs]
-    split_path = output_dir / "split.json"
+    split_path = output_dir / SPLIT_FILE
     if split_path.is_file():
-        split = translation_data.read_split(split_path)
+        split = read_split(split_path)
     else:
         split = translation_data.split_indices(len(sources), args.seed, args.validation_fraction, args.test_fraction)
-        translation_data.write_split(split_path, split, args.data, args.seed)
+        write_split(split_path, split, args.data, args.seed)
     return {
         name: ([sources[i] for i in indices], [targets[i] for i in indices]) for name, indices in split.items()
     }
@@ -143,11 +166,11 @@ def load_split_pairs(args, output_dir):
 
 def load_or_build_vectorizers(pairs, config, output_dir):
     if (output_dir / "target_vocabulary.txt").is_file():
-        return translation_data.TranslationVectorizers.load(output_dir, config.sequence_length)
+        return TranslationVectorizers.load(output_dir, config.sequence_length)
     source_vocabulary, target_vocabulary = translation_data.build_vocabularies(
         *pairs["train"], config.source_vocabulary_size, config.target_vocabulary_size
     )
-    vectorizers = translation_data.TranslationVectorizers(
+    vectorizers = TranslationVectorizers(
         source_vocabulary, target_vocabulary, config.sequence_length
     )
     vectorizers.save(output_dir)
@@ -218,7 +241,7 @@ def train(args):
     common.restore_best_weights(model, output_dir)
     model = scoring_translator(model, config, args.learning_rate, total_steps)
     model.save(output_dir / MODEL_FILE)
-    common.write_json_atomic(
+    write_json_atomic(
         output_dir / RUN_CONFIG,
         {
             "source": args.source,
@@ -257,7 +280,7 @@ def train(args):
         "test_loss": test["loss"],
         **evaluation,
     }
-    common.write_json_atomic(output_dir / "summary.json", summary)
+    write_json_atomic(output_dir / "summary.json", summary)
     return summary
 
 
@@ -280,7 +303,7 @@ def evaluate_bleu(model, vectorizers, sources, references, args):
         sources, references = [sources[i] for i in chosen], [references[i] for i in chosen]
     decoder = make_decoder(model, vectorizers, beam_size=args.beam_size, jit_compile=args.jit_compile)
     started = time.perf_counter()
-    hypotheses = translation_data.detokenize(decode_sentences(decoder, vectorizers, sources))
+    hypotheses = detokenize(decode_sentences(decoder, vectorizers, sources))
     decoding_seconds = time.perf_counter() - started
     bleu, signature = score_translations(hypotheses, references)
     return {
@@ -310,7 +333,6 @@ def _best_epoch(output_dir):
 
 def evaluate_run(args):
     """Scores a finished run's saved model on its recorded test split; writes evaluation_beam<K>.json."""
-    from pipelines.translate import load_run
 
     output_dir = Path(args.output_dir)
     model, vectorizers, run_config = load_run(output_dir)
@@ -319,7 +341,7 @@ def evaluate_run(args):
     args = argparse.Namespace(**{**vars(args), **recorded, "columns": ",".join(run_config["columns"])})
     sources, references = load_split_pairs(args, output_dir)["test"]
     summary = evaluate_bleu(model, vectorizers, sources, references, args)
-    common.write_json_atomic(output_dir / f"evaluation_beam{args.beam_size}.json", summary)
+    write_json_atomic(output_dir / f"evaluation_beam{args.beam_size}.json", summary)
     return summary
 
 

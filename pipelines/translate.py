@@ -9,66 +9,19 @@ whose newest version is used) and needs no project code to run.
 """
 
 import argparse
-import json
 import os
 import sys
 
 import numpy as np
 import tensorflow as tf
 
-RUN_CONFIG = "run_config.json"
-MODEL_FILE = "translator.keras"
-
-
-def load_run(run_dir):
-    """`(model, vectorizers, run_config)` of a finished training run."""
-    import keras
-
-    from models import translator  # noqa: F401  (registers the serialisable classes)
-    from pipelines.translation_data import TranslationVectorizers
-
-    config_path = os.path.join(run_dir, RUN_CONFIG)
-    if not os.path.isfile(config_path):
-        raise ValueError(f"`run_dir` holds no {RUN_CONFIG}. Received: run_dir={run_dir!r}")
-    with open(config_path, encoding="utf-8") as handle:
-        run_config = json.load(handle)
-    model = keras.saving.load_model(os.path.join(run_dir, MODEL_FILE), compile=False)
-    vectorizers = TranslationVectorizers.load(run_dir, model.sequence_length)
-    return model, vectorizers, run_config
-
-
-def make_decoder(model, vectorizers, beam_size=1, jit_compile=False, use_cache=True):
-    """A `tf.function` mapping `(batch, sequence_length)` source ids to target ids."""
-    from models.decoding import translate_ids
-
-    @tf.function(
-        jit_compile=jit_compile,
-        input_signature=[tf.TensorSpec((None, vectorizers.sequence_length), tf.int32)],
-    )
-    def decode(source_ids):
-        return translate_ids(
-            model,
-            source_ids,
-            vectorizers.start_id,
-            vectorizers.end_id,
-            beam_size=beam_size,
-            use_cache=use_cache,
-        )
-
-    return decode
-
-
-def decode_sentences(decoder, vectorizers, sentences, batch_size=256):
-    """Target token lists for `sentences`, decoded `batch_size` at a time."""
-    tokens = []
-    for begin in range(0, len(sentences), batch_size):
-        ids = decoder(vectorizers.source_ids(sentences[begin : begin + batch_size])).numpy()
-        tokens.extend(vectorizers.target_tokens(row) for row in ids)
-    return tokens
-
 
 def translate_with_run(run_dir, sentences, beam_size=1, batch_size=256):
-    from pipelines.translation_data import detokenize
+    """Translations from a training run (imports the model code only here: `--export` needs none)."""
+    from models.decoding import decode_sentences
+    from models.decoding import make_decoder
+    from models.translation_text import detokenize
+    from models.translator_run import load_run
 
     model, vectorizers, _ = load_run(run_dir)
     decoder = make_decoder(model, vectorizers, beam_size=beam_size)

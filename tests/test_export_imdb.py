@@ -18,6 +18,7 @@ from models.sentiment_classifier import fit_ensemble
 from pipelines import imdb_data
 from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
 from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
+from models import imdb_text
 
 CONFIG = SentimentClassifierConfig(
     vocabulary_size=800,
@@ -53,8 +54,8 @@ def trained(small_imdb_archive, imdb_cache_dir, tmp_path_factory):
     keras.utils.set_random_seed(7)
     cache = imdb_data.load_cache(small_imdb_archive, imdb_cache_dir)
     splits = imdb_data.split_reviews(cache, validation_size=60)
-    vectorizer = imdb_data.adapt_vectorizer(splits.train.map(lambda text, label: text), CONFIG.vocabulary_size)
-    vocabulary = imdb_data.save_vocabulary(vectorizer, tmp_path_factory.mktemp("run") / "vocabulary.txt")
+    vectorizer = imdb_text.adapt_review_vectorizer(splits.train.map(lambda text, label: text), CONFIG.vocabulary_size)
+    vocabulary = imdb_text.save_review_vocabulary(vectorizer, tmp_path_factory.mktemp("run") / "vocabulary.txt")
     model = build_sentiment_classifier(CONFIG)
     model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="binary_crossentropy")
     batches = imdb_data.batched(imdb_data.token_ids(splits.train, vectorizer, CONFIG.max_tokens), 32, CONFIG.max_tokens)
@@ -145,7 +146,7 @@ def test_onnx_tokenisation_equals_training_on_every_review(exported, trained):
     export_dir, _, _ = exported
     predictor = OnnxSentimentPredictor(export_dir / "onnx" / "imdb_sentiment" / "1")
     reviews = trained.test_reviews + ODD_REVIEWS
-    expected = imdb_data.dense_token_ids(tf.constant(reviews), trained.vectorizer, CONFIG.max_tokens)
+    expected = imdb_text.dense_token_ids(tf.constant(reviews), trained.vectorizer, CONFIG.max_tokens)
     np.testing.assert_array_equal(predictor.token_ids(reviews), expected.numpy())
     # The serving helper itself against the training pipeline's ids (imdb_data.token_ids).
     labelled = tf.data.Dataset.from_tensor_slices((reviews, [0] * len(reviews)))
@@ -153,7 +154,7 @@ def test_onnx_tokenisation_equals_training_on_every_review(exported, trained):
     training_ids = [ids for ids, _ in training.as_numpy_iterator()]
     for row, ids in zip(expected.numpy(), training_ids):
         np.testing.assert_array_equal(row[: len(ids)], ids)
-        assert np.all(row[len(ids) :] == imdb_data.PADDING_ID)
+        assert np.all(row[len(ids) :] == imdb_text.PADDING_ID)
 
 
 def test_onnx_bundle_runs_without_project_code(exported, trained, tmp_path):

@@ -11,6 +11,7 @@ from pipelines import imdb_data
 from tests.imdb_fixtures import PER_CLASS
 from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
 from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
+from models import imdb_text
 
 
 def archive_reviews(archive):
@@ -147,7 +148,7 @@ def test_standardize_matches_the_documented_rules(small_imdb_archive, imdb_cache
     cache = imdb_data.load_cache(small_imdb_archive, imdb_cache_dir)
     texts = [text.decode("utf-8") for text, _ in cache.records("test").as_numpy_iterator()]
     texts += ["Great<br /><br />MOVIE!!! It's ÉLAN, 10/10.", "tab\there\u00a0nbsp", ""]
-    got = [t.decode("utf-8") for t in imdb_data.standardize(tf.constant(texts)).numpy()]
+    got = [t.decode("utf-8") for t in imdb_text.standardize(tf.constant(texts)).numpy()]
     assert got == [python_standardize(text) for text in texts]
     assert "<br />" not in " ".join(got) and not any(c in " ".join(got) for c in "!.,'/")
 
@@ -155,15 +156,15 @@ def test_standardize_matches_the_documented_rules(small_imdb_archive, imdb_cache
 def test_vocabulary_comes_from_training_split_only(small_imdb_archive, imdb_cache_dir, tmp_path):
     cache = imdb_data.load_cache(small_imdb_archive, imdb_cache_dir)
     splits = imdb_data.split_reviews(cache, validation_size=60)
-    vectorizer = imdb_data.adapt_vectorizer(splits.train.map(lambda text, label: text), vocabulary_size=50_000)
+    vectorizer = imdb_text.adapt_review_vectorizer(splits.train.map(lambda text, label: text), vocabulary_size=50_000)
     train_counts = Counter(t for text, _ in splits.train.as_numpy_iterator() for t in python_tokens(text.decode()))
     vocabulary = vectorizer.get_vocabulary(include_special_tokens=False)
     assert set(vocabulary) == set(train_counts)  # every training token, nothing from validation/test
     counts = [train_counts[token] for token in vocabulary]
     assert counts == sorted(counts, reverse=True)  # most frequent first
 
-    path = imdb_data.save_vocabulary(vectorizer, tmp_path / "vocabulary.txt")
-    reloaded = imdb_data.make_vectorizer(vectorizer.vocabulary_size(), vocabulary=str(path))
+    path = imdb_text.save_review_vocabulary(vectorizer, tmp_path / "vocabulary.txt")
+    reloaded = imdb_text.review_vectorizer(vectorizer.vocabulary_size(), vocabulary=str(path))
     texts = tf.constant([text for text, _ in splits.test.take(20).as_numpy_iterator()])
     np.testing.assert_array_equal(reloaded(texts).to_tensor().numpy(), vectorizer(texts).to_tensor().numpy())
 
@@ -171,7 +172,7 @@ def test_vocabulary_comes_from_training_split_only(small_imdb_archive, imdb_cach
 def test_batches_are_bucketed_and_keep_every_token(small_imdb_archive, imdb_cache_dir):
     cache = imdb_data.load_cache(small_imdb_archive, imdb_cache_dir)
     splits = imdb_data.split_reviews(cache, validation_size=60)
-    vectorizer = imdb_data.adapt_vectorizer(splits.train.map(lambda text, label: text), vocabulary_size=500)
+    vectorizer = imdb_text.adapt_review_vectorizer(splits.train.map(lambda text, label: text), vocabulary_size=500)
     ids = imdb_data.token_ids(splits.train, vectorizer, sequence_length=150)
     expected = sorted(
         (tuple(np.asarray(vectorizer(tf.constant([text])).flat_values)[:150]), int(label))

@@ -10,6 +10,10 @@ from pipelines import translation_data
 from tests.translation_fixtures import require_data
 from tests.translation_fixtures import spanish_english_slice
 from tests.translation_fixtures import tiny_vectorizers
+from models import parallel_text
+from models import translation_text
+from models import translator_run
+from pipelines.common import bucket_boundaries
 
 
 def _write_pairs(path, lines):
@@ -26,32 +30,32 @@ def test_reads_first_two_columns_of_plain_and_zipped_files_and_skips_macosx(tmp_
         handle.writestr("__MACOSX/spa-eng/._spa.txt", "\x00\x05binary\tjunk" * 100)
         handle.writestr("spa-eng/_about.txt", "about\tthis")
     expected = (["Go.", "Hi.", "Run!"], ["Ve.", "Hola.", "¡Corre!"])
-    assert translation_data.read_pairs(str(plain)) == expected
-    assert translation_data.read_pairs(str(archive)) == expected
+    assert parallel_text.read_pairs(str(plain)) == expected
+    assert parallel_text.read_pairs(str(archive)) == expected
 
 
 def test_real_zip_has_the_documented_pair_count():
-    english, spanish = translation_data.read_pairs(require_data())
+    english, spanish = parallel_text.read_pairs(require_data())
     assert len(english) == len(spanish) == 118_964
     assert (english[0], spanish[0]) == ("Go.", "Ve.")
 
 
 def test_bad_files_and_language_codes_raise_value_errors(tmp_path):
     with pytest.raises(ValueError, match="path"):
-        translation_data.read_pairs(str(tmp_path / "missing.txt"))
+        parallel_text.read_pairs(str(tmp_path / "missing.txt"))
     with pytest.raises(ValueError, match="line 2"):
-        translation_data.read_pairs(str(_write_pairs(tmp_path / "bad.txt", ["a\tb", "no tab here"])))
+        parallel_text.read_pairs(str(_write_pairs(tmp_path / "bad.txt", ["a\tb", "no tab here"])))
     columns = (["Hi."], ["Hola."])
     with pytest.raises(ValueError, match="source"):
-        translation_data.orient_pairs(columns, ("en", "es"), "fr", "en")
+        parallel_text.orient_pairs(columns, ("en", "es"), "fr", "en")
     with pytest.raises(ValueError, match="differ"):
-        translation_data.orient_pairs(columns, ("en", "es"), "en", "en")
+        parallel_text.orient_pairs(columns, ("en", "es"), "en", "en")
 
 
 def test_direction_follows_the_language_codes():
     columns = (["Hi."], ["Hola."])
-    assert translation_data.orient_pairs(columns, ("en", "es"), "es", "en") == (["Hola."], ["Hi."])
-    assert translation_data.orient_pairs(columns, ("en", "es"), "en", "es") == (["Hi."], ["Hola."])
+    assert parallel_text.orient_pairs(columns, ("en", "es"), "es", "en") == (["Hola."], ["Hi."])
+    assert parallel_text.orient_pairs(columns, ("en", "es"), "en", "es") == (["Hi."], ["Hola."])
 
 
 def test_split_is_seeded_disjoint_and_complete(tmp_path):
@@ -63,11 +67,11 @@ def test_split_is_seeded_disjoint_and_complete(tmp_path):
     assert all(np.array_equal(split[name], again[name]) for name in split)
     assert not np.array_equal(split["test"], other["test"])
     data = _write_pairs(tmp_path / "pairs.txt", ["a\tb"])
-    translation_data.write_split(tmp_path / "split.json", split, str(data), seed=5)
+    translator_run.write_split(tmp_path / "split.json", split, str(data), seed=5)
     recorded = json.loads((tmp_path / "split.json").read_text())
     assert recorded["seed"] == 5 and recorded["sizes"]["test"] == 200
     assert recorded["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
-    reread = translation_data.read_split(tmp_path / "split.json")
+    reread = translator_run.read_split(tmp_path / "split.json")
     assert all(np.array_equal(reread[name], split[name]) for name in split)
     with pytest.raises(ValueError, match="test_fraction"):
         translation_data.split_indices(10, seed=0, test_fraction=0.7)
@@ -75,15 +79,15 @@ def test_split_is_seeded_disjoint_and_complete(tmp_path):
 
 def test_standardisation_keeps_accents_splits_punctuation_and_lowercases_unicode():
     text = tf.constant(["¿Dónde está el BAÑO?  ¡ÉSTA es Ñandú, l'eau!"])
-    lowered = translation_data.standardize_lowercase(text).numpy()[0].decode()
-    cased = translation_data.standardize_keep_case(text).numpy()[0].decode()
+    lowered = translation_text.standardize_lowercase(text).numpy()[0].decode()
+    cased = translation_text.standardize_keep_case(text).numpy()[0].decode()
     assert lowered == "¿ dónde está el baño ? ¡ ésta es ñandú , l'eau !"
     assert cased == "¿ Dónde está el BAÑO ? ¡ ÉSTA es Ñandú , l'eau !"
 
 
 def test_detokenize_reattaches_punctuation():
     tokens = [["¿", "Dónde", "está", "?"], ["I", "don", "'", "t", "know", ",", "Tom", "."]]
-    assert translation_data.detokenize(tokens) == ["¿Dónde está?", "I don't know, Tom."]
+    assert translation_text.detokenize(tokens) == ["¿Dónde está?", "I don't know, Tom."]
 
 
 def test_vocabularies_reserve_start_and_end_and_round_trip(tmp_path):
@@ -91,18 +95,18 @@ def test_vocabularies_reserve_start_and_end_and_round_trip(tmp_path):
     assert vectorizers.target.get_vocabulary()[:4] == ["", "[UNK]", "[start]", "[end]"]
     assert (vectorizers.start_id, vectorizers.end_id) == (2, 3)
     vectorizers.save(tmp_path)
-    reloaded = translation_data.TranslationVectorizers.load(tmp_path, vectorizers.sequence_length)
+    reloaded = translation_text.TranslationVectorizers.load(tmp_path, vectorizers.sequence_length)
     assert reloaded.source.get_vocabulary() == vectorizers.source.get_vocabulary()
     assert reloaded.target.get_vocabulary() == vectorizers.target.get_vocabulary()
     with pytest.raises(ValueError, match="target_vocabulary"):
-        translation_data.TranslationVectorizers(["a"], ["b", "c"], 8)
+        translation_text.TranslationVectorizers(["a"], ["b", "c"], 8)
 
 
 def test_teacher_forcing_batches_shift_targets_and_bucket_lengths():
     vectorizers = tiny_vectorizers()
     sources, targets = spanish_english_slice()
     dataset = translation_data.make_dataset(vectorizers, sources, targets, tokens_per_batch=256)
-    padded_lengths = {boundary - 1 for boundary in translation_data.bucket_boundaries(vectorizers.sequence_length)}
+    padded_lengths = {boundary - 1 for boundary in bucket_boundaries(vectorizers.sequence_length, width=4)}
     pairs = 0
     for (source_ids, target_in), target_out in dataset:
         assert source_ids.shape[1] == target_in.shape[1] in padded_lengths

@@ -7,13 +7,13 @@ from contextlib import redirect_stdout
 import numpy as np
 import pytest
 
-from export import savedmodel
 from export import translator_export
 from models.decoding import translate_ids
 from pipelines import translate
-from pipelines.translation_data import detokenize
+from models.translation_text import detokenize
 from tests.translation_fixtures import spanish_english_slice
 from tests.translation_fixtures import tiny_translator
+from export import serving_layout
 
 pytestmark = pytest.mark.slow
 
@@ -105,10 +105,10 @@ def test_a_failed_export_publishes_nothing(tmp_path, monkeypatch):
 
 
 def test_versions_count_up(tmp_path):
-    """The translator publishes through export.savedmodel: the next free number, never a reuse."""
-    assert savedmodel.existing_versions(tmp_path / "absent") == []
+    """The translator publishes through export.serving_layout: the next free number, never a reuse."""
+    assert serving_layout.existing_versions(tmp_path / "absent") == []
     for name in ("1", "7", "notes", ".3-staging"):
         (tmp_path / name).mkdir()
     staging = tmp_path / ".staging-translator"
     staging.mkdir()
-    assert savedmodel.publish(staging, tmp_path) == tmp_path / "8"
+    assert serving_layout.publish(staging, tmp_path) == tmp_path / "8"

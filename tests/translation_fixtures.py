@@ -24,8 +24,8 @@ def require_data():
 @functools.lru_cache(maxsize=None)
 def spanish_english_slice(count=1_200, seed=7):
     """`count` random (Spanish, English) pairs of at most 10 words, from the whole file."""
-    from pipelines.translation_data import orient_pairs
-    from pipelines.translation_data import read_pairs
+    from models.parallel_text import orient_pairs
+    from models.parallel_text import read_pairs
 
     sources, targets = orient_pairs(read_pairs(require_data()), ("en", "es"), "es", "en")
     short = [i for i, text in enumerate(sources) if len(text.split()) <= 10]
@@ -35,7 +35,7 @@ def spanish_english_slice(count=1_200, seed=7):
 
 @functools.lru_cache(maxsize=None)
 def tiny_vectorizers():
-    from pipelines.translation_data import TranslationVectorizers
+    from models.translation_text import TranslationVectorizers
     from pipelines.translation_data import build_vocabularies
 
     sources, targets = spanish_english_slice()

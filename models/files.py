@@ -1,0 +1,41 @@
+"""Files written whole or not at all, and file hashes: the I/O every layer above `models` shares.
+
+A reader never sees a half-written file: text goes to a uniquely named temporary file beside the
+target (so concurrent writers never share one) and is renamed over it.
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def file_sha256(path):
+    """Hex SHA-256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_text_atomic(path, text):
+    """Writes UTF-8 `text` to `path` through a unique temporary file and a rename (never half-written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.chmod(temporary, 0o644)  # mkstemp makes it private; a model server may run as another user
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path, payload):
+    """Writes `payload` as indented JSON with `write_text_atomic`."""
+    return write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")

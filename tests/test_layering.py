@@ -1,0 +1,158 @@
+"""The project's imports only look down, and no module imports itself back through others.
+
+    keras_attn  <-  models  <-  pipelines, export  <-  pipelines.main_job
+
+`pipelines` and `export` are siblings that never import each other; only the main job, the
+composition root, uses both. Imports are read with `ast` from every module (imports inside
+functions included), so the rule holds for what the code does, not for what happens to run.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("keras_attn", "models", "pipelines", "export")
+# What each package may import from the project, besides itself.
+ALLOWED = {
+    "keras_attn": set(),
+    "models": {"keras_attn"},
+    "pipelines": {"keras_attn", "models"},
+    "export": {"keras_attn", "models"},
+}
+COMPOSITION_ROOT = "pipelines.main_job"
+
+
+def module_name(path):
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules():
+    return {module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+
+
+def imported_modules(name, path, known):
+    """The project modules `name` imports (absolute or relative, anywhere in the file)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            candidates = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for candidate in candidates:
+            while candidate and candidate not in known:  # `from a.b import c`: c may be a name in a.b
+                candidate = candidate.rpartition(".")[0]
+            if candidate and candidate != name:
+                found.add(candidate)
+    return found
+
+
+def import_graph():
+    modules = project_modules()
+    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+
+def layer_violations(graph):
+    """`(importer, imported)` pairs that import upwards or sideways."""
+    violations = []
+    for importer, imported in graph.items():
+        layer = importer.split(".")[0]
+        for target in imported:
+            target_layer = target.split(".")[0]
+            allowed = target_layer == layer or target_layer in ALLOWED[layer]
+            if not allowed and not (importer == COMPOSITION_ROOT and target_layer == "export"):
+                violations.append((importer, target))
+    return sorted(violations)
+
+
+def import_cycles(graph):
+    """Every strongly connected group of two or more modules (Tarjan), each a sorted list."""
+    index, low, on_stack, stack, cycles = {}, {}, set(), [], []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def package_level(graph):
+    """The graph with each module's package `__init__` edges dropped (`a/__init__` re-exporting `a.b`)."""
+    return {
+        importer: {target for target in imported if not (importer == target.rpartition(".")[0] and importer in PACKAGES)}
+        for importer, imported in graph.items()
+    }
+
+
+def test_every_package_is_scanned():
+    modules = project_modules()
+    for package in PACKAGES:
+        assert package in modules, f"{package}/__init__.py is missing"
+    assert COMPOSITION_ROOT in modules
+
+
+def test_imports_only_look_down():
+    assert layer_violations(import_graph()) == []
+
+
+def test_no_import_cycles():
+    assert import_cycles(package_level(import_graph())) == []
+
+
+@pytest.mark.parametrize(
+    "graph, expected",
+    [
+        ({"models.a": {"pipelines.b"}, "pipelines.b": set()}, [("models.a", "pipelines.b")]),
+        ({"export.a": {"pipelines.b"}, "pipelines.b": set()}, [("export.a", "pipelines.b")]),
+        ({"pipelines.b": {"export.a"}, "export.a": set()}, [("pipelines.b", "export.a")]),
+        ({"keras_attn.a": {"models.b"}, "models.b": set()}, [("keras_attn.a", "models.b")]),
+        ({"pipelines.main_job": {"export.a", "models.b"}, "export.a": set(), "models.b": set()}, []),
+    ],
+)
+def test_layer_rule_catches_upward_and_sibling_imports(graph, expected):
+    assert layer_violations(graph) == expected
+
+
+def test_cycle_finder_catches_indirect_cycles():
+    graph = {"keras_attn.a": {"keras_attn.b"}, "keras_attn.b": {"keras_attn.c"}, "keras_attn.c": {"keras_attn.a"}}
+    assert import_cycles(graph) == [["keras_attn.a", "keras_attn.b", "keras_attn.c"]]
+    assert import_cycles({"keras_attn.a": {"keras_attn.b"}, "keras_attn.b": set()}) == []
+
+
+def test_function_level_and_relative_imports_are_read(tmp_path, monkeypatch):
+    package = tmp_path / "models"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "b.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from pipelines.common import x\n    from . import b\n")
+    known = {"models", "models.a", "models.b", "pipelines.common"}
+    assert imported_modules("models.a", package / "a.py", known) == {"pipelines.common", "models.b", "models"}
