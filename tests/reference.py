@@ -158,3 +158,56 @@ def padding_attention_mask(query_padding=None, key_padding=None):
     if rows is None:
         return cols
     return rows if cols is None else rows & cols
+
+
+def project_heads(x, kernel, bias=None):
+    """Float64 `(batch, seq, features) x (features, heads, depth) -> (batch, seq, heads, depth)`."""
+    heads = np.einsum("btf,fhd->bthd", np.asarray(x, np.float64), np.asarray(kernel, np.float64))
+    return heads if bias is None else heads + np.asarray(bias, np.float64)
+
+
+def merge_heads(x, kernel, bias=None):
+    """Float64 output projection `(batch, seq, heads, depth) x (heads, depth, out) -> (batch, seq, out)`."""
+    merged = np.einsum("bthd,hdo->bto", np.asarray(x, np.float64), np.asarray(kernel, np.float64))
+    return merged if bias is None else merged + np.asarray(bias, np.float64)
+
+
+def elu_plus_one(x):
+    x = np.asarray(x, np.float64)
+    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+
+
+def favor_features(x, projection):
+    """Float64 FAVOR+ features `exp(W x - |x|^2 / 2) / sqrt(m)` of pre-scaled `x`, unstabilised."""
+    x, projection = np.asarray(x, np.float64), np.asarray(projection, np.float64)
+    log_features = np.einsum("...d,md->...m", x, projection) - 0.5 * np.sum(x * x, -1, keepdims=True)
+    return np.exp(log_features) / np.sqrt(projection.shape[0])
+
+
+def linear_attention_recurrence(query_features, key_features, value, mask=None, is_causal=False):
+    """Float64 linear attention, one token at a time (the RNN form when causal).
+
+    Inputs `(batch, seq, heads, features | value_dim)`; `mask` `(batch, seq)` removes keys and
+    zeroes queries. A query with no key outputs zeros.
+    """
+    query_features, key_features, value = (np.asarray(t, np.float64) for t in (query_features, key_features, value))
+    batch, length, heads, _ = value.shape
+    keep = np.ones((batch, length), bool) if mask is None else np.asarray(mask, bool)
+    output = np.zeros_like(value)
+    for b in range(batch):
+        for h in range(heads):
+            summary = np.zeros((query_features.shape[-1], value.shape[-1]))
+            normaliser = np.zeros(query_features.shape[-1])
+            if not is_causal:
+                for j in range(length):
+                    if keep[b, j]:
+                        summary += np.outer(key_features[b, j, h], value[b, j, h])
+                        normaliser += key_features[b, j, h]
+            for i in range(length):
+                if is_causal and keep[b, i]:
+                    summary += np.outer(key_features[b, i, h], value[b, i, h])
+                    normaliser += key_features[b, i, h]
+                denominator = query_features[b, i, h] @ normaliser
+                if keep[b, i] and denominator > 0:
+                    output[b, i, h] = query_features[b, i, h] @ summary / denominator
+    return output

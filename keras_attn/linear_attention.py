@@ -1,0 +1,306 @@
+"""Linear (kernel) attention: `phi(Q) (phi(K)^T V)` instead of `softmax(Q K^T) V`.
+
+Katharopoulos et al. (2020), "Transformers are RNNs", with `phi = elu + 1`; Choromanski et al.
+(2021), "Rethinking Attention with Performers", with FAVOR+ positive orthogonal random features,
+`phi(x) = exp(W x - |x|^2 / 2) / sqrt(m)`, whose inner products estimate `exp(q . k)`.
+
+    output_i = phi(q_i) . S_i / phi(q_i) . z_i,   S_i = sum_j phi(k_j) v_j^T,  z_i = sum_j phi(k_j)
+
+with `j` over every key (non-causal) or `j <= i` (causal). The parts the public implementations get
+wrong, and what this module does instead:
+
+- causal is exact per token: the sequence is cut into chunks, each query sees the prefix sum of
+  the earlier chunks' `phi(k) v^T` and, inside its own chunk, only the keys at or before it (a
+  lower-triangular `(chunk, chunk)` product), never a bidirectional chunk;
+- no statistic over other tokens: FAVOR+'s query stabiliser is the query's own maximum (it
+  cancels in its own ratio) and the key offset comes from the random features alone (since
+  `w . k - |k|^2 / 2 <= |w|^2 / 2`), so a future token never changes a past output;
+- masked keys have `phi(k) = 0` and contribute nothing; masked queries output zeros; a query
+  with no key gets zeros, not NaN;
+- features and sums are float32 whatever the compute dtype (fp16 sums overflow after a few
+  thousand tokens);
+- cached decoding carries the `(features, value_dim)` state `S` and the `(features,)` state
+  `z`: memory constant in the number of decoded tokens.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_attn.projected_self_attention import ProjectedSelfAttention
+from keras_attn.utils import check_positive_int
+from keras_attn.utils import float_math_dtype
+
+FEATURE_MAPS = ("elu", "favor")
+# FAVOR+ key features are at most `exp(max |w|^2 / 2 - offset)`; this bound keeps a float32 sum
+# over 65,536 keys times values far from overflow while small logits stay far from underflow.
+FAVOR_MAX_KEY_LOG_FEATURE = 40.0
+
+
+def elu_feature_map(x):
+    """`elu(x) + 1`: positive features, `(..., depth)` -> `(..., depth)`."""
+    return ops.elu(x) + 1.0
+
+
+def orthogonal_random_features(num_features, depth, seed, dtype="float32"):
+    """FAVOR+ projection `(num_features, depth)`: blocks of orthogonal rows with chi-distributed norms.
+
+    Each block of `depth` rows is the `Q` of a Gaussian matrix's QR decomposition; row norms are
+    redrawn as the norms of Gaussian vectors, so every row is marginally `N(0, I)` (Choromanski et
+    al. 2021, section 4).
+    """
+    blocks = []
+    for _ in range(math.ceil(num_features / depth)):
+        gaussian = keras.random.normal((depth, depth), dtype=dtype, seed=seed)
+        orthogonal, _ = ops.qr(gaussian)  # (depth, depth), orthonormal columns
+        blocks.append(ops.transpose(orthogonal))
+    rows = ops.concatenate(blocks, axis=0)[:num_features]  # (num_features, depth)
+    norms = ops.norm(keras.random.normal((num_features, depth), dtype=dtype, seed=seed), axis=-1)
+    return rows * ops.expand_dims(norms, -1)
+
+
+def favor_feature_map(x, projection, is_query):
+    """FAVOR+ positive random features `(..., depth)` -> `(..., num_features)`, float32.
+
+    `x` must already carry the `depth ** -0.25` scale. A query row is divided by its own largest
+    feature (it cancels in its own ratio); every key is divided by one constant from the
+    projection alone, never by a statistic over other tokens.
+    """
+    projected = ops.einsum("...d,md->...m", x, projection)  # (..., num_features)
+    log_features = projected - 0.5 * ops.sum(ops.square(x), axis=-1, keepdims=True)
+    if is_query:
+        offset = ops.stop_gradient(ops.max(log_features, axis=-1, keepdims=True))
+    else:
+        bound = 0.5 * ops.max(ops.sum(ops.square(projection), axis=-1))  # >= every key's log-feature
+        offset = ops.stop_gradient(ops.maximum(bound - FAVOR_MAX_KEY_LOG_FEATURE, 0.0))
+    num_features = ops.cast(ops.shape(projection)[0], x.dtype)
+    return ops.exp(log_features - offset) / ops.sqrt(num_features)
+
+
+def _ratio(numerator, denominator):
+    """`numerator / denominator[..., None]`, zero where the denominator is 0 (a query with no key)."""
+    has_keys = ops.expand_dims(denominator > 0, -1)
+    safe = ops.where(denominator > 0, denominator, ops.ones_like(denominator))
+    return ops.where(has_keys, numerator / ops.expand_dims(safe, -1), ops.zeros_like(numerator))
+
+
+def linear_attention(query_features, key_features, value):
+    """Non-causal linear attention through the `(features, value_dim)` summary of all keys.
+
+    Args:
+        query_features, key_features: `(batch, seq, heads, features)`, non-negative.
+        value: `(batch, seq, heads, value_dim)`.
+
+    Returns:
+        `(batch, seq, heads, value_dim)`.
+    """
+    summary = ops.einsum("bthm,bthd->bhmd", key_features, value)  # (batch, heads, features, value_dim)
+    normaliser = ops.sum(key_features, axis=1)  # (batch, heads, features)
+    numerator = ops.einsum("bthm,bhmd->bthd", query_features, summary)  # (batch, seq, heads, value_dim)
+    denominator = ops.einsum("bthm,bhm->bth", query_features, normaliser)  # (batch, seq, heads)
+    return _ratio(numerator, denominator)
+
+
+def causal_linear_attention(query_features, key_features, value, chunk_size, state=None):
+    """Causal linear attention, exact per token, through prefix sums over chunks.
+
+    Args:
+        query_features, key_features: `(batch, seq, heads, features)`, non-negative.
+        value: `(batch, seq, heads, value_dim)`.
+        chunk_size: tokens per chunk (any `seq`: the last chunk is padded with zero features).
+        state: optional `(summary, normaliser)` of earlier tokens, `(batch, heads, features,
+            value_dim)` and `(batch, heads, features)` (cached decoding).
+
+    Returns:
+        `(output, (summary, normaliser))`: the output `(batch, seq, heads, value_dim)` and the
+        state after the last token.
+    """
+    batch, length = ops.shape(value)[0], ops.shape(value)[1]
+    heads, features, value_dim = value.shape[2], query_features.shape[-1], value.shape[-1]
+    padding = (-length) % chunk_size
+    num_chunks = (length + padding) // chunk_size
+
+    def chunks(tensor):  # (batch, seq, heads, d) -> (batch, chunks, chunk, heads, d)
+        tensor = ops.pad(tensor, [[0, 0], [0, padding], [0, 0], [0, 0]])
+        return ops.reshape(tensor, (batch, num_chunks, chunk_size, heads, tensor.shape[-1]))
+
+    query_chunks, key_chunks, value_chunks = chunks(query_features), chunks(key_features), chunks(value)
+    chunk_summary = ops.einsum("bnchm,bnchd->bnhmd", key_chunks, value_chunks)  # (batch, chunks, heads, m, d)
+    chunk_normaliser = ops.sum(key_chunks, axis=2)  # (batch, chunks, heads, m)
+    summary_through = ops.cumsum(chunk_summary, axis=1)  # (batch, chunks, heads, m, d), inclusive
+    normaliser_through = ops.cumsum(chunk_normaliser, axis=1)  # (batch, chunks, heads, m)
+    if state is None:
+        state = (
+            ops.zeros((batch, heads, features, value_dim), value.dtype),
+            ops.zeros((batch, heads, features), value.dtype),
+        )
+    initial_summary, initial_normaliser = (ops.cast(s, value.dtype) for s in state)
+    # The earlier chunks' sums: shift the inclusive prefix by one chunk, start from the state.
+    summary_before = ops.concatenate([ops.zeros_like(summary_through[:, :1]), summary_through[:, :-1]], axis=1)
+    summary_before = summary_before + initial_summary[:, None]  # (batch, chunks, heads, m, d)
+    normaliser_before = ops.concatenate(
+        [ops.zeros_like(normaliser_through[:, :1]), normaliser_through[:, :-1]], axis=1
+    ) + initial_normaliser[:, None]  # (batch, chunks, heads, m)
+
+    numerator = ops.einsum("bnchm,bnhmd->bnchd", query_chunks, summary_before)  # (batch, chunks, chunk, heads, d)
+    denominator = ops.einsum("bnchm,bnhm->bnch", query_chunks, normaliser_before)  # (batch, chunks, chunk, heads)
+    scores = ops.einsum("bnchm,bnehm->bnhce", query_chunks, key_chunks)  # (batch, chunks, heads, chunk, chunk)
+    at_or_before = ops.tril(ops.ones((chunk_size, chunk_size), scores.dtype))  # (chunk, chunk): key e <= query c
+    scores = scores * at_or_before
+    numerator = numerator + ops.einsum("bnhce,bnehd->bnchd", scores, value_chunks)
+    denominator = denominator + ops.transpose(ops.sum(scores, axis=-1), (0, 1, 3, 2))
+    output = _ratio(numerator, denominator)  # (batch, chunks, chunk, heads, d)
+    output = ops.reshape(output, (batch, num_chunks * chunk_size, heads, value_dim))[:, :length]
+    final_state = (summary_through[:, -1] + initial_summary, normaliser_through[:, -1] + initial_normaliser)
+    return output, final_state
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class LinearAttention(ProjectedSelfAttention):
+    """Multi-head linear self-attention (elu+1 or FAVOR+), time and memory linear in the length.
+
+    Args:
+        num_heads, key_dim, value_dim, output_dim, use_bias, kernel_initializer,
+        bias_initializer, seed: as for every projected self-attention layer (see
+            `keras_attn.projected_self_attention.ProjectedSelfAttention`).
+        feature_map: `"elu"` (`elu(x) + 1`, Katharopoulos et al.) or `"favor"` (FAVOR+ positive
+            orthogonal random features, Performer; an estimate of softmax attention).
+        num_random_features: FAVOR+ features per head; defaults to `2 * key_dim`.
+        redraw_features: FAVOR+ only: if `True`, every training call draws fresh random features
+            (Performer's redrawing); inference always uses the stored ones (a non-trainable
+            weight, saved with the model, so inference is deterministic).
+        causal: if `True`, token `i` attends to tokens `j <= i`, exactly, per token.
+        chunk_size: tokens per chunk of the causal prefix sums (memory `seq * features *
+            value_dim / chunk_size` per head for the sums, `seq * chunk_size` for the in-chunk
+            products).
+
+    Call arguments:
+        inputs: `(batch, seq, features)`.
+        mask: optional boolean padding mask `(batch, seq)`; taken from the Keras mask of
+            `inputs` when not given. Masked keys contribute nothing; masked positions output
+            zeros (before the output projection's bias).
+        cache: causal only: the recurrent state `(summary, normaliser)` of the tokens decoded
+            so far, `(batch, heads, features, value_dim)` and `(batch, heads, features)` float32
+            (`initial_cache(batch)` gives the empty one). With a cache the call returns
+            `(output, new_cache)`.
+        training: whether FAVOR+ features are redrawn (with `redraw_features`).
+
+    Example:
+
+    >>> x = keras.random.normal((2, 100, 32))
+    >>> layer = LinearAttention(num_heads=4, key_dim=8, feature_map="favor", causal=True)
+    >>> tuple(layer(x).shape)
+    (2, 100, 32)
+    >>> cache = layer.initial_cache(2)
+    >>> step, cache = layer(x[:, :1], cache=cache)  # one token at a time, constant memory
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        feature_map="elu",
+        num_random_features=None,
+        redraw_features=False,
+        causal=False,
+        chunk_size=64,
+        **kwargs,
+    ):
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}. Received: feature_map={feature_map!r}")
+        check_positive_int("num_random_features", num_random_features, allow_none=True)
+        check_positive_int("chunk_size", chunk_size)
+        if redraw_features and feature_map != "favor":
+            raise ValueError(
+                "`redraw_features=True` needs random features (`feature_map='favor'`). "
+                f"Received: feature_map={feature_map!r}, redraw_features={redraw_features!r}"
+            )
+        super().__init__(num_heads, key_dim, **kwargs)
+        self.feature_map = feature_map
+        self.num_random_features = num_random_features
+        self.redraw_features = redraw_features
+        self.causal = causal
+        self.chunk_size = chunk_size
+
+    @property
+    def num_features(self):
+        """Features per head: `key_dim` for elu+1, the random features for FAVOR+."""
+        if self.feature_map == "elu":
+            return self.key_dim
+        return self.num_random_features or 2 * self.key_dim
+
+    def build(self, inputs_shape):
+        super().build(inputs_shape)
+        if self.feature_map == "favor":
+            self.random_features = self.add_weight(
+                name="random_features",
+                shape=(self.num_features, self.key_dim),
+                initializer=lambda shape, dtype=None: orthogonal_random_features(
+                    shape[0], shape[1], self.seed_generator
+                ),
+                trainable=False,
+                dtype="float32",
+            )
+
+    def initial_cache(self, batch_size):
+        """The empty recurrent state for cached decoding: `(summary, normaliser)` zeros, float32."""
+        return (
+            ops.zeros((batch_size, self.num_heads, self.num_features, self.value_dim), "float32"),
+            ops.zeros((batch_size, self.num_heads, self.num_features), "float32"),
+        )
+
+    def features(self, query, key, training=False):
+        """`(query_features, key_features)`, `(batch, seq, heads, features)` in float32 (float64 for float64)."""
+        dtype = float_math_dtype(query.dtype)
+        query, key = ops.cast(query, dtype), ops.cast(key, dtype)
+        if self.feature_map == "elu":
+            return elu_feature_map(query), elu_feature_map(key)
+        projection = ops.cast(self.random_features, dtype)
+        if training and self.redraw_features:
+            projection = orthogonal_random_features(self.num_features, self.key_dim, self.seed_generator, dtype)
+        scale = ops.cast(self.key_dim ** -0.25, dtype)  # q . k / sqrt(depth), split between the two
+        return (
+            favor_feature_map(query * scale, projection, is_query=True),
+            favor_feature_map(key * scale, projection, is_query=False),
+        )
+
+    def call(self, inputs, mask=None, training=None, cache=None):
+        if cache is not None and not self.causal:
+            raise ValueError(
+                "A recurrent `cache` is for causal decoding: the layer has causal=False. Received a cache "
+                f"with causal={self.causal}"
+            )
+        mask = self.padding_mask(inputs, mask)
+        query, key, value = self.project(inputs)
+        attended, new_cache = self._attend_with_state(query, key, value, mask, training, cache)
+        output = self.output_dense(ops.cast(attended, self.compute_dtype))
+        return output if cache is None else (output, new_cache)
+
+    def _attend(self, query, key, value, mask, training):
+        return self._attend_with_state(query, key, value, mask, training, None)[0]
+
+    def _attend_with_state(self, query, key, value, mask, training, state):
+        query_features, key_features = self.features(query, key, training)
+        value = ops.cast(value, query_features.dtype)
+        if mask is not None:
+            keep = ops.cast(mask, query_features.dtype)[:, :, None, None]  # (batch, seq, 1, 1)
+            key_features = key_features * keep  # masked keys contribute nothing
+        if self.causal:
+            attended, state = causal_linear_attention(query_features, key_features, value, self.chunk_size, state)
+        else:
+            attended = linear_attention(query_features, key_features, value)
+        if mask is not None:
+            attended = attended * keep  # masked queries output zeros
+        return attended, state
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            feature_map=self.feature_map,
+            num_random_features=self.num_random_features,
+            redraw_features=self.redraw_features,
+            causal=self.causal,
+            chunk_size=self.chunk_size,
+        )
+        return config

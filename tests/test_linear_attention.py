@@ -1,0 +1,216 @@
+"""LinearAttention (elu+1, FAVOR+) against a NumPy float64 token-by-token recurrence."""
+
+import keras
+import numpy as np
+import pytest
+from keras.src.testing import TestCase
+
+from keras_attn.linear_attention import LinearAttention
+from tests import reference
+from tests.layer_checks import assert_gradients_match_finite_differences
+from tests.layer_checks import assert_jit_matches_eager
+from tests.layer_checks import assert_mixed_precision_close
+from tests.layer_checks import assert_serialization_round_trip
+from tests.layer_checks import padded_token_ids
+
+FAMILIES = [("elu", False), ("elu", True), ("favor", False), ("favor", True)]
+ATOL = 2e-5
+
+
+def _layer(feature_map, causal, **kwargs):
+    config = dict(num_heads=2, key_dim=4, value_dim=3, feature_map=feature_map, causal=causal, chunk_size=4, seed=7)
+    config.update(bias_initializer="random_normal")
+    config.update(kwargs)
+    return LinearAttention(**config)
+
+
+def _reference(layer, x, mask=None):
+    """Float64 output of `layer` from its weights: projections, features, recurrence, projection."""
+    weights = {w.path.split("/", 1)[1]: w.numpy() for w in layer.weights}
+    query, key, value = (
+        reference.project_heads(x, weights[f"{name}/kernel"], weights[f"{name}/bias"])
+        for name in ("query", "key", "value")
+    )
+    if layer.feature_map == "elu":
+        query_features, key_features = reference.elu_plus_one(query), reference.elu_plus_one(key)
+    else:
+        scale = layer.key_dim ** -0.25
+        query_features = reference.favor_features(query * scale, weights["random_features"])
+        key_features = reference.favor_features(key * scale, weights["random_features"])
+    attended = reference.linear_attention_recurrence(query_features, key_features, value, mask, layer.causal)
+    return reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+
+
+def _inputs(seed=0, shape=(2, 11, 6)):
+    return np.random.default_rng(seed).standard_normal(shape).astype("float32")
+
+
+PADDING = np.arange(11)[None, :] < np.array([[11], [7]])
+
+
+@pytest.mark.parametrize("feature_map,causal", FAMILIES)
+def test_matches_float64_recurrence_with_padding(feature_map, causal):
+    x = _inputs()
+    layer = _layer(feature_map, causal)
+    output = layer(x, mask=PADDING)
+    np.testing.assert_allclose(output, _reference(layer, x, PADDING), atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+def test_causal_last_position_equals_non_causal(feature_map):
+    x = _inputs(1)
+    causal = _layer(feature_map, True)
+    non_causal = _layer(feature_map, False)
+    causal(x), non_causal(x)
+    non_causal.set_weights(causal.get_weights())
+    np.testing.assert_allclose(causal(x)[:, -1], non_causal(x)[:, -1], atol=ATOL)
+
+
+def test_favor_estimates_softmax_attention_with_many_features():
+    rng = np.random.default_rng(2)
+    query, key = rng.standard_normal((2, 1, 32, 1, 4)) * 0.5
+    value = rng.standard_normal((1, 32, 1, 3))
+    layer = _layer("favor", False, num_heads=1, num_random_features=4096)
+    layer(np.zeros((1, 32, 6), "float32"))
+    expected, _ = reference.attention(query, key, value)
+    features = layer.features(query.astype("float32"), key.astype("float32"))
+    estimate = reference.linear_attention_recurrence(*features, value)
+    np.testing.assert_allclose(estimate, expected, atol=0.05)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+def test_causal_outputs_never_see_future_tokens(feature_map):
+    x = _inputs(3, (1, 13, 6))
+    layer = _layer(feature_map, True)
+    before = layer(x).numpy()
+    changed = x.copy()
+    changed[:, 6:] = 100.0 * _inputs(4, (1, 7, 6))  # large, so a leak through any statistic would show
+    after = layer(changed).numpy()
+    np.testing.assert_allclose(after[:, :6], before[:, :6], atol=1e-6)
+    assert not np.allclose(after[:, 6:], before[:, 6:], atol=1e-3)
+
+
+@pytest.mark.parametrize("feature_map,causal", FAMILIES)
+def test_padding_content_and_appended_padding_never_change_real_outputs(feature_map, causal):
+    x = _inputs(5)
+    layer = _layer(feature_map, causal, use_bias=False)
+    output = layer(x, mask=PADDING).numpy()
+    changed = x.copy()
+    changed[1, 7:] = 50.0
+    np.testing.assert_allclose(layer(changed, mask=PADDING)[1, :7], output[1, :7], atol=1e-6)
+    longer = np.concatenate([x, _inputs(6, (2, 9, 6))], axis=1)
+    longer_mask = np.concatenate([PADDING, np.zeros((2, 9), bool)], axis=1)
+    np.testing.assert_allclose(layer(longer, mask=longer_mask)[:, :11][PADDING], output[PADDING], atol=1e-5)
+    assert np.all(output[1, 7:] == 0)  # masked rows are exactly zero (no output bias)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+def test_fully_masked_sequence_gives_zeros_not_nan(feature_map):
+    layer = _layer(feature_map, True, use_bias=False)
+    output = layer(_inputs(7), mask=np.zeros((2, 11), bool)).numpy()
+    assert np.all(output == 0)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+def test_cached_decoding_equals_the_full_causal_pass_with_constant_state(feature_map):
+    x = _inputs(8, (2, 10, 6))
+    layer = _layer(feature_map, True)
+    full = layer(x).numpy()
+    cache = layer.initial_cache(2)
+    shapes = [tuple(c.shape) for c in cache]
+    steps = []
+    for start, stop in ((0, 3), (3, 4), (4, 10)):  # a prompt, one token, then a longer step
+        output, cache = layer(x[:, start:stop], cache=cache)
+        steps.append(output.numpy())
+        assert [tuple(c.shape) for c in cache] == shapes
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=ATOL)
+
+
+def test_redraw_changes_training_features_only():
+    x = _inputs(9)
+    layer = _layer("favor", False, redraw_features=True)
+    inference = layer(x, training=False).numpy()
+    np.testing.assert_array_equal(layer(x, training=False), inference)
+    first, second = layer(x, training=True).numpy(), layer(x, training=True).numpy()
+    assert not np.allclose(first, second, atol=1e-4)
+
+
+def test_fp16_is_finite_at_65536_tokens():
+    keras.config.set_dtype_policy("mixed_float16")
+    layer = LinearAttention(num_heads=1, key_dim=8, feature_map="elu", causal=True, chunk_size=256, seed=0)
+    x = 4.0 * _inputs(10, (1, 65536, 8))  # fp16 sums of these keys would overflow (> 65504)
+    output = layer(x).numpy()
+    assert output.dtype == np.float16 and np.all(np.isfinite(output))
+
+
+@pytest.mark.parametrize("feature_map,causal", FAMILIES)
+def test_mixed_precision_close_to_float32(feature_map, causal):
+    assert_mixed_precision_close(lambda: _layer(feature_map, causal), _inputs(11))
+
+
+@pytest.mark.parametrize("feature_map,causal", FAMILIES)
+def test_jit_equals_eager(feature_map, causal):
+    layer = _layer(feature_map, causal)
+    layer(_inputs(12))
+    assert_jit_matches_eager(layer, _inputs(12), mask=PADDING)
+
+
+@pytest.mark.parametrize("feature_map,causal", FAMILIES)
+def test_gradients_match_finite_differences(feature_map, causal):
+    assert_gradients_match_finite_differences(
+        lambda: _layer(feature_map, causal), _inputs(13, (1, 6, 6)), mask=np.array([[1, 1, 1, 1, 1, 0]], bool)
+    )
+
+
+def _token_model():
+    tokens = keras.Input((None,), dtype="int32")
+    embedded = keras.layers.Embedding(30, 6, mask_zero=True)(tokens)
+    attended = _layer("favor", True)(embedded)
+    return keras.Model(tokens, attended)
+
+
+def test_serialization_round_trip_keeps_the_random_features():
+    tokens = padded_token_ids(np.random.default_rng(14), [6, 4], 6, 30)
+    reloaded = assert_serialization_round_trip(_token_model, tokens)
+    assert type(reloaded.layers[2]) is LinearAttention
+
+
+def test_keras_mask_is_used_and_propagated():
+    tokens = padded_token_ids(np.random.default_rng(15), [6, 4], 6, 30)
+    model = _token_model()
+    output = model.layers[2](model.layers[1](tokens))
+    np.testing.assert_array_equal(output._keras_mask, tokens != 0)
+    np.testing.assert_allclose(model(tokens), model.layers[2](model.layers[1](tokens), mask=tokens != 0), atol=1e-6)
+
+
+def test_run_layer_test():
+    TestCase().run_layer_test(
+        LinearAttention,
+        init_kwargs=dict(num_heads=2, key_dim=4, feature_map="favor", causal=True, chunk_size=4),
+        input_shape=(2, 7, 6),
+        expected_output_shape=(2, 7, 6),
+        expected_num_trainable_weights=8,
+        expected_num_non_trainable_weights=1,
+        expected_num_seed_generators=1,
+        supports_masking=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(feature_map="relu"), "feature_map"),
+        (dict(feature_map="elu", redraw_features=True), "redraw_features"),
+        (dict(chunk_size=0), "chunk_size"),
+        (dict(num_random_features=-1), "num_random_features"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LinearAttention(num_heads=2, key_dim=4, **kwargs)
+
+
+def test_cache_on_a_non_causal_layer_is_refused():
+    layer = _layer("elu", False)
+    with pytest.raises(ValueError, match="causal"):
+        layer(_inputs(), cache=layer.initial_cache(2))
