@@ -8,14 +8,19 @@
 A version is built in a hidden staging directory beside its final place (`.staging-*`, which
 TF Serving ignores), checked by the caller, and only then renamed to `<version>`: a server
 watching the directory never sees a half-written model, and an existing version is never
-overwritten (the next free number is taken). `models.config` is replaced whole, never written
-in place.
+overwritten (the next free number is taken). Each staging directory holds an exclusive `flock`
+on its `.lock` file while its exporter lives; the next export removes the staging directories whose
+lock nobody holds any more (left by a killed export). `models.config` is rewritten under a lock on
+`.models.config.lock` (so two publishers never drop each other's model) and replaced whole through a
+unique temporary file: a reader sees the old file or the new one, never an empty or partial one.
 """
 
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import tensorflow as tf
@@ -24,6 +29,10 @@ from models.files import write_text_atomic
 
 WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
 SIGNATURE = "serving_default"
+STAGING_PREFIX = ".staging-"
+_STAGING_LOCK = ".lock"
+_CONFIG_LOCK = ".models.config.lock"
+_UNLOCKED_STALE_SECONDS = 3600
 
 
 def existing_versions(model_dir):
@@ -36,6 +45,8 @@ def existing_versions(model_dir):
 
 def publish(staging, model_dir):
     """Renames `staging` to `model_dir/<next free version>` and returns that path."""
+    # The owner keeps its flock on the unlinked file until `staging_directory` closes it.
+    (Path(staging) / _STAGING_LOCK).unlink(missing_ok=True)
     while True:
         version = max(existing_versions(model_dir), default=0) + 1
         target = Path(model_dir) / str(version)
@@ -48,17 +59,64 @@ def publish(staging, model_dir):
 
 
 @contextlib.contextmanager
+def _exclusive_lock(path, blocking=True):
+    """Holds `flock(LOCK_EX)` on `path` (created) for the block; yields False if not `blocking` and taken."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def remove_stale_staging(model_dir):
+    """Removes the staging directories under `model_dir` whose exporter is gone; returns them.
+
+    A live exporter holds the lock on `<staging>/.lock`; a killed one's lock went with its process.
+    A staging directory without a lock file is being renamed into place right now, unless it is
+    older than `_UNLOCKED_STALE_SECONDS` (an export killed during that rename, or an older layout).
+    """
+    model_dir = Path(model_dir)
+    removed = []
+    for staging in sorted(model_dir.glob(STAGING_PREFIX + "*")) if model_dir.is_dir() else []:
+        lock = staging / _STAGING_LOCK
+        if not lock.is_file():
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - staging.stat().st_mtime > _UNLOCKED_STALE_SECONDS:
+                    shutil.rmtree(staging, ignore_errors=True)
+                    removed.append(staging)
+            continue
+        try:
+            with _exclusive_lock(lock, blocking=False) as free:
+                if free and lock.is_file():
+                    shutil.rmtree(staging, ignore_errors=True)
+                    removed.append(staging)
+        except FileNotFoundError:  # published between the check and the open
+            continue
+    return removed
+
+
+@contextlib.contextmanager
 def staging_directory(model_dir):
-    """A fresh hidden directory inside `model_dir`, removed if the block raises."""
+    """A fresh hidden directory inside `model_dir`, locked while the block runs, removed if it raises.
+
+    Stale staging directories left in `model_dir` by killed exports are removed first.
+    """
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=model_dir))
+    remove_stale_staging(model_dir)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=model_dir))
     os.chmod(staging, 0o755)  # mkdtemp makes it private; a model server may run as another user
-    try:
-        yield staging
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with _exclusive_lock(staging / _STAGING_LOCK):
+        try:
+            yield staging
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
 
 
 def write_warmup_requests(path, model_name, input_name, batches):
@@ -86,8 +144,17 @@ def write_warmup_requests(path, model_name, input_name, batches):
 
 
 def write_models_config(export_dir):
-    """Writes `<export_dir>/models.config` listing every model directory with a published version."""
+    """Writes `<export_dir>/models.config` listing every model directory with a published version.
+
+    Listing and writing happen under one lock, so concurrent publishers serialise: the last one
+    to write lists every version published before it, its own and the others'.
+    """
     export_dir = Path(export_dir).resolve()
+    with _exclusive_lock(export_dir / _CONFIG_LOCK):
+        return write_text_atomic(export_dir / "models.config", _models_config_text(export_dir))
+
+
+def _models_config_text(export_dir):
     entries = []
     for model_dir in sorted(path for path in export_dir.iterdir() if path.is_dir()):
         if existing_versions(model_dir):
@@ -98,4 +165,4 @@ def write_models_config(export_dir):
                 '    model_platform: "tensorflow"\n'
                 "  }\n"
             )
-    return write_text_atomic(export_dir / "models.config", "model_config_list {\n" + "".join(entries) + "}\n")
+    return "model_config_list {\n" + "".join(entries) + "}\n"

@@ -1,0 +1,131 @@
+"""export.serving_layout under concurrency and kills: publishers in separate processes, a reader
+that must never see an empty or partial `models.config`, and staging left by killed exports."""
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from export import serving_layout
+
+_MODELS = ("alpha", "beta", "gamma")
+_VERSIONS_EACH = 6
+
+
+def _publisher(export_dir, model_name, versions):
+    """Publishes `versions` versions of `model_name` and rewrites models.config after each."""
+    for _ in range(versions):
+        with serving_layout.staging_directory(Path(export_dir) / model_name) as staging:
+            (staging / "saved_model.pb").write_bytes(b"x" * 1000)
+            serving_layout.publish(staging, Path(export_dir) / model_name)
+        serving_layout.write_models_config(export_dir)
+
+
+def _config_names(text):
+    return sorted(line.split('"')[1] for line in text.splitlines() if line.strip().startswith("name:"))
+
+
+def test_concurrent_publishers_never_show_a_reader_an_empty_or_partial_config(tmp_path):
+    serving_layout.write_models_config(tmp_path)  # an empty list, but a complete file
+    bad_reads, reads = [], [0]
+    done = threading.Event()
+
+    def read_forever():
+        while not done.is_set():
+            text = (tmp_path / "models.config").read_text()
+            reads[0] += 1
+            if not (text.startswith("model_config_list {\n") and text.endswith("}\n")):
+                bad_reads.append(text)
+
+    reader = threading.Thread(target=read_forever)
+    reader.start()
+    context = multiprocessing.get_context("fork")  # the publishers touch files only, never TensorFlow
+    publishers = [context.Process(target=_publisher, args=(str(tmp_path), name, _VERSIONS_EACH)) for name in _MODELS]
+    for process in publishers:
+        process.start()
+    for process in publishers:
+        process.join(120)
+    done.set()
+    reader.join()
+
+    assert [process.exitcode for process in publishers] == [0, 0, 0]
+    assert reads[0] > 10 and bad_reads == []
+    # No publisher dropped another's model: the last write lists all three, each with every version.
+    assert _config_names((tmp_path / "models.config").read_text()) == sorted(_MODELS)
+    for name in _MODELS:
+        assert serving_layout.existing_versions(tmp_path / name) == list(range(1, _VERSIONS_EACH + 1))
+        assert sorted(os.listdir(tmp_path / name)) == [str(v) for v in range(1, _VERSIONS_EACH + 1)]
+    assert not [path for path in tmp_path.iterdir() if path.name.endswith(".tmp")]
+
+
+def test_a_slow_publisher_never_drops_a_version_published_meanwhile(tmp_path, monkeypatch):
+    """Publisher A lists the models, then B publishes and rewrites models.config before A writes:
+    A's stale list must not win (without the lock, the config ends up without B's model)."""
+    listing = serving_layout._models_config_text
+    listed = threading.Event()
+
+    def slow_listing(export_dir):
+        text = listing(export_dir)
+        listed.set()
+        time.sleep(0.5)
+        return text
+
+    _publisher(tmp_path, "alpha", 1)
+    monkeypatch.setattr(serving_layout, "_models_config_text", slow_listing)
+    slow = threading.Thread(target=serving_layout.write_models_config, args=(tmp_path,))
+    slow.start()
+    listed.wait()
+    monkeypatch.setattr(serving_layout, "_models_config_text", listing)
+    _publisher(tmp_path, "beta", 1)
+    slow.join()
+    assert _config_names((tmp_path / "models.config").read_text()) == ["alpha", "beta"]
+
+
+_HOLD_STAGING = """
+import sys, time
+from export import serving_layout
+with serving_layout.staging_directory(sys.argv[1]) as staging:
+    (staging / "saved_model.pb").write_bytes(b"half")
+    print(staging, flush=True)
+    time.sleep(600)
+"""
+
+
+def _start_exporter(model_dir):
+    process = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_STAGING, str(model_dir)], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()
+    )
+    return process, Path(process.stdout.readline().strip())
+
+
+def test_next_export_removes_staging_of_killed_exports_but_not_of_live_ones(tmp_path):
+    killed, killed_staging = _start_exporter(tmp_path)
+    live, live_staging = _start_exporter(tmp_path)
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        assert killed_staging.is_dir()
+        with serving_layout.staging_directory(tmp_path) as staging:
+            assert not killed_staging.exists()  # its lock died with its process
+            assert live_staging.is_dir()  # its exporter still holds the lock
+            published = serving_layout.publish(staging, tmp_path)
+        assert published == tmp_path / "1" and not (published / ".lock").exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["1", live_staging.name])
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_unlocked_staging_is_removed_only_once_old(tmp_path):
+    """A staging directory without a lock file is mid-rename (recent) or orphaned (old)."""
+    recent, old = tmp_path / ".staging-recent", tmp_path / ".staging-old"
+    recent.mkdir()
+    old.mkdir()
+    an_hour_and_more = time.time() - serving_layout._UNLOCKED_STALE_SECONDS - 60
+    os.utime(old, (an_hour_and_more, an_hour_and_more))
+    assert serving_layout.remove_stale_staging(tmp_path) == [old]
+    assert recent.is_dir() and not old.exists()
