@@ -3,12 +3,12 @@
     python -m export.translator_export --run runs/translator --export-dir artifacts/export
 
 Writes `<export-dir>/translator/<version>/` (TF Serving's layout; the version is one more than
-the highest present) holding:
+the highest present; `<export-dir>/models.config` lists it) holding:
 
 - the SavedModel, whose `serving_default` signature maps a batch of raw source strings
   (`source`, `tf.string`, `(batch,)`) to translated strings (`translation`): tokenisation
   (`TextVectorization`), the encoder, the cached greedy decoding loop and detokenisation all run
-  in the graph;
+  in the graph; `assets.extra/tf_serving_warmup_requests` holds two `source` batches;
 - `onnx/encoder.onnx` (source ids -> the decoder's cross-attention keys/values, projected once)
   and `onnx/decoder_step.onnx` (one token + the self-attention cache -> logits + the updated
   cache), with dynamic batch and lengths, plus the vocabularies and `onnx/decoding.json`;
@@ -33,6 +33,8 @@ from export.fresh_process import serve_in_fresh_process
 from export.serving_layout import SIGNATURE
 from export.serving_layout import publish
 from export.serving_layout import staging_directory
+from export.serving_layout import write_models_config
+from export.serving_layout import write_warmup_requests
 from models.decoding import cross_attention_caches
 from models.decoding import decode_sentences
 from models.decoding import decoder_step
@@ -260,15 +262,18 @@ def verify_export(model, vectorizers, version_dir, sentences):
 def export_translator(model, vectorizers, export_dir, sentences):
     """Writes, verifies and atomically publishes `<export_dir>/translator/<version>`.
 
-    The same staging and publishing as the IMDB export (`export.serving_layout`): built in a readable
-    hidden directory beside the versions, renamed to the next free version only once verified.
+    The same TF Serving layout as the IMDB export (`export.serving_layout`): built in a readable
+    hidden directory beside the versions with warmup requests (one sentence, then a batch of up
+    to 8), renamed to the next free version only once verified, then listed in `models.config`.
     """
     model_dir = os.path.join(export_dir, MODEL_NAME)
     with staging_directory(model_dir) as staging:
         write_saved_model(model, vectorizers, str(staging))
+        write_warmup_requests(staging, MODEL_NAME, SIGNATURE_INPUT, [sentences[:1], sentences[:8]])
         write_onnx(model, vectorizers, os.path.join(staging, "onnx"))
         report = verify_export(model, vectorizers, str(staging), sentences)
         final = publish(staging, model_dir)
+    write_models_config(export_dir)
     return str(final), report
 
 

@@ -8,7 +8,6 @@ import numpy as np
 import onnx
 import pytest
 import tensorflow as tf
-from tensorflow_serving.apis import prediction_log_pb2
 
 from export import verify
 from export.onnx_predictor import OnnxSentimentPredictor
@@ -18,6 +17,7 @@ from models.sentiment_classifier import fit_ensemble
 from pipelines import imdb_data
 from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
 from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
+from tests.serving_checks import warmup_requests
 from models import imdb_text
 
 CONFIG = SentimentClassifierConfig(
@@ -95,15 +95,8 @@ def test_tf_serving_layout(exported, trained):
 
 def test_warmup_records_are_predict_requests_on_raw_reviews(exported):
     export_dir, reviews, _ = exported
-    records = export_dir / "imdb_sentiment" / "1" / "assets.extra" / "tf_serving_warmup_requests"
-    batches = []
-    for record in tf.data.TFRecordDataset(str(records)).as_numpy_iterator():
-        log = prediction_log_pb2.PredictionLog.FromString(record)
-        request = log.predict_log.request
-        assert request.model_spec.name == "imdb_sentiment"
-        assert request.model_spec.signature_name == "serving_default"
-        batches.append([s.decode("utf-8") for s in tf.make_ndarray(request.inputs["reviews"]).tolist()])
-    assert batches == [reviews[:1], reviews[:8]]
+    requests = warmup_requests(export_dir / "imdb_sentiment" / "1", "reviews")
+    assert requests == [("imdb_sentiment", "serving_default", batch) for batch in (reviews[:1], reviews[:8])]
 
 
 def test_serving_signature_answers_raw_strings(exported, trained):

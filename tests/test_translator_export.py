@@ -3,6 +3,7 @@ import io
 import os
 import tempfile
 from contextlib import redirect_stdout
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from models.decoding import translate_ids
 from pipelines import translate
 from models.translation_text import detokenize
 from tests.translation_fixtures import spanish_english_slice
+from tests.serving_checks import warmup_requests
 from tests.translation_fixtures import tiny_translator
 from export import serving_layout
 
@@ -48,6 +50,16 @@ def test_export_has_the_tf_serving_layout_and_passed_verification():
         assert os.path.isfile(os.path.join(path, "onnx", name)), name
     assert report == {"sentences": len(_sentences()), "saved_model_matches": True, "onnx_matches": True}
     assert sorted(os.listdir(os.path.dirname(path))) == ["1"]  # no staging directory left behind
+
+
+def test_export_lists_the_model_in_models_config_and_ships_warmup_requests():
+    path, _ = _exported()
+    version = Path(path)
+    config = (version.parent.parent / "models.config").read_text()
+    assert 'name: "translator"' in config and f'base_path: "{version.parent.resolve()}"' in config
+    sentences = _sentences()
+    expected = [("translator", "serving_default", batch) for batch in (sentences[:1], sentences[:8])]
+    assert warmup_requests(version, "source") == expected
 
 
 def test_saved_model_in_a_fresh_process_translates_like_keras():
