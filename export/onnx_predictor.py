@@ -13,6 +13,11 @@ lowercase ASCII letters only, replace each `replace` pair in order, delete every
 `strip_characters`, split on runs of ASCII whitespace, look each token up in the vocabulary
 (line `i` of `vocabulary.txt` is id `first_token_id + i`; unknown tokens get `oov_id`), keep the
 first `sequence_length` ids and right-pad the batch with `padding_id` to its longest row.
+
+Inputs are what the SavedModel's `tf.string` signature takes: one review or a sequence (list,
+tuple, NumPy array) of them, each `str` or `bytes`. Bytes need not be UTF-8: like TensorFlow's
+string ops, the rules act on the ASCII bytes and leave every other byte in its token (which is
+then out of vocabulary). An empty batch answers empty arrays.
 """
 
 import json
@@ -47,6 +52,25 @@ class OnnxSentimentPredictor:
         )
         self.input_name = self.session.get_inputs()[0].name
 
+    @staticmethod
+    def reviews(texts):
+        """`texts` as a list of `str`: a lone `str`/`bytes` is a batch of one; bytes that are not
+        UTF-8 keep each undecodable byte as a lone surrogate (never matches a vocabulary token)."""
+        if isinstance(texts, (str, bytes)):
+            texts = [texts]
+        if isinstance(texts, np.ndarray) and texts.ndim <= 1:
+            texts = texts.reshape(-1).tolist()
+        if not isinstance(texts, (list, tuple)):
+            raise TypeError(f"`texts` must be a string or a list of strings. Received: texts={texts!r}")
+        reviews = []
+        for index, text in enumerate(texts):
+            if isinstance(text, bytes):
+                text = text.decode("utf-8", errors="surrogateescape")
+            if not isinstance(text, str):
+                raise TypeError(f"`texts[{index}]` must be a str or bytes. Received: {text!r} ({type(text).__name__})")
+            reviews.append(text)
+        return reviews
+
     def standardize(self, text):
         text = text.translate(_ASCII_LOWER)
         for old, new in self.rules["replace"]:
@@ -57,7 +81,7 @@ class OnnxSentimentPredictor:
         """Int32 ids `(batch, longest row)` (at least one column), 0-padded on the right."""
         oov, length = self.rules["oov_id"], self.rules["sequence_length"]
         rows = []
-        for text in texts:
+        for text in self.reviews(texts):
             tokens = [token for token in _ASCII_WHITESPACE.split(self.standardize(text)) if token]
             rows.append([self.token_to_id.get(token, oov) for token in tokens][:length])
         ids = np.full((len(rows), max([1] + [len(row) for row in rows])), self.rules["padding_id"], np.int32)
@@ -66,7 +90,11 @@ class OnnxSentimentPredictor:
         return ids
 
     def predict(self, texts):
-        """`{"probability": float32 (batch,), "label": int64 (batch,)}` for a list of strings."""
-        (probability,) = self.session.run(None, {self.input_name: self.token_ids(texts)})
+        """`{"probability": float32 (batch,), "label": int64 (batch,)}` for a string or a list of strings."""
+        ids = self.token_ids(texts)
+        if ids.shape[0] == 0:
+            probability = np.zeros([0], np.float32)
+        else:
+            (probability,) = self.session.run(None, {self.input_name: ids})
         probability = probability.reshape(-1)
         return {"probability": probability, "label": (probability >= 0.5).astype(np.int64)}

@@ -193,3 +193,49 @@ def test_disagreeing_export_is_refused_and_removed(exported, trained, monkeypatc
         )
     assert sorted(p.name for p in (export_dir / "imdb_sentiment").iterdir()) == published
     assert not list(export_dir.rglob(".staging-*"))
+
+
+# Inputs a caller may hand either predictor: (ONNX predictor input, the same batch for the SavedModel).
+PREDICTOR_INPUTS = {
+    "bare string": ("A wonderful film.", [b"A wonderful film."]),
+    "bare bytes": (b"A wonderful film.", [b"A wonderful film."]),
+    "tuple": (("great", "awful"), [b"great", b"awful"]),
+    "numpy array": (np.array(["great", "awful"]), [b"great", b"awful"]),
+    "non-UTF-8 bytes": (
+        [b"great \xff\xfe film", b"\xe9l\xe8ve GREAT\x80", b"latin-1 caf\xe9 awful"],
+        [b"great \xff\xfe film", b"\xe9l\xe8ve GREAT\x80", b"latin-1 caf\xe9 awful"],
+    ),
+    "empty batch": ([], []),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PREDICTOR_INPUTS))
+def test_onnx_predictor_takes_what_the_savedmodel_takes(exported, case):
+    export_dir, _, _ = exported
+    onnx_input, batch = PREDICTOR_INPUTS[case]
+    serve = tf.saved_model.load(str(export_dir / "imdb_sentiment" / "1")).signatures["serving_default"]
+    expected = serve(reviews=tf.constant(batch, tf.string, shape=[len(batch)]))
+    got = OnnxSentimentPredictor(export_dir / "onnx" / "imdb_sentiment" / "1").predict(onnx_input)
+    assert got["probability"].shape == got["label"].shape == (len(batch),)
+    np.testing.assert_allclose(got["probability"], expected["probability"].numpy(), atol=1e-5)
+    np.testing.assert_array_equal(got["label"], expected["label"].numpy())
+
+
+def test_onnx_tokenisation_of_non_utf8_bytes_equals_training(exported, trained):
+    export_dir, _, _ = exported
+    reviews = [b"great \xff\xfe film", b"\xe9l\xe8ve GREAT\x80 the", b"caf\xe9 <br />awful!", b"\x80\x81\x82"]
+    expected = imdb_text.dense_token_ids(tf.constant(reviews), trained.vectorizer, CONFIG.max_tokens)
+    predictor = OnnxSentimentPredictor(export_dir / "onnx" / "imdb_sentiment" / "1")
+    np.testing.assert_array_equal(predictor.token_ids(reviews), expected.numpy())
+
+
+@pytest.mark.parametrize(
+    "texts, named",
+    [(None, "texts=None"), (42, "texts=42"), (["ok", 3], "texts[1]"), (["ok", None], "texts[1]"),
+     (np.array([["a"], ["b"]]), "texts=array")],
+)
+def test_onnx_predictor_rejects_what_is_not_text(exported, texts, named):
+    export_dir, _, _ = exported
+    predictor = OnnxSentimentPredictor(export_dir / "onnx" / "imdb_sentiment" / "1")
+    with pytest.raises(TypeError, match=named.replace("[", r"\[")):
+        predictor.predict(texts)
