@@ -1,0 +1,150 @@
+"""Linformer self-attention (Wang et al. 2020): keys and values projected along the length.
+
+    output = softmax(Q (E K)^T / sqrt(d)) (F V),   E, F: (projected_length, length)
+
+The `(seq, projected_length)` attention is linear in the length. Public implementations project
+padded positions into every key; here the real tokens are first moved, in order, to the front
+and the rest zeroed, so the projection only ever sees real tokens at positions `0..n-1`: padded
+content, and how much padding follows, never change an output.
+
+A causal request is refused: every projected key mixes the keys of the whole sequence, future
+tokens included, so no mask over the projected keys can hide the future from a query.
+"""
+
+import keras
+from keras import ops
+
+from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.projected_self_attention import ProjectedSelfAttention
+from keras_attn.utils import check_positive_int
+
+CAUSAL_ERROR = (
+    "LinformerSelfAttention cannot be causal: each of its `projected_length` keys and values is a "
+    "weighted sum over every position of the sequence, future positions included, so a query "
+    "attending to any projected key already sees the future (a mask cannot remove a token's share "
+    "of a mixture). Use LinearAttention(causal=True), LSHSelfAttention(causal=True) or a causal "
+    "MultiHeadAttention instead."
+)
+
+
+def move_real_tokens_first(tensor, mask):
+    """`(batch, seq, heads, depth)` with the unmasked positions first, in order, and zeros after.
+
+    Args:
+        tensor: `(batch, seq, heads, depth)`.
+        mask: boolean `(batch, seq)`, `True` for real tokens.
+    """
+    length = ops.shape(tensor)[1]
+    positions = ops.arange(length, dtype="int32")[None, :]  # (1, seq)
+    # Real tokens sort by position, padding after all of them: one unique key per position.
+    sort_keys = positions + ops.cast(ops.logical_not(mask), "int32") * length  # (batch, seq)
+    order = ops.argsort(sort_keys, axis=-1)  # (batch, seq)
+    moved = ops.take_along_axis(tensor, order[:, :, None, None], axis=1)  # (batch, seq, heads, depth)
+    real = ops.sum(ops.cast(mask, "int32"), axis=-1, keepdims=True)  # (batch, 1)
+    keep = ops.cast(positions < real, tensor.dtype)[:, :, None, None]  # (batch, seq, 1, 1)
+    return moved * keep
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class LinformerSelfAttention(ProjectedSelfAttention):
+    """Multi-head self-attention over keys and values projected to `projected_length` positions.
+
+    Args:
+        num_heads, key_dim, value_dim, output_dim, use_bias, kernel_initializer,
+        bias_initializer, seed: as for every projected self-attention layer (see
+            `keras_attn.projected_self_attention.ProjectedSelfAttention`).
+        max_length: the longest sequence the layer takes; a shorter one uses the leading
+            `length` rows of the length projections.
+        projected_length: number of projected keys and values (Linformer's `k`).
+        share_key_value: if `True`, one length projection serves keys and values.
+        projection_per_head: if `True`, every head has its own length projections.
+        projection_initializer: initializer of the `(max_length, projected_length)`
+            projections; defaults to `N(0, 1 / projected_length)` (Wang et al.).
+        causal: must be `False`; `True` raises a `ValueError` saying why.
+
+    Call arguments:
+        inputs: `(batch, seq, features)` with `seq <= max_length`.
+        mask: optional boolean padding mask `(batch, seq)`; taken from the Keras mask of
+            `inputs` when not given. Padded positions are removed before the projection;
+            their own outputs are zeros (before the output projection's bias).
+
+    Example:
+
+    >>> x = keras.random.normal((2, 300, 32))
+    >>> layer = LinformerSelfAttention(num_heads=4, key_dim=8, max_length=512, projected_length=64)
+    >>> tuple(layer(x).shape)
+    (2, 300, 32)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        max_length,
+        projected_length,
+        share_key_value=False,
+        projection_per_head=False,
+        projection_initializer=None,
+        causal=False,
+        **kwargs,
+    ):
+        if causal:
+            raise ValueError(f"{CAUSAL_ERROR} Received: causal={causal!r}")
+        check_positive_int("max_length", max_length)
+        check_positive_int("projected_length", projected_length)
+        super().__init__(num_heads, key_dim, **kwargs)
+        self.max_length = max_length
+        self.projected_length = projected_length
+        self.share_key_value = share_key_value
+        self.projection_per_head = projection_per_head
+        self.projection_initializer = keras.initializers.get(
+            projection_initializer or keras.initializers.RandomNormal(stddev=projected_length**-0.5, seed=self.seed)
+        )
+
+    def build(self, inputs_shape):
+        length = inputs_shape[1]
+        if length is not None and length > self.max_length:
+            raise ValueError(
+                f"`inputs` is longer than `max_length={self.max_length}`. Received: inputs.shape={tuple(inputs_shape)}"
+            )
+        super().build(inputs_shape)
+        shape = (self.max_length, self.projected_length)
+        if self.projection_per_head:
+            shape = (self.num_heads,) + shape
+        self.key_length_projection = self.add_weight(
+            name="key_length_projection", shape=shape, initializer=self.projection_initializer
+        )
+        self.value_length_projection = self.key_length_projection
+        if not self.share_key_value:
+            self.value_length_projection = self.add_weight(
+                name="value_length_projection", shape=shape, initializer=self.projection_initializer
+            )
+
+    def _project_length(self, tensor, projection):
+        """`(batch, seq, heads, depth)` -> `(batch, projected_length, heads, depth)` by the leading `seq` rows."""
+        length = ops.shape(tensor)[1]
+        projection = ops.cast(projection, tensor.dtype)
+        if self.projection_per_head:
+            return ops.einsum("bthd,htk->bkhd", tensor, projection[:, :length])
+        return ops.einsum("bthd,tk->bkhd", tensor, projection[:length])
+
+    def _attend(self, query, key, value, mask, training):
+        if mask is not None:
+            key, value = move_real_tokens_first(key, mask), move_real_tokens_first(value, mask)
+        key = self._project_length(key, self.key_length_projection)  # (batch, projected_length, heads, key_dim)
+        value = self._project_length(value, self.value_length_projection)  # (batch, projected_length, heads, value_dim)
+        attended = scaled_dot_product_attention(query, key, value)  # (batch, seq, heads, value_dim)
+        if mask is not None:
+            attended = attended * ops.cast(mask, attended.dtype)[:, :, None, None]  # padded rows output zeros
+        return attended
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            max_length=self.max_length,
+            projected_length=self.projected_length,
+            share_key_value=self.share_key_value,
+            projection_per_head=self.projection_per_head,
+            projection_initializer=keras.initializers.serialize(self.projection_initializer),
+        )
+        return config
