@@ -1,0 +1,48 @@
+"""The explorer page in a real headless Chromium, opened from disk: selectors, hover, row focus."""
+
+import numpy as np
+
+from keras_attn.visualization import attention_maps
+from keras_attn.visualization import write_explorer
+from tests.browser import open_page
+
+
+def _cell_centre(page, row, column):
+    box = page.locator("#map").bounding_box()
+    cell = page.evaluate("state.cell")
+    return box["x"] + (column + 0.5) * cell, box["y"] + (row + 0.5) * cell
+
+
+def test_explorer_switches_layer_and_head_and_shows_the_weights(tmp_path):
+    rng = np.random.default_rng(0)
+    weights = {
+        "encoder/self_attention": rng.dirichlet(np.ones(6), size=(1, 2, 6)).astype(np.float32),
+        "decoder/cross_attention": rng.dirichlet(np.ones(6), size=(1, 3, 4)).astype(np.float32),
+    }
+    source, target = ["el", "gato", "negro", "come", "pan", "."], ["the", "black", "cat", "eats"]
+    maps = attention_maps(weights, {"encoder/self_attention": source, "decoder/cross_attention": target}, source)
+    path = write_explorer(tmp_path / "explorer.html", maps, title="Explorer test")
+
+    with open_page(path) as page:
+        assert page.locator("#layer option").all_inner_texts() == list(weights)
+        page.select_option("#layer", "1")
+        assert page.locator("#head option").count() == 3
+        page.select_option("#head", "2")
+        for row, column in [(0, 0), (3, 5), (1, 2)]:
+            page.mouse.move(*_cell_centre(page, row, column))
+            hover = page.locator("#hover")
+            expected = weights["decoder/cross_attention"][0, 2, row, column]
+            assert float(hover.get_attribute("data-value")) == float(expected)
+            assert hover.inner_text().endswith(f"\u201c{source[column]}\u201d: {expected:.4f}")
+            assert f"\u201c{target[row]}\u201d" in hover.inner_text()
+        page.mouse.click(*_cell_centre(page, 1, 0))
+        spans = page.locator("#focus span")
+        assert spans.all_inner_texts() == source
+        assert [spans.nth(j).get_attribute("title") for j in range(6)] == [
+            f"{value:.4f}" for value in weights["decoder/cross_attention"][0, 2, 1]
+        ]
+        assert "\u201cblack\u201d" in page.locator("#focus-title").inner_text()
+        page.select_option("#layer", "0")
+        assert page.locator("#head option").count() == 2 and page.locator("#focus span").count() == 0
+        page.mouse.move(*_cell_centre(page, 5, 4))
+        assert float(page.locator("#hover").get_attribute("data-value")) == float(weights["encoder/self_attention"][0, 0, 5, 4])
