@@ -1,14 +1,19 @@
 """`translate`: prints the translation of each input sentence, from a training run or an export.
 
     python -m pipelines.translate --run runs/translator "¿Dónde está la estación?"
+    python -m pipelines.translate --run runs/translator --attention alignment.html "Tengo hambre."
     echo "Tengo hambre." | python -m pipelines.translate --export artifacts/export/translator
 
 `--run` is a training output directory (`translator.keras`, the vocabularies and
 `run_config.json`); `--export` is a SavedModel (a version directory, or the model directory,
-whose newest version is used) and needs no project code to run.
+whose newest version is used) and needs no project code to run. `--attention out.html` (or
+`out.png`; `--run` only) also writes the cross-attention alignment of each translation, per
+decoder layer and head: an offline explorer page, or one PNG per sentence (`out.png`,
+`out_2.png`, ...).
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -16,8 +21,14 @@ import numpy as np
 import tensorflow as tf
 
 
-def translate_with_run(run_dir, sentences, beam_size=1, batch_size=256):
-    """Translations from a training run (imports the model code only here: `--export` needs none)."""
+ATTENTION_SUFFIXES = (".html", ".png")
+
+
+def translate_with_run(run_dir, sentences, beam_size=1, batch_size=256, attention_path=None):
+    """Translations from a training run (imports the model code only here: `--export` needs none).
+
+    With `attention_path` (.html or .png), also writes the cross-attention alignments there.
+    """
     from models.decoding import decode_sentences
     from models.decoding import make_decoder
     from models.translation_text import detokenize
@@ -25,7 +36,33 @@ def translate_with_run(run_dir, sentences, beam_size=1, batch_size=256):
 
     model, vectorizers, _ = load_run(run_dir)
     decoder = make_decoder(model, vectorizers, beam_size=beam_size)
-    return detokenize(decode_sentences(decoder, vectorizers, sentences, batch_size))
+    translations = detokenize(decode_sentences(decoder, vectorizers, sentences, batch_size))
+    if attention_path is not None:
+        write_alignments(attention_path, model, vectorizers, decoder, sentences, translations)
+    return translations
+
+
+def write_alignments(path, model, vectorizers, decoder, sentences, translations):
+    """The cross-attention of each translation: one explorer page (.html) or a PNG per sentence."""
+    from keras_attn import visualization
+    from models.translator_attention import alignment_maps
+
+    root, suffix = os.path.splitext(path)
+    maps, written = [], []
+    for index, sentence in enumerate(sentences):
+        target_ids = decoder(vectorizers.source_ids([sentence])).numpy()[0]
+        sentence_maps = alignment_maps(model, vectorizers, sentence, target_ids)
+        if suffix == ".png":
+            png = path if index == 0 else f"{root}_{index + 1}{suffix}"
+            figure = visualization.plot_model(sentence_maps, labelled=True)
+            figure.suptitle(f"{sentence} → {translations[index]}")
+            written.append(visualization.save_figure(figure, png))
+        else:
+            maps += [dataclasses.replace(m, name=f"{index + 1}. {sentence} | {m.name}") for m in sentence_maps]
+    if suffix == ".html":
+        pairs = "; ".join(f"{s} → {t}" for s, t in zip(sentences, translations))
+        written.append(visualization.write_explorer(path, maps, title="Cross-attention alignments", subtitle=pairs))
+    return written
 
 
 def latest_version(export_dir):
@@ -51,13 +88,21 @@ def main(argv=None):
     origin.add_argument("--run", help="training output directory (checkpoint + vocabularies)")
     origin.add_argument("--export", help="SavedModel directory (a version, or the model's versions)")
     parser.add_argument("--beam-size", type=int, default=1, help="beam size (--run only; 1 = greedy)")
+    parser.add_argument(
+        "--attention", metavar="PATH", help="also write the cross-attention alignments: .html (explorer) or .png (--run only)"
+    )
     parser.add_argument("sentences", nargs="*", help="sentences to translate (default: one per line on stdin)")
     args = parser.parse_args(argv)
     sentences = args.sentences or [line.strip() for line in sys.stdin if line.strip()]
     if not sentences:
         parser.error("no sentences: pass them as arguments or on stdin")
+    if args.attention is not None:
+        if not args.run:
+            parser.error("--attention needs --run (an export holds no attention weights)")
+        if os.path.splitext(args.attention)[1] not in ATTENTION_SUFFIXES:
+            parser.error(f"--attention must end in .html or .png, got {args.attention!r}")
     if args.run:
-        translations = translate_with_run(args.run, sentences, beam_size=args.beam_size)
+        translations = translate_with_run(args.run, sentences, beam_size=args.beam_size, attention_path=args.attention)
     else:
         translations = translate_with_export(args.export, sentences)
     for translation in translations:

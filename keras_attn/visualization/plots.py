@@ -93,14 +93,15 @@ def plot_heads(attention_map, max_queries=64, max_keys=64, query_start=0, max_ti
     return figure
 
 
-def plot_model(attention_maps, max_queries=64, max_keys=64):
-    """An overview: one row per layer, one unlabelled thumbnail per head."""
+def plot_model(attention_maps, max_queries=64, max_keys=64, labelled=False, max_ticks=30):
+    """An overview: one row per layer, one thumbnail per head (with token labels if `labelled`)."""
     if not attention_maps:
         raise ValueError("`attention_maps` is empty: nothing to draw.")
     pyplot = _pyplot()
     columns = max(attention_map.num_heads for attention_map in attention_maps)
     rows = len(attention_maps)
-    figure, axes = pyplot.subplots(rows, columns, figsize=(2.2 * columns, 2.2 * rows + 0.4), layout="constrained", squeeze=False)
+    size = 4.0 if labelled else 2.2
+    figure, axes = pyplot.subplots(rows, columns, figsize=(size * columns, size * rows + 0.4), layout="constrained", squeeze=False)
     for row, attention_map in enumerate(attention_maps):
         shown = focus(attention_map, max_queries, max_keys)
         for head in range(columns):
@@ -108,10 +109,10 @@ def plot_model(attention_maps, max_queries=64, max_keys=64):
             if head >= shown.num_heads:
                 ax.axis("off")
                 continue
-            _draw(ax, shown.weights[head], shown, 0, labels=False)
-            if row == 0:
-                ax.set_title(f"head {head}", fontsize=8)
-        axes[row, 0].set_ylabel(attention_map.name, fontsize=7)
+            _draw(ax, shown.weights[head], shown, max_ticks, labels=labelled)
+            ax.set_title(f"{attention_map.name} — head {head}" if labelled else f"head {head}", fontsize=8)
+        if not labelled:
+            axes[row, 0].set_ylabel(attention_map.name, fontsize=7)
     return figure
 
 
