@@ -9,11 +9,13 @@ The core library never imports this package.
 from keras_attn.visualization.capture import AttentionCapture
 from keras_attn.visualization.capture import attention_weights
 from keras_attn.visualization.explorer import explorer_html
+from keras_attn.visualization.explorer import token_highlight_html
 from keras_attn.visualization.explorer import write_explorer
 from keras_attn.visualization.maps import AttentionMap
 from keras_attn.visualization.maps import attention_maps
 from keras_attn.visualization.maps import focus
 from keras_attn.visualization.plots import plot_head
 from keras_attn.visualization.plots import plot_heads
+from keras_attn.visualization.plots import figure_data_uri
 from keras_attn.visualization.plots import plot_model
 from keras_attn.visualization.plots import save_figure

@@ -62,7 +62,23 @@ def embedded_data(page):
     return json.loads(page[start : page.index("</script>", start)])
 
 
-def explorer_html(attention_maps, title="Attention explorer", subtitle="", max_queries=512, max_keys=512):
+def token_highlight_html(tokens, scores, title="Attention received per token"):
+    """An HTML fragment: `tokens` shaded by `scores` (darkest = highest), each score on hover."""
+    scores = np.asarray(scores, np.float64)
+    if scores.shape != (len(tokens),):
+        raise ValueError(f"`scores` must have one value per token ({len(tokens)}). Received: shape={scores.shape}")
+    top = max(float(scores.max(initial=0.0)), 1e-12)
+    spans = "".join(
+        f'<span class="token" title="{score:.4f}" style="background:rgba(220,60,30,{score / top:.3f})">'
+        f"{html.escape(str(token))}</span> "
+        for token, score in zip(tokens, scores)
+    )
+    return f'<h2>{html.escape(title)}</h2><p class="highlight">{spans}</p>'
+
+
+def explorer_html(
+    attention_maps, title="Attention explorer", subtitle="", max_queries=512, max_keys=512, extra_html=""
+):
     """The explorer page as a string: layer and head selectors, hover values, query-row focus.
 
     Args:
@@ -70,11 +86,14 @@ def explorer_html(attention_maps, title="Attention explorer", subtitle="", max_q
         title: the page's heading.
         subtitle: a line under it (e.g. the input and the prediction).
         max_queries, max_keys: longer maps are `focus`ed (query window, top keys) and say so.
+        extra_html: trusted HTML put above the explorer (e.g. `token_highlight_html`, figures as
+            `data:` images); it must not load anything from the network.
     """
     data = json.dumps(explorer_data(attention_maps, max_queries, max_keys)).replace("/", "\\/")
     return (
         _PAGE.replace("$TITLE", html.escape(title))
         .replace("$SUBTITLE", html.escape(subtitle))
+        .replace("$EXTRA", extra_html)
         .replace("$DATA", data)
     )
 
@@ -95,9 +114,13 @@ body{font-family:system-ui,sans-serif;margin:1.2em;color:#222}
 canvas{border:1px solid #ccc;image-rendering:pixelated;cursor:crosshair}
 #hover{font-family:monospace;min-height:1.4em;margin:.4em 0}
 #note{color:#a40}
+.highlight{line-height:1.9;max-width:60em}.token{padding:1px 2px;border-radius:3px}
+table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 #focus span{display:inline-block;margin:1px;padding:1px 3px;border-radius:3px;font-family:monospace}
 </style></head><body>
 <h1>$TITLE</h1><p>$SUBTITLE</p>
+$EXTRA
+<h2>Attention maps</h2>
 <div id="controls">
 <label>Layer <select id="layer"></select></label>
 <label>Head <select id="head"></select></label>

@@ -4,6 +4,9 @@ Every figure goes through `focus` first, so long inputs show a query window and 
 and at most `max_ticks` labels per axis are drawn.
 """
 
+import base64
+import io
+
 import numpy as np
 
 from keras_attn.visualization.maps import focus
@@ -123,3 +126,10 @@ def save_figure(figure, path, dpi=100):
     finally:
         _pyplot().close(figure)
     return path
+
+
+def figure_data_uri(figure, dpi=100):
+    """`figure` as a `data:image/png;base64,...` URI (for self-contained pages); closes it."""
+    buffer = io.BytesIO()
+    save_figure(figure, buffer, dpi=dpi)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")

@@ -1,0 +1,93 @@
+"""`explain_imdb`: a run's classifier reloaded, the review's probability, tokens and attention maps."""
+
+import io
+from contextlib import redirect_stdout
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn.visualization import attention_weights
+from keras_attn.visualization.explorer import decode_weights
+from keras_attn.visualization.explorer import embedded_data
+from models import imdb_text
+from models.files import write_json_atomic
+from models.sentiment_classifier import SentimentClassifierConfig
+from models.sentiment_classifier import build_sentiment_classifier
+from models.sentiment_classifier import fit_ensemble
+from models.sentiment_classifier import training_model
+from pipelines import common
+from pipelines import explain_imdb
+from tests.test_visualization_figures import assert_png
+
+TEXTS = [
+    "A wonderful film, moving and wonderfully acted.",
+    "Dull, slow and far too long; the acting is wooden.",
+    "I loved the music but the plot was thin.",
+    "One of the worst films I have seen.",
+]
+REVIEW = "A wonderful, moving film<br />but the plot was zzzunknown and thin."
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A run directory written with the functions training uses, and the in-memory classifier."""
+    directory = tmp_path_factory.mktemp("imdb_run")
+    keras.utils.set_random_seed(5)
+    vectorizer = imdb_text.adapt_review_vectorizer(tf.data.Dataset.from_tensor_slices(TEXTS), 100)
+    config = SentimentClassifierConfig(
+        vocabulary_size=vectorizer.vocabulary_size(), max_tokens=32, sequence_length=16, embedding_dim=8,
+        num_heads=2, intermediate_dim=16, num_layers=2, bigram_buckets=64,
+    )
+    model = build_sentiment_classifier(config)
+    ids = imdb_text.dense_token_ids(TEXTS, vectorizer, config.max_tokens)
+    model.get_layer("ngram_tfidf").adapt(np.asarray(ids))
+    ensemble = fit_ensemble(model, tf.data.Dataset.from_tensor_slices((ids, [1, 0, 1, 0])).batch(4))
+    imdb_text.save_review_vocabulary(vectorizer, directory / "vocabulary.txt")
+    training_model(model).save_weights(str(directory / common.BEST_WEIGHTS))
+    write_json_atomic(directory / "summary.json", {"model": config.to_dict(), "ensemble_weights": ensemble})
+    return directory, model, vectorizer, config
+
+
+def test_reloaded_classifier_gives_the_same_probability_and_maps(run):
+    directory, model, vectorizer, config = run
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        explained = explain_imdb.main(["--run", str(directory), "--top", "3", REVIEW])
+
+    ids = imdb_text.dense_token_ids([REVIEW], vectorizer, config.max_tokens)
+    assert explained.probability == pytest.approx(float(model(ids)[0, 0]), abs=1e-6)
+    assert printed.getvalue().splitlines()[0] == f"p(positive) = {explained.probability:.4f}"
+    assert len(printed.getvalue().splitlines()) == 1 + 3
+    words = "a wonderful moving film but the plot was zzzunknown and thin".split()
+    assert explained.tokens == [w if w in vectorizer.get_vocabulary() else "[UNK]" for w in words]
+    expected = attention_weights(model, ids)
+    assert [m.name for m in explained.maps] == list(expected) == ["encoder_0/self_attention", "encoder_1/self_attention"]
+    for attention_map, weights in zip(explained.maps, expected.values()):
+        np.testing.assert_allclose(attention_map.weights, weights[0], atol=1e-6)
+    np.testing.assert_allclose(explained.received.sum(), 1.0, atol=1e-5)
+    assert explained.top_tokens(1)[0][1] == pytest.approx(explained.received.max())
+
+
+def test_explain_writes_an_offline_page_and_a_png(run, tmp_path):
+    directory, *_ = run
+    page_path, png_path = tmp_path / "review.html", tmp_path / "review.png"
+    with redirect_stdout(io.StringIO()):
+        explained = explain_imdb.main(["--run", str(directory), "--output", str(page_path), REVIEW])
+        explain_imdb.main(["--run", str(directory), "--output", str(png_path), REVIEW])
+    page = page_path.read_text()
+    assert "://" not in page and f"p(positive) = {explained.probability:.4f}" in page
+    assert page.count('class="token"') == len(explained.tokens)
+    layers = embedded_data(page)["layers"]
+    for layer, attention_map in zip(layers, explained.maps, strict=True):
+        np.testing.assert_array_equal(decode_weights(layer), attention_map.weights)
+    assert_png(png_path, 800, 840)
+
+
+def test_bad_output_suffix_and_missing_run_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        explain_imdb.main(["--run", str(tmp_path), "--output", "x.pdf", "good"])
+    assert "--output must end in .html or .png, got 'x.pdf'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no summary.json"):
+        explain_imdb.main(["--run", str(tmp_path), "good"])
