@@ -10,6 +10,7 @@ from keras_attn.cross_attention import CrossAttention
 from keras_attn.feed_forward import FeedForward
 from keras_attn.linear_attention import LinearAttention
 from keras_attn.linformer_attention import LinformerSelfAttention
+from keras_attn.lsh_attention import LSHSelfAttention
 from keras_attn.masked_global_pooling import MaskedGlobalPooling
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.position_embedding import PositionEmbedding

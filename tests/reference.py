@@ -211,3 +211,54 @@ def linear_attention_recurrence(query_features, key_features, value, mask=None, 
                 if keep[b, i] and denominator > 0:
                     output[b, i, h] = query_features[b, i, h] @ summary / denominator
     return output
+
+
+def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, is_causal=False, self_logit=-1e5):
+    """Float64 Reformer attention, query by query: each round's window in the (bucket, position) order.
+
+    `query` `(batch, seq, heads, depth)` (keys are its unit-length rows), `value` `(batch, seq,
+    heads, value_dim)`, `rotations` `(heads, depth, hashes, num_buckets // 2)`. Padding is
+    never attended and gets zero output; causal, a token attends to the `chunk_size` latest
+    tokens of its bucket up to itself; a token's own key has logit `self_logit`; the rounds are
+    weighted by the softmax of their log-sum-exps.
+    """
+    query, value = np.asarray(query, np.float64), np.asarray(value, np.float64)
+    batch, length, heads, depth = query.shape
+    valid = np.ones((batch, length), bool) if mask is None else np.asarray(mask, bool)
+    key = query / np.maximum(np.linalg.norm(query, axis=-1, keepdims=True), 1e-6)
+    output = np.zeros(value.shape)
+    for b in range(batch):
+        for h in range(heads):
+            rotated = np.einsum("td,drk->rtk", key[b, :, h], np.asarray(rotations, np.float64)[h])
+            rounds = []
+            for r in range(rotated.shape[0]):
+                buckets = np.zeros(length, int) if num_buckets == 1 else np.argmax(
+                    np.concatenate([rotated[r], -rotated[r]], -1), -1)
+                buckets = np.where(valid[b], buckets, num_buckets)
+                order = sorted(range(length), key=lambda t: (buckets[t], t))
+                rank = {t: i for i, t in enumerate(order)}
+                for i in range(length):
+                    chunk = rank[i] // chunk_size
+                    window = order[max(chunk - 1, 0) * chunk_size:(chunk + 1) * chunk_size]
+                    keys = [j for j in window if valid[b, j] and valid[b, i]]
+                    if is_causal:  # the chunk_size latest tokens of its own bucket, itself included
+                        keys = [j for j in range(i + 1) if valid[b, j] and valid[b, i] and buckets[j] == buckets[i]]
+                        keys = keys[-chunk_size:]
+                    if not keys:
+                        rounds.append((r, i, -np.inf, np.zeros(value.shape[-1])))
+                        continue
+                    logits = np.array([
+                        self_logit if j == i else query[b, i, h] @ key[b, j, h] / np.sqrt(depth) for j in keys
+                    ])
+                    top = logits.max()
+                    lse = top + np.log(np.exp(logits - top).sum())
+                    rounds.append((r, i, lse, np.exp(logits - lse) @ value[b, keys, h]))
+            for i in range(length):
+                per_round = [(lse, out) for _, q, lse, out in rounds if q == i]
+                lses = np.array([lse for lse, _ in per_round])
+                if np.all(np.isneginf(lses)):
+                    continue
+                shares = np.exp(lses - lses.max())
+                shares /= shares.sum()
+                output[b, i, h] = sum(s * out for s, (_, out) in zip(shares, per_round))
+    return output
