@@ -27,6 +27,7 @@ optimizer's step counter continues. A lost worker makes the others' collectives 
 
 import contextlib
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -39,6 +40,7 @@ import tensorflow as tf
 
 from pipelines import common
 
+MULTI_WORKER = "multi_worker"
 TIMEOUT_SECONDS = 60
 CHECKPOINT_EVERY = 100
 CHECKPOINTS = "checkpoints"
@@ -46,6 +48,29 @@ CHECKPOINTS = "checkpoints"
 
 class WorkerLostError(RuntimeError):
     """A collective did not complete: another worker died or stopped answering."""
+
+
+def add_strategy_arguments(parser):
+    """`--strategy` (`common.STRATEGIES` or `multi_worker`), `--checkpoint-every`, `--collective-timeout`."""
+    parser.add_argument(
+        "--strategy", choices=(*common.STRATEGIES, MULTI_WORKER), default="default",
+        help="multi_worker: MultiWorkerMirroredStrategy over the TF_CONFIG cluster (see pipelines.launch)",
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=_positive_int, default=CHECKPOINT_EVERY,
+        help="multi_worker: training steps between checkpoints (also one per epoch)",
+    )
+    parser.add_argument(
+        "--collective-timeout", type=_positive_int, default=TIMEOUT_SECONDS,
+        help="multi_worker: seconds before a collective with a lost worker fails",
+    )
+
+
+def _positive_int(text):
+    value = int(text)
+    if value <= 0:
+        raise ValueError(f"must be positive, got {value}")
+    return value
 
 
 def cluster_task():
@@ -223,6 +248,13 @@ class DistributedTrainer:
         return self.strategy.reduce("SUM", self.strategy.run(lambda: tf.identity(value)), axis=None)
 
 
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    history: list
+    epochs_this_invocation: int
+    trainer: DistributedTrainer
+
+
 def fit_distributed(
     strategy,
     model,
@@ -255,8 +287,9 @@ def fit_distributed(
         checkpoint_every: steps between checkpoints (one is also written at every epoch's end).
 
     Returns:
-        `(history, trainer)`: the epoch logs of the whole run (earlier invocations included, as
-        in `history.csv`; on the chief only) and the `DistributedTrainer` (for global evaluation).
+        A `FitResult`: the epoch logs of the whole run (earlier invocations included, as in
+        `history.csv`; on the chief only), the epochs this call trained, and the
+        `DistributedTrainer` (for a global evaluation afterwards).
     """
     if checkpoint_every <= 0:
         raise ValueError(f"`checkpoint_every` must be positive. Received: checkpoint_every={checkpoint_every}")
@@ -284,6 +317,7 @@ def fit_distributed(
         def save():
             manager.save(checkpoint_number=_optimizer_step(optimizer))
 
+        first_epoch = int(state["epoch"])
         while int(state["epoch"]) < epochs and int(state["stale_epochs"]) < patience:
             epoch, skip = int(state["epoch"]), int(state["step_in_epoch"])
             started = time.perf_counter()
@@ -323,7 +357,7 @@ def fit_distributed(
         trainer.barrier()  # the chief's best weights are on disk before anyone reads them
     if not chief:
         shutil.rmtree(write_dir, ignore_errors=True)
-    return history, trainer
+    return FitResult(history, int(state["epoch"]) - first_epoch, trainer)
 
 
 def _optimizer_step(optimizer):

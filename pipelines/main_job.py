@@ -39,6 +39,8 @@ def main(argv=None):
     if train_args.cpu_devices:
         common.split_cpu(train_args.cpu_devices)  # before TensorFlow initialises its devices
     run = train_imdb.train(train_args)
+    if not run.chief:  # another worker of a multi-worker run: the chief exports
+        return run.summary
     pool = [text.decode("utf-8") for text, _ in run.splits.test.take(_VERIFICATION_POOL).as_numpy_iterator()]
     exports = export_and_verify(
         run.model,

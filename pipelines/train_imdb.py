@@ -1,7 +1,7 @@
 """Trains the IMDB sentiment classifier from the raw reviews and writes a run summary.
 
     python -m pipelines.train_imdb [--data PATH] [--smoke] [--mixed-precision mixed_bfloat16]
-        [--jit-compile] [--strategy {default,mirrored}] [--output-dir runs/imdb] ...
+        [--jit-compile] [--strategy {default,mirrored,multi_worker}] [--output-dir runs/imdb] ...
 
 Data: see `pipelines.imdb_data` (lookup order --data, $KERAS_ATTN_DATA / $IMDB_DATA_DIR,
 ../shared/data, TFDS). The vectoriser is adapted on the training split only (minus the held-out
@@ -9,6 +9,12 @@ validation slice) and its vocabulary written to `<output-dir>/vocabulary.txt`; t
 only used for the final evaluation. Rerunning the same command after an interruption resumes from
 the last finished epoch. `<output-dir>/summary.json` holds data counts, parameters, epochs, time,
 throughput and validation/test accuracy.
+
+`--strategy multi_worker` trains on every worker of the `TF_CONFIG` cluster with
+`pipelines.distributed` (run the same command on each worker, or under `pipelines.launch`):
+`--batch-size` is the global batch, validation and test accuracy are global, only the chief
+writes `<output-dir>`, and a rerun resumes from the last checkpoint (every `--checkpoint-every`
+steps and every epoch).
 """
 
 import argparse
@@ -26,6 +32,7 @@ from models.sentiment_classifier import fit_ensemble
 from models.sentiment_classifier import training_model
 from models.files import write_json_atomic
 from pipelines import common
+from pipelines import distributed
 from pipelines import imdb_data
 
 SMOKE_MODEL = SentimentClassifierConfig(
@@ -56,6 +63,7 @@ class TrainingRun:
     splits: imdb_data.ImdbSplits
     summary: dict
     output_dir: Path
+    chief: bool = True  # False on the other workers of a multi-worker run: they write and export nothing
 
 
 def parse_args(argv=None):
@@ -68,7 +76,7 @@ def parse_args(argv=None):
     parser.add_argument("--smoke", action="store_true", help="tiny model and a few hundred reviews (tests)")
     parser.add_argument("--mixed-precision", choices=common.PRECISION_POLICIES[1:], help="dtype policy")
     parser.add_argument("--jit-compile", action="store_true", help="XLA-compile the train/eval steps")
-    parser.add_argument("--strategy", choices=common.STRATEGIES, default="default")
+    distributed.add_strategy_arguments(parser)
     parser.add_argument(
         "--cpu-devices", type=int, help="split the CPU into N logical devices (mirrored training without GPUs)"
     )
@@ -115,11 +123,16 @@ def data_limits(args):
 
 def train(args):
     """Runs data -> vectoriser -> fit -> best weights -> evaluation; returns a `TrainingRun`."""
-    output_dir = Path(args.output_dir)
+    multi_worker = args.strategy == distributed.MULTI_WORKER
+    # Only the chief writes the run's directory; other workers write into a temporary one.
+    output_dir = distributed.worker_output_dir(args.output_dir) if multi_worker else Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     keras.utils.set_random_seed(args.seed)
     policy = common.set_precision(args.mixed_precision)
-    strategy = common.make_strategy(args.strategy)
+    if multi_worker:
+        strategy = distributed.multi_worker_strategy(args.collective_timeout)
+    else:
+        strategy = common.make_strategy(args.strategy)
     config = model_config(args)
 
     cache = imdb_data.load_cache(args.data, args.cache_dir, allow_download=not args.no_download)
@@ -162,20 +175,47 @@ def train(args):
             },
             jit_compile=args.jit_compile,
         )
-    callbacks = common.training_callbacks(output_dir, monitor=MONITOR, mode=MONITOR_MODE, patience=args.patience)
-    history = trainer.fit(
-        train_batches.map(every_output),
-        validation_data=validation_batches.map(every_output),
-        epochs=args.epochs,
-        callbacks=callbacks,
-    )
-
-    common.restore_best_weights(trainer, output_dir)
-    with strategy.scope():
-        ensemble = fit_ensemble(model, validation_batches)
-    validation = model.evaluate(validation_batches, return_dict=True, verbose=0)
-    test = trainer.evaluate(test_batches.map(every_output), return_dict=True, verbose=0)
-    epochs = common.read_history(output_dir)
+    if multi_worker:
+        # model.fit fails under MultiWorkerMirroredStrategy (keras#20585): our own step.
+        with strategy.scope():
+            optimizer = common.adamw_with_warmup(args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay)
+        fitted = distributed.fit_distributed(
+            strategy,
+            trainer,
+            optimizer,
+            distributed.per_example_losses(**{branch: keras.losses.BinaryCrossentropy() for branch in BRANCHES}),
+            {f"{name}_accuracy": distributed.accuracy(name) for name in (*BRANCHES, "probability")},
+            lambda epoch: batches(train_ids, shuffle=True, seed=args.seed + epoch, drop_remainder=True).map(every_output),
+            validation_batches.map(every_output),
+            epochs=args.epochs,
+            global_batch_size=args.batch_size,
+            output_dir=args.output_dir,
+            monitor=MONITOR,
+            mode=MONITOR_MODE,
+            patience=args.patience,
+            checkpoint_every=args.checkpoint_every,
+        )
+        epochs, epochs_this_invocation = fitted.history, fitted.epochs_this_invocation
+        common.restore_best_weights(trainer, args.output_dir)  # the chief's, on every worker
+        with strategy.scope():
+            ensemble = fit_ensemble(model, validation_batches)
+        validation = {"accuracy": fitted.trainer.evaluate(validation_batches.map(every_output))["probability_accuracy"]}
+        test = fitted.trainer.evaluate(test_batches.map(every_output))
+    else:
+        callbacks = common.training_callbacks(output_dir, monitor=MONITOR, mode=MONITOR_MODE, patience=args.patience)
+        history = trainer.fit(
+            train_batches.map(every_output),
+            validation_data=validation_batches.map(every_output),
+            epochs=args.epochs,
+            callbacks=callbacks,
+        )
+        epochs_this_invocation = len(history.epoch)
+        common.restore_best_weights(trainer, output_dir)
+        with strategy.scope():
+            ensemble = fit_ensemble(model, validation_batches)
+        validation = model.evaluate(validation_batches, return_dict=True, verbose=0)
+        test = trainer.evaluate(test_batches.map(every_output), return_dict=True, verbose=0)
+        epochs = common.read_history(output_dir)
     training_seconds = sum(epoch["epoch_seconds"] for epoch in epochs)
     summary = {
         "data": {"source": splits.source, "cache": str(cache.directory), **splits.counts},
@@ -190,7 +230,7 @@ def train(args):
         "learning_rate": args.learning_rate,
         "weight_decay": args.weight_decay,
         "epochs_run": len(epochs),
-        "epochs_this_invocation": len(history.epoch),
+        "epochs_this_invocation": epochs_this_invocation,
         "best_epoch": _best_epoch(epochs),
         "training_seconds": round(training_seconds, 1),
         "train_examples_per_second": round(splits.counts["train"] * len(epochs) / max(training_seconds, 1e-9), 1),
@@ -201,7 +241,8 @@ def train(args):
         "test_loss": test["loss"],  # the sum of the branch losses
     }
     write_json_atomic(output_dir / "summary.json", summary)
-    return TrainingRun(model, trainer, vectorizer, config, splits, summary, output_dir)
+    chief = output_dir == Path(args.output_dir)
+    return TrainingRun(model, trainer, vectorizer, config, splits, summary, output_dir, chief)
 
 
 def _best_epoch(epochs):

@@ -18,8 +18,12 @@ import keras
 import numpy as np
 import pytest
 
+from pipelines import imdb_data
 from pipelines import launch
+from pipelines import train_imdb
 from tests import distributed_worker
+from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
+from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -108,3 +112,24 @@ def test_a_killed_worker_stops_the_other_and_the_rerun_resumes(tmp_path):
     assert f"resumed after step {interrupted_at}" in log.getvalue()
     for task in (0, 1):  # the step counter went on: every step trained exactly once
         assert final_weights(tmp_path / f"{task}.npz")[1] == steps
+
+
+def test_main_job_on_two_workers_exports_from_the_chief(small_imdb_archive, imdb_cache_dir, tmp_path):
+    imdb_data.load_cache(small_imdb_archive, imdb_cache_dir, allow_download=False)  # decoded once, before the workers
+    run_dir, export_dir = tmp_path / "run", tmp_path / "export"
+    command = [sys.executable, "-m", "pipelines.main_job", "--smoke", "--data", str(small_imdb_archive),
+               "--cache-dir", str(imdb_cache_dir), "--no-download", "--output-dir", str(run_dir),
+               "--export-dir", str(export_dir), "--epochs", "1", "--batch-size", "16", "--strategy", "multi_worker"]
+    log = io.StringIO()
+    assert launch.launch(command, 2, output=log) == 0, log.getvalue()[-3000:]
+    summary = json.loads((run_dir / "main_job.json").read_text())
+    training = json.loads((run_dir / "summary.json").read_text())
+    assert training["strategy"] == "multi_worker" and training["replicas"] == 2 and training["epochs_run"] == 1
+    assert training["data"]["train"] == 300 - train_imdb.SMOKE_DATA["validation_size"]
+    assert 0.0 <= training["test_accuracy"] <= 1.0 and training["test_loss"] > 0
+    # The same verification as a one-machine run: a fresh-process SavedModel reload, saved_model_cli, ONNX.
+    assert summary["exports"]["savedmodel"] == str(export_dir / "imdb_sentiment" / "1")
+    for key in ("savedmodel_fresh_process_max_abs_diff", "saved_model_cli_max_abs_diff", "onnx_max_abs_diff"):
+        assert summary["exports"]["parity"][key] <= 1e-5
+    assert list((run_dir / "checkpoints").glob("ckpt-*.index")) and (run_dir / "best.weights.h5").is_file()
+    assert "[worker 1]" in log.getvalue() and "[worker 0] Epoch 1/1" in log.getvalue()
