@@ -6,7 +6,9 @@ Trains with the default configuration on the shipped data (`pipelines.train_imdb
 the official test split, exports the SavedModel (TF Serving layout) and the ONNX bundle, verifies
 both against the Keras model on real test reviews of varied lengths (`export.verify`), and prints
 a final summary: test accuracy, training time, export paths, parity figures. The summary is also
-written to `<output-dir>/main_job.json`.
+written to `<output-dir>/main_job.json`, beside `<output-dir>/report.html`: a self-contained page
+with those figures, the learning curves, the test confusion matrix and the attention maps of a
+few test reviews, right and wrong (`pipelines.imdb_report`).
 """
 
 import argparse
@@ -18,6 +20,7 @@ from export.verify import export_and_verify
 from export.verify import verification_reviews
 from models.files import write_json_atomic
 from pipelines import common
+from pipelines import imdb_report
 from pipelines import train_imdb
 
 _VERIFICATION_POOL = 2_000  # test reviews the verification picks its varied lengths from
@@ -61,8 +64,15 @@ def main(argv=None):
         "data": run.summary["data"],
         "exports": exports,
         "training_summary": str(run.output_dir / "summary.json"),
-        "main_job_seconds": round(time.perf_counter() - started, 1),
+        "report": str(run.output_dir / "report.html"),
     }
+    report_started = time.perf_counter()
+    imdb_report.write_report(
+        run.output_dir / "report.html", summary, common.read_history(run.output_dir), run.model, run.vectorizer,
+        run.config, run.splits.test,
+    )
+    summary["report_seconds"] = round(time.perf_counter() - report_started, 1)
+    summary["main_job_seconds"] = round(time.perf_counter() - started, 1)
     write_json_atomic(run.output_dir / "main_job.json", summary)
     print(json.dumps(summary, indent=2, sort_keys=True))
     return summary

@@ -50,6 +50,11 @@ def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsy
         assert exports["parity"][key] <= 1e-5
     assert (tmp_path / "run" / "vocabulary.txt").is_file()
     assert list((tmp_path / "run" / "tensorboard").rglob("events.out.tfevents.*"))
+    # The report sits beside main_job.json (tests/test_imdb_report.py checks its content).
+    report = (tmp_path / "run" / "report.html").read_text()
+    assert summary["report"] == str(tmp_path / "run" / "report.html") and summary["report_seconds"] > 0
+    assert f"{summary['test_accuracy']:.4f}" in report and report.count("data:image/png;base64,") == 2
+    assert f"Confusion matrix ({train_imdb.SMOKE_DATA['max_test']:,} test reviews)" in report
 
 
 def backed_up_optimizer_steps(output_dir):

@@ -36,9 +36,7 @@ def _layer_record(attention_map, max_queries, max_keys):
 
 
 def explorer_data(attention_maps, max_queries=512, max_keys=512):
-    """What the page embeds: one record per layer (`focus`ed to at most `max_queries x max_keys`)."""
-    if not attention_maps:
-        raise ValueError("`attention_maps` is empty: nothing to explore.")
+    """What the page embeds: one record per layer (`focus`ed to at most `max_queries x max_keys`); may be none."""
     layers = [_layer_record(attention_map, max_queries, max_keys) for attention_map in attention_maps]
     cells = sum(int(np.prod(layer["shape"])) for layer in layers)
     if cells > _MAX_CELLS:
@@ -209,6 +207,7 @@ function fillHeads() {
 layers.forEach(function (layer, index) { layerSelect.add(new Option(layer.name, String(index))); });
 layerSelect.addEventListener("change", function () { state.layer = Number(layerSelect.value); state.row = null; fillHeads(); draw(); });
 headSelect.addEventListener("change", function () { state.head = Number(headSelect.value); draw(); });
-fillHeads(); draw();
+if (layers.length) { fillHeads(); draw(); }
+else { document.getElementById("controls").textContent = "No attention maps in this page."; }
 </script></body></html>
 """
