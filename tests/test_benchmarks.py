@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import cached_decoding
 from benchmarks import export_latency
+from benchmarks import imdb_attention_families
 from benchmarks import imdb_training_throughput
 from benchmarks import layer_throughput
 from benchmarks import memory_scaling
@@ -22,6 +23,7 @@ SCRIPTS = {
     "cached_decoding": (cached_decoding, "recompute_over_cached"),
     "export_latency": (export_latency, "onnx_over_saved_model"),
     "imdb_training_throughput": (imdb_training_throughput, "speedup_vs_keras"),
+    "imdb_attention_families": (imdb_attention_families, "accuracy_vs_dense"),
 }
 
 
