@@ -7,7 +7,6 @@ and the explorer (every review, block and head). Figures are inline PNGs, data a
 """
 
 import dataclasses
-import html
 
 import keras
 import numpy as np
@@ -18,36 +17,13 @@ from keras_attn.visualization import token_highlight_html
 from models.files import write_text_atomic
 from models.review_attention import explain_review
 from pipelines import imdb_data
+from pipelines.run_report import image_html
+from pipelines.run_report import learning_curves_figure
+from pipelines.run_report import table_html
 
 EXAMPLES_PER_OUTCOME = 2  # right and wrong test reviews shown
 EXAMPLE_POOL = 400  # the first test reviews they are picked from
 EXAMPLE_MAX_WORDS = 160  # short enough to read
-
-
-def table_html(rows, header=("", "")):
-    cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
-    return f"<table><tr><th>{html.escape(header[0])}</th><th>{html.escape(header[1])}</th></tr>{cells}</table>"
-
-
-def image_html(uri, alt):
-    return f'<p><img alt="{html.escape(alt)}" src="{uri}"></p>'
-
-
-def learning_curves_figure(history):
-    """Loss and accuracy per epoch from the CSV history rows (training solid, validation dashed)."""
-    from matplotlib import pyplot
-
-    figure, axes = pyplot.subplots(1, 2, figsize=(11, 4), layout="constrained")
-    epochs = [int(row["epoch"]) + 1 for row in history]
-    for ax, kind in zip(axes, ("loss", "accuracy")):
-        for name in sorted(k for k in history[0] if k.endswith(kind) and not k.startswith("val_")):
-            line = ax.plot(epochs, [row[name] for row in history], marker="o", label=name)[0]
-            if f"val_{name}" in history[0]:
-                ax.plot(epochs, [row[f"val_{name}"] for row in history], "--", marker="o", color=line.get_color(), label=f"val_{name}")
-        ax.set_xlabel("epoch")
-        ax.set_title(kind)
-        ax.legend(fontsize=7)
-    return figure
 
 
 def test_predictions(model, test_ids, batch_size, max_tokens):

@@ -98,6 +98,7 @@ def test_smoke_training_writes_a_run_that_translates(tmp_path):
     assert 0.0 <= recorded["test_bleu"] <= 100.0 and 0.0 < recorded["test_token_accuracy"] < 1.0
     assert recorded["data"]["train"] + recorded["data"]["validation"] + recorded["data"]["test"] == 1_500
     assert summary["test_bleu"] == recorded["test_bleu"]
+    assert_translator_report(output / "report.html", recorded, output)
     # --evaluate-only scores the run's own data and direction, whatever the flags say.
     evaluation = train_translator.main(
         ["--smoke", "--evaluate-only", "--output-dir", str(output), "--source", "en", "--target", "es"]
@@ -110,3 +111,28 @@ def test_smoke_training_writes_a_run_that_translates(tmp_path):
     with redirect_stdout(printed):
         translate.main(["--run", str(output), *sentences])
     assert printed.getvalue().splitlines() == translate.translate_with_run(str(output), sentences)
+
+
+def assert_translator_report(path, summary, run_dir):
+    """The run's report: its BLEU, curves inline, each example's alignments equal to `alignment_maps`'."""
+    from keras_attn.visualization.explorer import decode_weights
+    from keras_attn.visualization.explorer import embedded_data
+    from models.decoding import make_decoder
+    from models.translator_attention import alignment_maps
+    from models.translator_run import load_run
+
+    page = path.read_text()
+    assert "://" not in page.replace("data:image/png;base64,", "")
+    assert f"{summary['test_bleu']} on {summary['bleu_sentences']:,} sentences" in page
+    assert page.count("data:image/png;base64,") == 1
+    model, vectorizers, _ = load_run(run_dir)
+    decoder = make_decoder(model, vectorizers, beam_size=summary["beam_size"])
+    layers = embedded_data(page)["layers"]
+    expected = []
+    for number, example in enumerate(summary["examples"], start=1):
+        target_ids = decoder(vectorizers.source_ids([example["source"]])).numpy()[0]
+        expected += [(f"{number}. {example['source']} | {m.name}", m) for m in alignment_maps(model, vectorizers, example["source"], target_ids)]
+    assert [layer["name"] for layer in layers] == [name for name, _ in expected]
+    for layer, (_, attention_map) in zip(layers, expected):
+        np.testing.assert_allclose(decode_weights(layer), attention_map.weights, atol=1e-6)
+
