@@ -35,6 +35,10 @@ from export.serving_layout import publish
 from export.serving_layout import staging_directory
 from export.serving_layout import write_models_config
 from export.serving_layout import write_warmup_requests
+from models.cli import add_debug_flag
+from models.cli import positive_int
+from models.cli import require_writable_directory
+from models.cli import user_errors_exit
 from models.decoding import cross_attention_caches
 from models.decoding import decode_sentences
 from models.decoding import decoder_step
@@ -281,11 +285,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m export.translator_export", description=__doc__.split("\n")[0])
     parser.add_argument("--run", default="runs/translator", help="training output directory")
     parser.add_argument("--export-dir", default="artifacts/export", help="TF Serving base directory")
-    parser.add_argument("--verify-sentences", type=int, default=200, help="test sentences checked")
+    parser.add_argument("--verify-sentences", type=positive_int, default=200, help="test sentences checked")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
-    model, vectorizers, _ = load_run(args.run)
-    sentences = held_out_sources(args.run, args.verify_sentences)
-    path, report = export_translator(model, vectorizers, args.export_dir, sentences)
+    with user_errors_exit(parser.prog, args.debug):
+        require_writable_directory(args.export_dir, "--export-dir")
+        model, vectorizers, _ = load_run(args.run)
+        sentences = held_out_sources(args.run, args.verify_sentences)
+        path, report = export_translator(model, vectorizers, args.export_dir, sentences)
     print(json.dumps({"export": path, **report}, indent=2))
 
 

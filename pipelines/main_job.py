@@ -18,22 +18,25 @@ import time
 
 from export.verify import export_and_verify
 from export.verify import verification_reviews
+from models.cli import require_writable_directory
+from models.cli import user_errors_exit
 from models.files import write_json_atomic
 from pipelines import common
 from pipelines import imdb_report
 from pipelines import train_imdb
 
 _VERIFICATION_POOL = 2_000  # test reviews the verification picks its varied lengths from
+PROG = "python -m pipelines.main_job"
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(prog=PROG, add_help=False)
     parser.add_argument("--export-dir", default="artifacts/export", help="root of the TF Serving layout")
     parser.add_argument("--model-name", default="imdb_sentiment")
     known, rest = parser.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
         print(__doc__)
-    return known, train_imdb.parse_args(rest)
+    return known, train_imdb.parse_args(rest, prog=PROG)
 
 
 def main(argv=None):
@@ -41,19 +44,23 @@ def main(argv=None):
     export_args, train_args = parse_args(argv)
     if train_args.cpu_devices:
         common.split_cpu(train_args.cpu_devices)  # before TensorFlow initialises its devices
-    run = train_imdb.train(train_args)
-    if not run.chief:  # another worker of a multi-worker run: the chief exports
-        return run.summary
-    pool = [text.decode("utf-8") for text, _ in run.splits.test.take(_VERIFICATION_POOL).as_numpy_iterator()]
-    exports = export_and_verify(
-        run.model,
-        run.vectorizer,
-        run.summary["vocabulary"],
-        run.config.max_tokens,
-        verification_reviews(pool),
-        export_args.export_dir,
-        export_args.model_name,
-    )
+    with user_errors_exit(PROG, train_args.debug):
+        # Both outputs are proved writable before hours of training, not after.
+        require_writable_directory(train_args.output_dir, "--output-dir")
+        require_writable_directory(export_args.export_dir, "--export-dir")
+        run = train_imdb.train(train_args)
+        if not run.chief:  # another worker of a multi-worker run: the chief exports
+            return run.summary
+        pool = [text.decode("utf-8") for text, _ in run.splits.test.take(_VERIFICATION_POOL).as_numpy_iterator()]
+        exports = export_and_verify(
+            run.model,
+            run.vectorizer,
+            run.summary["vocabulary"],
+            run.config.max_tokens,
+            verification_reviews(pool),
+            export_args.export_dir,
+            export_args.model_name,
+        )
     summary = {
         "test_accuracy": run.summary["test_accuracy"],
         "test_accuracy_by_branch": run.summary["test_accuracy_by_branch"],

@@ -25,6 +25,15 @@ from pathlib import Path
 import keras
 
 from models import imdb_text
+from models.cli import add_debug_flag
+from models.cli import config_flag_type
+from models.cli import fraction
+from models.cli import non_negative_float
+from models.cli import non_negative_int
+from models.cli import positive_float
+from models.cli import positive_int
+from models.cli import require_writable_directory
+from models.cli import user_errors_exit
 from models.sentiment_classifier import BRANCHES
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
@@ -66,9 +75,13 @@ class TrainingRun:
     chief: bool = True  # False on the other workers of a multi-worker run: they write and export nothing
 
 
-def parse_args(argv=None):
+PROG = "python -m pipelines.train_imdb"
+
+
+def parse_args(argv=None, prog=PROG):
+    """The flags, each checked against its range: a bad value exits 2 with one line, before any work."""
     defaults = SentimentClassifierConfig()
-    parser = argparse.ArgumentParser(prog="python -m pipelines.train_imdb", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--data", help="IMDB archive or a directory holding it (see pipelines/imdb_data.py)")
     parser.add_argument("--cache-dir", help="decoded-data cache (default $KERAS_ATTN_CACHE or ~/.cache/keras_attn)")
     parser.add_argument("--no-download", action="store_true", help="never fall back to a TFDS download")
@@ -78,27 +91,29 @@ def parse_args(argv=None):
     parser.add_argument("--jit-compile", action="store_true", help="XLA-compile the train/eval steps")
     distributed.add_strategy_arguments(parser)
     parser.add_argument(
-        "--cpu-devices", type=int, help="split the CPU into N logical devices (mirrored training without GPUs)"
+        "--cpu-devices", type=positive_int, help="split the CPU into N logical devices (mirrored training without GPUs)"
     )
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--learning-rate", type=float, default=2e-3)
-    parser.add_argument("--weight-decay", type=float, default=0.05)
-    parser.add_argument("--warmup-fraction", type=float, default=0.1)
-    parser.add_argument("--patience", type=int, default=2, help="EarlyStopping patience (epochs)")
-    parser.add_argument("--validation-size", type=int, default=2_500, help="training reviews held out")
-    parser.add_argument("--max-train", type=int, help="cap on training reviews")
-    parser.add_argument("--max-test", type=int, help="cap on test reviews")
-    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--epochs", type=positive_int, default=2)
+    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--learning-rate", type=positive_float, default=2e-3)
+    parser.add_argument("--weight-decay", type=non_negative_float, default=0.05)
+    parser.add_argument("--warmup-fraction", type=fraction, default=0.1)
+    parser.add_argument("--patience", type=non_negative_int, default=2, help="EarlyStopping patience (epochs)")
+    parser.add_argument("--validation-size", type=positive_int, default=2_500, help="training reviews held out")
+    parser.add_argument("--max-train", type=positive_int, help="cap on training reviews")
+    parser.add_argument("--max-test", type=positive_int, help="cap on test reviews")
+    parser.add_argument("--seed", type=non_negative_int, default=1337)
+    add_debug_flag(parser)
     for field in dataclasses.fields(SentimentClassifierConfig):
         flag = "--" + field.name.replace("_", "-")
         if field.name == "pooling":
             parser.add_argument(flag, help=f"comma-separated modes (default {','.join(defaults.pooling)})")
         else:
-            parser.add_argument(flag, type=type(getattr(defaults, field.name)), help=f"default {getattr(defaults, field.name)}")
+            default = getattr(defaults, field.name)
+            parser.add_argument(flag, type=config_flag_type(field.name, default), help=f"default {default}")
     args = parser.parse_args(argv)
-    if args.epochs <= 0:
-        parser.error(f"--epochs must be positive, got {args.epochs}")
+    with user_errors_exit(prog, args.debug):
+        model_config(args)  # the flags' combination (e.g. --sequence-length above --max-tokens)
     return args
 
 
@@ -256,7 +271,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.cpu_devices:
         common.split_cpu(args.cpu_devices)  # before TensorFlow initialises its devices
-    run = train(args)
+    with user_errors_exit(PROG, args.debug):
+        require_writable_directory(args.output_dir, "--output-dir")
+        run = train(args)
     print(json.dumps(run.summary, indent=2, sort_keys=True))
     return run
 

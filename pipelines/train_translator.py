@@ -30,6 +30,15 @@ import numpy as np
 import sacrebleu
 import tensorflow as tf
 
+from models.cli import add_debug_flag
+from models.cli import config_flag_type
+from models.cli import fraction
+from models.cli import non_negative_float
+from models.cli import non_negative_int
+from models.cli import positive_float
+from models.cli import positive_int
+from models.cli import require_writable_directory
+from models.cli import user_errors_exit
 from models.decoding import decode_sentences
 from models.decoding import make_decoder
 from models.parallel_text import orient_pairs
@@ -79,11 +88,13 @@ def compile_translator(
     return model
 
 
+PROG = "python -m pipelines.train_translator"
+
+
 def parse_args(argv=None):
+    """The flags, each checked against its range: a bad value exits 2 with one line, before any work."""
     defaults = TranslatorConfig()
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.train_translator", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="tab-separated pairs (.txt or .zip)")
     parser.add_argument("--columns", help="language codes of the two columns (default en,<other>)")
     parser.add_argument("--source", default="es", help="source language code")
@@ -93,40 +104,29 @@ def parse_args(argv=None):
     parser.add_argument("--mixed-precision", choices=common.PRECISION_POLICIES[1:], help="dtype policy")
     parser.add_argument("--jit-compile", action="store_true", help="XLA-compile training and decoding")
     parser.add_argument("--strategy", choices=common.STRATEGIES, default="default")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--tokens-per-batch", type=int, default=2048, help="padded source tokens per batch")
-    parser.add_argument("--learning-rate", type=float, default=1.5e-3)
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--warmup-fraction", type=float, default=0.05)
-    parser.add_argument("--patience", type=int, default=3, help="EarlyStopping patience (epochs)")
-    parser.add_argument("--validation-fraction", type=float, default=0.05)
-    parser.add_argument("--test-fraction", type=float, default=0.1)
-    parser.add_argument("--max-pairs", type=int, help="use only the first N pairs of the file")
-    parser.add_argument("--max-test", type=int, help="cap on test pairs scored with BLEU")
-    parser.add_argument("--beam-size", type=int, default=1, help="BLEU decoding: 1 = greedy")
+    parser.add_argument("--epochs", type=positive_int, default=4)
+    parser.add_argument("--tokens-per-batch", type=positive_int, default=2048, help="padded source tokens per batch")
+    parser.add_argument("--learning-rate", type=positive_float, default=1.5e-3)
+    parser.add_argument("--weight-decay", type=non_negative_float, default=0.01)
+    parser.add_argument("--warmup-fraction", type=fraction, default=0.05)
+    parser.add_argument("--patience", type=non_negative_int, default=3, help="EarlyStopping patience (epochs)")
+    parser.add_argument("--validation-fraction", type=fraction, default=0.05)
+    parser.add_argument("--test-fraction", type=fraction, default=0.1)
+    parser.add_argument("--max-pairs", type=positive_int, help="use only the first N pairs of the file")
+    parser.add_argument("--max-test", type=positive_int, help="cap on test pairs scored with BLEU")
+    parser.add_argument("--beam-size", type=positive_int, default=1, help="BLEU decoding: 1 = greedy")
     parser.add_argument(
         "--evaluate-only",
         action="store_true",
         help="score the finished run in --output-dir again (e.g. with --beam-size 4); no training",
     )
-    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--seed", type=non_negative_int, default=1337)
+    add_debug_flag(parser)
     for field in dataclasses.fields(TranslatorConfig):
         flag = "--" + field.name.replace("_", "-")
         default = getattr(defaults, field.name)
-        if isinstance(default, bool):
-            parser.add_argument(flag, type=_parse_bool, help=f"true/false (default {default})")
-        else:
-            parser.add_argument(flag, type=type(default), help=f"default {default}")
-    args = parser.parse_args(argv)
-    if args.epochs <= 0:
-        parser.error(f"--epochs must be positive, got {args.epochs}")
-    return args
-
-
-def _parse_bool(text):
-    if text.lower() not in ("true", "false"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return text.lower() == "true"
+        parser.add_argument(flag, type=config_flag_type(field.name, default), help=f"default {default}")
+    return parser.parse_args(argv)
 
 
 def model_config(args):
@@ -350,7 +350,10 @@ def evaluate_run(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    summary = evaluate_run(args) if args.evaluate_only else train(args)
+    with user_errors_exit(PROG, args.debug):
+        if not args.evaluate_only:
+            require_writable_directory(args.output_dir, "--output-dir")
+        summary = evaluate_run(args) if args.evaluate_only else train(args)
     print(json.dumps(summary, indent=2, sort_keys=True, ensure_ascii=False))
     return summary
 

@@ -20,6 +20,10 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from models.cli import add_debug_flag  # standard library only: --export still runs no model code
+from models.cli import positive_int
+from models.cli import user_errors_exit
+
 
 ATTENTION_SUFFIXES = (".html", ".png")
 
@@ -83,15 +87,18 @@ def translate_with_export(export_dir, sentences):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.translate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     origin = parser.add_mutually_exclusive_group(required=True)
     origin.add_argument("--run", help="training output directory (checkpoint + vocabularies)")
     origin.add_argument("--export", help="SavedModel directory (a version, or the model's versions)")
-    parser.add_argument("--beam-size", type=int, default=1, help="beam size (--run only; 1 = greedy)")
+    parser.add_argument("--beam-size", type=positive_int, default=1, help="beam size (--run only; 1 = greedy)")
     parser.add_argument(
         "--attention", metavar="PATH", help="also write the cross-attention alignments: .html (explorer) or .png (--run only)"
     )
     parser.add_argument("sentences", nargs="*", help="sentences to translate (default: one per line on stdin)")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     sentences = args.sentences or [line.strip() for line in sys.stdin if line.strip()]
     if not sentences:
@@ -101,10 +108,11 @@ def main(argv=None):
             parser.error("--attention needs --run (an export holds no attention weights)")
         if os.path.splitext(args.attention)[1] not in ATTENTION_SUFFIXES:
             parser.error(f"--attention must end in .html or .png, got {args.attention!r}")
-    if args.run:
-        translations = translate_with_run(args.run, sentences, beam_size=args.beam_size, attention_path=args.attention)
-    else:
-        translations = translate_with_export(args.export, sentences)
+    with user_errors_exit(parser.prog, args.debug):
+        if args.run:
+            translations = translate_with_run(args.run, sentences, beam_size=args.beam_size, attention_path=args.attention)
+        else:
+            translations = translate_with_export(args.export, sentences)
     for translation in translations:
         print(translation)
 

@@ -1,0 +1,141 @@
+"""Every CLI's bad input ends before any work with one `<prog>: error: ...` line naming the flag
+(or the file) and the value received, exit status 2, no traceback; `--debug` shows the error."""
+
+import pytest
+
+from export import translator_export
+from models import cli
+from pipelines import imdb_data
+from pipelines import main_job
+from pipelines import train_imdb
+from pipelines import train_translator
+from pipelines import translate
+
+CLIS = {
+    "train_imdb": train_imdb.main,
+    "main_job": main_job.main,
+    "train_translator": train_translator.main,
+    "translate": translate.main,
+    "translator_export": translator_export.main,
+}
+
+# (cli, argv, text the one error line must hold: the flag and the value received)
+BAD_FLAGS = [
+    ("train_imdb", ["--batch-size", "0"], "--batch-size: must be a positive integer, got '0'"),
+    ("train_imdb", ["--batch-size", "-3"], "--batch-size: must be a positive integer, got '-3'"),
+    ("train_imdb", ["--batch-size", "2.5"], "--batch-size: expected an integer, got '2.5'"),
+    ("train_imdb", ["--epochs", "0"], "--epochs: must be a positive integer, got '0'"),
+    ("train_imdb", ["--max-train", "-10"], "--max-train: must be a positive integer, got '-10'"),
+    ("train_imdb", ["--max-test", "0"], "--max-test: must be a positive integer, got '0'"),
+    ("train_imdb", ["--validation-size", "0"], "--validation-size: must be a positive integer, got '0'"),
+    ("train_imdb", ["--learning-rate", "-1"], "--learning-rate: must be a positive finite number, got '-1'"),
+    ("train_imdb", ["--learning-rate", "0"], "--learning-rate: must be a positive finite number, got '0'"),
+    ("train_imdb", ["--learning-rate", "nan"], "--learning-rate: must be a positive finite number, got 'nan'"),
+    ("train_imdb", ["--learning-rate", "inf"], "--learning-rate: must be a positive finite number, got 'inf'"),
+    ("train_imdb", ["--learning-rate", "fast"], "--learning-rate: expected a number, got 'fast'"),
+    ("train_imdb", ["--weight-decay", "-0.1"], "--weight-decay: must be a non-negative finite number, got '-0.1'"),
+    ("train_imdb", ["--warmup-fraction", "1.5"], "--warmup-fraction: must be a number in [0, 1), got '1.5'"),
+    ("train_imdb", ["--patience", "-1"], "--patience: must be a non-negative integer, got '-1'"),
+    ("train_imdb", ["--cpu-devices", "0"], "--cpu-devices: must be a positive integer, got '0'"),
+    ("train_imdb", ["--seed", "-5"], "--seed: must be a non-negative integer, got '-5'"),
+    ("train_imdb", ["--num-heads", "0"], "--num-heads: must be a positive integer, got '0'"),
+    ("train_imdb", ["--embedding-dim", "-8"], "--embedding-dim: must be a positive integer, got '-8'"),
+    ("train_imdb", ["--dropout", "1"], "--dropout: must be a number in [0, 1), got '1'"),
+    ("train_imdb", ["--dropout", "-0.2"], "--dropout: must be a number in [0, 1), got '-0.2'"),
+    ("train_imdb", ["--tfidf-scale", "0"], "--tfidf-scale: must be a positive finite number, got '0'"),
+    ("train_imdb", ["--pooling", "mean,sum"], "pooling=('mean', 'sum')"),
+    ("train_imdb", ["--sequence-length", "4096"], "sequence_length=4096, max_tokens=2048"),
+    ("train_imdb", ["--mixed-precision", "float64"], "--mixed-precision: invalid choice: 'float64'"),
+    ("main_job", ["--batch-size", "0"], "--batch-size: must be a positive integer, got '0'"),
+    ("main_job", ["--learning-rate", "-1"], "--learning-rate: must be a positive finite number, got '-1'"),
+    ("train_translator", ["--tokens-per-batch", "0"], "--tokens-per-batch: must be a positive integer, got '0'"),
+    ("train_translator", ["--epochs", "-2"], "--epochs: must be a positive integer, got '-2'"),
+    ("train_translator", ["--learning-rate", "-1"], "--learning-rate: must be a positive finite number, got '-1'"),
+    ("train_translator", ["--beam-size", "0"], "--beam-size: must be a positive integer, got '0'"),
+    ("train_translator", ["--max-pairs", "-10"], "--max-pairs: must be a positive integer, got '-10'"),
+    ("train_translator", ["--test-fraction", "1"], "--test-fraction: must be a number in [0, 1), got '1'"),
+    ("train_translator", ["--dropout", "2"], "--dropout: must be a number in [0, 1), got '2'"),
+    ("train_translator", ["--num-heads", "0"], "--num-heads: must be a positive integer, got '0'"),
+    ("train_translator", ["--tie-embeddings", "maybe"], "--tie-embeddings: expected true or false, got 'maybe'"),
+    ("translate", ["--run", "x", "--beam-size", "0", "hola"], "--beam-size: must be a positive integer, got '0'"),
+    ("translator_export", ["--verify-sentences", "0"], "--verify-sentences: must be a positive integer, got '0'"),
+]
+
+
+def _error_line(capsys):
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(lines)
+    return lines[-1]
+
+
+@pytest.mark.parametrize("name, argv, expected", BAD_FLAGS, ids=[" ".join([c, *a]) for c, a, _ in BAD_FLAGS])
+def test_bad_flag_exits_2_naming_flag_and_value(name, argv, expected, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # nothing may be written; the default output dirs would land here
+    with pytest.raises(SystemExit) as exit_info:
+        CLIS[name](argv)
+    assert exit_info.value.code == 2
+    line = _error_line(capsys)
+    assert line.startswith(f"python -m {'export' if name == 'translator_export' else 'pipelines'}.{name}: error:")
+    assert expected in line
+    assert list(tmp_path.iterdir()) == []  # checked before any work
+
+
+def _bad_inputs(tmp_path):
+    """(cli, argv, text of the one error line) for inputs found missing, corrupt or unwritable."""
+    corrupt = tmp_path / "corrupt.tar.gz"
+    corrupt.write_bytes(b"not a tar archive")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    output = ["--output-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache")]
+    return [
+        ("train_imdb", ["--smoke", "--no-download", "--data", str(tmp_path / "absent.tar.gz"), *output],
+         "absent.tar.gz"),
+        ("train_imdb", ["--smoke", "--no-download", "--data", str(corrupt), *output], "corrupt.tar.gz is corrupt"),
+        ("train_imdb", ["--smoke", "--output-dir", str(a_file / "run")], f"--output-dir '{a_file / 'run'}' is not a"),
+        ("main_job", ["--smoke", "--export-dir", str(a_file / "export"), *output],
+         f"--export-dir '{a_file / 'export'}' is not a writable directory"),
+        ("train_translator", ["--smoke", "--data", str(tmp_path / "absent.txt"), "--output-dir", str(tmp_path / "t")],
+         f"path={str(tmp_path / 'absent.txt')!r}"),
+        ("train_translator", ["--smoke", "--output-dir", str(a_file / "t")], f"--output-dir '{a_file / 't'}' is not a"),
+        ("translate", ["--export", str(tmp_path / "no_export"), "hola"], "holds no SavedModel version"),
+        ("translator_export", ["--run", str(tmp_path / "no_run"), "--export-dir", str(tmp_path / "e")], "no_run"),
+        ("translator_export", ["--run", str(tmp_path), "--export-dir", str(a_file / "e")],
+         f"--export-dir '{a_file / 'e'}' is not a writable directory"),
+    ]
+
+
+def test_missing_corrupt_or_unwritable_paths_end_in_one_line(capsys, tmp_path):
+    for name, argv, expected in _bad_inputs(tmp_path):
+        with pytest.raises(SystemExit) as exit_info:
+            CLIS[name](argv)
+        assert exit_info.value.code == 2, (name, argv)
+        line = _error_line(capsys)
+        assert "error:" in line and expected in line, (name, line)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").glob("*.weights.h5"))
+
+
+def test_debug_shows_the_error_itself(tmp_path):
+    argv = ["--smoke", "--no-download", "--data", str(tmp_path / "absent.tar.gz"), "--output-dir", str(tmp_path / "r")]
+    with pytest.raises(imdb_data.ImdbDataError, match="absent.tar.gz"):
+        train_imdb.main([*argv, "--cache-dir", str(tmp_path / "c"), "--debug"])
+
+
+@pytest.mark.parametrize(
+    "parse, good, bad",
+    [
+        (cli.positive_int, {"1": 1, "32": 32}, ["0", "-1", "1.0", "", "x"]),
+        (cli.non_negative_int, {"0": 0, "7": 7}, ["-1", "0.5"]),
+        (cli.positive_float, {"1e-3": 1e-3, "2": 2.0}, ["0", "-1", "nan", "inf", "-inf", "x"]),
+        (cli.non_negative_float, {"0": 0.0, "0.05": 0.05}, ["-0.01", "nan", "inf"]),
+        (cli.fraction, {"0": 0.0, "0.5": 0.5, "0.999": 0.999}, ["1", "-0.1", "nan", "2"]),
+        (cli.parse_bool, {"true": True, "False": False}, ["yes", "1", ""]),
+    ],
+)
+def test_flag_types(parse, good, bad):
+    import argparse
+
+    for text, value in good.items():
+        assert parse(text) == value and type(parse(text)) is type(value)
+    for text in bad:
+        with pytest.raises(argparse.ArgumentTypeError, match=repr(text)):
+            parse(text)
