@@ -38,6 +38,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from models.cli import positive_int
 from pipelines import common
 
 MULTI_WORKER = "multi_worker"
@@ -57,20 +58,13 @@ def add_strategy_arguments(parser):
         help="multi_worker: MultiWorkerMirroredStrategy over the TF_CONFIG cluster (see pipelines.launch)",
     )
     parser.add_argument(
-        "--checkpoint-every", type=_positive_int, default=CHECKPOINT_EVERY,
+        "--checkpoint-every", type=positive_int, default=CHECKPOINT_EVERY,
         help="multi_worker: training steps between checkpoints (also one per epoch)",
     )
     parser.add_argument(
-        "--collective-timeout", type=_positive_int, default=TIMEOUT_SECONDS,
+        "--collective-timeout", type=positive_int, default=TIMEOUT_SECONDS,
         help="multi_worker: seconds before a collective with a lost worker fails",
     )
-
-
-def _positive_int(text):
-    value = int(text)
-    if value <= 0:
-        raise ValueError(f"must be positive, got {value}")
-    return value
 
 
 def cluster_task():

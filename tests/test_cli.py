@@ -46,6 +46,8 @@ BAD_FLAGS = [
     ("train_imdb", ["--pooling", "mean,sum"], "pooling=('mean', 'sum')"),
     ("train_imdb", ["--sequence-length", "4096"], "sequence_length=4096, max_tokens=2048"),
     ("train_imdb", ["--mixed-precision", "float64"], "--mixed-precision: invalid choice: 'float64'"),
+    ("train_imdb", ["--checkpoint-every", "0"], "--checkpoint-every: must be a positive integer, got '0'"),
+    ("train_imdb", ["--collective-timeout", "-5"], "--collective-timeout: must be a positive integer, got '-5'"),
     ("main_job", ["--batch-size", "0"], "--batch-size: must be a positive integer, got '0'"),
     ("main_job", ["--learning-rate", "-1"], "--learning-rate: must be a positive finite number, got '-1'"),
     ("train_translator", ["--tokens-per-batch", "0"], "--tokens-per-batch: must be a positive integer, got '0'"),
