@@ -15,6 +15,7 @@ Layout: `(batch, seq, heads, depth)` for query, key and value (what the projecti
 """
 
 import math
+import numbers
 
 import keras
 from keras import ops
@@ -43,6 +44,9 @@ BLOCKWISE_MIN_BANDED_ATTENTION_SIZE = 8192 * 8192
 QUERY_CHUNK_SIZE = 128
 def _check_inputs(query, key, value, mask):
     for name, tensor in (("query", query), ("key", key), ("value", value)):
+        dtype = keras.backend.standardize_dtype(tensor.dtype)
+        if "float" not in dtype:  # integer logits would truncate: the softmax needs floats
+            raise ValueError(f"`{name}` must be a floating tensor. Received: {name}.dtype={dtype}")
         if len(tensor.shape) != 4:
             raise ValueError(
                 f"`{name}` must have rank 4 `(batch, seq, heads, depth)`. "
@@ -87,6 +91,23 @@ def _check_broadcastable(name, tensor, query, key):
                 f"`{name}` is not broadcastable to (batch, heads, query_len, key_len)={target}. "
                 f"Received: {name}.shape={tuple(tensor.shape)}"
             )
+
+
+def _check_scale(scale):
+    """A number must be positive and finite (a tensor scale is only known at run time)."""
+    if scale is None or (hasattr(scale, "dtype") and not isinstance(scale, numbers.Real)):
+        return
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
+        raise ValueError(f"`scale` must be a positive finite number or None. Received: scale={scale!r}")
+
+
+def _zero_unattended_keys(key, value, mask):
+    """Keys and values that no query may attend to (padding) set to 0: whatever they hold, NaN
+    and inf included, cannot reach a real output through `0 * NaN` in the logits or the value
+    product of any kernel."""
+    attended = ops.any(mask, axis=(1, 2))  # (batch | 1, key_len)
+    attended = ops.expand_dims(ops.expand_dims(attended, -1), -1)  # (batch | 1, key_len, 1, 1)
+    return ops.where(attended, key, ops.zeros_like(key)), ops.where(attended, value, ops.zeros_like(value))
 
 
 def _repeat_kv_heads(tensor, groups):
@@ -168,8 +189,11 @@ def scaled_dot_product_attention(
     check_rate("dropout_rate", dropout_rate)
     if isinstance(query_offset, int) and query_offset < 0:
         raise ValueError(f"`query_offset` must be >= 0. Received: query_offset={query_offset}")
+    _check_scale(scale)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
+    if mask is not None:
+        key, value = _zero_unattended_keys(key, value, mask)
 
     groups = query.shape[2] // key.shape[2]
     key = _repeat_kv_heads(key, groups)  # (batch, key_len, heads, depth)
