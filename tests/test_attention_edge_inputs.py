@@ -93,3 +93,26 @@ def test_padded_nan_cannot_reach_real_outputs_under_xla():
     output = compiled(tf.constant(poisoned), tf.constant(poisoned)).numpy()
     expected, _ = reference.attention(q, v * [[[1]], [[1]], [[1]], [[0]]], v * [[[1]], [[1]], [[1]], [[0]]], mask=mask)
     np.testing.assert_allclose(output, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "mask_shape",
+    [(2,), (2, 5, 1), (2, 5, 3), (1, 2, 5), (2, 4), (3, 5)],
+)
+def test_masked_global_pooling_rejects_a_mask_not_shaped_batch_seq(mask_shape):
+    from keras_attn.masked_global_pooling import MaskedGlobalPooling
+
+    inputs = np.ones((2, 5, 3), np.float32)
+    with pytest.raises(ValueError, match=rf"`mask` must have shape \(batch, seq\)=\(2, 5\)\. Received: mask\.shape="):
+        MaskedGlobalPooling()(inputs, mask=np.ones(mask_shape, bool))
+
+
+@pytest.mark.parametrize("mode", ["mean", "max"])
+def test_masked_global_pooling_broadcast_free_mask_matches_numpy(mode):
+    from keras_attn.masked_global_pooling import MaskedGlobalPooling
+
+    rng = np.random.default_rng(1)
+    inputs = rng.normal(size=(2, 5, 3)).astype(np.float32)
+    mask = np.array([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], bool)
+    expected = np.stack([getattr(np, mode)(inputs[b][mask[b]].astype(np.float64), axis=0) for b in range(2)])
+    np.testing.assert_allclose(MaskedGlobalPooling(mode)(inputs, mask=mask), expected, atol=1e-6)
