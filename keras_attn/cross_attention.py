@@ -67,3 +67,8 @@ class CrossAttention(MultiHeadAttention):
 
     def compute_output_shape(self, query_shape, context_shape):
         return super().compute_output_shape(query_shape, context_shape)
+
+    def compute_output_spec(self, query, context, return_attention_scores=False, cache=None, **unused_masks_and_flags):
+        return super().compute_output_spec(
+            query, context, return_attention_scores=return_attention_scores, cache=cache
+        )

@@ -1,27 +1,30 @@
-"""Multi-head attention, call-compatible with `keras.layers.MultiHeadAttention`."""
+"""Multi-head attention: a subclass of `keras.layers.MultiHeadAttention` with exact masking and fast paths."""
 
 import keras
 from keras import ops
 
 from keras_attn.attention import ATTENTION_IMPLEMENTATIONS
 from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.masks import banded_mask
 from keras_attn.masks import merge_masks
 from keras_attn.masks import padding_mask_to_attention_mask
+from keras_attn.softmax import zero_masked
 from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_positive_int
 from keras_attn.utils import check_rate
-from keras_attn.utils import clone_initializer
 
-_SEQUENCE_AXES = (None, 1, (1,), [1], (-2,), [-2])
+_SEQUENCE_AXIS = (1,)  # the attention axes of (batch, seq, features) inputs, resolved
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class MultiHeadAttention(keras.layers.Layer):
+class MultiHeadAttention(keras.layers.MultiHeadAttention):
     """Multi-head attention (Vaswani et al., 2017) with exact masking on every path.
 
-    A drop-in replacement for `keras.layers.MultiHeadAttention` on `(batch, seq, features)`
-    inputs: the same constructor arguments, the same `call` signature and the same weight
-    shapes (weights copy across with `set_weights`). On top of it:
+    A drop-in replacement for `keras.layers.MultiHeadAttention`, and a subclass of it: the same
+    constructor arguments, `call` signature, attribute names (`_query_dense`, `_key_dense`,
+    `_value_dense`, `_output_dense`), weights (they copy across with `set_weights`), quantization
+    (`Model.quantize`) and subclass hook (`_compute_attention`). Keras's own test file for the
+    layer runs against this class (`tests/test_keras_multi_head_attention_suite.py`). On top of it:
 
     - a query row whose keys are all masked yields all-zero attention weights (Keras gives
       uniform weights on some paths); softmax always runs in float32;
@@ -37,9 +40,13 @@ class MultiHeadAttention(keras.layers.Layer):
         value_dim: size of each head for value; defaults to `key_dim`.
         dropout: dropout rate on the attention weights.
         use_bias: whether the projections use bias vectors.
-        output_shape: size of the output's last axis (int or 1-tuple); defaults to the
-            query's feature size.
-        attention_axes: only the sequence axis is supported (`None` or `1`).
+        output_shape: the output's trailing shape (int or tuple); defaults to the query's
+            feature size.
+        attention_axes: the axes attention runs over, as in Keras (default: all axes but the
+            batch, the heads and the features). On `(batch, seq, features)` inputs attending
+            over the sequence (the default) the dense, chunked and blockwise kernels of
+            `keras_attn.attention` run; other ranks and axes run Keras's einsum path with this
+            layer's masking rules (no cache, bias or grouped key/value heads there).
         sliding_window: optional positive int; each query attends to keys with
             `|i - j| < sliding_window` (local/band attention).
         flash_attention: accepted for compatibility with Keras; ignored.
@@ -87,12 +94,21 @@ class MultiHeadAttention(keras.layers.Layer):
         `(batch, query_len, output_features)`; then the attention weights when
         `return_attention_scores=True`; then the updated cache when `cache` is given.
 
+    Subclass hook: `_compute_attention(query, key, value, attention_mask=None, training=None,
+    return_attention_scores=False, use_causal_mask=False)` receives the projected
+    `(batch, seq, heads, dim)` tensors and returns `(output, scores_or_None)`, as in Keras. A
+    subclass that overrides it is called with every mask merged into `attention_mask` (causal
+    and sliding window included) and without `use_causal_mask`, as Keras does.
+
     Example:
 
     >>> tokens = keras.Input((None,), dtype="int32")
     >>> x = keras.layers.Embedding(1000, 64, mask_zero=True)(tokens)
     >>> x = MultiHeadAttention(num_heads=4, key_dim=16)(x, x, use_causal_mask=True)
     >>> model = keras.Model(tokens, x)
+    >>> output, scores = MultiHeadAttention(num_heads=4, key_dim=16)(x, x, return_attention_scores=True)
+    >>> tuple(output.shape), tuple(scores.shape)
+    ((None, None, 64), (None, 4, None, None))
     """
 
     def __init__(
@@ -119,12 +135,9 @@ class MultiHeadAttention(keras.layers.Layer):
         implementation="auto",
         **kwargs,
     ):
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("key_dim", key_dim)
-        check_positive_int("value_dim", value_dim, allow_none=True)
-        check_positive_int("sliding_window", sliding_window, allow_none=True)
+        check_rate("dropout", dropout)
         check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
-        if num_key_value_heads is not None and num_heads % num_key_value_heads:
+        if num_key_value_heads is not None and isinstance(num_heads, int) and num_heads % num_key_value_heads:
             raise ValueError(
                 "`num_key_value_heads` must divide `num_heads`. Received: "
                 f"num_heads={num_heads}, num_key_value_heads={num_key_value_heads}"
@@ -134,51 +147,54 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"`implementation` must be one of {ATTENTION_IMPLEMENTATIONS}. "
                 f"Received: implementation={implementation!r}"
             )
-        check_rate("dropout", dropout)
-        if attention_axes not in _SEQUENCE_AXES:
-            raise ValueError(
-                "keras_attn attends over the sequence axis of (batch, seq, features) inputs only: "
-                f"`attention_axes` must be None or 1. Received: attention_axes={attention_axes}"
-            )
-        super().__init__(activity_regularizer=activity_regularizer, **kwargs)
-        self.supports_masking = True
-        self.num_heads = num_heads
-        self.key_dim = key_dim
-        self.value_dim = value_dim or key_dim
-        self.num_key_value_heads = num_key_value_heads or num_heads
-        self.dropout = dropout
-        self.use_bias = use_bias
-        self.use_gate = use_gate
-        self.output_shape_ = _normalize_output_shape(output_shape)
-        self.sliding_window = sliding_window
-        self.flash_attention = flash_attention
+        if isinstance(output_shape, int) and output_shape <= 0:
+            raise ValueError(f"Invalid `output_shape`: it must be positive. Received: output_shape={output_shape}")
+        super().__init__(
+            num_heads,
+            key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            use_bias=use_bias,
+            output_shape=output_shape,
+            attention_axes=attention_axes,
+            sliding_window=sliding_window,
+            flash_attention=flash_attention,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer,
+            bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer,
+            kernel_constraint=kernel_constraint,
+            bias_constraint=bias_constraint,
+            use_gate=use_gate,
+            seed=seed,
+            **kwargs,
+        )
+        self._num_key_value_heads = num_key_value_heads or num_heads
         self.implementation = implementation
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self.kernel_constraint = keras.constraints.get(kernel_constraint)
-        self.bias_constraint = keras.constraints.get(bias_constraint)
-        self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed) if dropout > 0 else None
+        self._sequence_attention = None  # set by `build`: rank-3 inputs attending over axis 1
+
+    @property
+    def num_key_value_heads(self):
+        return self._num_key_value_heads
+
+    @property
+    def sliding_window(self):
+        return self._sliding_window
+
+    @property
+    def use_gate(self):
+        return self._use_gate
 
     def _projection(self, name, heads, head_dim, activation=None):
-        initializer_config = dict(
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer),
-        )
+        """A `(batch, seq, features) -> (batch, seq, heads, head_dim)` projection, as Keras builds it."""
         projection = keras.layers.EinsumDense(
             "abc,cde->abde",
             output_shape=(None, heads, head_dim),
-            bias_axes="de" if self.use_bias else None,
+            bias_axes="de" if self._use_bias else None,
             activation=activation,
-            kernel_regularizer=self.kernel_regularizer,
-            bias_regularizer=self.bias_regularizer,
-            kernel_constraint=self.kernel_constraint,
-            bias_constraint=self.bias_constraint,
-            dtype=self.dtype_policy,
             name=name,
-            **initializer_config,
+            **self._get_common_kwargs_for_sublayer(),
         )
         # A per-position projection keeps a padding mask valid; this layer reads the masks
         # from its `*_mask` arguments, so the projections only need not to drop (and warn).
@@ -187,48 +203,45 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape
-        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
-            if len(shape) != 3:
-                raise ValueError(
-                    f"`{name}` must have rank 3 (batch, seq, features). "
-                    f"Received: {name}.shape={tuple(shape)}"
-                )
-        if key_shape[1] is not None and value_shape[1] is not None and key_shape[1] != value_shape[1]:
-            raise ValueError(
-                "`key` and `value` must have the same length. Received: "
-                f"key.shape={tuple(key_shape)}, value.shape={tuple(value_shape)}"
-            )
-        self.query_dense = self._projection("query", self.num_heads, self.key_dim)
-        self.query_dense.build(query_shape)
-        self.key_dense = self._projection("key", self.num_key_value_heads, self.key_dim)
-        self.key_dense.build(key_shape)
-        # The gate is built before the value projection: Keras's weight order for `set_weights`.
-        if self.use_gate:
-            self.gate_dense = self._projection(
-                "gate", self.num_heads, self.value_dim, activation="sigmoid"
-            )
-            self.gate_dense.build(query_shape)
-        self.value_dense = self._projection("value", self.num_key_value_heads, self.value_dim)
-        self.value_dense.build(value_shape)
-        output_dim = self.output_shape_[0] if self.output_shape_ else query_shape[-1]
-        self.output_dense = keras.layers.EinsumDense(
-            "abcd,cde->abe",
-            output_shape=(None, output_dim),
-            bias_axes="e" if self.use_bias else None,
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer),
-            kernel_regularizer=self.kernel_regularizer,
-            bias_regularizer=self.bias_regularizer,
-            kernel_constraint=self.kernel_constraint,
-            bias_constraint=self.bias_constraint,
-            dtype=self.dtype_policy,
-            name="attention_output",
+        _check_input_shapes(query_shape, value_shape, key_shape)
+        self._sequence_attention = _attends_over_the_sequence(
+            query_shape, value_shape, key_shape, self._attention_axes, self._output_shape
         )
-        self.output_dense.build((None, None, self.num_heads, self.value_dim))
+        if not self._sequence_attention:
+            if self._num_key_value_heads != self._num_heads:
+                raise ValueError(
+                    "Grouped key/value heads need (batch, seq, features) inputs attending over axis 1. "
+                    f"Received: num_key_value_heads={self._num_key_value_heads}, "
+                    f"query_shape={tuple(query_shape)}, attention_axes={self._attention_axes}"
+                )
+            super().build(query_shape, value_shape, key_shape)  # Keras's einsum projections
+            return
+        self._query_dense = self._projection("query", self._num_heads, self._key_dim)
+        self._query_dense.build(query_shape)
+        self._key_dense = self._projection("key", self._num_key_value_heads, self._key_dim)
+        self._key_dense.build(key_shape)
+        # The gate is built before the value projection: Keras's weight order for `set_weights`.
+        if self._use_gate:
+            self._gate_dense = self._projection("gate", self._num_heads, self._value_dim, activation="sigmoid")
+            self._gate_dense.build(query_shape)
+        self._value_dense = self._projection("value", self._num_key_value_heads, self._value_dim)
+        self._value_dense.build(value_shape)
+        self._build_attention(4)  # Keras's einsum equations and softmax, for the `_compute_attention` hook
+        self._output_dense = self._make_output_dense(
+            query_shape, self._get_common_kwargs_for_sublayer(), "attention_output"
+        )
+        self._output_dense.build((None, None, self._num_heads, self._value_dim))
+
+    def _dropout_seed_generator(self):
+        """The seed generator of Keras's attention dropout layer (one per layer, as in Keras), or `None`."""
+        return self._dropout_layer.seed_generator if self._dropout > 0 else None
+
+    def _quantized(self, *projections):
+        return any(projection.quantization_mode is not None for projection in projections)
 
     def _fused_qkv(self, inputs):
         """One matmul for the query, key and value projections of the same tensor."""
-        projections = (self.query_dense, self.key_dense, self.value_dense)
+        projections = (self._query_dense, self._key_dense, self._value_dense)
         kernel = ops.concatenate(
             [ops.reshape(p.kernel, (ops.shape(p.kernel)[0], -1)) for p in projections], axis=-1
         )  # (features, (heads + 2 * kv_heads) * head_dim)
@@ -247,16 +260,18 @@ class MultiHeadAttention(keras.layers.Layer):
         return query, key, value
 
     def _output_projection(self, attended):
-        """`output_dense` as one 2-D matmul: `(batch, query_len, heads, value_dim)` -> `(batch, query_len, output_dim)`.
+        """`_output_dense` as one 2-D matmul: `(batch, query_len, heads, value_dim)` -> `(batch, query_len, output_dim)`.
 
         The same weights and result as calling the `EinsumDense`, which lowers `abcd,cde->abe` to
         a batched matmul whose kernel gradient is computed per batch element and then summed.
         """
-        kernel = self.output_dense.kernel  # (heads, value_dim, output_dim)
+        if self._quantized(self._output_dense):
+            return self._output_dense(attended)  # integer kernel and scale: the layer's own quantized call
+        kernel = self._output_dense.kernel  # (heads, value_dim, output_dim)
         width = self.num_heads * self.value_dim
         batch, length = ops.shape(attended)[0], ops.shape(attended)[1]
         attended = ops.reshape(attended, (batch, length, width))  # (batch, query_len, heads * value_dim)
-        bias = self.output_dense.bias if self.use_bias else None
+        bias = self._output_dense.bias if self.use_bias else None
         return self._affine(attended, ops.reshape(kernel, (width, -1)), bias)  # (batch, query_len, output_dim)
 
     def _affine(self, inputs, kernel, bias):
@@ -271,9 +286,14 @@ class MultiHeadAttention(keras.layers.Layer):
         return outputs
 
     def _project(self, query, key, value):
-        if query is value and key is value:
+        """Projected `(batch, seq, heads, dim)` query, key and value; one matmul for a self-attention input.
+
+        Quantized projections run through their own layers (their kernels are integers plus scales).
+        """
+        projections = (self._query_dense, self._key_dense, self._value_dense)
+        if query is value and key is value and not self._quantized(*projections):
             return self._fused_qkv(query)
-        return self.query_dense(query), self.key_dense(key), self.value_dense(value)
+        return self._query_dense(query), self._key_dense(key), self._value_dense(value)
 
     def call(
         self,
@@ -293,6 +313,11 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         if key is None:
             key = value
+        if not self._sequence_attention:
+            return self._call_over_attention_axes(
+                query, value, key, query_mask, value_mask, key_mask, attention_mask,
+                return_attention_scores, training, use_causal_mask, attention_bias, cache, cache_update_index,
+            )
         if cache_update_index is not None and query_mask is not None:
             query_mask = _query_rows(query_mask, query, cache_update_index)
         mask = self._attention_mask(query_mask, value_mask, key_mask, attention_mask)
@@ -316,6 +341,12 @@ class MultiHeadAttention(keras.layers.Layer):
             attention_mask=attention_mask,
             attention_bias=attention_bias,
         )
+        if _overrides_compute_attention(self):
+            attended, weights = self._hooked_attention(
+                query, projected_query, projected_key, projected_value, mask, attention_bias,
+                use_causal_mask, cache_update_index, training, return_attention_scores,
+            )
+            return self._finish(query, attended, weights, cache, return_attention_scores)
         # (batch, query_len, heads, value_dim)[, (batch, heads, query_len, key_len)]
         attention = scaled_dot_product_attention(
             projected_query,
@@ -328,13 +359,17 @@ class MultiHeadAttention(keras.layers.Layer):
             query_offset=0 if cache_update_index is None else cache_update_index,
             dropout_rate=self.dropout,
             training=training,
-            seed_generator=self.seed_generator,
+            seed_generator=self._dropout_seed_generator(),
             return_weights=return_attention_scores,
             implementation=self.implementation,
         )
         attended, weights = attention if return_attention_scores else (attention, None)
-        if self.use_gate:
-            attended = attended * self.gate_dense(query)
+        return self._finish(query, attended, weights, cache, return_attention_scores)
+
+    def _finish(self, query, attended, weights, cache, return_attention_scores):
+        """The gate and the output projection; `output[, weights][, cache]`."""
+        if self._use_gate:
+            attended = attended * self._gate_dense(query)
         output = self._output_projection(attended)  # (batch, query_len, output_dim)
         results = (output,)
         if return_attention_scores:
@@ -342,6 +377,86 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             results += (cache,)
         return results[0] if len(results) == 1 else results
+
+    def _hooked_attention(
+        self, query, projected_query, projected_key, projected_value, mask, attention_bias,
+        use_causal_mask, cache_update_index, training, return_attention_scores,
+    ):
+        """A subclass's `_compute_attention`, called as Keras calls it: every mask merged, no causal flag."""
+        if attention_bias is not None:
+            raise ValueError(
+                "`attention_bias` cannot reach an overridden `_compute_attention` (its signature has no "
+                f"bias). Received: attention_bias.shape={tuple(attention_bias.shape)}"
+            )
+        query_len, key_len = ops.shape(projected_query)[1], ops.shape(projected_key)[1]
+        offset = 0 if cache_update_index is None else cache_update_index
+        mask = banded_mask(mask, query_len, key_len, use_causal_mask, self._sliding_window, offset)
+        return self._compute_attention(
+            projected_query, projected_key, projected_value, mask, training, return_attention_scores
+        )
+
+    def _call_over_attention_axes(
+        self, query, value, key, query_mask, value_mask, key_mask, attention_mask,
+        return_attention_scores, training, use_causal_mask, attention_bias, cache, cache_update_index,
+    ):
+        """Keras's einsum path for other ranks, axes and output shapes, with this layer's masking rules."""
+        unsupported = {"attention_bias": attention_bias, "cache": cache, "cache_update_index": cache_update_index}
+        for name, given in unsupported.items():
+            if given is not None:
+                raise ValueError(
+                    f"`{name}` needs (batch, seq, features) inputs attending over axis 1 and a 1-D "
+                    f"`output_shape`. Received: query.shape={tuple(query.shape)}, "
+                    f"attention_axes={self._attention_axes}, output_shape={self._output_shape}"
+                )
+        mask = self._compute_attention_mask(
+            query, value, query_mask=query_mask, value_mask=value_mask, key_mask=key_mask,
+            attention_mask=attention_mask, use_causal_mask=use_causal_mask,
+        )
+        gate = self._gate_dense(query) if self._use_gate else None
+        attended, weights = self._compute_attention(
+            self._query_dense(query), self._key_dense(key), self._value_dense(value), mask, training,
+            return_attention_scores,
+        )
+        if gate is not None:
+            attended = attended * gate
+        output = self._output_dense(attended)
+        return (output, weights) if return_attention_scores else output
+
+    def _compute_attention(
+        self, query, key, value, attention_mask=None, training=None, return_attention_scores=False,
+        use_causal_mask=False,
+    ):
+        """Attention over projected `(batch, seq, heads, dim)` tensors: `(output, scores or None)`.
+
+        Keras's documented override point, with the same arguments. `attention_mask` is boolean,
+        `(query_len, key_len)`, `(batch, query_len, key_len)` or 4-D; `use_causal_mask` adds the
+        causal mask to it. Rank-4 tensors run `keras_attn.attention.scaled_dot_product_attention`;
+        tensors with more attention axes run Keras's einsum with this layer's masked softmax.
+        """
+        if len(query.shape) == 4:
+            mask = None if attention_mask is None else _as_4d_mask(attention_mask)
+            attention = scaled_dot_product_attention(
+                query, key, value, mask=mask, is_causal=use_causal_mask, dropout_rate=self._dropout,
+                training=training, seed_generator=self._dropout_seed_generator(),
+                return_weights=return_attention_scores, implementation=self.implementation,
+            )
+            return attention if return_attention_scores else (attention, None)
+        if use_causal_mask:
+            causal = self._compute_causal_mask(query, value)  # (1, query_len, key_len)
+            attention_mask = causal if attention_mask is None else ops.logical_and(
+                ops.cast(attention_mask, "bool"), causal
+            )
+        return super()._compute_attention(query, key, value, attention_mask, training, return_attention_scores)
+
+    def _masked_softmax(self, attention_scores, attention_mask=None):
+        """Keras's masked softmax, then exact zeros at masked entries: a fully masked row is all zero."""
+        weights = super()._masked_softmax(attention_scores, attention_mask)
+        if attention_mask is None:
+            return weights
+        mask = ops.cast(attention_mask, "bool")
+        for _ in range(len(attention_scores.shape) - len(mask.shape)):
+            mask = ops.expand_dims(mask, axis=-len(self._attention_axes) * 2 - 1)  # Keras's expansion
+        return zero_masked(weights, mask)
 
     def _update_cache(self, cache, query, key, value, cache_update_index):
         """Returns the query, the keys and values to attend over and the cache, writing new tokens if asked."""
@@ -357,7 +472,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"key_dim={self.key_dim}, value_dim={self.value_dim}"
             )
         if cache_update_index is None:
-            projected_query = self.query_dense(query)
+            projected_query = self._query_dense(query)
         else:
             projected_query, new_key, new_value = self._project(query, key, value)
             new_entries = ops.stack((new_key, new_value), axis=1)  # (batch, 2, query_len, kv_heads, dim)
@@ -387,34 +502,81 @@ class MultiHeadAttention(keras.layers.Layer):
             attention_mask,
         )
 
-    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
-        output_dim = self.output_shape_[0] if self.output_shape_ else query_shape[-1]
-        return (*query_shape[:-1], output_dim)
+    def compute_output_spec(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        attention_bias=None,
+        cache=None,
+        cache_update_index=None,
+    ):
+        """Symbolic `output[, scores][, cache]`, as `call` returns them."""
+        key_shape = None if key is None else key.shape
+        # Keras's shape rule, also for subclasses whose `compute_output_shape` takes other arguments.
+        output_shape = keras.layers.MultiHeadAttention.compute_output_shape(self, query.shape, value.shape, key_shape)
+        output = keras.KerasTensor(output_shape, self.compute_dtype)
+        results = (output,)
+        if return_attention_scores:
+            if len(query.shape) != 3:  # the scores' axes follow `attention_axes`: trace them
+                return keras.src.backend.compute_output_spec(
+                    self.call, query, value, key, query_mask, value_mask, key_mask, attention_mask,
+                    True, training, use_causal_mask,
+                )
+            key_len = cache.shape[2] if cache is not None else value.shape[1]
+            results += (keras.KerasTensor((query.shape[0], self._num_heads, query.shape[1], key_len), self.compute_dtype),)
+        if cache is not None:
+            results += (keras.KerasTensor(cache.shape, cache.dtype),)
+        return results[0] if len(results) == 1 else results
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "key_dim": self.key_dim,
-                "value_dim": self.value_dim,
-                "dropout": self.dropout,
-                "use_bias": self.use_bias,
-                "output_shape": self.output_shape_,
-                "sliding_window": self.sliding_window,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
-                "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
-                "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
-                "bias_constraint": keras.constraints.serialize(self.bias_constraint),
-                "use_gate": self.use_gate,
-                "seed": self.seed,
-                "num_key_value_heads": self.num_key_value_heads,
-                "implementation": self.implementation,
-            }
-        )
+        config.update({"num_key_value_heads": self._num_key_value_heads, "implementation": self.implementation})
         return config
+
+
+def _check_input_shapes(query_shape, value_shape, key_shape):
+    """ValueError naming the input whose rank or shape cannot work, with what was received."""
+    shapes = {"query": tuple(query_shape), "value": tuple(value_shape), "key": tuple(key_shape)}
+    if shapes["value"][1:-1] != shapes["key"][1:-1]:
+        raise ValueError(
+            "All dimensions of `value` and `key`, except the last one, must be equal. "
+            f"Received: value.shape={shapes['value']}, key.shape={shapes['key']}"
+        )
+    for name, shape in shapes.items():
+        if len(shape) < 3:
+            raise ValueError(f"`{name}` must have rank >= 3 (batch, ..., features). Received: {name}.shape={shape}")
+    if len({len(shape) for shape in shapes.values()}) > 1:
+        raise ValueError(
+            "`query`, `value` and `key` must have the same rank. Received: "
+            + ", ".join(f"{name}.shape={shape}" for name, shape in shapes.items())
+        )
+
+
+def _attends_over_the_sequence(query_shape, value_shape, key_shape, attention_axes, output_shape):
+    """Whether the inputs are `(batch, seq, features)` attending over axis 1 with a 1-D output shape."""
+    ranks = {len(query_shape), len(value_shape), len(key_shape)}
+    axes = None if attention_axes is None else tuple(axis % 2 if axis < 0 else axis for axis in attention_axes)
+    return ranks == {3} and axes in (None, _SEQUENCE_AXIS) and (output_shape is None or len(output_shape) == 1)
+
+
+def _overrides_compute_attention(layer):
+    return type(layer)._compute_attention is not MultiHeadAttention._compute_attention
+
+
+def _as_4d_mask(mask):
+    """A `(q, k)`, `(batch, q, k)` or 4-D boolean mask as `(batch or 1, heads or 1, q, k)`."""
+    mask = ops.cast(mask, "bool")
+    while len(mask.shape) < 4:
+        mask = ops.expand_dims(mask, -3)
+    return mask
 
 
 def _query_rows(query_mask, query, cache_update_index):
@@ -459,15 +621,3 @@ def _broadcastable(shape, target):
     return len(shape) == len(target) and all(
         received in (None, 1) or expected in (None, received) for received, expected in zip(shape, target)
     )
-
-
-def _normalize_output_shape(output_shape):
-    if output_shape is None:
-        return None
-    shape = (output_shape,) if isinstance(output_shape, int) else tuple(output_shape)
-    if len(shape) != 1 or not isinstance(shape[0], int) or shape[0] <= 0:
-        raise ValueError(
-            "`output_shape` must be a positive int or a 1-tuple of one. "
-            f"Received: output_shape={output_shape!r}"
-        )
-    return shape

@@ -64,6 +64,11 @@ class SelfAttention(MultiHeadAttention):
     def compute_output_shape(self, inputs_shape):
         return super().compute_output_shape(inputs_shape, inputs_shape)
 
+    def compute_output_spec(self, inputs, return_attention_scores=False, cache=None, **unused_masks_and_flags):
+        return super().compute_output_spec(
+            inputs, inputs, return_attention_scores=return_attention_scores, cache=cache
+        )
+
     def compute_mask(self, inputs, mask=None):
         # With a cache, `mask` covers the whole cache, not these positions: it is not the output's.
         if mask is not None and None not in (mask.shape[1], inputs.shape[1]) and mask.shape[1] != inputs.shape[1]:

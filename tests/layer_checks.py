@@ -15,6 +15,7 @@ Outputs may be a tensor or any nested structure of tensors (`(output, scores)`);
 compared.
 """
 
+import json
 import os
 import tempfile
 
@@ -288,3 +289,90 @@ def assert_padding_invariant(layer, x, mask, appended=3, atol=1e-5):
     np.testing.assert_allclose(longer_output[mask], output[mask], atol=atol, err_msg="appended padding")
     assert np.all(output[~mask] == 0), "padded rows must be zero"
     assert np.all(np.asarray(layer(x, mask=np.zeros_like(mask))) == 0), "an all-padding sequence must give zeros"
+
+
+def _symbolic(inputs):
+    """`keras.KerasTensor`s with the shapes (batch axis free) and dtypes of concrete `inputs`."""
+
+    def symbolic(leaf):
+        array = np.asarray(keras.ops.convert_to_numpy(leaf))
+        return keras.KerasTensor((None, *array.shape[1:]), dtype=str(array.dtype))
+
+    return keras.tree.map_structure(symbolic, inputs)
+
+
+def _functional_model(layer_class, init_kwargs, inputs, call_kwargs):
+    symbolic = _symbolic(inputs)
+    model_inputs = [keras.Input(batch_shape=leaf.shape, dtype=leaf.dtype) for leaf in keras.tree.flatten(symbolic)]
+    structured = keras.tree.pack_sequence_as(symbolic, model_inputs)
+    outputs = call_with(layer_class(**init_kwargs), structured, **call_kwargs)
+    return keras.Model(model_inputs, outputs)
+
+
+def run_layer_test(
+    layer_class,
+    init_kwargs,
+    inputs,
+    call_kwargs=None,
+    expected_num_trainable_weights=None,
+    expected_num_non_trainable_weights=0,
+    run_training=True,
+    mixed_precision_tolerances=None,
+    unchanged_ok=(),
+):
+    """The contract every public layer keeps, in one call (the idea of KerasHub's `run_layer_test`).
+
+    1. config round trip, also through JSON (`serialize_keras_object` -> `json` -> back);
+    2. a symbolic `KerasTensor` call whose outputs (one tensor or a tuple) have the eager
+       outputs' shapes and dtypes, and `compute_output_shape` agreeing where the layer has one;
+    3. the number of trainable and non-trainable weights;
+    4. mixed precision (`mixed_float16`, `mixed_bfloat16`) close to float32 with the same weights;
+    5. eager, `tf.function` and XLA (`jit_compile=True`) give the same outputs;
+    6. one `fit` step of a functional model around the layer moves every trainable weight;
+    7. a `.keras` save/load and a config rebuild of that model give the same outputs.
+
+    Args:
+        layer_class: the layer class.
+        init_kwargs: constructor arguments.
+        inputs: concrete inputs, following this module's inputs convention.
+        call_kwargs: extra call arguments (`use_causal_mask=True`, `return_attention_scores=True`).
+        expected_num_trainable_weights, expected_num_non_trainable_weights: weight counts.
+        run_training: whether to run the `fit` step (layers without weights skip it).
+        mixed_precision_tolerances: `{policy: tolerance}` for `assert_mixed_precision_close`.
+        unchanged_ok: weight path substrings allowed not to move in the `fit` step.
+    """
+    call_kwargs = dict(call_kwargs or {})
+    layer = layer_class(**init_kwargs)
+    assert_config_round_trip(layer)
+    serialized = json.loads(json.dumps(keras.saving.serialize_keras_object(layer)))
+    assert keras.saving.deserialize_keras_object(serialized).get_config() == layer.get_config()
+
+    eager = call_with(layer, inputs, **call_kwargs)
+    symbolic = call_with(layer_class(**init_kwargs), _symbolic(inputs), **call_kwargs)
+    eager_leaves, symbolic_leaves = keras.tree.flatten(eager), keras.tree.flatten(symbolic)
+    assert len(symbolic_leaves) == len(eager_leaves), f"{len(symbolic_leaves)} symbolic outputs for {len(eager_leaves)}"
+    for index, (spec, value) in enumerate(zip(symbolic_leaves, eager_leaves)):
+        assert tuple(spec.shape)[1:] == tuple(value.shape)[1:], f"output {index}: {spec.shape} vs {value.shape}"
+        assert keras.backend.standardize_dtype(spec.dtype) == keras.backend.standardize_dtype(value.dtype), index
+    if type(layer).compute_output_shape is not keras.layers.Layer.compute_output_shape and not call_kwargs:
+        shapes = keras.tree.map_structure(lambda leaf: tuple(leaf.shape), _symbolic(inputs))
+        computed = layer.compute_output_shape(*shapes) if isinstance(inputs, tuple) else layer.compute_output_shape(shapes)
+        computed = [computed] if isinstance(computed[0], (int, type(None))) else list(computed)
+        for index, (shape, value) in enumerate(zip(computed, eager_leaves)):
+            assert tuple(shape)[1:] == tuple(value.shape)[1:], f"compute_output_shape[{index}]: {shape} vs {value.shape}"
+
+    if expected_num_trainable_weights is not None:
+        assert len(layer.trainable_weights) == expected_num_trainable_weights
+    assert len(layer.non_trainable_weights) == expected_num_non_trainable_weights
+
+    assert_mixed_precision_close(lambda: layer_class(**init_kwargs), inputs, tolerances=mixed_precision_tolerances)
+    assert_jit_matches_eager(layer, inputs, training=False, **call_kwargs)
+
+    model = _functional_model(layer_class, init_kwargs, inputs, call_kwargs)
+    model_inputs = keras.tree.flatten(inputs)
+    model_inputs = model_inputs if len(model_inputs) > 1 else model_inputs[0]
+    if run_training:
+        targets = [np.random.default_rng(0).standard_normal(leaf.shape) for leaf in eager_leaves]
+        assert_fit_one_step(model, model_inputs, targets if len(targets) > 1 else targets[0], unchanged_ok=unchanged_ok)
+    assert_serialization_round_trip(model, model_inputs)
+    return layer

@@ -15,6 +15,7 @@ from tests.layer_checks import assert_gradients_match_finite_differences
 from tests.layer_checks import assert_jit_matches_eager
 from tests.layer_checks import assert_mixed_precision_close
 from tests.layer_checks import assert_serialization_round_trip
+from tests.layer_checks import run_layer_test
 
 ATOL = 1e-5
 BATCH, QUERY_LEN, KEY_LEN, QUERY_DIM, VALUE_DIM, KEY_FEATURES = 2, 5, 7, 8, 6, 10
@@ -332,7 +333,9 @@ def test_serialization_round_trip():
     for name, value in GENERIC_CONFIG.items():
         if name not in ("bias_initializer", "kernel_regularizer", "activity_regularizer", "output_shape"):
             assert getattr(layer, name) == value, name
-    assert layer.activity_regularizer is not None and layer.kernel_regularizer is not None
+    # As in Keras, the activity regulariser applies to the projections' outputs.
+    assert layer._activity_regularizer is not None and layer._query_dense.activity_regularizer is not None
+    assert layer._kernel_regularizer is not None and layer._query_dense.kernel_regularizer is not None
 
 
 def test_config_accepts_keras_config_and_round_trips():
@@ -389,9 +392,6 @@ def _query_value():
         (dict(value_dim=0), "value_dim=0"),
         (dict(dropout=1.0), "dropout=1.0"),
         (dict(dropout=-0.5), "dropout=-0.5"),
-        (dict(attention_axes=2), "attention_axes=2"),
-        (dict(attention_axes=(1, 2)), "attention_axes=(1, 2)"),
-        (dict(output_shape=(4, 5)), "output_shape=(4, 5)"),
         (dict(output_shape=0), "output_shape=0"),
         (dict(sliding_window=0), "sliding_window=0"),
         (dict(num_key_value_heads=3), "num_key_value_heads=3"),
@@ -435,3 +435,113 @@ def test_bad_call_arguments(call, message):
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     with pytest.raises(ValueError, match=re.escape(message)):
         layer(query, value, key, **options)
+
+
+def _self_attention_model(layer_class, **config):
+    inputs = keras.Input((6, 8))
+    return keras.Model(inputs, layer_class(name="attention", **config)(inputs, inputs))
+
+
+def _cross_attention_model(layer_class, **config):
+    query, value = keras.Input((6, 8)), keras.Input((5, 7))
+    return keras.Model([query, value], layer_class(name="attention", **config)(query, value))
+
+
+@pytest.mark.parametrize("mode", ["int8", "float8"])
+@pytest.mark.parametrize("build_model", [_self_attention_model, _cross_attention_model], ids=["fused", "separate"])
+@pytest.mark.parametrize("config", [dict(num_heads=2, key_dim=4), dict(num_heads=3, key_dim=4, use_gate=True, use_bias=False)])
+def test_quantized_model_matches_quantized_keras(mode, build_model, config):
+    """`Model.quantize` on the fused and the separate projection paths gives Keras's quantized outputs."""
+    keras_model, ours = build_model(keras.layers.MultiHeadAttention, **config), build_model(MultiHeadAttention, **config)
+    ours.set_weights(keras_model.get_weights())
+    rng = np.random.default_rng(3)
+    inputs = [_normal(rng, 2, *tensor.shape[1:]) for tensor in keras_model.inputs]
+    float_output = keras_model.predict(inputs, verbose=0)
+    keras_model.quantize(mode)
+    ours.quantize(mode)
+    layer = ours.get_layer("attention")
+    for projection in (layer._query_dense, layer._key_dense, layer._value_dense, layer._output_dense):
+        assert projection.quantization_mode == mode
+    expected = keras_model.predict(inputs, verbose=0)
+    assert np.abs(expected - float_output).max() > 1e-6  # quantization did change the outputs
+    np.testing.assert_allclose(ours.predict(inputs, verbose=0), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_functional_model_returns_scores_and_cache_symbolically():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    query = keras.Input((3, 8))
+    cache = keras.Input((2, 5, 2, 4))
+    output, scores = layer(query, query, return_attention_scores=True)
+    assert (tuple(output.shape), tuple(scores.shape)) == ((None, 3, 8), (None, 2, 3, 3))
+    model = keras.Model(query, [output, scores])
+    rng = np.random.default_rng(0)
+    x = _normal(rng, 2, 3, 8)
+    eager_output, eager_scores = layer(x, x, return_attention_scores=True)
+    got_output, got_scores = model(x)
+    np.testing.assert_allclose(got_output, eager_output, atol=1e-6)
+    np.testing.assert_allclose(got_scores, eager_scores, atol=1e-6)
+    cached = layer(query, query, cache=cache, cache_update_index=1, return_attention_scores=True)
+    assert [tuple(t.shape) for t in cached] == [(None, 3, 8), (None, 2, 3, 5), (None, 2, 5, 2, 4)]
+
+
+@pytest.mark.parametrize("attention_axes", [(1, 2), (2,), -2])
+def test_rank4_attention_axes_match_keras_with_the_same_weights(attention_axes):
+    """Attention over the spatial axes of a feature map, and over one of them, as Keras computes it."""
+    rng = np.random.default_rng(4)
+    query, value = _normal(rng, 2, 3, 4, 8), _normal(rng, 2, 3, 4, 8)
+    mask = np.ones((2, 3, 4, 3, 4), bool) if attention_axes == (1, 2) else None
+    keras_layer, ours = _twin_layers([query, value], num_heads=2, key_dim=4, attention_axes=attention_axes)
+    expected, expected_scores = keras_layer(query, value, attention_mask=mask, return_attention_scores=True)
+    output, scores = ours(query, value, attention_mask=mask, return_attention_scores=True)
+    np.testing.assert_allclose(output, expected, atol=1e-5)
+    np.testing.assert_allclose(scores, expected_scores, atol=1e-5)
+
+
+def test_rank4_fully_masked_query_gets_zero_weights():
+    rng = np.random.default_rng(5)
+    query = _normal(rng, 1, 2, 3, 8)
+    mask = np.ones((1, 2, 3, 2, 3), bool)
+    mask[0, 1, 2] = False  # query position (1, 2) may attend to nothing
+    _, scores = MultiHeadAttention(num_heads=2, key_dim=4, attention_axes=(1, 2))(
+        query, query, attention_mask=mask, return_attention_scores=True
+    )  # (batch, heads, 2, 3, 2, 3)
+    np.testing.assert_array_equal(np.asarray(scores)[0, :, 1, 2], 0.0)
+    np.testing.assert_allclose(np.asarray(scores)[0, :, 0, 0].sum(axis=(-2, -1)), 1.0, atol=1e-6)
+
+
+def test_overridden_compute_attention_is_called_with_every_mask_merged():
+    seen = {}
+
+    class Temperature(MultiHeadAttention):
+        def _compute_attention(self, query, key, value, attention_mask=None, training=None, return_attention_scores=False):
+            seen["mask"] = np.asarray(attention_mask)
+            return super()._compute_attention(query * 2.0, key, value, attention_mask, training, return_attention_scores)
+
+    rng = np.random.default_rng(6)
+    x = _normal(rng, BATCH, 5, 8)
+    padding = _padding([5, 3], 5)
+    layer = Temperature(num_heads=2, key_dim=4, sliding_window=2)
+    output = layer(x, x, value_mask=padding, use_causal_mask=True)
+    plain = MultiHeadAttention(num_heads=2, key_dim=4, sliding_window=2)
+    plain(x, x)
+    plain.set_weights(layer.get_weights())
+    expected = plain(x, x, value_mask=padding, use_causal_mask=True)
+    assert not np.allclose(output, expected, atol=1e-4)  # the override ran
+    allowed = _allowed(5, 5, value_mask=padding, causal=True, sliding_window=2)[:, None]  # (batch, 1, q, k)
+    np.testing.assert_array_equal(np.broadcast_to(seen["mask"], allowed.shape), allowed)
+
+
+@pytest.mark.parametrize(
+    "init_kwargs, call_kwargs",
+    [
+        (dict(num_heads=2, key_dim=4, num_key_value_heads=1, use_gate=True), dict(use_causal_mask=True)),
+        (dict(num_heads=2, key_dim=3, value_dim=5, output_shape=6), dict(return_attention_scores=True)),
+    ],
+)
+def test_layer_contract(init_kwargs, call_kwargs):
+    rng = np.random.default_rng(9)
+    run_layer_test(
+        MultiHeadAttention, init_kwargs, (_normal(rng, 2, 5, 8), _normal(rng, 2, 4, 6)), call_kwargs,
+        expected_num_trainable_weights=10 if init_kwargs.get("use_gate") else 8,
+        unchanged_ok=("key/bias",),  # softmax is shift-invariant along the keys: zero gradient
+    )
