@@ -33,6 +33,8 @@ class CausalSelfAttention(SelfAttention):
     >>> full = layer(x)
     >>> cache = keras.ops.zeros((2, 2, 10, 4, 8))
     >>> first, cache = layer(x[:, :1], cache=cache, cache_update_index=0)
+    >>> bool(keras.ops.all(keras.ops.abs(first - full[:, :1]) < 1e-5))  # the first token sees only itself
+    True
     """
 
     causal = True

@@ -34,7 +34,9 @@ class MaskedGlobalPooling(keras.layers.Layer):
 
     >>> tokens = keras.Input((None,), dtype="int32")
     >>> x = keras.layers.Embedding(1000, 16, mask_zero=True)(tokens)
-    >>> pooled = MaskedGlobalPooling(mode="mean")(x)  # (batch, 16)
+    >>> pooled = MaskedGlobalPooling(mode="mean")(x)
+    >>> tuple(pooled.shape)
+    (None, 16)
     """
 
     def __init__(self, mode="mean", **kwargs):

@@ -190,6 +190,8 @@ class TransformerEncoder(TransformerBlock):
     >>> x = keras.layers.Embedding(1000, 64, mask_zero=True)(ids)
     >>> x = TransformerEncoder(intermediate_dim=128, num_heads=4)(x)  # padding from the mask
     >>> model = keras.Model(ids, x)
+    >>> tuple(model(keras.ops.convert_to_tensor([[5, 8, 0]])).shape)
+    (1, 3, 64)
     """
 
     def build(self, inputs_shape):

@@ -125,6 +125,10 @@ class NgramTfIdf(keras.layers.Layer):
         length = None if input_shape[1] is None else max(2 * input_shape[1] - 1, 0)
         return (input_shape[0], length), (input_shape[0], length)
 
+    def compute_output_spec(self, token_ids):
+        features_shape, values_shape = self.compute_output_shape(token_ids.shape)
+        return keras.KerasTensor(features_shape, "int32"), keras.KerasTensor(values_shape, "float32")
+
     def get_config(self):
         config = super().get_config()
         config.update(

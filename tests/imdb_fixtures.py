@@ -14,6 +14,7 @@ import tarfile
 import pytest
 
 from pipelines import imdb_data
+from tests.shared_data import missing_shared_data
 
 # Reviews per (split, label) in the small archive.
 PER_CLASS = {"train": 150, "test": 80}
@@ -23,7 +24,7 @@ _MEMBER = re.compile(r"^aclImdb/(train|test)/(pos|neg)/\d+_\d+\.txt$")
 def real_archive():
     archive, _ = imdb_data.locate_archive()
     if archive is None:
-        pytest.skip("the real IMDB archive is not available (../shared/data or $KERAS_ATTN_DATA)")
+        missing_shared_data("the real IMDB archive is not available (../shared/data or $KERAS_ATTN_DATA)")
     return archive
 
 

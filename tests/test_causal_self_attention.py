@@ -8,6 +8,7 @@ import tensorflow as tf
 from keras_attn.causal_self_attention import CausalSelfAttention
 from keras_attn.multi_head_attention import MultiHeadAttention
 from tests.layer_checks import assert_serialization_round_trip
+from tests.layer_checks import run_layer_test
 
 CONFIG = dict(num_heads=4, key_dim=3, num_key_value_heads=2, bias_initializer="random_normal")
 BATCH, LENGTH, FEATURES = 2, 6, 8
@@ -97,3 +98,11 @@ def test_serialization_round_trip():
     reloaded = assert_serialization_round_trip(build, _inputs(4))
     layer = reloaded.layers[-1]
     assert type(layer) is CausalSelfAttention and layer.sliding_window == 4
+
+
+def test_layer_contract():
+    rng = np.random.default_rng(12)
+    run_layer_test(
+        CausalSelfAttention, dict(num_heads=2, key_dim=4, num_key_value_heads=1, sliding_window=3),
+        rng.standard_normal((2, 6, 8)).astype("float32"), expected_num_trainable_weights=8, unchanged_ok=("key/bias",),
+    )

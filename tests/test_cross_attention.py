@@ -7,6 +7,7 @@ import pytest
 from keras_attn.cross_attention import CrossAttention
 from keras_attn.multi_head_attention import MultiHeadAttention
 from tests.layer_checks import assert_serialization_round_trip
+from tests.layer_checks import run_layer_test
 
 CONFIG = dict(num_heads=4, key_dim=3, num_key_value_heads=2, bias_initializer="random_normal")
 BATCH, QUERY_LEN, CONTEXT_LEN, QUERY_DIM, CONTEXT_DIM = 2, 5, 7, 8, 6
@@ -93,3 +94,12 @@ def test_precomputed_context_cache_equals_the_plain_call():
 def test_serialization_round_trip():
     reloaded = assert_serialization_round_trip(_token_model, [TARGET, SOURCE])
     assert type(reloaded.layers[-1]) is CrossAttention
+
+
+def test_layer_contract():
+    rng = np.random.default_rng(13)
+    inputs = (rng.standard_normal((2, 5, 8)).astype("float32"), rng.standard_normal((2, 4, 6)).astype("float32"))
+    run_layer_test(
+        CrossAttention, dict(num_heads=2, key_dim=4), inputs, expected_num_trainable_weights=8,
+        unchanged_ok=("key/bias",),
+    )

@@ -4,6 +4,7 @@ import pytest
 
 from keras_attn import FeedForward
 from tests import layer_checks
+from tests.layer_checks import run_layer_test
 
 
 def numpy_feed_forward(layer, inputs, activation):
@@ -38,9 +39,12 @@ def test_dropout_only_when_training():
 
 
 def test_mask_passes_through():
+    token_ids = np.array([[3, 4, 0], [5, 0, 0]], "int32")
+    embedded = keras.layers.Embedding(10, 4, mask_zero=True)(token_ids)
+    np.testing.assert_array_equal(FeedForward(8)(embedded)._keras_mask, token_ids != 0)
     tokens = keras.Input((None,), dtype="int32")
-    embedded = keras.layers.Embedding(10, 4, mask_zero=True)(tokens)
-    assert FeedForward(8)(embedded)._keras_mask is not None
+    symbolic = FeedForward(8)(keras.layers.Embedding(10, 4, mask_zero=True)(tokens))
+    np.testing.assert_array_equal(keras.Model(tokens, symbolic._keras_mask)(token_ids), token_ids != 0)
 
 
 def model_factory():
@@ -69,3 +73,11 @@ def test_bad_arguments_name_the_value():
         FeedForward(4, dropout=1.5)
     with pytest.raises(ValueError, match=r"inputs.shape=\(3,\)"):
         FeedForward(4)(np.zeros((3,), "float32"))
+
+
+def test_layer_contract():
+    rng = np.random.default_rng(15)
+    run_layer_test(
+        FeedForward, dict(intermediate_dim=16, dropout=0.1), rng.standard_normal((2, 5, 8)).astype("float32"),
+        expected_num_trainable_weights=4,
+    )

@@ -4,6 +4,7 @@ import pytest
 
 from keras_attn import MaskedGlobalPooling
 from tests import layer_checks
+from tests.layer_checks import run_layer_test
 
 
 def numpy_pooling(values, mask, mode):
@@ -99,3 +100,12 @@ def test_bad_arguments_name_the_value():
         MaskedGlobalPooling(mode="median")
     with pytest.raises(ValueError, match=r"inputs.shape=\(2, 3\)"):
         MaskedGlobalPooling()(np.zeros((2, 3), "float32"))
+
+
+@pytest.mark.parametrize("mode", ["mean", "max"])
+def test_layer_contract(mode):
+    rng = np.random.default_rng(14)
+    run_layer_test(
+        MaskedGlobalPooling, dict(mode=mode), rng.standard_normal((2, 5, 3)).astype("float32"),
+        expected_num_trainable_weights=0, run_training=False,
+    )

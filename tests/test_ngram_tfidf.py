@@ -8,6 +8,7 @@ import tensorflow as tf
 from models.ngram_tfidf import NgramTfIdf
 from models.sparse_linear import SparseLinear
 from tests import layer_checks
+from tests.layer_checks import run_layer_test
 
 VOCABULARY, BUCKETS = 40, 23
 
@@ -115,3 +116,11 @@ def test_bad_inputs_name_the_value():
         layer(np.zeros((2, 3, 4), "int32"))
     with pytest.raises(ValueError, match="no documents"):
         layer.adapt(np.zeros((0, 4), "int32"))
+
+
+def test_layer_contract():
+    ids = np.array([[3, 7, 3, 7, 0], [9, 2, 4, 5, 1]], "int32")
+    run_layer_test(
+        NgramTfIdf, dict(vocabulary_size=10, num_buckets=16), ids,
+        expected_num_trainable_weights=0, expected_num_non_trainable_weights=1, run_training=False,
+    )

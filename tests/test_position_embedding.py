@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from keras_attn import PositionEmbedding
 from tests import layer_checks
+from tests.layer_checks import run_layer_test
 
 
 def built_layer(sequence_length=16, features=4):
@@ -53,9 +54,12 @@ def test_dynamic_length_past_maximum_fails_at_run_time_never_truncates():
 
 
 def test_mask_passes_through():
+    token_ids = np.array([[3, 4, 0], [5, 0, 0]], "int32")
+    embedded = keras.layers.Embedding(10, 4, mask_zero=True)(token_ids)
+    np.testing.assert_array_equal(PositionEmbedding(8)(embedded)._keras_mask, token_ids != 0)
     tokens = keras.Input((None,), dtype="int32")
-    embedded = keras.layers.Embedding(10, 4, mask_zero=True)(tokens)
-    assert PositionEmbedding(8)(embedded)._keras_mask is not None
+    symbolic = PositionEmbedding(8)(keras.layers.Embedding(10, 4, mask_zero=True)(tokens))
+    np.testing.assert_array_equal(keras.Model(tokens, symbolic._keras_mask)(token_ids), token_ids != 0)
 
 
 def model_factory():
@@ -81,3 +85,11 @@ def test_bad_arguments_name_the_value():
         PositionEmbedding(4)(np.zeros((2, 3), "float32"))
     with pytest.raises(ValueError, match="start_index=-1"):
         PositionEmbedding(4)(np.zeros((1, 2, 3), "float32"), start_index=-1)
+
+
+def test_layer_contract():
+    rng = np.random.default_rng(16)
+    run_layer_test(
+        PositionEmbedding, dict(sequence_length=8), rng.standard_normal((2, 5, 4)).astype("float32"),
+        expected_num_trainable_weights=1,
+    )

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from keras_attn import RotaryEmbedding
 from tests import layer_checks
 from tests import reference
+from tests.layer_checks import run_layer_test
 
 
 @settings(max_examples=8, deadline=None)
@@ -80,3 +81,11 @@ def test_bad_arguments_name_the_value():
         RotaryEmbedding()(np.zeros((2, 3, 5), "float32"))
     with pytest.raises(ValueError, match=r"inputs.shape=\(2, 3, 1, 5\)"):
         RotaryEmbedding()(np.zeros((2, 3, 1, 5), "float32"))
+
+
+def test_layer_contract():
+    rng = np.random.default_rng(17)
+    run_layer_test(
+        RotaryEmbedding, dict(max_wavelength=100), rng.standard_normal((2, 5, 2, 4)).astype("float32"),
+        expected_num_trainable_weights=0, run_training=False,
+    )

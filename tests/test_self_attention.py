@@ -8,6 +8,7 @@ import tensorflow as tf
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.self_attention import SelfAttention
 from tests.layer_checks import assert_serialization_round_trip
+from tests.layer_checks import run_layer_test
 
 CONFIG = dict(num_heads=4, key_dim=3, value_dim=5, num_key_value_heads=2, bias_initializer="random_normal")
 ATOL = 1e-5
@@ -75,3 +76,11 @@ def test_serialization_round_trip():
     tokens = np.array([[5, 3, 8, 1, 0, 0], [7, 2, 0, 0, 0, 0]], "int32")
     reloaded = assert_serialization_round_trip(_token_model, tokens)
     assert type(reloaded.layers[2]) is SelfAttention
+
+
+def test_layer_contract():
+    rng = np.random.default_rng(11)
+    run_layer_test(
+        SelfAttention, dict(num_heads=2, key_dim=4, use_gate=True), rng.standard_normal((2, 5, 8)).astype("float32"),
+        dict(return_attention_scores=True), expected_num_trainable_weights=10, unchanged_ok=("key/bias",),
+    )

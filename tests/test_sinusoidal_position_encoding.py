@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from keras_attn import SinusoidalPositionEncoding
 from tests import layer_checks
 from tests import reference
+from tests.layer_checks import run_layer_test
 
 
 def encoding_of(layer, length, features, start_index=0):
@@ -69,7 +70,7 @@ def test_mask_passes_through():
     tokens = keras.Input((None,), dtype="int32")
     embedded = keras.layers.Embedding(10, 4, mask_zero=True)(tokens)
     encoded = SinusoidalPositionEncoding()(embedded)
-    assert encoded._keras_mask is not None
+    np.testing.assert_array_equal(keras.Model(tokens, encoded._keras_mask)(token_ids), token_ids != 0)
     model = keras.Model(tokens, keras.layers.GlobalAveragePooling1D()(encoded))
     pooled = keras.ops.convert_to_numpy(model(token_ids))
     vectors = keras.ops.convert_to_numpy(keras.Model(tokens, encoded)(token_ids))
@@ -111,3 +112,12 @@ def test_bad_arguments_name_the_value():
         SinusoidalPositionEncoding(encoding_dim=4)(np.zeros((1, 3, 6), "float32"))
     with pytest.raises(ValueError, match=r"inputs.shape=\(2, 3\)"):
         SinusoidalPositionEncoding()(np.zeros((2, 3), "float32"))
+
+
+@pytest.mark.parametrize("merge_mode", ["add", "concat"])
+def test_layer_contract(merge_mode):
+    rng = np.random.default_rng(18)
+    run_layer_test(
+        SinusoidalPositionEncoding, dict(merge_mode=merge_mode), rng.standard_normal((2, 5, 6)).astype("float32"),
+        expected_num_trainable_weights=0, run_training=False,
+    )

@@ -6,6 +6,7 @@ import pytest
 
 from models.sparse_linear import SparseLinear
 from tests import layer_checks
+from tests.layer_checks import run_layer_test
 
 
 def sparse_inputs(rng, batch=3, entries=6, num_features=11):
@@ -44,3 +45,9 @@ def test_bad_arguments_and_inputs_name_the_value():
         SparseLinear(5, units=1.5)
     with pytest.raises(ValueError, match=r"values.shape=\(3, 5\)"):
         SparseLinear(11)((np.zeros((3, 6), "int32"), np.zeros((3, 5), "float32")))
+
+
+def test_layer_contract():
+    features = np.array([[3, 9, 1], [0, 4, 4]], "int32")
+    values = np.array([[0.5, 1.0, 0.25], [0.0, 2.0, -1.0]], "float32")
+    run_layer_test(SparseLinear, dict(num_features=10, units=2), [features, values], expected_num_trainable_weights=2)

@@ -6,6 +6,7 @@ from keras_attn import TokenAndPositionEmbedding
 from keras_attn import TransformerEncoder
 from tests import layer_checks
 from tests import reference
+from tests.layer_checks import run_layer_test
 
 TOKEN_IDS = np.array([[5, 9, 2, 0, 0], [7, 1, 3, 8, 4], [6, 0, 0, 0, 0]], "int32")
 
@@ -121,3 +122,11 @@ def test_padding_never_changes_real_outputs_of_a_following_encoder(position_enco
     short, long = keras.ops.convert_to_numpy(model(TOKEN_IDS)), keras.ops.convert_to_numpy(model(longer))
     real = TOKEN_IDS != 0
     np.testing.assert_allclose(long[:, :5][real], short[real], atol=1e-5)
+
+
+def test_layer_contract():
+    ids = np.array([[3, 7, 1, 0, 0], [9, 2, 4, 5, 1]], "int32")
+    run_layer_test(
+        TokenAndPositionEmbedding, dict(vocabulary_size=10, sequence_length=6, embedding_dim=4), ids,
+        expected_num_trainable_weights=2,
+    )

@@ -8,6 +8,7 @@ from keras_attn import TransformerDecoder
 from keras_attn.transformer_decoder import compute_cross_attention_cache
 from tests import layer_checks
 from tests import reference
+from tests.layer_checks import run_layer_test
 
 BATCH, TARGET, SOURCE, HIDDEN, ENCODER_HIDDEN = 3, 6, 5, 8, 12
 TARGET_PADDING = np.arange(TARGET)[None, :] < np.array([TARGET, 4, 1])[:, None]
@@ -308,3 +309,9 @@ def test_bad_arguments_name_the_value():
         decoder_only(target, source)
     with pytest.raises(ValueError, match="no cross-attention"):
         decoder_only.compute_cross_attention_cache(source)
+
+
+def test_layer_contract():
+    rng = np.random.default_rng(20)
+    inputs = (rng.standard_normal((2, 5, 8)).astype("float32"), rng.standard_normal((2, 4, 8)).astype("float32"))
+    run_layer_test(TransformerDecoder, dict(intermediate_dim=16, num_heads=2), inputs, unchanged_ok=("key/bias",))

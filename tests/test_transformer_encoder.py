@@ -6,6 +6,7 @@ from keras_attn import TokenAndPositionEmbedding
 from keras_attn import TransformerEncoder
 from tests import layer_checks
 from tests import reference
+from tests.layer_checks import run_layer_test
 
 BATCH, LENGTH, HIDDEN = 3, 6, 8
 PADDING = np.arange(LENGTH)[None, :] < np.array([LENGTH, 4, 1])[:, None]  # (batch, seq)
@@ -182,3 +183,11 @@ def test_long_inputs_take_blockwise_attention_unless_scores_are_asked(monkeypatc
     dense = encoder(inputs)  # the dense path without scores, same weights: an independent pass
     assert len(calls) == (0 if return_attention_scores else 1)
     np.testing.assert_allclose(output, dense, atol=1e-5)
+
+
+def test_layer_contract():
+    rng = np.random.default_rng(19)
+    run_layer_test(
+        TransformerEncoder, dict(intermediate_dim=16, num_heads=2), rng.standard_normal((2, 5, 8)).astype("float32"),
+        unchanged_ok=("key/bias",),
+    )

@@ -95,7 +95,7 @@ def test_smoke_training_writes_a_run_that_translates(tmp_path):
         assert (output / name).is_file(), name
     recorded = json.loads((output / "summary.json").read_text())
     assert recorded["epochs_run"] == 1 and recorded["bleu_sentences"] == train_translator.SMOKE_DATA["max_test"]
-    assert 0.0 <= recorded["test_bleu"] <= 100.0 and 0.0 < recorded["test_token_accuracy"] < 1.0
+    assert 0.0 < recorded["test_token_accuracy"] < 1.0  # BLEU is checked against a re-scoring below
     assert recorded["data"]["train"] + recorded["data"]["validation"] + recorded["data"]["test"] == 1_500
     assert summary["test_bleu"] == recorded["test_bleu"]
     assert_translator_report(output / "report.html", recorded, output)

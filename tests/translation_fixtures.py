@@ -1,7 +1,7 @@
 """Small slices of the real Tatoeba English-Spanish pairs and a tiny translator, cached.
 
 The data is read from `../shared/data/spa-eng/spa-eng.zip` (never copied into the repository);
-tests that need it are skipped when the file is not there. Everything is built once per process.
+tests that need it are skipped when the file is not there, and fail under `CI=true`. Everything is built once per process.
 """
 
 import functools
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
-import pytest
+from tests.shared_data import missing_shared_data
 
 SPA_ENG_ZIP = Path(__file__).resolve().parents[2] / "shared" / "data" / "spa-eng" / "spa-eng.zip"
 TINY_LENGTH = 16
@@ -17,7 +17,7 @@ TINY_LENGTH = 16
 
 def require_data():
     if not SPA_ENG_ZIP.is_file():
-        pytest.skip(f"the shared data set is not at {SPA_ENG_ZIP}")
+        missing_shared_data(f"the shared data set is not at {SPA_ENG_ZIP}")
     return SPA_ENG_ZIP
 
 
