@@ -1,5 +1,6 @@
 """keras_attn: attention layers for TensorFlow/Keras 3."""
 
+from keras_attn import patterns
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.softmax import masked_softmax
 from keras_attn.masks import causal_mask

@@ -25,9 +25,9 @@ from keras_attn.chunked_attention import chunked_attention
 from keras_attn.softmax import attention_logits
 from keras_attn.softmax import fill_masked
 from keras_attn.softmax import zero_masked
-from keras_attn.masks import banded_mask
+from keras_attn import patterns
 from keras_attn.masks import may_empty_rows
-from keras_attn.utils import check_positive_int
+from keras_attn.masks import pattern_mask
 from keras_attn.utils import check_rate
 
 _MASK_RANK = 4
@@ -132,6 +132,7 @@ def scaled_dot_product_attention(
     seed_generator=None,
     return_weights=False,
     implementation="auto",
+    pattern=None,
 ):
     """Scaled dot-product attention, `softmax(scale * Q K^T + bias) V`, with exact masking.
 
@@ -144,12 +145,13 @@ def scaled_dot_product_attention(
             `True` where a query may attend to a key.
         bias: optional additive float bias broadcastable to
             `(batch, heads, query_len, key_len)`, added to the logits in float32.
-        is_causal: if `True`, query `i` attends only to keys `j <= i` (top-left aligned).
+        is_causal: if `True`, query `i` attends only to keys `j <= i` (top-left aligned);
+            shorthand for `pattern=keras_attn.patterns.Causal()`.
         sliding_window: optional positive int; query `i` attends only to keys with
-            `|i - j| < sliding_window`.
+            `|i - j| < sliding_window`; shorthand for `pattern=SlidingWindow(sliding_window)`.
         query_offset: position (>= 0) of the first query among the keys (an int or a scalar int
-            tensor) for `is_causal` and `sliding_window`; non-zero in cached decoding, where
-            the queries are the newest tokens of a longer key/value cache.
+            tensor) for the pattern; non-zero in cached decoding, where the queries are the
+            newest tokens of a longer key/value cache.
         scale: logit scale; defaults to `1 / sqrt(depth)`.
         dropout_rate: dropout applied to the attention weights when `training`.
         training: whether dropout is active.
@@ -157,18 +159,21 @@ def scaled_dot_product_attention(
         return_weights: if `True`, also return the attention weights (normalised, before
             dropout, as `keras.layers.MultiHeadAttention` returns its scores).
         implementation: `"dense"` materialises the `(query_len, key_len)` weights (the
-            reference); `"chunked"` (TensorFlow backend; causal or sliding-window attention,
-            static lengths, an int `query_offset`, and a mask/bias with static query and key
-            dimensions) uses `keras_attn.chunked_attention`: queries in chunks of
-            `QUERY_CHUNK_SIZE`, each over only the keys its band reaches (about half the work
-            of `"dense"` under a causal mask), with a written-out gradient, same numerics;
+            reference); `"chunked"` (TensorFlow backend; a pattern, static lengths, an int
+            `query_offset`, and a mask/bias with static query and key dimensions) uses
+            `keras_attn.chunked_attention`: queries in chunks of `QUERY_CHUNK_SIZE`, each over
+            only the keys the pattern lets it reach (about half the work of `"dense"` under a
+            causal mask), with a written-out gradient, same numerics;
             `"blockwise"` (TensorFlow backend) uses
-            `keras_attn.blockwise_attention`, memory linear in the length, same numerics;
+            `keras_attn.blockwise_attention`, memory linear in the length, skipping the key
+            blocks the pattern excludes, same numerics;
             `"auto"` picks blockwise on the TensorFlow backend when the static
             `query_len * key_len` reaches `BLOCKWISE_MIN_ATTENTION_SIZE`
-            (`BLOCKWISE_MIN_BANDED_ATTENTION_SIZE` with `is_causal` or `sliding_window`), else
+            (`BLOCKWISE_MIN_BANDED_ATTENTION_SIZE` with a pattern), else
             chunked when it applies and `query_len >= 2 * QUERY_CHUNK_SIZE`, else dense; dense
             whenever `return_weights`.
+        pattern: optional `keras_attn.patterns.Pattern` (or its config): which keys each
+            query position may attend to; intersected with `is_causal` and `sliding_window`.
 
     Returns:
         The output `(batch, query_len, heads, value_depth)` in the dtype of `value`, and, when
@@ -185,7 +190,7 @@ def scaled_dot_product_attention(
     _check_inputs(query, key, value, mask)
     if bias is not None:
         _check_broadcastable("bias", bias, query, key)
-    check_positive_int("sliding_window", sliding_window, allow_none=True)
+    pattern = patterns.from_shorthands(pattern, is_causal, sliding_window)
     check_rate("dropout_rate", dropout_rate)
     if isinstance(query_offset, int) and query_offset < 0:
         raise ValueError(f"`query_offset` must be >= 0. Received: query_offset={query_offset}")
@@ -198,37 +203,28 @@ def scaled_dot_product_attention(
     groups = query.shape[2] // key.shape[2]
     key = _repeat_kv_heads(key, groups)  # (batch, key_len, heads, depth)
     value = _repeat_kv_heads(value, groups)  # (batch, key_len, heads, value_depth)
-    path = _choose_implementation(
-        implementation, query, key, mask, bias, is_causal, sliding_window, query_offset, return_weights
-    )
+    path = _choose_implementation(implementation, query, key, mask, bias, pattern, query_offset, return_weights)
     if path == "blockwise":
-        # Imported here: blockwise_attention builds on this module's masks and numerics.
-
         return blockwise_attention(
-            query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-            sliding_window=sliding_window, query_offset=query_offset, scale=scale,
+            query, key, value, mask=mask, bias=bias, pattern=pattern, query_offset=query_offset, scale=scale,
             dropout_rate=dropout_rate, training=training, seed_generator=seed_generator,
         )
 
     dropout_rate = dropout_rate if training else 0.0
     if path == "chunked":
-
         return chunked_attention(
-            query, key, value, mask=mask, bias=bias, is_causal=is_causal, sliding_window=sliding_window,
-            query_offset=query_offset, scale=scale, dropout_rate=dropout_rate, seed_generator=seed_generator,
-            chunk_size=QUERY_CHUNK_SIZE,
+            query, key, value, mask=mask, bias=bias, pattern=pattern, query_offset=query_offset, scale=scale,
+            dropout_rate=dropout_rate, seed_generator=seed_generator, chunk_size=QUERY_CHUNK_SIZE,
         )
     return _dense_attention(
-        query, key, value, mask, bias, is_causal, sliding_window, query_offset, scale, dropout_rate,
-        seed_generator, return_weights,
+        query, key, value, mask, bias, pattern, query_offset, scale, dropout_rate, seed_generator, return_weights,
     )
 
 
 def _dense_attention(
-    query, key, value, mask, bias, is_causal, sliding_window, query_offset, scale, dropout_rate, seed_generator,
-    return_weights,
+    query, key, value, mask, bias, pattern, query_offset, scale, dropout_rate, seed_generator, return_weights,
 ):
-    """Attention through the full `(query_len, key_len)` weights of `mask` merged with the bands.
+    """Attention through the full `(query_len, key_len)` weights of `mask` merged with the pattern.
 
     Masked logits get a finite fill, so a partly masked row's masked weights underflow to exactly
     0. A fully masked row softmaxes to uniform weights: its output is zeroed after the value
@@ -237,8 +233,8 @@ def _dense_attention(
     the weights are zeroed only when they are returned. A causal mask alone never empties a row
     (query `i` always sees key 0), so it needs neither.
     """
-    rows_may_be_empty = may_empty_rows(mask, sliding_window)
-    mask = banded_mask(mask, ops.shape(query)[1], ops.shape(key)[1], is_causal, sliding_window, query_offset)
+    rows_may_be_empty = may_empty_rows(mask, pattern)
+    mask = pattern_mask(mask, pattern, ops.shape(query)[1], ops.shape(key)[1], query_offset)
     logits = attention_logits(query, key, scale)  # (batch, heads, query_len, key_len)
     if bias is not None:
         logits = logits + ops.cast(bias, logits.dtype)
@@ -265,9 +261,7 @@ def _zero_rows_without_keys(output, mask):
     return ops.where(has_keys, output, ops.zeros_like(output))
 
 
-def _choose_implementation(
-    implementation, query, key, mask, bias, is_causal, sliding_window, query_offset, return_weights
-):
+def _choose_implementation(implementation, query, key, mask, bias, pattern, query_offset, return_weights):
     """`"dense"`, `"chunked"` or `"blockwise"`: the path `implementation` resolves to for these inputs."""
     if implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(
@@ -285,7 +279,7 @@ def _choose_implementation(
             f"Received: implementation={implementation!r} with backend {keras.backend.backend()!r}"
         )
     if implementation == "chunked":
-        unchunkable = _why_not_chunked(query, key, mask, bias, is_causal, sliding_window, query_offset)
+        unchunkable = _why_not_chunked(query, key, mask, bias, pattern, query_offset)
         if unchunkable:
             raise ValueError(f"`implementation='chunked'` needs {unchunkable}")
     if implementation != "auto":
@@ -293,8 +287,7 @@ def _choose_implementation(
     if return_weights:
         return "dense"
     query_len, key_len = query.shape[1], key.shape[1]
-    banded = is_causal or sliding_window is not None
-    threshold = BLOCKWISE_MIN_BANDED_ATTENTION_SIZE if banded else BLOCKWISE_MIN_ATTENTION_SIZE
+    threshold = BLOCKWISE_MIN_BANDED_ATTENTION_SIZE if pattern is not None else BLOCKWISE_MIN_ATTENTION_SIZE
     if (
         on_tensorflow
         and query_len is not None
@@ -302,18 +295,18 @@ def _choose_implementation(
         and query_len * key_len >= threshold
     ):
         return "blockwise"
-    chunkable = on_tensorflow and not _why_not_chunked(query, key, mask, bias, is_causal, sliding_window, query_offset)
+    chunkable = on_tensorflow and not _why_not_chunked(query, key, mask, bias, pattern, query_offset)
     if chunkable and query_len >= 2 * QUERY_CHUNK_SIZE:
         return "chunked"
     return "dense"
 
 
-def _why_not_chunked(query, key, mask, bias, is_causal, sliding_window, query_offset):
+def _why_not_chunked(query, key, mask, bias, pattern, query_offset):
     """Why the chunked path cannot take these inputs (a message), or `None` when it can."""
-    if not is_causal and sliding_window is None:
+    if pattern is None:
         return (
-            "`is_causal=True` or a `sliding_window`. "
-            f"Received: is_causal={is_causal}, sliding_window={sliding_window}"
+            "an attention pattern (`pattern=`, `is_causal=True` or a `sliding_window`). "
+            "Received: pattern=None, is_causal=False, sliding_window=None"
         )
     if query.shape[1] is None or key.shape[1] is None:
         return f"static lengths. Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"

@@ -7,7 +7,8 @@ ever holding the `(query_len, key_len)` attention matrix:
 - queries are processed in chunks of `query_block_size`; for each chunk a loop over key blocks of
   `key_block_size` keeps a running maximum and a running sum of the softmax (the "online softmax"
   of Milakov & Gimelshein 2018, Rabe & Staats 2021, FlashAttention);
-- key blocks that the causal or sliding-window structure masks entirely are skipped, not computed;
+- key blocks that the attention pattern (`keras_attn.patterns`) excludes are skipped, not
+  computed (`pattern.key_range` / `pattern.query_range`);
 - the backward pass (a `tf.custom_gradient`) stores only the output and the per-row log-sum-exp
   and recomputes each block's weights, so training memory is linear in the length too;
 - dropout masks come from a stateless generator keyed by block, so the backward pass regenerates
@@ -27,10 +28,11 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from keras_attn import patterns
+from keras_attn.masks import merge_masks
+from keras_attn.masks import pattern_mask
 from keras_attn.softmax import MASK_FILL
 from keras_attn.softmax import fill_masked
-from keras_attn.masks import causal_mask
-from keras_attn.masks import sliding_window_mask
 from keras_attn.utils import float_math_dtype
 
 # Default block sizes grow with the length (about 16 blocks per axis) between these bounds:
@@ -51,8 +53,7 @@ class _Plan:
     key_len: object
     query_block: int
     key_block: int
-    is_causal: bool
-    sliding_window: object
+    pattern: object
     query_offset: object
     dropout_rate: float
 
@@ -77,7 +78,7 @@ class _Plan:
         return not isinstance(self.key_len, int) or self.key_len % self.key_block != 0
 
     def block_unmasked(self, query_block, key_block):
-        """Whether no causal, window or key-padding mask reaches block `(query_block, key_block)`."""
+        """Whether neither the pattern nor key padding masks any pair of block `(query_block, key_block)`."""
         first_row = self.query_offset + query_block * self.query_block
         last_row = first_row + self.query_block - 1
         first_col = key_block * self.key_block
@@ -85,42 +86,28 @@ class _Plan:
         unmasked = tf.constant(True)
         if self.pads_keys:
             unmasked = tf.logical_and(unmasked, last_col < self.key_len)
-        if self.is_causal:
-            unmasked = tf.logical_and(unmasked, last_col <= first_row)
-        if self.sliding_window is not None:
-            widest = tf.maximum(last_row - first_col, last_col - first_row)
-            unmasked = tf.logical_and(unmasked, widest < self.sliding_window)
+        if self.pattern is not None:
+            unmasked = tf.logical_and(unmasked, self.pattern.block_full(first_row, last_row, first_col, last_col))
         return unmasked
 
     def key_blocks_for(self, query_block):
         """`[start, stop)` of the key blocks query chunk `query_block` can attend to."""
+        if self.pattern is None:
+            return 0, self.num_key_blocks
         first_row = self.query_offset + query_block * self.query_block
-        last_row = first_row + self.query_block - 1
-        start, stop = 0, self.num_key_blocks
-        if self.is_causal:
-            stop = tf.minimum(stop, last_row // self.key_block + 1)
-        if self.sliding_window is not None:
-            start = tf.maximum(start, (first_row - self.sliding_window + 1) // self.key_block)
-            if not self.is_causal:
-                stop = tf.minimum(stop, (last_row + self.sliding_window - 1) // self.key_block + 1)
-        return start, stop
+        start, stop = self.pattern.key_range(first_row, first_row + self.query_block - 1, self.padded_key_len)
+        return start // self.key_block, (stop + self.key_block - 1) // self.key_block
 
     def query_blocks_for(self, key_block):
         """`[start, stop)` of the query chunks that can attend to key block `key_block`."""
+        if self.pattern is None:
+            return 0, self.num_query_blocks
         first_col = key_block * self.key_block
-        last_col = first_col + self.key_block - 1
-        start, stop = 0, self.num_query_blocks
-        if self.is_causal:
-            start = tf.maximum(start, (first_col - self.query_offset) // self.query_block)
-        if self.sliding_window is not None:
-            stop = tf.minimum(
-                stop, (last_col + self.sliding_window - 1 - self.query_offset) // self.query_block + 1
-            )
-            if not self.is_causal:
-                start = tf.maximum(
-                    start, (first_col - self.sliding_window + 1 - self.query_offset) // self.query_block
-                )
-        return start, stop
+        first_query = self.query_offset
+        start, stop = self.pattern.query_range(
+            first_col, first_col + self.key_block - 1, first_query, first_query + self.padded_query_len
+        )
+        return (start - first_query) // self.query_block, (stop - first_query + self.query_block - 1) // self.query_block
 
 
 def blockwise_attention(
@@ -129,6 +116,7 @@ def blockwise_attention(
     value,
     mask=None,
     bias=None,
+    pattern=None,
     is_causal=False,
     sliding_window=None,
     query_offset=0,
@@ -152,8 +140,10 @@ def blockwise_attention(
         mask: optional boolean mask broadcastable to `(batch, heads, query_len, key_len)`.
         bias: optional additive bias broadcastable to `(batch, heads, query_len, key_len)`;
             differentiable.
-        is_causal: query `i + query_offset` attends only to keys `j <= i + query_offset`.
-        sliding_window: optional positive int, `|i + query_offset - j| < sliding_window`.
+        pattern: optional `keras_attn.patterns.Pattern`; query `i` sits at position
+            `i + query_offset`. Key blocks outside `pattern.key_range` are never computed.
+        is_causal, sliding_window: shorthands intersected with `pattern`
+            (`keras_attn.patterns.from_shorthands`).
         query_offset: position of the first query among the keys (int or scalar int tensor).
         scale: logit scale.
         dropout_rate: dropout on the normalised attention weights when `training`.
@@ -168,11 +158,13 @@ def blockwise_attention(
 
     Example:
 
+    >>> from keras_attn.patterns import Causal
     >>> q = k = v = keras.random.normal((1, 4096, 8, 32))
-    >>> out = blockwise_attention(q, k, v, is_causal=True, scale=32 ** -0.5)
+    >>> out = blockwise_attention(q, k, v, pattern=Causal(), scale=32 ** -0.5)
     >>> out.shape
     TensorShape([1, 4096, 8, 32])
     """
+    pattern = patterns.from_shorthands(pattern, is_causal, sliding_window)
     for name, size in (("query_block_size", query_block_size), ("key_block_size", key_block_size)):
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
             raise ValueError(f"`{name}` must be None or a positive integer. Received: {name}={size!r}")
@@ -184,8 +176,7 @@ def blockwise_attention(
         key_len=key_len,
         query_block=_clamp_block(query_block_size, query_len),
         key_block=_clamp_block(key_block_size, key_len),
-        is_causal=is_causal,
-        sliding_window=sliding_window,
+        pattern=pattern,
         query_offset=query_offset if isinstance(query_offset, int) else tf.cast(query_offset, "int32"),
         dropout_rate=dropout_rate if training else 0.0,
     )
@@ -259,31 +250,28 @@ def _pairwise_block(tensor, plan, query_block, key_block):
 
 def _block_mask(plan, mask, query_block, key_block):
     """Boolean `(batch?, heads?, query_block, key_block)` mask of one block (some mask reaches it)."""
-    # Position of the block's first query relative to its first key.
-    offset = plan.query_offset + query_block * plan.query_block - key_block * plan.key_block
-    parts = []
-    if mask is not None:
-        parts.append(_pairwise_block(mask, plan, query_block, key_block))
-    if plan.is_causal:
-        parts.append(causal_mask(plan.query_block, plan.key_block, offset))
-    if plan.sliding_window is not None:
-        parts.append(sliding_window_mask(plan.query_block, plan.key_block, plan.sliding_window, offset))
+    first_col = key_block * plan.key_block
+    block_mask = pattern_mask(
+        None if mask is None else _pairwise_block(mask, plan, query_block, key_block),
+        plan.pattern,
+        plan.query_block,
+        plan.key_block,
+        query_offset=plan.query_offset + query_block * plan.query_block,
+        key_offset=first_col,
+    )
     if plan.pads_keys:
-        cols = key_block * plan.key_block + tf.range(plan.key_block)  # (key_block,)
-        parts.append(tf.reshape(cols < plan.key_len, (1, 1, 1, plan.key_block)))
-    block_mask = parts[0]
-    for part in parts[1:]:
-        block_mask = tf.logical_and(block_mask, part)
+        cols = first_col + tf.range(plan.key_block)  # (key_block,)
+        block_mask = merge_masks(block_mask, tf.reshape(cols < plan.key_len, (1, 1, 1, plan.key_block)))
     return block_mask
 
 
 def _fill_masked_block(plan, mask, query_block, key_block, logits):
     """The core's `fill_masked` on one block's logits, skipped where no mask reaches.
 
-    Blocks inside the causal/window band (most of them at long lengths) need no masking; they
+    Blocks the pattern fully allows (most of them at long lengths) need no masking; they
     are told apart at run time, so only the diagonal and edge blocks pay for it.
     """
-    if mask is None and not (plan.is_causal or plan.sliding_window is not None or plan.pads_keys):
+    if mask is None and plan.pattern is None and not plan.pads_keys:
         return logits
 
     def masked():

@@ -1,10 +1,10 @@
-"""Query-chunked scaled dot-product attention for causal and banded masks (TensorFlow backend).
+"""Query-chunked scaled dot-product attention for patterned attention (TensorFlow backend).
 
-The same contract as `keras_attn.attention.scaled_dot_product_attention` (masks, causal, sliding
-window, bias, dropout on the normalised weights, fully masked rows give exactly zero) for
-attention whose causal or sliding-window band leaves part of the `(query_len, key_len)` matrix
-out: the queries run in chunks, and each chunk computes only the keys its band reaches (about
-half the work of the dense path under a causal mask).
+The same contract as `keras_attn.attention.scaled_dot_product_attention` (masks, patterns, bias,
+dropout on the normalised weights, fully masked rows give exactly zero) for attention whose
+`keras_attn.patterns` pattern leaves part of the `(query_len, key_len)` matrix out: the queries
+run in chunks, and each chunk computes only the keys `pattern.key_range` says it can reach (about
+half the work of the dense path under a causal pattern).
 
 The gradient is written out (a `tf.custom_gradient`) instead of being differentiated through the
 softmax: each chunk keeps its weights from the forward pass, and the softmax gradient subtracts
@@ -14,7 +14,7 @@ made of at depth 32 (benchmarks/layer_throughput.py). Memory is that of the dens
 inside the band; long sequences go to `keras_attn.blockwise_attention` (linear memory).
 
 The numerics are the core's (`masked_softmax`, `fill_masked`, float32 softmax): they live in
-`keras_attn.attention` only.
+`keras_attn.softmax` only.
 """
 
 import dataclasses
@@ -22,10 +22,11 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from keras_attn import patterns
+from keras_attn.masks import may_empty_rows
+from keras_attn.masks import pattern_mask
 from keras_attn.softmax import fill_masked
 from keras_attn.softmax import masked_softmax
-from keras_attn.masks import banded_mask
-from keras_attn.masks import may_empty_rows
 from keras_attn.utils import float_math_dtype
 
 
@@ -43,24 +44,18 @@ class QueryChunk:
         return self.key_stop > self.key_start
 
 
-def banded_query_chunks(query_len, key_len, chunk_size, is_causal, sliding_window, query_offset=0):
-    """Splits the queries into chunks of `chunk_size` and bounds each chunk's keys by the bands.
+def pattern_query_chunks(query_len, key_len, chunk_size, pattern, query_offset=0):
+    """Splits the queries into chunks of `chunk_size` and bounds each chunk's keys by `pattern.key_range`.
 
-    Under a causal mask chunk `i` needs only the keys up to its last query, so the chunks cover
+    Under a causal pattern chunk `i` needs only the keys up to its last query, so the chunks cover
     about half of the `(query_len, key_len)` matrix; a sliding window bounds both ends.
     """
     chunks = []
     for query_start in range(0, query_len, chunk_size):
         query_stop = min(query_start + chunk_size, query_len)
-        first, last = query_start + query_offset, query_stop - 1 + query_offset  # positions among the keys
-        key_start, key_stop = 0, key_len
-        if is_causal:
-            key_stop = min(key_stop, last + 1)
-        if sliding_window is not None:
-            key_start = min(max(key_start, first - sliding_window + 1), key_len)
-            if not is_causal:
-                key_stop = min(key_stop, last + sliding_window)
-        chunks.append(QueryChunk(query_start, query_stop, key_start, max(key_start, key_stop)))
+        # positions of the chunk's first and last queries among the keys
+        key_start, key_stop = pattern.key_range(query_start + query_offset, query_stop - 1 + query_offset, key_len)
+        chunks.append(QueryChunk(query_start, query_stop, key_start, key_stop))
     return chunks
 
 
@@ -70,6 +65,7 @@ def chunked_attention(
     value,
     mask=None,
     bias=None,
+    pattern=None,
     is_causal=False,
     sliding_window=None,
     query_offset=0,
@@ -78,7 +74,7 @@ def chunked_attention(
     seed_generator=None,
     chunk_size=128,
 ):
-    """Attention of `banded_query_chunks` chunks, each over only the keys its band reaches.
+    """Attention of `pattern_query_chunks` chunks, each over only the keys its pattern reaches.
 
     Args:
         query: `(batch, query_len, heads, depth)`, static `query_len`.
@@ -88,8 +84,9 @@ def chunked_attention(
         mask: optional boolean mask broadcastable to `(batch, heads, query_len, key_len)` with
             static query and key dimensions.
         bias: optional additive bias, same shape rules as `mask`; it receives a gradient.
-        is_causal: query `i` attends only to keys `j <= i + query_offset`.
-        sliding_window: optional positive int; keys with `|i + query_offset - j| < sliding_window`.
+        pattern: a `keras_attn.patterns.Pattern`; query `i` sits at position `i + query_offset`.
+        is_causal, sliding_window: shorthands intersected with `pattern`
+            (`keras_attn.patterns.from_shorthands`); some pattern is required.
         query_offset: Python int position of the first query among the keys.
         scale: logit scale.
         dropout_rate: dropout on the normalised weights (pass 0 outside training).
@@ -99,18 +96,19 @@ def chunked_attention(
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype of `value`.
     """
+    pattern = patterns.from_shorthands(pattern, is_causal, sliding_window)
     query_len, key_len = query.shape[1], key.shape[1]
-    chunks = banded_query_chunks(query_len, key_len, chunk_size, is_causal, sliding_window, query_offset)
+    chunks = pattern_query_chunks(query_len, key_len, chunk_size, pattern, query_offset)
     if mask is not None:
         mask = tf.convert_to_tensor(mask, tf.bool)
     chunk_masks = [
-        banded_mask(
+        pattern_mask(
             None if mask is None else _pairwise_slice(mask, chunk),
+            pattern,
             chunk.query_stop - chunk.query_start,
             chunk.key_stop - chunk.key_start,
-            is_causal,
-            sliding_window,
-            query_offset + chunk.query_start - chunk.key_start,  # first query's position among the chunk's keys
+            query_offset=query_offset + chunk.query_start,
+            key_offset=chunk.key_start,
         )
         for chunk in chunks
     ]
@@ -120,7 +118,7 @@ def chunked_attention(
     key, value = (tf.transpose(t, (0, 2, 1, 3)) for t in (key, value))  # (batch, heads, k, depth)
     plan = _ChunkPlan(
         chunks, chunk_masks, _keep_scales(chunks, scaled_query, dropout_rate, seed_generator),
-        rows_may_be_empty=may_empty_rows(mask, sliding_window), key_len=key_len,
+        rows_may_be_empty=may_empty_rows(mask, pattern), key_len=key_len,
     )
     inputs = (scaled_query, key, value) if bias is None else (scaled_query, key, value, tf.convert_to_tensor(bias))
     output = _attend(plan, *inputs)  # (batch, heads, query_len, value_depth)
@@ -195,7 +193,7 @@ def _chunk_weights(plan, index, query, key, bias):
     logits = tf.cast(logits, float_math_dtype(logits.dtype))
     if bias is not None:
         logits += tf.cast(_pairwise_slice(bias, chunk), logits.dtype)
-    # Every chunk has a band mask. A row without keys gets zero weights, so a zero output and gradient.
+    # Every chunk has a pattern mask. A row without keys gets zero weights, so a zero output and gradient.
     if plan.rows_may_be_empty:
         return masked_softmax(logits, mask)  # (batch, heads, chunk_len, chunk_keys)
     return tf.nn.softmax(fill_masked(logits, mask))
@@ -206,7 +204,7 @@ def _forward(plan, query, key, value, bias=None):
     outputs, chunk_weights = [], []
     batch, heads = tf.shape(query)[0], tf.shape(query)[1]
     for index, chunk in enumerate(plan.chunks):
-        if not chunk.has_keys:  # the bands mask every key of the chunk
+        if not chunk.has_keys:  # the pattern masks every key of the chunk
             shape = tf.stack([batch, heads, chunk.query_stop - chunk.query_start, value.shape[-1]])
             outputs.append(tf.zeros(shape, value.dtype))
             chunk_weights.append(None)

@@ -1,11 +1,14 @@
 """Boolean attention masks: causal, sliding window, padding, and their intersection.
 
 Every mask is `True` where a query may attend to a key and broadcasts to
-`(batch, heads, query_len, key_len)`. The causal and band rules are written here once; the
-dense, chunked and blockwise kernels all build their masks from these functions.
+`(batch, heads, query_len, key_len)`. The positional rules (causal, band, strided, ...) are
+written once, in `keras_attn.patterns`; the dense, chunked and blockwise kernels all build their
+masks through `pattern_mask`.
 """
 
 from keras import ops
+
+from keras_attn import patterns
 
 
 def causal_mask(query_len, key_len, query_offset=0):
@@ -15,6 +18,7 @@ def causal_mask(query_len, key_len, query_offset=0):
     `keras.layers.MultiHeadAttention(use_causal_mask=True)`: query `i` sees keys `0..i` even when
     `key_len != query_len`. In cached decoding the queries are the tokens at positions
     `query_offset, query_offset + 1, ...` of a key/value cache of length `key_len`.
+    The mask of `keras_attn.patterns.Causal()`.
 
     Args:
         query_len: number of queries.
@@ -24,10 +28,7 @@ def causal_mask(query_len, key_len, query_offset=0):
     Returns:
         A boolean tensor of shape `(1, 1, query_len, key_len)`.
     """
-    rows = ops.arange(query_len, dtype="int32") + ops.cast(query_offset, "int32")
-    rows = ops.expand_dims(rows, -1)  # (query_len, 1)
-    cols = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)  # (1, key_len)
-    return ops.reshape(ops.greater_equal(rows, cols), (1, 1, query_len, key_len))
+    return patterns.Causal().block_mask(query_len, key_len, query_offset)
 
 
 def sliding_window_mask(query_len, key_len, window, query_offset=0):
@@ -35,16 +36,13 @@ def sliding_window_mask(query_len, key_len, window, query_offset=0):
 
     The same band as `keras.layers.MultiHeadAttention(sliding_window=window)`; combined with
     `causal_mask` it gives the causal sliding window of Mistral-style models. `query_offset` is
-    the position of the first query, as in `causal_mask`.
+    the position of the first query, as in `causal_mask`. The mask of
+    `keras_attn.patterns.SlidingWindow(window)`.
 
     Returns:
         A boolean tensor of shape `(1, 1, query_len, key_len)`.
     """
-    rows = ops.arange(query_len, dtype="int32") + ops.cast(query_offset, "int32")
-    rows = ops.expand_dims(rows, -1)  # (query_len, 1)
-    cols = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)  # (1, key_len)
-    band = ops.less(ops.abs(rows - cols), window)  # (query_len, key_len)
-    return ops.reshape(band, (1, 1, query_len, key_len))
+    return patterns.SlidingWindow(window).block_mask(query_len, key_len, query_offset)
 
 
 def merge_masks(*masks):
@@ -73,15 +71,13 @@ def padding_mask_to_attention_mask(query_mask=None, key_mask=None):
     return merge_masks(rows, cols)
 
 
-def banded_mask(mask, query_len, key_len, is_causal, sliding_window, query_offset):
-    """`mask` merged with the causal and sliding-window masks that apply."""
-    if is_causal:
-        mask = merge_masks(mask, causal_mask(query_len, key_len, query_offset))
-    if sliding_window is not None:
-        mask = merge_masks(mask, sliding_window_mask(query_len, key_len, sliding_window, query_offset))
-    return mask
+def pattern_mask(mask, pattern, query_len, key_len, query_offset=0, key_offset=0):
+    """`mask` merged with `pattern`'s mask of queries at `query_offset + i`, keys at `key_offset + j`."""
+    if pattern is None:
+        return mask
+    return merge_masks(mask, pattern.block_mask(query_len, key_len, query_offset, key_offset))
 
 
-def may_empty_rows(mask, sliding_window):
-    """Whether some query row may see no key: a causal mask alone never empties one (row `i` sees key 0)."""
-    return mask is not None or sliding_window is not None
+def may_empty_rows(mask, pattern):
+    """Whether some query row may see no key (then its weights and output are zeroed)."""
+    return mask is not None or (pattern is not None and pattern.may_empty_rows)

@@ -60,6 +60,28 @@ def multi_head_attention(weights, query, value, key=None, mask=None, bias=None, 
     return np.einsum("bthd,hdo->bto", attended, wo) + bo, attention_weights
 
 
+def pattern_allowed(spec, rows, cols):
+    """Boolean `(len(rows), len(cols))` of an attention pattern from its definition, positions as given.
+
+    `spec` is `("causal",)`, `("window", w)`, `("strided", s)`, `("block", b)`, `("global", n)`,
+    `("and", a, b)` or `("or", a, b)`.
+    """
+    rows, cols = np.asarray(rows)[:, None], np.asarray(cols)[None, :]
+    kind = spec[0]
+    if kind == "causal":
+        return np.broadcast_to(cols <= rows, (rows.shape[0], cols.shape[1]))
+    if kind == "window":
+        return np.abs(rows - cols) < spec[1]
+    if kind == "strided":
+        return (rows - cols) % spec[1] == 0
+    if kind == "block":
+        return rows // spec[1] == cols // spec[1]
+    if kind == "global":
+        return (rows < spec[1]) | (cols < spec[1])
+    left, right = pattern_allowed(spec[1], rows[:, 0], cols[0]), pattern_allowed(spec[2], rows[:, 0], cols[0])
+    return left & right if kind == "and" else left | right
+
+
 def log_softmax(logits):
     """Float64 log-softmax over the last axis."""
     logits = np.asarray(logits, np.float64)

@@ -18,6 +18,7 @@ from keras_attn.masks import merge_masks
 from keras_attn.masks import padding_mask_to_attention_mask
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.masks import sliding_window_mask
+from keras_attn.patterns import Causal
 from tests import reference
 from tests.layer_checks import assert_gradients_match_finite_differences
 from tests.layer_checks import assert_jit_matches_eager
@@ -306,7 +307,7 @@ def test_gradients_match_finite_differences():
 def test_auto_chooses_the_path_by_length_and_band(query_len, is_causal, return_weights, expected):
     query = key = keras.KerasTensor((2, query_len, 4, 8))
     path = attention_module._choose_implementation(
-        "auto", query, key, None, None, is_causal, None, 0, return_weights
+        "auto", query, key, None, None, Causal() if is_causal else None, 0, return_weights
     )
     assert path == expected
 

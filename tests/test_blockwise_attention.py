@@ -16,6 +16,7 @@ from keras_attn import masks
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.blockwise_attention import blockwise_attention
 from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.patterns import Causal
 from tests import reference
 from tests.layer_checks import output_gradients
 
@@ -292,11 +293,11 @@ def test_auto_picks_blockwise_from_the_threshold_unless_weights_are_returned(mon
     scaled_dot_product_attention(*long, is_causal=True, return_weights=True)
     assert not calls
     output = scaled_dot_product_attention(*medium, is_causal=True)
-    assert len(calls) == 1 and calls[0]["is_causal"]
+    assert len(calls) == 1 and isinstance(calls[0]["pattern"], Causal)
     expected, _ = reference.attention(*medium, is_causal=True)
     np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL)
     scaled_dot_product_attention(*long)
-    assert len(calls) == 2 and not calls[1]["is_causal"]
+    assert len(calls) == 2 and calls[1]["pattern"] is None
 
 
 def test_multi_head_attention_implementations_agree_and_round_trip():

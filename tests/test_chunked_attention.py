@@ -13,8 +13,9 @@ import tensorflow as tf
 from keras_attn import softmax
 from keras_attn import masks
 from keras_attn.attention import scaled_dot_product_attention
-from keras_attn.chunked_attention import banded_query_chunks
+from keras_attn.chunked_attention import pattern_query_chunks
 from keras_attn.chunked_attention import chunked_attention
+from keras_attn.patterns import from_shorthands
 from tests import reference
 from tests.layer_checks import output_gradients
 
@@ -177,7 +178,7 @@ def test_compiled_gradients_equal_the_eager_ones():
 
 @pytest.mark.parametrize("is_causal, sliding_window", [(True, None), (True, 3), (False, 3)])
 @pytest.mark.parametrize("query_len, key_len, query_offset", [(9, 9, 0), (4, 9, 5), (9, 5, 0), (3, 4, 6)])
-def test_banded_query_chunks_cover_exactly_the_band(is_causal, sliding_window, query_len, key_len, query_offset):
+def test_pattern_query_chunks_cover_exactly_the_band(is_causal, sliding_window, query_len, key_len, query_offset):
     band = np.ones((query_len, key_len), bool)
     rows = np.arange(query_len)[:, None] + query_offset
     cols = np.arange(key_len)[None, :]
@@ -187,7 +188,8 @@ def test_banded_query_chunks_cover_exactly_the_band(is_causal, sliding_window, q
         band &= np.abs(rows - cols) < sliding_window
     covered = np.zeros_like(band)
     next_query = 0
-    for chunk in banded_query_chunks(query_len, key_len, 2, is_causal, sliding_window, query_offset):
+    pattern = from_shorthands(None, is_causal, sliding_window)
+    for chunk in pattern_query_chunks(query_len, key_len, 2, pattern, query_offset):
         assert chunk.query_start == next_query and 0 <= chunk.key_start <= chunk.key_stop <= key_len
         next_query = chunk.query_stop
         covered[chunk.query_start : chunk.query_stop, chunk.key_start : chunk.key_stop] = True

@@ -1,0 +1,354 @@
+"""Attention patterns: which keys each query may attend to, by position.
+
+A pattern is the structural part of an attention mask (causal, local, strided, block-local,
+global tokens and their combinations). It knows two things about any block of query positions x
+key positions, and every kernel asks it only these:
+
+- `mask(rows, cols)`: the boolean `(len(rows), len(cols))` mask, `True` = attend;
+- `key_range(first_row, last_row, key_len)` / `query_range(...)`: a conservative `[start, stop)`
+  of the keys a block of queries can reach (the queries that can reach a block of keys), so the
+  chunked and blockwise kernels never compute the blocks a pattern excludes;
+- `block_full(...)`: whether a block is certainly all allowed, so its mask need not be built.
+
+Positions are absolute: query `i` of a call sits at position `query_offset + i` among the keys
+(cached decoding), key `j` at position `j`. The range methods take Python ints (static plans,
+which return ints) or scalar int tensors (loops inside `tf.while_loop`).
+
+Patterns combine with `&` (intersection) and `|` (union) and serialise with
+`keras.saving.serialize_keras_object`:
+
+>>> pattern = Causal() & (SlidingWindow(128) | Strided(128))  # Sparse Transformer, causal
+"""
+
+import keras
+from keras import ops
+
+from keras_attn.utils import check_positive_int
+
+_PACKAGE = "keras_attn"
+
+
+class Pattern:
+    """Base class of the attention patterns; subclasses implement the four methods below."""
+
+    def mask(self, rows, cols):
+        """Boolean `(len(rows), len(cols))`: `True` where query position `rows[i]` may see key `cols[j]`."""
+        raise NotImplementedError
+
+    def key_range(self, first_row, last_row, key_len):
+        """`[start, stop)` within `[0, key_len)` holding every key queries `first_row..last_row` may see."""
+        return 0, key_len
+
+    def query_range(self, first_col, last_col, query_start, query_stop):
+        """`[start, stop)` within `[query_start, query_stop)` holding every query that may see keys `first_col..last_col`."""
+        return query_start, query_stop
+
+    def block_full(self, first_row, last_row, first_col, last_col):
+        """Whether every query `first_row..last_row` certainly sees every key `first_col..last_col`."""
+        return False
+
+    @property
+    def may_empty_rows(self):
+        """Whether some query may see no key at all (its output must then be zeroed)."""
+        return True
+
+    def block_mask(self, query_len, key_len, query_offset=0, key_offset=0):
+        """Boolean `(1, 1, query_len, key_len)` mask of queries at `query_offset + i`, keys at `key_offset + j`."""
+        rows = ops.arange(query_len, dtype="int32") + ops.cast(query_offset, "int32")
+        cols = ops.arange(key_len, dtype="int32") + ops.cast(key_offset, "int32")
+        return ops.reshape(self.mask(rows, cols), (1, 1, query_len, key_len))
+
+    def __and__(self, other):
+        return Intersection(self, _check_pattern("other", other))
+
+    def __or__(self, other):
+        return Union(self, _check_pattern("other", other))
+
+    def get_config(self):
+        return {}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __repr__(self):
+        arguments = ", ".join(f"{name}={value!r}" for name, value in self.get_config().items())
+        return f"{type(self).__name__}({arguments})"
+
+
+def _pairs(rows, cols):
+    """`(len(rows), 1)` query positions and `(1, len(cols))` key positions."""
+    return ops.expand_dims(ops.cast(rows, "int32"), -1), ops.expand_dims(ops.cast(cols, "int32"), 0)
+
+
+def _is_static(*values):
+    return all(isinstance(value, (int, bool)) for value in values)
+
+
+def _minimum(a, b):
+    return min(a, b) if _is_static(a, b) else ops.minimum(a, b)
+
+
+def _maximum(a, b):
+    return max(a, b) if _is_static(a, b) else ops.maximum(a, b)
+
+
+def _logical_and(a, b):
+    return (a and b) if _is_static(a, b) else ops.logical_and(a, b)
+
+
+def _logical_or(a, b):
+    return (a or b) if _is_static(a, b) else ops.logical_or(a, b)
+
+
+def _where(condition, a, b):
+    return (a if condition else b) if _is_static(condition) else ops.where(condition, a, b)
+
+
+def _clip(start, stop, low, high):
+    """`[start, stop)` clipped to `[low, high)`, never with `stop < start`."""
+    start = _minimum(_maximum(start, low), high)
+    return start, _maximum(_minimum(stop, high), start)
+
+
+def _intersect(left, right):
+    """The `[start, stop)` common to two ranges (empty at `start` when they do not meet)."""
+    start = _maximum(left[0], right[0])
+    return start, _maximum(_minimum(left[1], right[1]), start)
+
+
+def _unite(left, right):
+    """The smallest `[start, stop)` holding two ranges."""
+    return _minimum(left[0], right[0]), _maximum(left[1], right[1])
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class Causal(Pattern):
+    """Query at position `i` sees keys `j <= i` (autoregressive)."""
+
+    def mask(self, rows, cols):
+        rows, cols = _pairs(rows, cols)
+        return ops.less_equal(cols, rows)  # (query_len, key_len)
+
+    def key_range(self, first_row, last_row, key_len):
+        return _clip(0, last_row + 1, 0, key_len)
+
+    def query_range(self, first_col, last_col, query_start, query_stop):
+        return _clip(first_col, query_stop, query_start, query_stop)
+
+    def block_full(self, first_row, last_row, first_col, last_col):
+        return last_col <= first_row
+
+    @property
+    def may_empty_rows(self):
+        return False  # query i >= 0 always sees key 0
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class SlidingWindow(Pattern):
+    """Query at position `i` sees keys with `|i - j| < window` (local attention, Keras's `sliding_window`).
+
+    With `Causal() & SlidingWindow(w)` a query sees itself and the `w - 1` keys before it.
+    """
+
+    def __init__(self, window):
+        check_positive_int("window", window)
+        self.window = window
+
+    def mask(self, rows, cols):
+        rows, cols = _pairs(rows, cols)
+        return ops.less(ops.abs(rows - cols), self.window)  # (query_len, key_len)
+
+    def key_range(self, first_row, last_row, key_len):
+        return _clip(first_row - self.window + 1, last_row + self.window, 0, key_len)
+
+    def query_range(self, first_col, last_col, query_start, query_stop):
+        return _clip(first_col - self.window + 1, last_col + self.window, query_start, query_stop)
+
+    def block_full(self, first_row, last_row, first_col, last_col):
+        return _maximum(last_row - first_col, last_col - first_row) < self.window
+
+    def get_config(self):
+        return {"window": self.window}
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class Strided(Pattern):
+    """Query at position `i` sees keys with `(i - j) % stride == 0` (Child et al., Sparse Transformer).
+
+    Combine it with a local window for the paper's "strided" pattern and with `Causal()` for the
+    autoregressive one: `Causal() & (SlidingWindow(s) | Strided(s))`.
+    """
+
+    def __init__(self, stride):
+        check_positive_int("stride", stride)
+        self.stride = stride
+
+    def mask(self, rows, cols):
+        rows, cols = _pairs(rows, cols)
+        return ops.equal(ops.mod(rows - cols, self.stride), 0)  # (query_len, key_len)
+
+    def block_full(self, first_row, last_row, first_col, last_col):
+        return self.stride == 1
+
+    @property
+    def may_empty_rows(self):
+        return True  # key i % stride may lie beyond the keys
+
+    def get_config(self):
+        return {"stride": self.stride}
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class BlockLocal(Pattern):
+    """Query at position `i` sees the keys of its own block, `i // block_size == j // block_size` (Qiu et al.)."""
+
+    def __init__(self, block_size):
+        check_positive_int("block_size", block_size)
+        self.block_size = block_size
+
+    def mask(self, rows, cols):
+        rows, cols = _pairs(rows, cols)
+        return ops.equal(rows // self.block_size, cols // self.block_size)  # (query_len, key_len)
+
+    def key_range(self, first_row, last_row, key_len):
+        size = self.block_size
+        return _clip(first_row // size * size, (last_row // size + 1) * size, 0, key_len)
+
+    def query_range(self, first_col, last_col, query_start, query_stop):
+        size = self.block_size
+        return _clip(first_col // size * size, (last_col // size + 1) * size, query_start, query_stop)
+
+    def block_full(self, first_row, last_row, first_col, last_col):
+        size = self.block_size
+        same = _logical_and(first_row // size == last_row // size, first_col // size == last_col // size)
+        return _logical_and(same, first_row // size == first_col // size)
+
+    def get_config(self):
+        return {"block_size": self.block_size}
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class GlobalTokens(Pattern):
+    """The first `num_tokens` positions see every key and are seen by every query (Longformer, BigBird).
+
+    Alone it allows only the pairs touching a global token; use it in a union,
+    e.g. `SlidingWindow(128) | GlobalTokens(1)`.
+    """
+
+    def __init__(self, num_tokens):
+        check_positive_int("num_tokens", num_tokens)
+        self.num_tokens = num_tokens
+
+    def mask(self, rows, cols):
+        rows, cols = _pairs(rows, cols)
+        return ops.logical_or(ops.less(rows, self.num_tokens), ops.less(cols, self.num_tokens))
+
+    def key_range(self, first_row, last_row, key_len):
+        # Global queries see every key; the others only the global keys.
+        return _clip(0, _where(first_row < self.num_tokens, key_len, self.num_tokens), 0, key_len)
+
+    def query_range(self, first_col, last_col, query_start, query_stop):
+        stop = _where(first_col < self.num_tokens, query_stop, self.num_tokens)
+        return _clip(query_start, stop, query_start, query_stop)
+
+    def block_full(self, first_row, last_row, first_col, last_col):
+        return _logical_or(last_row < self.num_tokens, last_col < self.num_tokens)
+
+    @property
+    def may_empty_rows(self):
+        return False  # every query sees key 0
+
+    def get_config(self):
+        return {"num_tokens": self.num_tokens}
+
+
+class _Combination(Pattern):
+    """Two patterns combined pairwise: masks by `_masks`, ranges by `_ranges`, full blocks by `_full`."""
+
+    def __init__(self, left, right):
+        self.left = _check_pattern("left", left)
+        self.right = _check_pattern("right", right)
+
+    def mask(self, rows, cols):
+        return self._masks(self.left.mask(rows, cols), self.right.mask(rows, cols))
+
+    def key_range(self, first_row, last_row, key_len):
+        return self._ranges(*(side.key_range(first_row, last_row, key_len) for side in (self.left, self.right)))
+
+    def query_range(self, first_col, last_col, query_start, query_stop):
+        return self._ranges(
+            *(side.query_range(first_col, last_col, query_start, query_stop) for side in (self.left, self.right))
+        )
+
+    def block_full(self, first_row, last_row, first_col, last_col):
+        return self._full(
+            *(side.block_full(first_row, last_row, first_col, last_col) for side in (self.left, self.right))
+        )
+
+    def get_config(self):
+        return {
+            "left": keras.saving.serialize_keras_object(self.left),
+            "right": keras.saving.serialize_keras_object(self.right),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(get(config["left"]), get(config["right"]))
+
+    def __repr__(self):
+        return f"({self.left!r} {self._symbol} {self.right!r})"
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class Intersection(_Combination):
+    """Keys allowed by both patterns (`left & right`)."""
+
+    _symbol = "&"
+    _masks = staticmethod(ops.logical_and)
+    _ranges = staticmethod(_intersect)
+    _full = staticmethod(_logical_and)
+
+    @property
+    def may_empty_rows(self):
+        return True  # each side may leave a row only keys the other excludes
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class Union(_Combination):
+    """Keys allowed by either pattern (`left | right`)."""
+
+    _symbol = "|"
+    _masks = staticmethod(ops.logical_or)
+    _ranges = staticmethod(_unite)
+    _full = staticmethod(_logical_or)
+
+    @property
+    def may_empty_rows(self):
+        return self.left.may_empty_rows and self.right.may_empty_rows
+
+
+def _check_pattern(name, pattern):
+    if not isinstance(pattern, Pattern):
+        raise TypeError(f"`{name}` must be a keras_attn.patterns.Pattern. Received: {name}={pattern!r}")
+    return pattern
+
+
+def get(identifier, name="pattern"):
+    """A `Pattern` from a pattern, its serialised config or `None` (which stays `None`)."""
+    if identifier is None or isinstance(identifier, Pattern):
+        return identifier
+    if isinstance(identifier, dict):
+        pattern = keras.saving.deserialize_keras_object(identifier)
+        return _check_pattern(name, pattern)
+    raise TypeError(f"`{name}` must be a keras_attn.patterns.Pattern, its config or None. Received: {name}={identifier!r}")
+
+
+def from_shorthands(pattern=None, is_causal=False, sliding_window=None):
+    """`pattern` intersected with `Causal()` when `is_causal` and `SlidingWindow(w)` when given."""
+    check_positive_int("sliding_window", sliding_window, allow_none=True)
+    pattern = get(pattern)
+    for implied in (Causal() if is_causal else None, None if sliding_window is None else SlidingWindow(sliding_window)):
+        if implied is not None:
+            pattern = implied if pattern is None else pattern & implied
+    return pattern
