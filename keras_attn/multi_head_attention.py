@@ -3,9 +3,10 @@
 import keras
 from keras import ops
 
+from keras_attn import patterns
 from keras_attn.attention import ATTENTION_IMPLEMENTATIONS
 from keras_attn.attention import scaled_dot_product_attention
-from keras_attn.masks import banded_mask
+from keras_attn.masks import pattern_mask
 from keras_attn.masks import merge_masks
 from keras_attn.masks import padding_mask_to_attention_mask
 from keras_attn.softmax import zero_masked
@@ -390,7 +391,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         query_len, key_len = ops.shape(projected_query)[1], ops.shape(projected_key)[1]
         offset = 0 if cache_update_index is None else cache_update_index
-        mask = banded_mask(mask, query_len, key_len, use_causal_mask, self._sliding_window, offset)
+        pattern = patterns.from_shorthands(None, use_causal_mask, self._sliding_window)
+        mask = pattern_mask(mask, pattern, query_len, key_len, offset)
         return self._compute_attention(
             projected_query, projected_key, projected_value, mask, training, return_attention_scores
         )
