@@ -148,8 +148,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 f"`implementation` must be one of {ATTENTION_IMPLEMENTATIONS}. "
                 f"Received: implementation={implementation!r}"
             )
-        if isinstance(output_shape, int) and output_shape <= 0:
-            raise ValueError(f"Invalid `output_shape`: it must be positive. Received: output_shape={output_shape}")
+        trailing = (output_shape,) if isinstance(output_shape, int) else output_shape
+        if isinstance(trailing, (list, tuple)) and not all(isinstance(d, int) and d > 0 for d in trailing):
+            raise ValueError(f"Invalid `output_shape`: its sizes must be positive ints. Received: output_shape={output_shape}")
         super().__init__(
             num_heads,
             key_dim,
@@ -205,16 +206,23 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape
         _check_input_shapes(query_shape, value_shape, key_shape)
+        _check_attention_axes(self._attention_axes, query_shape)
         self._sequence_attention = _attends_over_the_sequence(
             query_shape, value_shape, key_shape, self._attention_axes, self._output_shape
         )
         if not self._sequence_attention:
-            if self._num_key_value_heads != self._num_heads:
-                raise ValueError(
-                    "Grouped key/value heads need (batch, seq, features) inputs attending over axis 1. "
-                    f"Received: num_key_value_heads={self._num_key_value_heads}, "
-                    f"query_shape={tuple(query_shape)}, attention_axes={self._attention_axes}"
-                )
+            sequence_only = {
+                "num_key_value_heads": self._num_key_value_heads if self._num_key_value_heads != self._num_heads else None,
+                "sliding_window": self._sliding_window,
+                "implementation": self.implementation if self.implementation not in ("auto", "dense") else None,
+            }
+            for name, value in sequence_only.items():
+                if value is not None:
+                    raise ValueError(
+                        f"`{name}` needs (batch, seq, features) inputs attending over axis 1 and a 1-D "
+                        f"`output_shape`. Received: {name}={value!r}, query_shape={tuple(query_shape)}, "
+                        f"attention_axes={self._attention_axes}, output_shape={self._output_shape}"
+                    )
             super().build(query_shape, value_shape, key_shape)  # Keras's einsum projections
             return
         self._query_dense = self._projection("query", self._num_heads, self._key_dim)
@@ -562,10 +570,25 @@ def _check_input_shapes(query_shape, value_shape, key_shape):
         )
 
 
+def _resolved_axes(attention_axes, rank):
+    return None if attention_axes is None else tuple(axis + rank if axis < 0 else axis for axis in attention_axes)
+
+
+def _check_attention_axes(attention_axes, query_shape):
+    """ValueError unless every attention axis lies between the batch axis and the feature axis."""
+    rank = len(query_shape)
+    for axis in _resolved_axes(attention_axes, rank) or ():
+        if not 1 <= axis <= rank - 2:
+            raise ValueError(
+                f"`attention_axes` must name axes between the batch and the feature axis (1 to {rank - 2} "
+                f"for rank-{rank} inputs). Received: attention_axes={attention_axes}, query_shape={tuple(query_shape)}"
+            )
+
+
 def _attends_over_the_sequence(query_shape, value_shape, key_shape, attention_axes, output_shape):
     """Whether the inputs are `(batch, seq, features)` attending over axis 1 with a 1-D output shape."""
     ranks = {len(query_shape), len(value_shape), len(key_shape)}
-    axes = None if attention_axes is None else tuple(axis % 2 if axis < 0 else axis for axis in attention_axes)
+    axes = _resolved_axes(attention_axes, len(query_shape))
     return ranks == {3} and axes in (None, _SEQUENCE_AXIS) and (output_shape is None or len(output_shape) == 1)
 
 

@@ -545,3 +545,37 @@ def test_layer_contract(init_kwargs, call_kwargs):
         expected_num_trainable_weights=10 if init_kwargs.get("use_gate") else 8,
         unchanged_ok=("key/bias",),  # softmax is shift-invariant along the keys: zero gradient
     )
+
+
+@pytest.mark.parametrize(
+    "init_kwargs, shape, message",
+    [
+        (dict(attention_axes=2), (2, 5, 8), "attention_axes=\\(2,\\)"),
+        (dict(attention_axes=-1), (2, 5, 8), "attention_axes=\\(-1,\\)"),
+        (dict(attention_axes=0), (2, 3, 4, 8), "attention_axes=\\(0,\\)"),
+        (dict(sliding_window=2), (2, 3, 4, 8), "sliding_window=2"),
+        (dict(implementation="chunked"), (2, 3, 4, 8), "implementation='chunked'"),
+        (dict(num_key_value_heads=1), (2, 3, 4, 8), "num_key_value_heads=1"),
+    ],
+)
+def test_options_that_cannot_apply_to_these_inputs_raise(init_kwargs, shape, message):
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, **init_kwargs)
+    with pytest.raises(ValueError, match=message):
+        layer.build(shape, shape)
+
+
+def test_sequence_axis_given_negatively_takes_the_fast_path():
+    rng = np.random.default_rng(10)
+    x = _normal(rng, 2, 5, 8)
+    negative, default = MultiHeadAttention(num_heads=2, key_dim=4, attention_axes=-2), MultiHeadAttention(2, 4)
+    negative(x, x)
+    default(x, x)
+    negative.set_weights(default.get_weights())
+    assert negative._sequence_attention
+    np.testing.assert_allclose(negative(x, x, use_causal_mask=True), default(x, x, use_causal_mask=True), atol=1e-6)
+
+
+def test_output_shape_sizes_must_be_positive():
+    with pytest.raises(ValueError, match=r"output_shape=\(4, -5\)"):
+        MultiHeadAttention(num_heads=2, key_dim=4, output_shape=(4, -5))
+
