@@ -112,6 +112,12 @@ def parse_args(argv=None, prog=PROG):
             default = getattr(defaults, field.name)
             parser.add_argument(flag, type=config_flag_type(field.name, default), help=f"default {default}")
     args = parser.parse_args(argv)
+    if args.strategy == distributed.MULTI_WORKER and (args.jit_compile or args.mixed_precision == "mixed_float16"):
+        # The distributed step is neither XLA-compiled nor loss-scaled: say so rather than ignore the flag.
+        parser.error(
+            "--strategy multi_worker supports neither --jit-compile nor --mixed-precision mixed_float16. "
+            f"Received: jit_compile={args.jit_compile}, mixed_precision={args.mixed_precision!r}"
+        )
     with user_errors_exit(prog, args.debug):
         model_config(args)  # the flags' combination (e.g. --sequence-length above --max-tokens)
     return args

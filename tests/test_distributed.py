@@ -114,6 +114,13 @@ def test_a_killed_worker_stops_the_other_and_the_rerun_resumes(tmp_path):
         assert final_weights(tmp_path / f"{task}.npz")[1] == steps
 
 
+@pytest.mark.parametrize("flags", [["--jit-compile"], ["--mixed-precision", "mixed_float16"]])
+def test_multi_worker_rejects_what_its_step_does_not_do(flags, capsys):
+    with pytest.raises(SystemExit):
+        train_imdb.parse_args(["--strategy", "multi_worker", *flags])
+    assert "--strategy multi_worker supports neither" in capsys.readouterr().err
+
+
 def test_main_job_on_two_workers_exports_from_the_chief(small_imdb_archive, imdb_cache_dir, tmp_path):
     imdb_data.load_cache(small_imdb_archive, imdb_cache_dir, allow_download=False)  # decoded once, before the workers
     run_dir, export_dir = tmp_path / "run", tmp_path / "export"
