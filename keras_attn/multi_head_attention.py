@@ -1,6 +1,7 @@
 """Multi-head attention: a subclass of `keras.layers.MultiHeadAttention` with exact masking and fast paths."""
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from keras_attn import patterns
@@ -486,6 +487,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         else:
             projected_query, new_key, new_value = self._project(query, key, value)
             new_entries = ops.stack((new_key, new_value), axis=1)  # (batch, 2, query_len, kv_heads, dim)
+            cache_update_index = _check_cache_bounds(cache_update_index, ops.shape(new_key)[1], ops.shape(cache)[2])
             # One write of the new tokens into the cache; it is never re-assembled from K and V.
             cache = ops.slice_update(cache, (0, 0, cache_update_index, 0, 0), ops.cast(new_entries, cache.dtype))
         return projected_query, cache[:, 0], cache[:, 1], cache  # keys, values: (batch, max_len, kv_heads, dim)
@@ -602,6 +604,28 @@ def _as_4d_mask(mask):
     while len(mask.shape) < 4:
         mask = ops.expand_dims(mask, -3)
     return mask
+
+
+def _check_cache_bounds(cache_update_index, new_len, max_len):
+    """`cache_update_index`, checked so that the `new_len` new tokens fit in the `max_len` cache:
+    a ValueError when everything is known now, else a run-time assertion (`ops.slice_update`
+    would silently clamp the index and overwrite the last slots)."""
+    known = all(isinstance(v, int) for v in (cache_update_index, new_len, max_len))
+    if known:
+        if isinstance(cache_update_index, bool) or not 0 <= cache_update_index <= max_len - new_len:
+            raise ValueError(
+                f"`cache_update_index` must be in [0, {max_len - new_len}] for {new_len} new tokens in a cache "
+                f"of length {max_len}. Received: cache_update_index={cache_update_index!r}"
+            )
+        return cache_update_index
+    index = tf.cast(cache_update_index, "int32")
+    fits = tf.logical_and(index >= 0, index + tf.cast(new_len, "int32") <= tf.cast(max_len, "int32"))
+    check = tf.debugging.Assert(
+        fits, ["`cache_update_index` out of the cache: cache_update_index=", index, "new tokens:", new_len,
+               "cache length:", max_len]
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(index)
 
 
 def _query_rows(query_mask, query, cache_update_index):

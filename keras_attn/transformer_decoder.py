@@ -153,6 +153,12 @@ class TransformerDecoder(TransformerBlock):
         training=None,
     ):
         self._check_call(encoder_sequence, self_attention_cache, cross_attention_cache)
+        if self_attention_cache is not None and self_attention_cache_update_index is None:
+            raise ValueError(
+                "`self_attention_cache` needs `self_attention_cache_update_index`, the position of the "
+                "first new token (without it the new tokens are never written to the cache). "
+                "Received: self_attention_cache_update_index=None"
+            )
         decoder_padding_mask = keras_mask(decoder_sequence) if decoder_padding_mask is None else decoder_padding_mask
         check_padding_mask("decoder_padding_mask", decoder_padding_mask)
 

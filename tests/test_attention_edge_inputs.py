@@ -116,3 +116,41 @@ def test_masked_global_pooling_broadcast_free_mask_matches_numpy(mode):
     mask = np.array([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], bool)
     expected = np.stack([getattr(np, mode)(inputs[b][mask[b]].astype(np.float64), axis=0) for b in range(2)])
     np.testing.assert_allclose(MaskedGlobalPooling(mode)(inputs, mask=mask), expected, atol=1e-6)
+
+
+def _cached_layer():
+    from keras_attn.multi_head_attention import MultiHeadAttention
+
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = np.ones((1, 2, 8), np.float32)
+    cache = np.zeros((1, 2, 6, 2, 4), np.float32)
+    return layer, x, cache
+
+
+@pytest.mark.parametrize("index", [5, 6, 100, -1])
+def test_cache_update_index_past_the_end_names_the_index(index):
+    layer, x, cache = _cached_layer()  # 2 new tokens fit at 0..4 in a cache of 6
+    with pytest.raises(ValueError, match=rf"`cache_update_index` must be in \[0, 4\].*cache_update_index={index}"):
+        layer(x, x, cache=cache, cache_update_index=index)
+
+
+@pytest.mark.parametrize("index", [5, -1])
+def test_cache_overflow_fails_at_run_time_in_tf_function(index):
+    layer, x, cache = _cached_layer()
+    layer(x, x, cache=cache, cache_update_index=0)  # builds the layer
+    step = tf.function(lambda i: layer(x, x, cache=cache, cache_update_index=i))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cache_update_index"):
+        step(tf.constant(index))
+    _, written = step(tf.constant(4))  # the last slots that fit are written, unclamped
+    np.testing.assert_array_equal(np.asarray(written)[:, :, :4], 0.0)
+    assert np.all(np.asarray(written)[:, :, 4:] != 0.0)
+
+
+def test_decoder_cache_without_an_update_index_is_refused():
+    from keras_attn.transformer_decoder import TransformerDecoder
+
+    decoder = TransformerDecoder(intermediate_dim=8, num_heads=2)
+    x = np.ones((1, 1, 8), np.float32)
+    decoder(x)
+    with pytest.raises(ValueError, match="Received: self_attention_cache_update_index=None"):
+        decoder(x, self_attention_cache=np.zeros((1, 2, 4, 2, 4), np.float32))
