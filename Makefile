@@ -1,12 +1,12 @@
 # The two commands (see README.md):
 #   make main   install, then train/evaluate/export/verify the IMDB classifier on ../shared/data
-#   make test   install, then run the whole test suite
+#   make test   install (and Debian's chromium for the page tests), then run the whole test suite
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install main test
+.PHONY: install browser main test
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,16 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 install: $(VENV)/.installed
 
+# The page tests drive Debian's chromium (playwright's own browser download needs the network).
+# On a fresh machine as root it is installed from the package registry; otherwise say what to do.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	echo "make: chromium is not installed (apt-get install -y chromium): the browser tests skip, and fail under CI=true"
+
 main: install
 	$(PY) -m pipelines.main_job $(ARGS)
 
-test: install
+test: install browser
 	$(PY) -m pytest -n 2 --dist loadfile -q $(ARGS)
