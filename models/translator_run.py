@@ -26,13 +26,18 @@ SPLIT_FILE = "split.json"
 SPLITS = ("train", "validation", "test")
 
 
-def load_run(run_dir):
-    """`(model, vectorizers, run_config)` of a finished training run."""
+def read_run_config(run_dir):
+    """The run's `run_config.json` as a dict; a ValueError naming `run_dir` when it has none."""
     config_path = os.path.join(run_dir, RUN_CONFIG)
     if not os.path.isfile(config_path):
         raise ValueError(f"`run_dir` holds no {RUN_CONFIG}. Received: run_dir={run_dir!r}")
     with open(config_path, encoding="utf-8") as handle:
-        run_config = json.load(handle)
+        return json.load(handle)
+
+
+def load_run(run_dir):
+    """`(model, vectorizers, run_config)` of a finished training run."""
+    run_config = read_run_config(run_dir)
     model = keras.saving.load_model(os.path.join(run_dir, MODEL_FILE), compile=False)
     vectorizers = TranslationVectorizers.load(run_dir, model.sequence_length)
     return model, vectorizers, run_config
@@ -61,8 +66,7 @@ def read_split(path):
 
 def held_out_sources(run_dir, count):
     """`count` evenly spaced source sentences of the run's recorded test split."""
-    with open(os.path.join(run_dir, RUN_CONFIG), encoding="utf-8") as handle:
-        run_config = json.load(handle)
+    run_config = read_run_config(run_dir)
     sources, _ = orient_pairs(
         read_pairs(run_config["data"]), run_config["columns"], run_config["source"], run_config["target"]
     )
