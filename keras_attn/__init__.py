@@ -6,6 +6,7 @@ from keras_attn.softmax import masked_softmax
 from keras_attn.masks import causal_mask
 from keras_attn.masks import merge_masks
 from keras_attn.masks import sliding_window_mask
+from keras_attn.alibi import ALiBi
 from keras_attn.causal_self_attention import CausalSelfAttention
 from keras_attn.cross_attention import CrossAttention
 from keras_attn.feed_forward import FeedForward
@@ -15,6 +16,7 @@ from keras_attn.lsh_attention import LSHSelfAttention
 from keras_attn.masked_global_pooling import MaskedGlobalPooling
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.position_embedding import PositionEmbedding
+from keras_attn.relative_position_bias import RelativePositionBias
 from keras_attn.rotary_embedding import RotaryEmbedding
 from keras_attn.self_attention import SelfAttention
 from keras_attn.sinusoidal_position_encoding import SinusoidalPositionEncoding

@@ -1,8 +1,12 @@
-"""Scaled dot-product attention: the one attention core every layer plugs into.
+"""Scaled dot-product attention: the dispatcher of the one attention core every layer plugs into.
 
 Every attention family in keras_attn reaches the softmax through this module. A family contributes
-a boolean mask (padding, causal, band, strided, ...), an additive bias (ALiBi, relative positions)
-or both; the core owns the numerics that must be identical everywhere:
+a boolean mask (padding, causal, band, strided, ...), an additive bias, a position bias computed
+per block from positions (`keras_attn.position_bias`: ALiBi, T5's relative positions), or several;
+this module validates the call, turns the shorthands into one `keras_attn.patterns`
+pattern, resolves the scale, and hands an `AttentionCall` to a kernel: `dense_attention`,
+`chunked_attention` or `blockwise_attention`, each of which says itself which calls it takes
+(`why_unsupported`). The numerics every kernel shares live in `keras_attn.softmax`:
 
 - logits and softmax in float32 whatever the compute dtype;
 - masked logits are filled with a finite value, never `-inf`;
@@ -15,23 +19,34 @@ Layout: `(batch, seq, heads, depth)` for query, key and value (what the projecti
 """
 
 import math
-import numbers
 
 import keras
 from keras import ops
 
-from keras_attn.blockwise_attention import blockwise_attention
-from keras_attn.chunked_attention import chunked_attention
-from keras_attn.softmax import attention_logits
-from keras_attn.softmax import fill_masked
-from keras_attn.softmax import zero_masked
+from keras_attn import blockwise_attention
+from keras_attn import chunked_attention
+from keras_attn import dense_attention
 from keras_attn import patterns
-from keras_attn.masks import may_empty_rows
-from keras_attn.masks import pattern_mask
+from keras_attn import strided_attention
+from keras_attn.attention_call import AttentionCall
+from keras_attn.masks import merge_masks
+from keras_attn.position_bias import check_position_bias
+from keras_attn.softmax import bias_mask
+from keras_attn.utils import check_bool
+from keras_attn.utils import check_position
+from keras_attn.utils import check_scale
 from keras_attn.utils import check_rate
 
 _MASK_RANK = 4
-ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "chunked", "blockwise")
+# The kernels by name: each module answers `why_unsupported(call)` and `attend(call)` for an
+# `AttentionCall` (see `keras_attn.attention_call`); a new kernel plugs in here.
+KERNELS = {
+    "dense": dense_attention,
+    "chunked": chunked_attention,
+    "blockwise": blockwise_attention,
+    "strided": strided_attention,
+}
+ATTENTION_IMPLEMENTATIONS = ("auto", *KERNELS)
 # `implementation="auto"` switches to blockwise attention (memory linear in the length) from
 # `query_len * key_len` this large. Below the banded threshold the chunked path takes causal/band
 # attention: benchmarks/layer_throughput.py measured it faster than blockwise (and than dense and
@@ -40,8 +55,18 @@ ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "chunked", "blockwise")
 # sequence) blockwise takes over.
 BLOCKWISE_MIN_ATTENTION_SIZE = 2048 * 2048
 BLOCKWISE_MIN_BANDED_ATTENTION_SIZE = 8192 * 8192
-# Queries per chunk of the chunked path: each chunk computes only the keys its band reaches.
-QUERY_CHUNK_SIZE = 128
+# `"auto"` prefers the strided kernel when it computes at most this fraction of the keys for each
+# query (a band slice plus one residue class): below it the blockwise and chunked kernels, which
+# compute every block a residue class reaches, do several times its work.
+STRIDED_MAX_KEY_FRACTION = 0.25
+# ... and from this many queries: below it its per-chunk and per-step overhead outweighs the skipped
+# work. Measured fwd+bwd against the chunked kernel under `Causal() & (SlidingWindow(s) | Strided(s))`
+# (batch 1, 8 heads, depth 32, one run on the shared 2-core machine, /tmp script, not kept):
+# 0.68x (s 32) and 0.96x (s 64) at 1,024 queries; 1.5x to 1.6x (s 32 to 128) at 2,048; 3.2x at
+# 4,096 (s 64). Its forward alone was 1.1x to 1.8x at 1,024, 1.3x to 2.6x at 2,048.
+STRIDED_MIN_QUERY_LEN = 2048
+
+
 def _check_inputs(query, key, value, mask):
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         dtype = keras.backend.standardize_dtype(tensor.dtype)
@@ -52,6 +77,12 @@ def _check_inputs(query, key, value, mask):
                 f"`{name}` must have rank 4 `(batch, seq, heads, depth)`. "
                 f"Received: {name}.shape={tuple(tensor.shape)}"
             )
+    batches = {name: tensor.shape[0] for name, tensor in (("query", query), ("key", key), ("value", value))}
+    if len({size for size in batches.values() if size is not None}) > 1:  # would broadcast a batch of 1
+        raise ValueError(
+            "`query`, `key` and `value` must have the same batch size. Received: "
+            + ", ".join(f"{name}.shape={tuple(t.shape)}" for name, t in (("query", query), ("key", key), ("value", value)))
+        )
     if query.shape[-1] is not None and key.shape[-1] is not None:
         if query.shape[-1] != key.shape[-1]:
             raise ValueError(
@@ -79,6 +110,10 @@ def _check_inputs(query, key, value, mask):
 
 
 def _check_broadcastable(name, tensor, query, key):
+    if not hasattr(tensor, "shape"):
+        raise ValueError(f"`{name}` must be a tensor. Received: {name}={tensor!r}")
+    if name == "bias" and keras.backend.standardize_dtype(tensor.dtype) == "bool":
+        raise ValueError("`bias` is added to the logits: a boolean one is a `mask`. Received: bias.dtype=bool")
     if len(tensor.shape) != _MASK_RANK:
         raise ValueError(
             f"`{name}` must have rank 4, broadcastable to (batch, heads, query_len, key_len). "
@@ -91,14 +126,6 @@ def _check_broadcastable(name, tensor, query, key):
                 f"`{name}` is not broadcastable to (batch, heads, query_len, key_len)={target}. "
                 f"Received: {name}.shape={tuple(tensor.shape)}"
             )
-
-
-def _check_scale(scale):
-    """A number must be positive and finite (a tensor scale is only known at run time)."""
-    if scale is None or (hasattr(scale, "dtype") and not isinstance(scale, numbers.Real)):
-        return
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
-        raise ValueError(f"`scale` must be a positive finite number or None. Received: scale={scale!r}")
 
 
 def _zero_unattended_keys(key, value, mask):
@@ -133,8 +160,14 @@ def scaled_dot_product_attention(
     return_weights=False,
     implementation="auto",
     pattern=None,
+    hard=False,
+    position_bias=None,
 ):
     """Scaled dot-product attention, `softmax(scale * Q K^T + bias) V`, with exact masking.
+
+    `scale` is the inverse temperature beta of `softmax_beta(x) = softmax(beta * x)`: the larger,
+    the closer the weights come to one-hot on each row's largest logit, which `hard=True` takes
+    exactly (hard attention: the output is the value of the argmax key).
 
     Args:
         query: `(batch, query_len, heads, depth)`.
@@ -144,7 +177,9 @@ def scaled_dot_product_attention(
         mask: optional boolean tensor broadcastable to `(batch, heads, query_len, key_len)`,
             `True` where a query may attend to a key.
         bias: optional additive float bias broadcastable to
-            `(batch, heads, query_len, key_len)`, added to the logits in float32.
+            `(batch, heads, query_len, key_len)`, added to the logits in float32. An entry at or
+            below `keras_attn.softmax.MASK_FILL` (`-inf`, the dtype's lowest value, `-1e9`)
+            masks its key exactly like `mask=False` (zero weight, finite gradients).
         is_causal: if `True`, query `i` attends only to keys `j <= i` (top-left aligned);
             shorthand for `pattern=keras_attn.patterns.Causal()`.
         sliding_window: optional positive int; query `i` attends only to keys with
@@ -152,7 +187,8 @@ def scaled_dot_product_attention(
         query_offset: position (>= 0) of the first query among the keys (an int or a scalar int
             tensor) for the pattern; non-zero in cached decoding, where the queries are the
             newest tokens of a longer key/value cache.
-        scale: logit scale; defaults to `1 / sqrt(depth)`.
+        scale: the inverse temperature beta multiplying `Q K^T` (a positive number or a
+            scalar tensor); defaults to `1 / sqrt(depth)`. The bias is added after it.
         dropout_rate: dropout applied to the attention weights when `training`.
         training: whether dropout is active.
         seed_generator: a `keras.random.SeedGenerator` for dropout (one is made if `None`).
@@ -161,19 +197,41 @@ def scaled_dot_product_attention(
         implementation: `"dense"` materialises the `(query_len, key_len)` weights (the
             reference); `"chunked"` (TensorFlow backend; a pattern, static lengths, an int
             `query_offset`, and a mask/bias with static query and key dimensions) uses
-            `keras_attn.chunked_attention`: queries in chunks of `QUERY_CHUNK_SIZE`, each over
+            `keras_attn.chunked_attention`: queries in chunks of
+            `keras_attn.chunked_attention.QUERY_CHUNK_SIZE`, each over
             only the keys the pattern lets it reach (about half the work of `"dense"` under a
             causal mask), with a written-out gradient, same numerics;
             `"blockwise"` (TensorFlow backend) uses
             `keras_attn.blockwise_attention`, memory linear in the length, skipping the key
             blocks the pattern excludes, same numerics;
-            `"auto"` picks blockwise on the TensorFlow backend when the static
+            `"strided"` (TensorFlow backend; a pattern with a strided part, e.g.
+            `Causal() & (SlidingWindow(s) | Strided(s))`, static lengths, an int `query_offset`,
+            no bias, no dropout) uses `keras_attn.strided_attention`: each query computes only
+            a band of keys and its residue class `(i - j) % s == 0`, memory linear in the length;
+            `"auto"` picks the first kernel that takes the call among: strided from
+            `STRIDED_MIN_QUERY_LEN` queries when it computes at most
+            `STRIDED_MAX_KEY_FRACTION` of the keys per query, blockwise on the
+            TensorFlow backend when the static
             `query_len * key_len` reaches `BLOCKWISE_MIN_ATTENTION_SIZE`
             (`BLOCKWISE_MIN_BANDED_ATTENTION_SIZE` with a pattern), else
-            chunked when it applies and `query_len >= 2 * QUERY_CHUNK_SIZE`, else dense; dense
+            chunked when it applies and `query_len` reaches two chunks, else dense; dense
             whenever `return_weights`.
         pattern: optional `keras_attn.patterns.Pattern` (or its config): which keys each
             query position may attend to; intersected with `is_causal` and `sliding_window`.
+        hard: if `True`, hard attention: each query's weights are one-hot on its allowed key
+            with the largest logit `scale * q.k + bias` (ties: the lowest key index), so the
+            output is that key's value; a row without allowed keys gets zero weights and a zero
+            output. Gradients are straight-through: the logits (query, key, bias) get the
+            gradient of the soft weights `softmax(scale * Q K^T + bias)` at the same scale as if
+            they had been used, the value gets the gradient through the one-hot weights (only the
+            selected keys' values receive `dO`). Returned weights are the one-hot ones. Dense
+            kernel only: `"auto"` picks it, `"chunked"` / `"blockwise"` raise a `ValueError`.
+        position_bias: optional `keras_attn.position_bias.PositionBias` layer for the query
+            heads (`keras_attn.ALiBi`, `keras_attn.RelativePositionBias`): its bias of query
+            position `query_offset + i` and key position `j` is added to the logits in float32,
+            computed per chunk or block from positions on the chunked and blockwise paths
+            (never a `(batch, heads, query_len, key_len)` tensor there), with gradients to its
+            weights on every path.
 
     Returns:
         The output `(batch, query_len, heads, value_depth)` in the dtype of `value`, and, when
@@ -192,127 +250,76 @@ def scaled_dot_product_attention(
         _check_broadcastable("bias", bias, query, key)
     pattern = patterns.from_shorthands(pattern, is_causal, sliding_window)
     check_rate("dropout_rate", dropout_rate)
-    if isinstance(query_offset, int) and query_offset < 0:
-        raise ValueError(f"`query_offset` must be >= 0. Received: query_offset={query_offset}")
-    _check_scale(scale)
+    check_bool("hard", hard)
+    check_bool("is_causal", is_causal)  # a string or tensor would be truthy
+    check_position("query_offset", query_offset)
+    check_scale(scale)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
+    if bias is not None:  # a `-inf` bias masks its key on every kernel (`keras_attn.softmax.bias_mask`)
+        mask = merge_masks(mask, bias_mask(bias))
     if mask is not None:
         key, value = _zero_unattended_keys(key, value, mask)
 
     groups = query.shape[2] // key.shape[2]
-    key = _repeat_kv_heads(key, groups)  # (batch, key_len, heads, depth)
-    value = _repeat_kv_heads(value, groups)  # (batch, key_len, heads, value_depth)
-    path = _choose_implementation(implementation, query, key, mask, bias, pattern, query_offset, return_weights)
-    if path == "blockwise":
-        return blockwise_attention(
-            query, key, value, mask=mask, bias=bias, pattern=pattern, query_offset=query_offset, scale=scale,
-            dropout_rate=dropout_rate, training=training, seed_generator=seed_generator,
-        )
-
-    dropout_rate = dropout_rate if training else 0.0
-    if path == "chunked":
-        return chunked_attention(
-            query, key, value, mask=mask, bias=bias, pattern=pattern, query_offset=query_offset, scale=scale,
-            dropout_rate=dropout_rate, seed_generator=seed_generator, chunk_size=QUERY_CHUNK_SIZE,
-        )
-    return _dense_attention(
-        query, key, value, mask, bias, pattern, query_offset, scale, dropout_rate, seed_generator, return_weights,
+    call = AttentionCall(
+        query=query,
+        key=_repeat_kv_heads(key, groups),  # (batch, key_len, heads, depth)
+        value=_repeat_kv_heads(value, groups),  # (batch, key_len, heads, value_depth)
+        mask=mask,
+        bias=bias,
+        pattern=pattern,
+        query_offset=query_offset,
+        scale=scale,
+        dropout_rate=dropout_rate if training else 0.0,
+        seed_generator=seed_generator,
+        return_weights=return_weights,
+        hard=hard,
+        position_bias=check_position_bias(position_bias, query.shape[2]),
     )
+    return KERNELS[_choose_implementation(implementation, call)].attend(call)
 
 
-def _dense_attention(
-    query, key, value, mask, bias, pattern, query_offset, scale, dropout_rate, seed_generator, return_weights,
-):
-    """Attention through the full `(query_len, key_len)` weights of `mask` merged with the pattern.
+def _choose_implementation(implementation, call):
+    """The name of the kernel `implementation` resolves to for this `AttentionCall`.
 
-    Masked logits get a finite fill, so a partly masked row's masked weights underflow to exactly
-    0. A fully masked row softmaxes to uniform weights: its output is zeroed after the value
-    product (a boolean reduction of the mask and a pass over `(batch, query_len, heads, depth)`
-    instead of a float pass over the weights), and
-    the weights are zeroed only when they are returned. A causal mask alone never empties a row
-    (query `i` always sees key 0), so it needs neither.
+    A named kernel must take the call (else a `ValueError` with the kernel's reason); `"auto"`
+    tries the kernels `_auto_preference` lists for the call's size and takes the first that can.
     """
-    rows_may_be_empty = may_empty_rows(mask, pattern)
-    mask = pattern_mask(mask, pattern, ops.shape(query)[1], ops.shape(key)[1], query_offset)
-    logits = attention_logits(query, key, scale)  # (batch, heads, query_len, key_len)
-    if bias is not None:
-        logits = logits + ops.cast(bias, logits.dtype)
-    if mask is not None:
-        logits = fill_masked(logits, mask)
-    weights = ops.softmax(logits, axis=-1)  # (batch, heads, query_len, key_len), float32
-    dropped = weights
-    if dropout_rate > 0.0:
-        dropped = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
-    dropped = ops.cast(dropped, value.dtype)
-    output = ops.einsum("bhqk,bkhd->bqhd", dropped, value)  # (batch, query_len, heads, value_depth)
-    if rows_may_be_empty:
-        output = _zero_rows_without_keys(output, mask)
-    if return_weights:
-        weights = zero_masked(weights, mask) if rows_may_be_empty else weights
-        return output, ops.cast(weights, value.dtype)
-    return output
-
-
-def _zero_rows_without_keys(output, mask):
-    """Zeros the output `(batch, query_len, heads, depth)` of query rows whose keys are all masked."""
-    has_keys = ops.any(mask, axis=-1)  # (batch | 1, heads | 1, query_len | 1)
-    has_keys = ops.expand_dims(ops.transpose(has_keys, (0, 2, 1)), -1)  # (batch | 1, query_len | 1, heads | 1, 1)
-    return ops.where(has_keys, output, ops.zeros_like(output))
-
-
-def _choose_implementation(implementation, query, key, mask, bias, pattern, query_offset, return_weights):
-    """`"dense"`, `"chunked"` or `"blockwise"`: the path `implementation` resolves to for these inputs."""
     if implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(
             f"`implementation` must be one of {ATTENTION_IMPLEMENTATIONS}. Received: implementation={implementation!r}"
         )
-    if return_weights and implementation in ("chunked", "blockwise"):
-        raise ValueError(
-            f"`implementation={implementation!r}` never materialises the whole attention matrix: it cannot "
-            "be combined with `return_weights=True`. Received: return_weights=True"
-        )
-    on_tensorflow = keras.backend.backend() == "tensorflow"
-    if implementation in ("chunked", "blockwise") and not on_tensorflow:
-        raise ValueError(
-            f"`implementation={implementation!r}` needs the TensorFlow backend. "
-            f"Received: implementation={implementation!r} with backend {keras.backend.backend()!r}"
-        )
-    if implementation == "chunked":
-        unchunkable = _why_not_chunked(query, key, mask, bias, pattern, query_offset)
-        if unchunkable:
-            raise ValueError(f"`implementation='chunked'` needs {unchunkable}")
     if implementation != "auto":
+        reason = KERNELS[implementation].why_unsupported(call)
+        if reason:
+            raise ValueError(f"`implementation={implementation!r}` needs {reason}")
         return implementation
-    if return_weights:
-        return "dense"
-    query_len, key_len = query.shape[1], key.shape[1]
-    threshold = BLOCKWISE_MIN_BANDED_ATTENTION_SIZE if pattern is not None else BLOCKWISE_MIN_ATTENTION_SIZE
+    return next(name for name in _auto_preference(call) if not KERNELS[name].why_unsupported(call))
+
+
+def _auto_preference(call):
+    """Kernel names from most to least preferred for the call's static size, dense (which takes
+    every call) last: strided first when it takes the call, has `STRIDED_MIN_QUERY_LEN` queries
+    and computes at most `STRIDED_MAX_KEY_FRACTION` of the keys per query; then blockwise from
+    `BLOCKWISE_MIN_ATTENTION_SIZE` query-key pairs (`BLOCKWISE_MIN_BANDED_ATTENTION_SIZE` with a
+    pattern), chunked from two query chunks."""
+    query_len, key_len = call.query.shape[1], call.key.shape[1]
+    if query_len is None or key_len is None:
+        return ("dense",)
     if (
-        on_tensorflow
-        and query_len is not None
-        and key_len is not None
-        and query_len * key_len >= threshold
+        query_len >= STRIDED_MIN_QUERY_LEN
+        and not strided_attention.why_unsupported(call)
+        and strided_attention.keys_per_query(call) <= STRIDED_MAX_KEY_FRACTION * key_len
     ):
-        return "blockwise"
-    chunkable = on_tensorflow and not _why_not_chunked(query, key, mask, bias, pattern, query_offset)
-    if chunkable and query_len >= 2 * QUERY_CHUNK_SIZE:
-        return "chunked"
-    return "dense"
+        return ("strided", *_size_preference(call, query_len, key_len))
+    return _size_preference(call, query_len, key_len)
 
 
-def _why_not_chunked(query, key, mask, bias, pattern, query_offset):
-    """Why the chunked path cannot take these inputs (a message), or `None` when it can."""
-    if pattern is None:
-        return (
-            "an attention pattern (`pattern=`, `is_causal=True` or a `sliding_window`). "
-            "Received: pattern=None, is_causal=False, sliding_window=None"
-        )
-    if query.shape[1] is None or key.shape[1] is None:
-        return f"static lengths. Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
-    if isinstance(query_offset, bool) or not isinstance(query_offset, int):
-        return f"a Python int `query_offset`. Received: query_offset={query_offset!r}"
-    for name, pairwise in (("mask", mask), ("bias", bias)):
-        if pairwise is not None and None in tuple(pairwise.shape)[2:]:
-            return f"`{name}` with static query and key dimensions. Received: {name}.shape={tuple(pairwise.shape)}"
-    return None
+def _size_preference(call, query_len, key_len):
+    threshold = BLOCKWISE_MIN_BANDED_ATTENTION_SIZE if call.pattern is not None else BLOCKWISE_MIN_ATTENTION_SIZE
+    if query_len * key_len >= threshold:
+        return ("blockwise", "dense")
+    if query_len >= 2 * chunked_attention.QUERY_CHUNK_SIZE:
+        return ("chunked", "dense")
+    return ("dense",)

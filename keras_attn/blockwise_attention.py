@@ -12,7 +12,10 @@ ever holding the `(query_len, key_len)` attention matrix:
 - the backward pass (a `tf.custom_gradient`) stores only the output and the per-row log-sum-exp
   and recomputes each block's weights, so training memory is linear in the length too;
 - dropout masks come from a stateless generator keyed by block, so the backward pass regenerates
-  exactly the masks of the forward pass.
+  exactly the masks of the forward pass;
+- a position bias (`keras_attn.position_bias`: ALiBi, T5's relative bias) is computed per block
+  from the block's positions, in the forward pass and again in the backward pass, where each
+  block's logits gradient gives its parameters' gradient.
 
 Peak memory is `O(batch * heads * (length * depth + query_block_size * key_block_size))`.
 Loops are `tf.while_loop`s over static block sizes: they work eagerly, in `tf.function` and under
@@ -20,7 +23,7 @@ Loops are `tf.while_loop`s over static block sizes: they work eagerly, in `tf.fu
 
 The masked fill is the core's (`fill_masked`, `MASK_FILL`): masked weights underflow to exactly
 0, and a row that never meets a real key keeps the fill as its maximum and is zeroed, as in the
-dense path; the numerics live in `keras_attn.attention` only.
+dense path; the numerics live in `keras_attn.softmax` only.
 """
 
 import dataclasses
@@ -29,8 +32,15 @@ import keras
 import tensorflow as tf
 
 from keras_attn import patterns
+from keras_attn.attention_call import why_not_tensorflow_streaming
 from keras_attn.masks import merge_masks
 from keras_attn.masks import pattern_mask
+from keras_attn.position_bias import add_block_bias
+from keras_attn.position_bias import add_gradients
+from keras_attn.position_bias import bias_parameter_gradients
+from keras_attn.position_bias import block_positions
+from keras_attn.position_bias import check_position_bias
+from keras_attn.position_bias import read_bias_parameters
 from keras_attn.softmax import MASK_FILL
 from keras_attn.softmax import fill_masked
 from keras_attn.utils import float_math_dtype
@@ -45,6 +55,20 @@ MAX_DEFAULT_BLOCK_SIZE = 1024
 _PARALLEL_ITERATIONS = 1
 
 
+def why_unsupported(call):
+    """Why the blockwise kernel cannot take this `AttentionCall` (a message), or `None` when it can."""
+    return why_not_tensorflow_streaming(call)
+
+
+def attend(call):
+    """`blockwise_attention` of an `AttentionCall`, with the default block sizes."""
+    return blockwise_attention(
+        call.query, call.key, call.value, mask=call.mask, bias=call.bias, pattern=call.pattern,
+        query_offset=call.query_offset, scale=call.scale, dropout_rate=call.dropout_rate,
+        training=call.dropout_rate > 0.0, seed_generator=call.seed_generator, position_bias=call.position_bias,
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """Static blocking of one attention call; lengths may be tensors when shapes are dynamic."""
@@ -56,6 +80,21 @@ class _Plan:
     pattern: object
     query_offset: object
     dropout_rate: float
+    position_bias: object = None
+    has_bias: bool = False
+
+    def split(self, inputs):
+        """The custom gradient's flat inputs as `(query, key, value, bias or None, bias parameters)`."""
+        query, key, value = inputs[:3]
+        bias = inputs[3] if self.has_bias else None
+        return query, key, value, bias, tuple(inputs[4 if self.has_bias else 3 :])
+
+    def positions(self, query_block, key_block):
+        """The query and key positions of block `(query_block, key_block)`, for its position bias."""
+        return (
+            block_positions(self.query_offset + query_block * self.query_block, self.query_block),
+            block_positions(key_block * self.key_block, self.key_block),
+        )
 
     @property
     def num_query_blocks(self):
@@ -126,6 +165,7 @@ def blockwise_attention(
     seed_generator=None,
     query_block_size=None,
     key_block_size=None,
+    position_bias=None,
 ):
     """Blockwise attention with an online softmax; memory linear in the sequence length.
 
@@ -152,6 +192,8 @@ def blockwise_attention(
         query_block_size: queries per chunk (static int); by default about `query_len / 16`,
             a power of two between `MIN_DEFAULT_BLOCK_SIZE` and `MAX_DEFAULT_BLOCK_SIZE`.
         key_block_size: keys per block (static int); the same default over `key_len`.
+        position_bias: optional `keras_attn.position_bias.PositionBias` for the query heads;
+            its bias is computed per block from positions (query `i` at `i + query_offset`).
 
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype of `value`; fully masked rows are 0.
@@ -165,6 +207,7 @@ def blockwise_attention(
     TensorShape([1, 4096, 8, 32])
     """
     pattern = patterns.from_shorthands(pattern, is_causal, sliding_window)
+    position_bias = check_position_bias(position_bias, query.shape[2])
     for name, size in (("query_block_size", query_block_size), ("key_block_size", key_block_size)):
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
             raise ValueError(f"`{name}` must be None or a positive integer. Received: {name}={size!r}")
@@ -179,6 +222,8 @@ def blockwise_attention(
         pattern=pattern,
         query_offset=query_offset if isinstance(query_offset, int) else tf.cast(query_offset, "int32"),
         dropout_rate=dropout_rate if training else 0.0,
+        position_bias=position_bias,
+        has_bias=bias is not None,
     )
     seed = None
     if plan.dropout_rate > 0.0:
@@ -190,11 +235,11 @@ def blockwise_attention(
     key = _to_blocks_layout(key, plan.padded_key_len - key_len)
     value = _to_blocks_layout(value, plan.padded_key_len - key_len)
     mask = None if mask is None else _pad_pairwise(tf.cast(mask, "bool"), plan, False)
-    if bias is None:
-        output = _attend_with_recompute(plan, mask, seed, query, key, value)
-    else:
-        bias = _pad_pairwise(tf.cast(bias, float_math_dtype(query.dtype)), plan, 0)
-        output = _attend_with_recompute(plan, mask, seed, query, key, value, bias)
+    inputs = (query, key, value)
+    if bias is not None:
+        inputs += (_pad_pairwise(tf.cast(bias, float_math_dtype(query.dtype)), plan, 0),)
+    parameters = read_bias_parameters(position_bias)
+    output = _attend_with_recompute(plan, mask, seed, *inputs, *parameters)
     output = tf.transpose(output[:, :, :query_len], (0, 2, 1, 3))  # (batch, query_len, heads, dv)
     return tf.cast(output, value.dtype)
 
@@ -282,12 +327,13 @@ def _fill_masked_block(plan, mask, query_block, key_block, logits):
     return tf.cond(plan.block_unmasked(query_block, key_block), lambda: logits, masked)
 
 
-def _block_logits(plan, mask, bias, query_block, key_block, query, key):
+def _block_logits(plan, mask, bias, parameters, query_block, key_block, query, key):
     """Mask-filled logits `(batch, heads, q_block, k_block)` of one block."""
     logits = tf.matmul(query, key, transpose_b=True)  # (batch, heads, q_block, k_block)
     logits = tf.cast(logits, float_math_dtype(logits.dtype))
     if bias is not None:
         logits = logits + _pairwise_block(bias, plan, query_block, key_block)
+    logits = add_block_bias(logits, plan.position_bias, parameters, *plan.positions(query_block, key_block))
     return _fill_masked_block(plan, mask, query_block, key_block, logits)
 
 
@@ -300,23 +346,23 @@ def _dropout_keep_scale(plan, seed, query_block, key_block, shape, dtype):
     return tf.cast(keep, dtype) / (1.0 - plan.dropout_rate)
 
 
-def _attend_with_recompute(plan, mask, seed, query, key, value, bias=None):
-    """Attention of `(batch, heads, padded_len, depth)` tensors whose gradient recomputes blocks."""
+def _attend_with_recompute(plan, mask, seed, *inputs):
+    """Attention of `(batch, heads, padded_len, depth)` query, key, value[, bias][, bias parameters]
+    whose gradient recomputes blocks."""
 
     @tf.custom_gradient
     def attend(*inputs):
-        output, log_sum_exp = _forward(plan, mask, seed, *inputs)
+        output, log_sum_exp = _forward(plan, mask, seed, *plan.split(inputs))
 
         def gradient(output_gradient):
             return _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient)
 
         return output, gradient
 
-    inputs = (query, key, value) if bias is None else (query, key, value, bias)
     return attend(*inputs)
 
 
-def _forward(plan, mask, seed, query, key, value, bias=None):
+def _forward(plan, mask, seed, query, key, value, bias, parameters):
     """Output `(batch, heads, padded_q, value_depth)` and log-sum-exp `(batch, heads, padded_q, 1)`."""
     dtype = float_math_dtype(query.dtype)
 
@@ -326,7 +372,7 @@ def _forward(plan, mask, seed, query, key, value, bias=None):
 
         def key_step(key_block, row_max, row_sum, accumulator):
             logits = _block_logits(
-                plan, mask, bias, query_block, key_block, chunk, _rows(key, key_block, plan.key_block)
+                plan, mask, bias, parameters, query_block, key_block, chunk, _rows(key, key_block, plan.key_block)
             )  # (batch, heads, q_block, k_block)
             new_max = tf.maximum(row_max, tf.reduce_max(logits, -1, keepdims=True))
             # Masked entries underflow to 0 once the row has met a real key; until then they are
@@ -374,23 +420,22 @@ def _forward(plan, mask, seed, query, key, value, bias=None):
 
 
 def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
-    """Gradients of `inputs` (query, key, value[, bias]) recomputed block by block."""
-    query, key, value = inputs[:3]
-    bias = inputs[3] if len(inputs) == 4 else None
+    """Gradients of `inputs` (query, key, value[, bias][, bias parameters]) recomputed block by block."""
+    query, key, value, bias, parameters = plan.split(inputs)
     dtype = float_math_dtype(query.dtype)
     output_gradient = tf.cast(output_gradient, dtype)  # (batch, heads, padded_q, value_depth)
     # rowsum(dO * O) = sum_k P_k dP_k, the subtracted term of the softmax gradient.
     delta = tf.reduce_sum(output_gradient * output, -1, keepdims=True)  # (batch, heads, padded_q, 1)
     query_f, key_f, value_f = (tf.cast(t, dtype) for t in (query, key, value))
 
-    def key_block_step(key_block, key_grads, value_grads, query_grads, bias_grads):
+    def key_block_step(key_block, key_grads, value_grads, query_grads, bias_grads, parameter_grads):
         keys = _rows(key_f, key_block, plan.key_block)  # (batch, heads, k_block, depth)
         values = _rows(value_f, key_block, plan.key_block)  # (batch, heads, k_block, value_depth)
 
-        def query_step(query_block, key_grad, value_grad, query_grads, bias_grads):
+        def query_step(query_block, key_grad, value_grad, query_grads, bias_grads, parameter_grads):
             chunk = _rows(query_f, query_block, plan.query_block)  # (batch, heads, q_block, depth)
             chunk_grad = _rows(output_gradient, query_block, plan.query_block)  # (b, h, q_block, dv)
-            logits = _block_logits(plan, mask, bias, query_block, key_block, chunk, keys)
+            logits = _block_logits(plan, mask, bias, parameters, query_block, key_block, chunk, keys)
             lse = _rows(log_sum_exp, query_block, plan.query_block)  # (batch, heads, q_block, 1)
             # Masked entries are exp(MASK_FILL - lse) = 0 (lse is 0 in a row without keys).
             weights = tf.exp(logits - lse)  # (batch, heads, q_block, k_block), normalised
@@ -410,13 +455,19 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
             )
             if bias is not None:
                 bias_grads = _accumulate_bias_grad(plan, bias, bias_grads, query_block, key_block, logits_grad)
-            return query_block + 1, key_grad, value_grad, query_grads, bias_grads
+            parameter_grads = add_gradients(
+                parameter_grads,
+                bias_parameter_gradients(
+                    plan.position_bias, parameters, *plan.positions(query_block, key_block), logits_grad
+                ),
+            )
+            return query_block + 1, key_grad, value_grad, query_grads, bias_grads, parameter_grads
 
         start, stop = plan.query_blocks_for(key_block)
-        _, key_grad, value_grad, query_grads, bias_grads = tf.while_loop(
+        _, key_grad, value_grad, query_grads, bias_grads, parameter_grads = tf.while_loop(
             lambda query_block, *_: query_block < stop,
             query_step,
-            (start, tf.zeros_like(keys), tf.zeros_like(values), query_grads, bias_grads),
+            (start, tf.zeros_like(keys), tf.zeros_like(values), query_grads, bias_grads, parameter_grads),
             parallel_iterations=_PARALLEL_ITERATIONS,
         )
         return (
@@ -425,16 +476,18 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
             value_grads.write(key_block, value_grad),
             query_grads,
             bias_grads,
+            parameter_grads,
         )
 
     query_grads = _zero_blocks(query_f, plan.num_query_blocks, plan.query_block)
     bias_grads = _zero_bias_grad_blocks(plan, bias) if bias is not None else tf.zeros(())
     key_grads = _block_array(dtype, plan.num_key_blocks, key, plan.key_block, key.shape[-1])
     value_grads = _block_array(dtype, plan.num_key_blocks, key, plan.key_block, value.shape[-1])
-    _, key_grads, value_grads, query_grads, bias_grads = tf.while_loop(
+    parameter_grads = tuple(tf.zeros_like(parameter) for parameter in parameters)
+    _, key_grads, value_grads, query_grads, bias_grads, parameter_grads = tf.while_loop(
         lambda key_block, *_: key_block < plan.num_key_blocks,
         key_block_step,
-        (0, key_grads, value_grads, query_grads, bias_grads),
+        (0, key_grads, value_grads, query_grads, bias_grads, parameter_grads),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )
     grads = [
@@ -444,7 +497,7 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
     ]
     if bias is not None:
         grads.append(tf.cast(_unblock_bias_grad(plan, bias, bias_grads.stack()), bias.dtype))
-    return grads
+    return grads + list(parameter_grads)
 
 
 def _dims(tensor):

@@ -13,6 +13,10 @@ product of the weights and their gradient. Those passes over the weights are wha
 made of at depth 32 (benchmarks/layer_throughput.py). Memory is that of the dense weights,
 inside the band; long sequences go to `keras_attn.blockwise_attention` (linear memory).
 
+A position bias (`keras_attn.position_bias`: ALiBi, T5's relative bias) is computed per chunk
+from the chunk's positions, and its parameters get their gradient from each chunk's logits
+gradient.
+
 The numerics are the core's (`masked_softmax`, `fill_masked`, float32 softmax): they live in
 `keras_attn.softmax` only.
 """
@@ -23,11 +27,21 @@ import keras
 import tensorflow as tf
 
 from keras_attn import patterns
+from keras_attn.attention_call import why_not_tensorflow_streaming
 from keras_attn.masks import may_empty_rows
 from keras_attn.masks import pattern_mask
+from keras_attn.position_bias import add_block_bias
+from keras_attn.position_bias import add_gradients
+from keras_attn.position_bias import bias_parameter_gradients
+from keras_attn.position_bias import block_positions
+from keras_attn.position_bias import check_position_bias
+from keras_attn.position_bias import read_bias_parameters
 from keras_attn.softmax import fill_masked
 from keras_attn.softmax import masked_softmax
 from keras_attn.utils import float_math_dtype
+
+# Queries per chunk: each chunk computes only the keys its pattern reaches.
+QUERY_CHUNK_SIZE = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +56,36 @@ class QueryChunk:
     @property
     def has_keys(self):
         return self.key_stop > self.key_start
+
+
+def why_unsupported(call):
+    """Why the chunked kernel cannot take this `AttentionCall` (a message), or `None` when it can."""
+    streaming = why_not_tensorflow_streaming(call)
+    if streaming:
+        return streaming
+    if call.pattern is None:
+        return (
+            "an attention pattern (`pattern=`, `is_causal=True` or a `sliding_window`). "
+            "Received: pattern=None, is_causal=False, sliding_window=None"
+        )
+    query, key = call.query, call.key
+    if query.shape[1] is None or key.shape[1] is None:
+        return f"static lengths. Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+    if isinstance(call.query_offset, bool) or not isinstance(call.query_offset, int):
+        return f"a Python int `query_offset`. Received: query_offset={call.query_offset!r}"
+    for name, pairwise in (("mask", call.mask), ("bias", call.bias)):
+        if pairwise is not None and None in tuple(pairwise.shape)[2:]:
+            return f"`{name}` with static query and key dimensions. Received: {name}.shape={tuple(pairwise.shape)}"
+    return None
+
+
+def attend(call):
+    """`chunked_attention` of an `AttentionCall`, in chunks of `QUERY_CHUNK_SIZE` queries."""
+    return chunked_attention(
+        call.query, call.key, call.value, mask=call.mask, bias=call.bias, pattern=call.pattern,
+        query_offset=call.query_offset, scale=call.scale, dropout_rate=call.dropout_rate,
+        seed_generator=call.seed_generator, chunk_size=QUERY_CHUNK_SIZE, position_bias=call.position_bias,
+    )
 
 
 def pattern_query_chunks(query_len, key_len, chunk_size, pattern, query_offset=0):
@@ -72,7 +116,8 @@ def chunked_attention(
     scale=1.0,
     dropout_rate=0.0,
     seed_generator=None,
-    chunk_size=128,
+    chunk_size=QUERY_CHUNK_SIZE,
+    position_bias=None,
 ):
     """Attention of `pattern_query_chunks` chunks, each over only the keys its pattern reaches.
 
@@ -92,11 +137,14 @@ def chunked_attention(
         dropout_rate: dropout on the normalised weights (pass 0 outside training).
         seed_generator: a `keras.random.SeedGenerator` for dropout.
         chunk_size: queries per chunk.
+        position_bias: optional `keras_attn.position_bias.PositionBias` for the query heads;
+            its bias is computed per chunk from positions (query `i` at `i + query_offset`).
 
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype of `value`.
     """
     pattern = patterns.from_shorthands(pattern, is_causal, sliding_window)
+    position_bias = check_position_bias(position_bias, query.shape[2])
     query_len, key_len = query.shape[1], key.shape[1]
     chunks = pattern_query_chunks(query_len, key_len, chunk_size, pattern, query_offset)
     if mask is not None:
@@ -118,10 +166,12 @@ def chunked_attention(
     key, value = (tf.transpose(t, (0, 2, 1, 3)) for t in (key, value))  # (batch, heads, k, depth)
     plan = _ChunkPlan(
         chunks, chunk_masks, _keep_scales(chunks, scaled_query, dropout_rate, seed_generator),
-        rows_may_be_empty=may_empty_rows(mask, pattern), key_len=key_len,
+        rows_may_be_empty=may_empty_rows(mask, pattern), key_len=key_len, has_bias=bias is not None,
+        position_bias=position_bias, query_offset=query_offset,
     )
-    inputs = (scaled_query, key, value) if bias is None else (scaled_query, key, value, tf.convert_to_tensor(bias))
-    output = _attend(plan, *inputs)  # (batch, heads, query_len, value_depth)
+    inputs = (scaled_query, key, value) + (() if bias is None else (tf.convert_to_tensor(bias),))
+    parameters = read_bias_parameters(position_bias)
+    output = _attend(plan, *inputs, *parameters)  # (batch, heads, query_len, value_depth)
     return tf.transpose(output, (0, 2, 1, 3))  # (batch, query_len, heads, value_depth)
 
 
@@ -134,6 +184,22 @@ class _ChunkPlan:
     keep_scales: list
     rows_may_be_empty: bool
     key_len: int
+    has_bias: bool
+    position_bias: object
+    query_offset: int
+
+    def split(self, inputs):
+        """The custom gradient's flat inputs as `(query, key, value, bias or None, bias parameters)`."""
+        query, key, value = inputs[:3]
+        bias = inputs[3] if self.has_bias else None
+        return query, key, value, bias, tuple(inputs[4 if self.has_bias else 3 :])
+
+    def positions(self, chunk):
+        """The query and key positions of a chunk, for its position bias."""
+        return (
+            block_positions(self.query_offset + chunk.query_start, chunk.query_stop - chunk.query_start),
+            block_positions(chunk.key_start, chunk.key_stop - chunk.key_start),
+        )
 
 
 def _pairwise_slice(tensor, chunk):
@@ -172,11 +238,11 @@ def _keep_scales(chunks, query, dropout_rate, seed_generator):
 
 
 def _attend(plan, *inputs):
-    """`(batch, heads, q, depth)` scaled query, key, value[, bias] -> output, with a custom gradient."""
+    """`(batch, heads, q, depth)` scaled query, key, value[, bias][, bias parameters] -> output, with a custom gradient."""
 
     @tf.custom_gradient
     def attend(*inputs):
-        output, weights = _forward(plan, *inputs)
+        output, weights = _forward(plan, *plan.split(inputs))
 
         def gradient(output_gradient):
             return _backward(plan, inputs, output, weights, output_gradient)
@@ -186,20 +252,21 @@ def _attend(plan, *inputs):
     return attend(*inputs)
 
 
-def _chunk_weights(plan, index, query, key, bias):
+def _chunk_weights(plan, index, query, key, bias, parameters):
     """Normalised float32 weights `(batch, heads, chunk_len, chunk_keys)` of chunk `index`."""
     chunk, mask = plan.chunks[index], plan.masks[index]
     logits = tf.matmul(_queries(query, chunk), _keys(key, chunk), transpose_b=True)  # (b, h, chunk_len, chunk_keys)
     logits = tf.cast(logits, float_math_dtype(logits.dtype))
     if bias is not None:
         logits += tf.cast(_pairwise_slice(bias, chunk), logits.dtype)
+    logits = add_block_bias(logits, plan.position_bias, parameters, *plan.positions(chunk))
     # Every chunk has a pattern mask. A row without keys gets zero weights, so a zero output and gradient.
     if plan.rows_may_be_empty:
         return masked_softmax(logits, mask)  # (batch, heads, chunk_len, chunk_keys)
     return tf.nn.softmax(fill_masked(logits, mask))
 
 
-def _forward(plan, query, key, value, bias=None):
+def _forward(plan, query, key, value, bias, parameters):
     """Output `(batch, heads, query_len, value_depth)` and each chunk's weights (`None`: no keys)."""
     outputs, chunk_weights = [], []
     batch, heads = tf.shape(query)[0], tf.shape(query)[1]
@@ -209,7 +276,7 @@ def _forward(plan, query, key, value, bias=None):
             outputs.append(tf.zeros(shape, value.dtype))
             chunk_weights.append(None)
             continue
-        weights = _chunk_weights(plan, index, query, key, bias)
+        weights = _chunk_weights(plan, index, query, key, bias, parameters)
         dropped = weights if plan.keep_scales[index] is None else weights * plan.keep_scales[index]
         outputs.append(tf.matmul(tf.cast(dropped, value.dtype), _keys(value, chunk)))  # (b, h, chunk_len, dv)
         chunk_weights.append(weights)
@@ -217,9 +284,9 @@ def _forward(plan, query, key, value, bias=None):
 
 
 def _backward(plan, inputs, output, chunk_weights, output_gradient):
-    """Gradients of (query, key, value[, bias]) from each chunk's stored weights."""
-    query, key, value = inputs[:3]
-    bias = inputs[3] if len(inputs) == 4 else None
+    """Gradients of (query, key, value[, bias][, bias parameters]) from each chunk's stored weights."""
+    query, key, value, bias, parameters = plan.split(inputs)
+    parameter_grads = tuple(tf.zeros_like(parameter) for parameter in parameters)
     dtype = float_math_dtype(query.dtype)
     query_f, key_f, value_f, output_gradient = (tf.cast(t, dtype) for t in (query, key, value, output_gradient))
     # rowsum(dO * O) = sum_k P_k dP_k, the subtracted term of the softmax gradient.
@@ -251,6 +318,10 @@ def _backward(plan, inputs, output, chunk_weights, output_gradient):
         key_grad = tf.matmul(logits_grad, _queries(query_f, chunk), transpose_a=True)  # (b, h, chunk_keys, depth)
         key_grads.append(_pad_keys(key_grad, chunk, plan.key_len))
         bias_grads.append(logits_grad)
+        parameter_grads = add_gradients(
+            parameter_grads,
+            bias_parameter_gradients(plan.position_bias, parameters, *plan.positions(chunk), logits_grad),
+        )
     grads = [
         tf.cast(tf.concat(query_grads, axis=2), query.dtype),
         tf.cast(tf.add_n(key_grads), key.dtype),
@@ -258,7 +329,7 @@ def _backward(plan, inputs, output, chunk_weights, output_gradient):
     ]
     if bias is not None:
         grads.append(tf.cast(_bias_gradient(plan, bias, bias_grads), bias.dtype))
-    return grads
+    return grads + list(parameter_grads)
 
 
 def _pad_keys(tensor, chunk, key_len):

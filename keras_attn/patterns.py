@@ -1,14 +1,18 @@
 """Attention patterns: which keys each query may attend to, by position.
 
 A pattern is the structural part of an attention mask (causal, local, strided, block-local,
-global tokens and their combinations). It knows two things about any block of query positions x
-key positions, and every kernel asks it only these:
+global tokens and their combinations). It answers these questions about query positions x key
+positions, and every kernel asks it only these:
 
-- `mask(rows, cols)`: the boolean `(len(rows), len(cols))` mask, `True` = attend;
+- `allows(rows, cols)`: elementwise, whether query position `rows` may see key position `cols`
+  (broadcasting), and from it `mask(rows, cols)`: the boolean `(len(rows), len(cols))` mask;
 - `key_range(first_row, last_row, key_len)` / `query_range(...)`: a conservative `[start, stop)`
   of the keys a block of queries can reach (the queries that can reach a block of keys), so the
   chunked and blockwise kernels never compute the blocks a pattern excludes;
-- `block_full(...)`: whether a block is certainly all allowed, so its mask need not be built.
+- `block_full(...)`: whether a block is certainly all allowed, so its mask need not be built;
+- `strided_cover()`: a band pattern plus a stride whose residue classes hold the rest, so the
+  strided kernel computes a band and one residue class per query instead of every block a
+  strided component reaches.
 
 Positions are absolute: query `i` of a call sits at position `query_offset + i` among the keys
 (cached decoding), key `j` at position `j`. The range methods take Python ints (static plans,
@@ -20,6 +24,8 @@ Patterns combine with `&` (intersection) and `|` (union) and serialise with
 >>> pattern = Causal() & (SlidingWindow(128) | Strided(128))  # Sparse Transformer, causal
 """
 
+import math
+
 import keras
 from keras import ops
 
@@ -29,11 +35,27 @@ _PACKAGE = "keras_attn"
 
 
 class Pattern:
-    """Base class of the attention patterns; subclasses implement the four methods below."""
+    """Base class of the attention patterns; subclasses implement `allows` and, where they can
+    bound them, the ranges, `block_full` and `strided_cover`."""
+
+    def allows(self, rows, cols):
+        """Boolean, elementwise: `True` where query position `rows` may see key position `cols`
+        (int32 tensors that broadcast together, e.g. `(n, 1)` and `(1, m)`)."""
+        raise NotImplementedError
 
     def mask(self, rows, cols):
         """Boolean `(len(rows), len(cols))`: `True` where query position `rows[i]` may see key `cols[j]`."""
-        raise NotImplementedError
+        return self.allows(*_pairs(rows, cols))  # (query_len, key_len)
+
+    def strided_cover(self):
+        """`(band, stride)`: every pair this pattern allows is allowed by the pattern `band`, whose
+        `key_range` bounds the keys it reaches, or has `(i - j) % stride == 0` (`Strided(stride)`).
+
+        `band=None`: no band part; `stride=None`: no strided part. A pattern is its own band; the
+        strided kernel (`keras_attn.strided_attention`) computes `band.key_range` and the keys of
+        each query's residue class instead of every key a strided pattern's `key_range` spans.
+        """
+        return self, None
 
     def key_range(self, first_row, last_row, key_len):
         """`[start, stop)` within `[0, key_len)` holding every key queries `first_row..last_row` may see."""
@@ -126,9 +148,8 @@ def _unite(left, right):
 class Causal(Pattern):
     """Query at position `i` sees keys `j <= i` (autoregressive)."""
 
-    def mask(self, rows, cols):
-        rows, cols = _pairs(rows, cols)
-        return ops.less_equal(cols, rows)  # (query_len, key_len)
+    def allows(self, rows, cols):
+        return ops.less_equal(cols, rows)
 
     def key_range(self, first_row, last_row, key_len):
         return _clip(0, last_row + 1, 0, key_len)
@@ -155,9 +176,8 @@ class SlidingWindow(Pattern):
         check_positive_int("window", window)
         self.window = window
 
-    def mask(self, rows, cols):
-        rows, cols = _pairs(rows, cols)
-        return ops.less(ops.abs(rows - cols), self.window)  # (query_len, key_len)
+    def allows(self, rows, cols):
+        return ops.less(ops.abs(rows - cols), self.window)
 
     def key_range(self, first_row, last_row, key_len):
         return _clip(first_row - self.window + 1, last_row + self.window, 0, key_len)
@@ -184,12 +204,14 @@ class Strided(Pattern):
         check_positive_int("stride", stride)
         self.stride = stride
 
-    def mask(self, rows, cols):
-        rows, cols = _pairs(rows, cols)
-        return ops.equal(ops.mod(rows - cols, self.stride), 0)  # (query_len, key_len)
+    def allows(self, rows, cols):
+        return ops.equal(ops.mod(rows - cols, self.stride), 0)
 
     def block_full(self, first_row, last_row, first_col, last_col):
         return self.stride == 1
+
+    def strided_cover(self):
+        return None, self.stride
 
     @property
     def may_empty_rows(self):
@@ -207,9 +229,8 @@ class BlockLocal(Pattern):
         check_positive_int("block_size", block_size)
         self.block_size = block_size
 
-    def mask(self, rows, cols):
-        rows, cols = _pairs(rows, cols)
-        return ops.equal(rows // self.block_size, cols // self.block_size)  # (query_len, key_len)
+    def allows(self, rows, cols):
+        return ops.equal(rows // self.block_size, cols // self.block_size)
 
     def key_range(self, first_row, last_row, key_len):
         size = self.block_size
@@ -240,8 +261,7 @@ class GlobalTokens(Pattern):
         check_positive_int("num_tokens", num_tokens)
         self.num_tokens = num_tokens
 
-    def mask(self, rows, cols):
-        rows, cols = _pairs(rows, cols)
+    def allows(self, rows, cols):
         return ops.logical_or(ops.less(rows, self.num_tokens), ops.less(cols, self.num_tokens))
 
     def key_range(self, first_row, last_row, key_len):
@@ -270,8 +290,8 @@ class _Combination(Pattern):
         self.left = _check_pattern("left", left)
         self.right = _check_pattern("right", right)
 
-    def mask(self, rows, cols):
-        return self._masks(self.left.mask(rows, cols), self.right.mask(rows, cols))
+    def allows(self, rows, cols):
+        return self._masks(self.left.allows(rows, cols), self.right.allows(rows, cols))
 
     def key_range(self, first_row, last_row, key_len):
         return self._ranges(*(side.key_range(first_row, last_row, key_len) for side in (self.left, self.right)))
@@ -285,6 +305,12 @@ class _Combination(Pattern):
         return self._full(
             *(side.block_full(first_row, last_row, first_col, last_col) for side in (self.left, self.right))
         )
+
+    def strided_cover(self):
+        (left_band, left_stride), (right_band, right_stride) = self.left.strided_cover(), self.right.strided_cover()
+        strides = [stride for stride in (left_stride, right_stride) if stride is not None]
+        # Two residue classes lie in the classes of their strides' gcd.
+        return self._bands(left_band, right_band), (math.gcd(*strides) if strides else None)
 
     def get_config(self):
         return {
@@ -309,6 +335,11 @@ class Intersection(_Combination):
     _ranges = staticmethod(_intersect)
     _full = staticmethod(_logical_and)
 
+    @staticmethod
+    def _bands(left, right):
+        # (A | S) & (B | T) lies in (A & B) | S | T: the bands meet, the strides stay.
+        return None if left is None or right is None else Intersection(left, right)
+
     @property
     def may_empty_rows(self):
         return True  # each side may leave a row only keys the other excludes
@@ -322,6 +353,10 @@ class Union(_Combination):
     _masks = staticmethod(ops.logical_or)
     _ranges = staticmethod(_unite)
     _full = staticmethod(_logical_or)
+
+    @staticmethod
+    def _bands(left, right):
+        return right if left is None else left if right is None else Union(left, right)
 
     @property
     def may_empty_rows(self):

@@ -3,7 +3,10 @@
 - logits and softmax in float32 whatever the compute dtype;
 - masked logits are filled with the finite `MASK_FILL`, never `-inf` (which gives NaN in a fully
   masked row);
-- masked entries, and every entry of a row without any attended key, are exactly 0.
+- masked entries, and every entry of a row without any attended key, are exactly 0;
+- an additive bias at or below `MASK_FILL` (`-inf`, the dtype's lowest value, the `-1e9` idiom)
+  masks its entry exactly like `mask=False` (`bias_mask`): its weight is 0, a row whose every key
+  is masked so gets zero weights and a zero output, and no gradient is NaN.
 """
 
 from keras import ops
@@ -22,6 +25,22 @@ def attention_logits(query, key, scale):
     query = ops.multiply(query, scale)  # (batch, query_len, heads, depth)
     logits = ops.einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, query_len, key_len)
     return ops.cast(logits, float_math_dtype(logits.dtype))
+
+
+def bias_mask(bias):
+    """`False` where the additive `bias` masks the key: at or below `MASK_FILL`, `-inf` included.
+
+    Merged into the boolean mask before any kernel runs, so a `-inf` bias takes the masked path
+    (finite fill, exact zeros, zeroed empty rows) instead of `-inf - -inf = NaN` in the softmax
+    and its gradient. A NaN bias is not a mask: it stays visible in the output.
+
+    >>> import numpy as np
+    >>> bias_mask(np.array([0.0, -1e9, -np.inf, -1e8, np.nan], "float32")).numpy().tolist()
+    [True, False, False, True, True]
+    """
+    bias = ops.convert_to_tensor(bias)
+    bias = ops.cast(bias, float_math_dtype(bias.dtype))
+    return ops.logical_not(ops.less_equal(bias, ops.cast(MASK_FILL, bias.dtype)))
 
 
 def masked_softmax(logits, mask=None):

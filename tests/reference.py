@@ -12,6 +12,19 @@ def attention(query, key, value, mask=None, bias=None, is_causal=False, sliding_
 
     Fully masked query rows get zero weights and zero output (the keras_attn contract).
     """
+    logits, allowed, value = _allowed_logits(query, key, value, mask, bias, is_causal, sliding_window, scale)
+    row_max = np.max(logits, axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    exp = np.where(allowed, np.exp(logits - row_max), 0.0)
+    total = exp.sum(axis=-1, keepdims=True)
+    weights = np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)
+    output = np.einsum("bhqk,bkhd->bqhd", weights, value)
+    return output, weights
+
+
+def _allowed_logits(query, key, value, mask, bias, is_causal, sliding_window, scale):
+    """Float64 logits `(batch, heads, query_len, key_len)` with `-inf` where not allowed, the
+    boolean allowed matrix, and the value with its heads repeated to the query heads."""
     query, key, value = (np.asarray(t, np.float64) for t in (query, key, value))
     groups = query.shape[2] // key.shape[2]
     key = np.repeat(key, groups, axis=2)
@@ -31,14 +44,67 @@ def attention(query, key, value, mask=None, bias=None, is_causal=False, sliding_
     if mask is not None:
         allowed = allowed & np.asarray(mask, bool)
     allowed = np.broadcast_to(allowed, logits.shape)
-    logits = np.where(allowed, logits, -np.inf)
-    row_max = np.max(logits, axis=-1, keepdims=True)
-    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
-    exp = np.where(allowed, np.exp(logits - row_max), 0.0)
-    total = exp.sum(axis=-1, keepdims=True)
-    weights = np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)
-    output = np.einsum("bhqk,bkhd->bqhd", weights, value)
-    return output, weights
+    return np.where(allowed, logits, -np.inf), allowed, value
+
+
+def hard_attention(query, key, value, mask=None, bias=None, is_causal=False, scale=None):
+    """Float64 hard attention from its definition; returns `(output, one_hot_weights)`.
+
+    Each query row's weight is 1 on its allowed key with the largest logit (ties: the lowest
+    index) and 0 elsewhere; a row without allowed keys has zero weights, hence a zero output.
+    """
+    logits, allowed, value = _allowed_logits(query, key, value, mask, bias, is_causal, None, scale)
+    chosen = np.argmax(logits, axis=-1)  # NumPy's argmax returns the first maximum
+    weights = (np.arange(logits.shape[-1]) == chosen[..., None]) & allowed.any(axis=-1, keepdims=True)
+    weights = weights.astype(np.float64)
+    return np.einsum("bhqk,bkhd->bqhd", weights, value), weights
+
+
+def hard_attention_gradients(query, key, value, output_gradient, mask=None, bias=None, is_causal=False, scale=None):
+    """Float64 straight-through gradients of `hard_attention` for the output gradient `dO`.
+
+    The definition keras_attn uses: with `H` the one-hot weights and `P` the soft weights of
+    `attention` at the same scale, `dV = H^T dO`, `dW = dO V^T`, the logits' gradient
+    `dL = P * (dW - rowsum(P * dW))` (the softmax's), `dQ = scale dL K`, `dK = scale dL^T Q` and
+    `dbias = dL` (summed over the bias's broadcast axes). One head per key/value head.
+
+    Returns:
+        `(d_query, d_key, d_value, d_bias)`; `d_bias` is `None` without a bias.
+    """
+    query, key, value, output_gradient = (np.asarray(t, np.float64) for t in (query, key, value, output_gradient))
+    scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
+    _, soft = attention(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    _, hard = hard_attention(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    d_value = np.einsum("bhqk,bqhd->bkhd", hard, output_gradient)
+    d_weights = np.einsum("bqhd,bkhd->bhqk", output_gradient, value)
+    d_logits = soft * (d_weights - np.sum(soft * d_weights, axis=-1, keepdims=True))
+    d_query = scale * np.einsum("bhqk,bkhd->bqhd", d_logits, key)
+    d_key = scale * np.einsum("bhqk,bqhd->bkhd", d_logits, query)
+    d_bias = None
+    if bias is not None:
+        broadcast = tuple(axis for axis, size in enumerate(np.shape(bias)) if size == 1)
+        d_bias = np.sum(d_logits, axis=broadcast, keepdims=True)
+    return d_query, d_key, d_value, d_bias
+
+
+def attention_gradients(query, key, value, output_gradient, mask=None, bias=None, is_causal=False, scale=None):
+    """Float64 gradients `(d_query, d_key, d_value, d_bias)` of `sum(attention(...)[0] * output_gradient)`.
+
+    Written out from `O = P V`, `P = softmax(S)`, `S = scale Q K^T + bias` (one key/value head
+    per query head): `dS = P * (dO V^T - rowsum(dO * O))`; a row without keys has `P = 0`, so
+    every gradient through it is 0, as is the bias gradient at a masked or `-inf` entry.
+    """
+    query, key, value, output_gradient = (np.asarray(t, np.float64) for t in (query, key, value, output_gradient))
+    if scale is None:
+        scale = 1.0 / np.sqrt(query.shape[-1])
+    output, weights = attention(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    d_weights = np.einsum("bqhd,bkhd->bhqk", output_gradient, value)  # (batch, heads, query_len, key_len)
+    delta = np.einsum("bqhd,bqhd->bhq", output_gradient, output)[..., None]  # (batch, heads, query_len, 1)
+    d_logits = weights * (d_weights - delta)
+    d_query = scale * np.einsum("bhqk,bkhd->bqhd", d_logits, key)
+    d_key = scale * np.einsum("bhqk,bqhd->bkhd", d_logits, query)
+    d_value = np.einsum("bhqk,bqhd->bkhd", weights, output_gradient)
+    return d_query, d_key, d_value, d_logits
 
 
 def multi_head_attention(weights, query, value, key=None, mask=None, bias=None, is_causal=False,
@@ -131,18 +197,18 @@ def residual_block(x, sublayer, gamma, beta, epsilon, norm_first):
     return layer_norm(x + sublayer(x), gamma, beta, epsilon)
 
 
-def transformer_encoder(weights, x, mask=None, norm_first=False, epsilon=1e-5, sliding_window=None):
+def transformer_encoder(weights, x, mask=None, norm_first=False, epsilon=1e-5, sliding_window=None, bias=None):
     """Float64 Transformer encoder block from a `TransformerEncoder`'s `get_weights()`.
 
     Weight order: self-attention (8, as `multi_head_attention`), its layer norm (gamma, beta),
-    feed-forward (W1, b1, W2, b2), its layer norm. `mask` broadcasts to
-    `(batch, heads, seq, seq)`.
+    feed-forward (W1, b1, W2, b2), its layer norm. `mask` and the self-attention `bias`
+    broadcast to `(batch, heads, seq, seq)`.
     """
     attention, norm1, ffn, norm2 = weights[:8], weights[8:10], weights[10:14], weights[14:16]
     x = np.asarray(x, np.float64)
     x = residual_block(
         x,
-        lambda h: multi_head_attention(attention, h, h, mask=mask, sliding_window=sliding_window)[0],
+        lambda h: multi_head_attention(attention, h, h, mask=mask, bias=bias, sliding_window=sliding_window)[0],
         *norm1, epsilon, norm_first,
     )
     return residual_block(x, lambda h: feed_forward(h, *ffn), *norm2, epsilon, norm_first)
@@ -284,3 +350,54 @@ def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, i
                 shares /= shares.sum()
                 output[b, i, h] = sum(s * out for s, (_, out) in zip(shares, per_round))
     return output
+
+
+def alibi_slopes(num_heads):
+    """ALiBi's head slopes, transcribed from the paper's reference code (Press et al., 2022)."""
+
+    def power_of_two_slopes(n):
+        start = 2 ** (-(2 ** -(np.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if np.log2(num_heads).is_integer():
+        return power_of_two_slopes(num_heads)
+    closest = 2 ** int(np.floor(np.log2(num_heads)))
+    return power_of_two_slopes(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+def alibi_bias(num_heads, query_positions, key_positions):
+    """Float64 ALiBi bias `(1, heads, q, k)`: `-slope_h * |i - j|`."""
+    distance = np.abs(np.asarray(query_positions)[:, None] - np.asarray(key_positions)[None, :])
+    return -np.asarray(alibi_slopes(num_heads))[None, :, None, None] * distance[None, None]
+
+
+def t5_relative_position_bucket(relative_position, bidirectional=True, num_buckets=32, max_distance=128):
+    """T5's `_relative_position_bucket` (mesh_tensorflow transformer), transcribed to NumPy.
+
+    `relative_position = memory_position - query_position`; float32 logarithm as in T5.
+    """
+    ret = 0
+    n = -np.asarray(relative_position, np.int64)
+    if bidirectional:
+        num_buckets //= 2
+        ret += (n < 0).astype(np.int64) * num_buckets
+        n = np.abs(n)
+    else:
+        n = np.maximum(n, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    with np.errstate(divide="ignore", invalid="ignore"):
+        val_if_large = max_exact + (
+            np.log(n.astype(np.float32) / max_exact) / np.float32(np.log(max_distance / max_exact))
+            * (num_buckets - max_exact)
+        )
+    val_if_large = np.minimum(np.where(is_small, 0, val_if_large).astype(np.int64), num_buckets - 1)
+    return ret + np.where(is_small, n, val_if_large)
+
+
+def relative_position_bias(table, query_positions, key_positions, bidirectional=True, max_distance=128):
+    """Float64 T5 bias `(1, heads, q, k)` from a `(num_buckets, heads)` table."""
+    table = np.asarray(table, np.float64)
+    relative = np.asarray(key_positions)[None, :] - np.asarray(query_positions)[:, None]
+    buckets = t5_relative_position_bucket(relative, bidirectional, table.shape[0], max_distance)
+    return np.transpose(table[buckets], (2, 0, 1))[None]

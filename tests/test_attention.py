@@ -13,6 +13,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from keras_attn import attention as attention_module
+from keras_attn import chunked_attention
+from keras_attn.attention_call import AttentionCall
 from keras_attn.masks import causal_mask
 from keras_attn.masks import merge_masks
 from keras_attn.masks import padding_mask_to_attention_mask
@@ -61,7 +63,7 @@ def _random_mask(rng, layout, batch, heads, query_len, key_len):
 @pytest.fixture
 def small_query_chunks(monkeypatch):
     """Query chunks of 2 rows, so that the chunked path splits the short test sequences."""
-    monkeypatch.setattr(attention_module, "QUERY_CHUNK_SIZE", 2)
+    monkeypatch.setattr(chunked_attention, "QUERY_CHUNK_SIZE", 2)
 
 
 def _assert_matches_reference(actual, weights, expected, expected_weights, atol=FLOAT32_ATOL):
@@ -306,9 +308,8 @@ def test_gradients_match_finite_differences():
 )
 def test_auto_chooses_the_path_by_length_and_band(query_len, is_causal, return_weights, expected):
     query = key = keras.KerasTensor((2, query_len, 4, 8))
-    path = attention_module._choose_implementation(
-        "auto", query, key, None, None, Causal() if is_causal else None, 0, return_weights
-    )
+    call = AttentionCall(query, key, key, pattern=Causal() if is_causal else None, return_weights=return_weights)
+    path = attention_module._choose_implementation("auto", call)
     assert path == expected
 
 

@@ -14,6 +14,7 @@ from keras_attn import attention
 from keras_attn import softmax
 from keras_attn import masks
 from keras_attn.attention import scaled_dot_product_attention
+from keras_attn import blockwise_attention as blockwise_module
 from keras_attn.blockwise_attention import blockwise_attention
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.patterns import Causal
@@ -281,7 +282,7 @@ def test_auto_picks_blockwise_from_the_threshold_unless_weights_are_returned(mon
         calls.append(kwargs)
         return blockwise_attention(*args, **kwargs)
 
-    monkeypatch.setattr(attention, "blockwise_attention", spy)  # the name the dispatcher calls
+    monkeypatch.setattr(blockwise_module, "blockwise_attention", spy)  # the name its `attend` calls
     monkeypatch.setattr(attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 40 * 40)
     monkeypatch.setattr(attention, "BLOCKWISE_MIN_BANDED_ATTENTION_SIZE", 30 * 30)
     rng = np.random.default_rng(11)

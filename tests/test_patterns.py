@@ -81,6 +81,24 @@ def test_ranges_are_conservative_and_full_blocks_are_full(name):
 
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_strided_cover_holds_every_allowed_pair(name):
+    pattern, spec = PATTERNS[name]
+    band, stride = pattern.strided_cover()
+    rows, cols = np.arange(24), np.arange(20)
+    allowed = reference.pattern_allowed(spec, rows, cols)
+    covered = np.zeros_like(allowed)
+    if band is not None:
+        covered |= np.asarray(band.mask(tf.constant(rows), tf.constant(cols)))
+        for row in rows:  # the band reaches only keys inside its key_range
+            start, stop = band.key_range(int(row), int(row), len(cols))
+            assert not covered[row, :start].any() and not covered[row, stop:].any()
+    if stride is not None:
+        covered |= reference.pattern_allowed(("strided", stride), rows, cols)
+    assert np.all(covered[allowed])
+    assert (stride is not None) == (name in ("strided", "sparse_transformer"))
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_config_round_trip(name):
     pattern, _ = PATTERNS[name]
     config = keras.saving.serialize_keras_object(pattern)

@@ -1,0 +1,50 @@
+"""One validated attention call, as the dispatcher hands it to a kernel.
+
+`keras_attn.attention.scaled_dot_product_attention` validates its arguments, resolves the
+shorthands into one pattern, the scale and the effective dropout rate, repeats grouped key/value
+heads, and then asks each kernel module (`dense_attention`, `chunked_attention`,
+`blockwise_attention`) two questions about this record: `why_unsupported(call)` (a message, or
+`None` when the kernel can take the call) and `attend(call)` (the result). A new kernel plugs in by
+answering both; a new input is one new field here that the kernels which cannot take it refuse.
+"""
+
+import dataclasses
+
+import keras
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCall:
+    """The inputs of one attention call (see `scaled_dot_product_attention` for their meaning).
+
+    `key` and `value` already have as many heads as `query`; `scale` is a number or a tensor, never
+    `None`; `dropout_rate` is the effective rate (0 outside training); `pattern` merges `pattern=`
+    with the `is_causal` / `sliding_window` shorthands (`None`: every key allowed).
+    """
+
+    query: object  # (batch, query_len, heads, depth)
+    key: object  # (batch, key_len, heads, depth)
+    value: object  # (batch, key_len, heads, value_depth)
+    mask: object = None  # bool, broadcastable to (batch, heads, query_len, key_len)
+    bias: object = None  # float, broadcastable to (batch, heads, query_len, key_len)
+    pattern: object = None
+    query_offset: object = 0
+    scale: object = 1.0
+    dropout_rate: float = 0.0
+    seed_generator: object = None
+    return_weights: bool = False
+    hard: bool = False
+    position_bias: object = None  # a keras_attn.position_bias.PositionBias for the query heads
+
+
+def why_not_tensorflow_streaming(call):
+    """Why a TensorFlow kernel that never holds the whole weights (chunked, blockwise) cannot take
+    the call, or `None`: the backend is not TensorFlow, the weights are to be returned, or the
+    attention is hard (its argmax across key blocks is not written there: dense takes it)."""
+    if keras.backend.backend() != "tensorflow":
+        return f"the TensorFlow backend. Received: backend {keras.backend.backend()!r}"
+    if call.return_weights:
+        return "`return_weights=False`: it never materialises the whole attention matrix. Received: return_weights=True"
+    if call.hard:
+        return "`hard=False`: hard (argmax) attention runs on the dense kernel only. Received: hard=True"
+    return None

@@ -1,0 +1,133 @@
+"""The dense attention kernel: the full `(query_len, key_len)` weights, the reference path.
+
+It takes every input the dispatcher accepts (any backend, dynamic shapes, tensor offsets, returned
+weights); the chunked and blockwise kernels compute the same function without materialising the
+weights. The numerics (float32 logits and softmax, finite fill, exact zeros) are
+`keras_attn.softmax`'s.
+"""
+
+import keras
+from keras import ops
+
+from keras_attn.masks import may_empty_rows
+from keras_attn.masks import pattern_mask
+from keras_attn.position_bias import check_position_bias
+from keras_attn.softmax import attention_logits
+from keras_attn.softmax import fill_masked
+from keras_attn.softmax import zero_masked
+
+
+def why_unsupported(call):
+    """The dense kernel takes every call: always `None`."""
+    del call
+    return None
+
+
+def attend(call):
+    """`dense_attention` of an `AttentionCall`."""
+    return dense_attention(
+        call.query, call.key, call.value, mask=call.mask, bias=call.bias, pattern=call.pattern,
+        query_offset=call.query_offset, scale=call.scale, dropout_rate=call.dropout_rate,
+        seed_generator=call.seed_generator, return_weights=call.return_weights, hard=call.hard,
+        position_bias=call.position_bias,
+    )
+
+
+def dense_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    bias=None,
+    pattern=None,
+    query_offset=0,
+    scale=1.0,
+    dropout_rate=0.0,
+    seed_generator=None,
+    return_weights=False,
+    hard=False,
+    position_bias=None,
+):
+    """Attention through the full `(query_len, key_len)` weights of `mask` merged with the pattern.
+
+    Called by `scaled_dot_product_attention(..., implementation="dense")`, which validates the
+    inputs, repeats grouped key/value heads and resolves `scale` first; the arguments mean the same
+    as there, with `dropout_rate` the effective rate (pass 0 outside training).
+
+    Masked logits get a finite fill, so a partly masked row's masked weights underflow to exactly
+    0. A fully masked row softmaxes to uniform weights: its output is zeroed after the value
+    product (a boolean reduction of the mask and a pass over `(batch, query_len, heads, depth)`
+    instead of a float pass over the weights), and the weights are zeroed only when they are
+    returned. A causal mask alone never empties a row (query `i` always sees key 0), so it needs
+    neither.
+
+    With `hard=True` the weights are `hard_weights(logits, soft)`: one-hot on the argmax of
+    the allowed keys in the forward pass, the gradient of the softmax at the same scale in the
+    backward pass (straight-through).
+
+    A `position_bias` is computed from the positions of all the queries (from `query_offset`)
+    and keys, `(1, heads, query_len, key_len)`, the size of the logits this kernel holds anyway.
+
+    Returns:
+        `(batch, query_len, heads, value_depth)` in the dtype of `value`, and, when
+        `return_weights`, the weights `(batch, heads, query_len, key_len)` in the same dtype.
+    """
+    rows_may_be_empty = may_empty_rows(mask, pattern)
+    mask = pattern_mask(mask, pattern, ops.shape(query)[1], ops.shape(key)[1], query_offset)
+    logits = attention_logits(query, key, scale)  # (batch, heads, query_len, key_len)
+    if bias is not None:
+        logits = logits + ops.cast(bias, logits.dtype)
+    logits = _add_position_bias(logits, check_position_bias(position_bias, query.shape[2]), query_offset)
+    if mask is not None:
+        logits = fill_masked(logits, mask)
+    weights = ops.softmax(logits, axis=-1)  # (batch, heads, query_len, key_len), float32
+    if hard:
+        weights = hard_weights(logits, weights)
+    dropped = weights
+    if dropout_rate > 0.0:
+        dropped = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
+    dropped = ops.cast(dropped, value.dtype)
+    output = ops.einsum("bhqk,bkhd->bqhd", dropped, value)  # (batch, query_len, heads, value_depth)
+    if rows_may_be_empty:
+        output = _zero_rows_without_keys(output, mask)
+    if return_weights:
+        weights = zero_masked(weights, mask) if rows_may_be_empty else weights
+        return output, ops.cast(weights, value.dtype)
+    return output
+
+
+def _add_position_bias(logits, position_bias, query_offset):
+    """`logits (batch, heads, query_len, key_len)` plus the position bias of queries at `query_offset + i`."""
+    if position_bias is None:
+        return logits
+    query_len, key_len = ops.shape(logits)[2], ops.shape(logits)[3]
+    query_positions = ops.arange(query_len, dtype="int32") + ops.cast(query_offset, "int32")
+    key_positions = ops.arange(key_len, dtype="int32")
+    bias = position_bias.block_bias(position_bias.bias_parameters(), query_positions, key_positions)  # (1, h, q, k)
+    return logits + ops.cast(bias, logits.dtype)
+
+
+def hard_weights(logits, soft):
+    """One-hot weights on each row's argmax, with the straight-through gradient of `soft`.
+
+    Forward: `1` at the first (lowest) key index where the masked logits `(batch, heads,
+    query_len, key_len)` reach their row maximum, `0` elsewhere. Masked logits hold `MASK_FILL`,
+    so the argmax is an allowed key whenever the row has one; a row without allowed keys is zeroed
+    by the caller, as for soft weights. Backward: `hard + (soft - stop_gradient(soft))` is exactly
+    `hard` in value and has the gradient of `soft`, so the logits receive the softmax gradient at
+    this temperature, `soft * (dW - rowsum(soft * dW))` with `dW = dO V^T`, and the value receives
+    `hard^T dO` (the selected keys only).
+    """
+    key_len = ops.shape(logits)[-1]
+    positions = ops.arange(key_len, dtype="int32")  # (key_len,)
+    at_max = ops.equal(logits, ops.max(logits, axis=-1, keepdims=True))  # (batch, heads, query_len, key_len)
+    first = ops.min(ops.where(at_max, positions, key_len), axis=-1, keepdims=True)  # (batch, heads, query_len, 1)
+    hard = ops.cast(ops.equal(positions, first), soft.dtype)  # (batch, heads, query_len, key_len)
+    return hard + (soft - ops.stop_gradient(soft))
+
+
+def _zero_rows_without_keys(output, mask):
+    """Zeros the output `(batch, query_len, heads, depth)` of query rows whose keys are all masked."""
+    has_keys = ops.any(mask, axis=-1)  # (batch | 1, heads | 1, query_len | 1)
+    has_keys = ops.expand_dims(ops.transpose(has_keys, (0, 2, 1)), -1)  # (batch | 1, query_len | 1, heads | 1, 1)
+    return ops.where(has_keys, output, ops.zeros_like(output))

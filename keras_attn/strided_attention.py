@@ -1,0 +1,569 @@
+"""Strided sparse attention (Child et al. 2019, the Sparse Transformer) for the TensorFlow backend.
+
+Under `Causal() & (SlidingWindow(s) | Strided(s))` query `i` sees a band of nearby keys plus every
+key `j` with `(i - j) % s == 0`. That residue class reaches every key block, so the chunked and
+blockwise kernels, which skip only the blocks outside `pattern.key_range`, compute the whole causal
+triangle for it. This kernel does only the pattern's work, in the two parts that
+`pattern.strided_cover()` names (`band`, `stride`):
+
+- **band**: the queries in chunks of `BAND_CHUNK_SIZE`, each over one slice of `band_width` keys
+  holding `band.key_range` of the chunk (one width for every chunk, so that the chunks run in one
+  `tf.while_loop`), minus the keys of each query's residue class;
+- **strided**: positions laid out as a `(length / stride, stride)` grid whose column `r` holds the
+  queries and the keys of residue `r`; column by column (in groups of residues), each query
+  attends to the keys of its own column that the pattern allows.
+
+A key is in exactly one part, and the parts' softmax statistics (each row's log-sum-exp) merge
+into ONE softmax over their union. A query computes `band_width + key_len / stride` keys instead
+of up to `key_len`; memory is linear in the length: the backward pass (a `tf.custom_gradient`)
+recomputes each part's weights from the merged log-sum-exp, as `keras_attn.blockwise_attention`
+does. The band's query gradient comes chunk by chunk of queries; its key and value gradients come
+chunk by chunk of keys (each over one slice of `band_query_width` queries holding
+`band.query_range`), so that every chunk writes its own rows once: summing the overlapping key
+slices of the query chunks instead would hold about `band_width / BAND_CHUNK_SIZE` key-length
+gradients, and summing them in the loop is slow without XLA: TensorFlow's executor copies the
+tensor `tf.tensor_scatter_nd_add` adds rows into at every step (512 such steps into a 65,536-key
+gradient took 13 s, 0.2 s under XLA).
+
+The contract is the core's: the mask and the pattern decide which keys a query sees, masked keys
+get weight exactly 0 (their logits never enter a sum: they are selected out, not filled), and a
+query that sees no key has a zero output and gradient. Math in float32 (float64 for float64
+inputs) whatever the compute dtype. Not supported: an additive `bias` and attention dropout (the
+dispatcher then takes another kernel).
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+from keras_attn import patterns
+from keras_attn.attention_call import why_not_tensorflow_streaming
+from keras_attn.softmax import MASK_FILL
+from keras_attn.utils import float_math_dtype
+
+# Queries per chunk of the band part (a chunk of 128 under a window of 256 computes 383 keys).
+BAND_CHUNK_SIZE = 128
+# Logits per batch element and head of one step of the strided part (residues per step chosen so).
+STRIDED_STEP_SIZE = 2**16
+# One loop iteration at a time: peak memory stays one step's temporaries (as in blockwise).
+_PARALLEL_ITERATIONS = 1
+
+
+def why_unsupported(call):
+    """Why the strided kernel cannot take this `AttentionCall` (a message), or `None` when it can."""
+    streaming = why_not_tensorflow_streaming(call)
+    if streaming:
+        return streaming
+    if call.bias is not None:
+        return f"no additive `bias` (the dense, chunked and blockwise kernels take one). Received: bias={call.bias!r}"
+    if call.position_bias is not None:
+        return (
+            "no `position_bias` (the dense, chunked and blockwise kernels take one). "
+            f"Received: position_bias={call.position_bias!r}"
+        )
+    if call.dropout_rate:
+        return f"no attention dropout. Received: dropout_rate={call.dropout_rate!r} in training"
+    return _why_not_strided(call.query, call.key, call.mask, call.pattern, call.query_offset)
+
+
+def attend(call):
+    """`strided_attention` of an `AttentionCall`."""
+    return strided_attention(
+        call.query, call.key, call.value, mask=call.mask, pattern=call.pattern, query_offset=call.query_offset,
+        scale=call.scale,
+    )
+
+
+def keys_per_query(call):
+    """Keys the kernel computes for each query of a call it takes: a band slice plus a residue class."""
+    plan = _plan(call.pattern, call.query.shape[1], call.key.shape[1], call.query_offset)
+    return plan.band_width + plan.key_rows
+
+
+def _why_not_strided(query, key, mask, pattern, query_offset):
+    if pattern is None or pattern.strided_cover()[1] is None:
+        return (
+            "a pattern with a strided part (`pattern.strided_cover()` names a stride, e.g. "
+            f"`Causal() & (SlidingWindow(s) | Strided(s))`). Received: pattern={pattern!r}"
+        )
+    if query.shape[1] is None or key.shape[1] is None:
+        return f"static lengths. Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+    if isinstance(query_offset, bool) or not isinstance(query_offset, int) or query_offset < 0:
+        return f"a Python int `query_offset` >= 0. Received: query_offset={query_offset!r}"
+    if mask is not None and None in tuple(mask.shape)[2:]:
+        return f"`mask` with static query and key dimensions. Received: mask.shape={tuple(mask.shape)}"
+    return None
+
+
+def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0, scale=1.0):
+    """Attention under a strided pattern, computing only its band and its residue classes.
+
+    Called by `scaled_dot_product_attention(..., implementation="strided")`, which validates
+    the inputs, repeats grouped key/value heads and resolves `scale` first; the arguments mean
+    the same as there.
+
+    Args:
+        query: `(batch, query_len, heads, depth)`, static `query_len`.
+        key: `(batch, key_len, heads, depth)`, static `key_len`.
+        value: `(batch, key_len, heads, value_depth)`.
+        mask: optional boolean mask broadcastable to `(batch, heads, query_len, key_len)` with
+            static query and key dimensions.
+        pattern: a `keras_attn.patterns.Pattern` whose `strided_cover()` names a stride; query
+            `i` sits at position `i + query_offset`.
+        query_offset: Python int position of the first query among the keys.
+        scale: logit scale.
+
+    Returns:
+        `(batch, query_len, heads, value_depth)` in the dtype of `value`; fully masked rows are 0.
+
+    Example:
+
+    >>> from keras_attn.patterns import Causal, SlidingWindow, Strided
+    >>> q = k = v = tf.random.normal((1, 1024, 2, 16))
+    >>> pattern = Causal() & (SlidingWindow(32) | Strided(32))
+    >>> strided_attention(q, k, v, pattern=pattern, scale=0.25).shape
+    TensorShape([1, 1024, 2, 16])
+    """
+    reason = _why_not_strided(query, key, mask, pattern, query_offset)
+    if reason:
+        raise ValueError(f"`strided_attention` needs {reason}")
+    plan = _plan(pattern, query.shape[1], key.shape[1], query_offset)
+    output_dtype, dtype = value.dtype, float_math_dtype(query.dtype)
+    scale = tf.cast(scale, dtype) if tf.is_tensor(scale) else tf.constant(scale, dtype)
+    query = tf.cast(query, dtype) * scale
+    query, key, value = (tf.transpose(tf.cast(t, dtype), (0, 2, 1, 3)) for t in (query, key, value))  # (b, h, len, d)
+    masks = _Masks(None, None) if mask is None else _Masks.of(tf.cast(mask, tf.bool), plan)
+    output = _attend(plan, masks, query, key, value)  # (batch, heads, query_len, value_depth)
+    return tf.cast(tf.transpose(output, (0, 2, 1, 3)), output_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """The static layout of one call: band chunks and their key slices, the residue grid."""
+
+    pattern: object
+    stride: int
+    query_len: int
+    key_len: int
+    query_offset: int
+    chunk: int  # queries per band chunk
+    key_chunk: int  # keys per band chunk of the backward pass
+    band_starts: tuple  # first key of each chunk's band slice
+    band_width: int  # keys per band slice; 0 when the cover has no band
+    band_query_starts: tuple  # first query of each key chunk's band slice (the backward pass)
+    band_query_width: int  # queries per band slice of a key chunk
+    residues_per_step: int
+
+    @property
+    def num_chunks(self):
+        return -(-self.query_len // self.chunk)
+
+    @property
+    def num_key_chunks(self):
+        return -(-self.key_len // self.key_chunk)
+
+    @property
+    def front(self):
+        """Empty grid cells before the first query, so that grid column `r` is residue `r`."""
+        return self.query_offset % self.stride
+
+    @property
+    def query_rows(self):
+        """Rows of the query grid `(query_rows, stride)`."""
+        return -(-(self.front + self.query_len) // self.stride)
+
+    @property
+    def key_rows(self):
+        """Rows of the key grid `(key_rows, stride)`."""
+        return -(-self.key_len // self.stride)
+
+    @property
+    def num_steps(self):
+        return self.stride // self.residues_per_step
+
+
+def _plan(pattern, query_len, key_len, query_offset):
+    band, stride = pattern.strided_cover()
+    chunk = max(1, min(BAND_CHUNK_SIZE, query_len))
+    ranges = []
+    if band is not None:
+        for start in range(0, query_len, chunk):
+            last = min(start + chunk, query_len) - 1
+            ranges.append(band.key_range(query_offset + start, query_offset + last, key_len))
+    width = max((stop - start for start, stop in ranges), default=0)
+    key_chunk = max(1, min(BAND_CHUNK_SIZE, key_len))
+    query_starts, query_width = _band_query_slices(band, key_chunk, query_len, key_len, query_offset) if width else ((), 0)
+    query_rows = -(-(query_offset % stride + query_len) // stride)
+    cells = max(1, query_rows * -(-key_len // stride))
+    per_step = max(d for d in range(1, stride + 1) if stride % d == 0 and (d == 1 or d * cells <= STRIDED_STEP_SIZE))
+    return _Plan(
+        pattern=pattern,
+        stride=stride,
+        query_len=query_len,
+        key_len=key_len,
+        query_offset=query_offset,
+        chunk=chunk,
+        key_chunk=key_chunk,
+        band_starts=tuple(min(start, key_len - width) for start, _ in ranges) if width else (),
+        band_width=width,
+        band_query_starts=query_starts,
+        band_query_width=query_width,
+        residues_per_step=per_step,
+    )
+
+
+def _band_query_slices(band, chunk, query_len, key_len, query_offset):
+    """First query of each key chunk's slice of queries holding `band.query_range`, and the slices' width."""
+    ranges = []
+    for start in range(0, key_len, chunk):
+        first, stop = band.query_range(start, start + chunk - 1, query_offset, query_offset + query_len)
+        ranges.append((first - query_offset, stop - query_offset))
+    width = max(1, *(stop - first for first, stop in ranges))  # one query at least, so that the slices exist
+    return tuple(max(0, min(first, query_len - width)) for first, _ in ranges), width
+
+
+@dataclasses.dataclass(frozen=True)
+class _Masks:
+    """The caller's mask in each part's layout (`None`: no mask)."""
+
+    band: object  # (batch | 1, heads | 1, num_chunks * chunk | 1, num_key_chunks * key_chunk | 1)
+    grid: object  # (batch | 1, heads | 1, stride | 1, query_rows | 1, key_rows | 1)
+
+    @classmethod
+    def of(cls, mask, plan):
+        query_pad = plan.num_chunks * plan.chunk - plan.query_len if mask.shape[2] != 1 else 0
+        key_pad = plan.num_key_chunks * plan.key_chunk - plan.key_len if mask.shape[3] != 1 else 0
+        band = tf.pad(mask, [[0, 0], [0, 0], [0, query_pad], [0, key_pad]])
+        return cls(band, _grid_mask(mask, plan))
+
+
+def _grid_mask(mask, plan):
+    """`mask[b, h, query u * stride + r - front, key m * stride + r]` at `[b, h, r, u, m]`."""
+    stride, (batch, heads) = plan.stride, _dims(mask)[:2]
+    query_full, key_full = mask.shape[2] != 1, mask.shape[3] != 1
+    if query_full:
+        back = plan.query_rows * stride - plan.front - plan.query_len
+        mask = tf.pad(mask, [[0, 0], [0, 0], [plan.front, back], [0, 0]])
+    if key_full:
+        mask = tf.pad(mask, [[0, 0], [0, 0], [0, 0], [0, plan.key_rows * stride - plan.key_len]])
+    query_shape = [plan.query_rows, stride] if query_full else [1, 1]
+    key_shape = [plan.key_rows, stride] if key_full else [1, 1]
+    mask = tf.reshape(mask, tf.stack([batch, heads, *query_shape, *key_shape]))  # (b, h, u, r, m, r')
+    mask = tf.transpose(mask, (0, 1, 3, 2, 4, 5))  # (b, h, r, u, m, r')
+    if query_full and key_full:  # a query of residue r meets the keys of residue r only
+        diagonal = tf.reshape(tf.eye(stride, dtype=tf.bool), (stride, 1, 1, stride))  # (r, 1, 1, r')
+        return tf.reduce_any(tf.logical_and(mask, diagonal), axis=-1)  # (b, h, r, u, m)
+    if key_full:
+        return tf.transpose(tf.squeeze(mask, 2), (0, 1, 4, 2, 3))  # (b, h, r', 1, m)
+    return tf.squeeze(mask, -1)  # (b, h, r | 1, u | 1, 1)
+
+
+def _dims(tensor):
+    """The shape of `tensor` as a list: static sizes where known, scalar tensors elsewhere."""
+    dynamic = tf.shape(tensor)
+    return [size if size is not None else dynamic[axis] for axis, size in enumerate(tensor.shape)]
+
+
+def _rows(tensor, start, size, axis=2):
+    """`size` entries of `tensor` from `start` along `axis`."""
+    begin = [0] * len(tensor.shape)
+    begin[axis] = start
+    sizes = [-1] * len(tensor.shape)
+    sizes[axis] = size
+    return tf.slice(tensor, tf.stack(begin), sizes)
+
+
+def _to_grid(tensor, front, rows, stride):
+    """`(batch, heads, length, d)` -> `(batch, heads, stride, rows, d)`: index `t` at `[(front + t) % stride, (front + t) // stride]`."""
+    batch, heads, length, depth = _dims(tensor)
+    tensor = tf.pad(tensor, [[0, 0], [0, 0], [front, rows * stride - front - length], [0, 0]])
+    tensor = tf.reshape(tensor, tf.stack([batch, heads, rows, stride, depth]))
+    return tf.transpose(tensor, (0, 1, 3, 2, 4))  # (batch, heads, stride, rows, d)
+
+
+def _from_grid(grid, front, length):
+    """The inverse of `_to_grid`: `(batch, heads, stride, rows, d)` -> `(batch, heads, length, d)`."""
+    batch, heads, stride, rows, depth = _dims(grid)
+    tensor = tf.reshape(tf.transpose(grid, (0, 1, 3, 2, 4)), tf.stack([batch, heads, rows * stride, depth]))
+    return tensor[:, :, front : front + length]
+
+
+def _unstack_steps(stacked):
+    """`(steps, batch, heads, per_step, ...)` -> `(batch, heads, steps * per_step, ...)`."""
+    steps, batch, heads, per_step, *rest = _dims(stacked)
+    stacked = tf.transpose(stacked, [1, 2, 0] + list(range(3, len(stacked.shape))))  # (b, h, steps, per_step, ...)
+    return tf.reshape(stacked, tf.stack([batch, heads, steps * per_step, *rest]))
+
+
+def _band_block(plan, masks, index, query, key):
+    """Query chunk `index`: its queries, key-slice start, logits `(b, h, chunk, width)` and allowed pairs."""
+    start = tf.gather(tf.constant(plan.band_starts, tf.int32), index)
+    queries = _rows(query, index * plan.chunk, plan.chunk)  # (batch, heads, chunk, depth)
+    logits = tf.matmul(queries, _rows(key, start, plan.band_width), transpose_b=True)  # (b, h, chunk, width)
+    allowed = _band_allowed(plan, masks, index * plan.chunk, plan.chunk, start, plan.band_width)
+    return queries, start, logits, allowed
+
+
+def _band_allowed(plan, masks, first_query, num_queries, first_key, num_keys):
+    """The band part's pairs of `num_queries` queries from `first_query` and `num_keys` keys from
+    `first_key`: `(batch | 1, heads | 1, num_queries, num_keys)`."""
+    rows = first_query + tf.range(num_queries)[:, None]  # (num_queries, 1) query indices
+    positions = plan.query_offset + rows
+    cols = first_key + tf.range(num_keys)[None, :]  # (1, num_keys) key positions
+    real = tf.logical_and(rows < plan.query_len, cols < plan.key_len)  # (num_queries, num_keys)
+    allowed = tf.logical_and(plan.pattern.allows(positions, cols), real)
+    # The keys of the query's residue class belong to the strided part.
+    allowed = tf.logical_and(allowed, tf.logical_not(patterns.Strided(plan.stride).allows(positions, cols)))
+    allowed = allowed[None, None]  # (1, 1, num_queries, num_keys)
+    if masks.band is not None:
+        query_full, key_full = masks.band.shape[2] != 1, masks.band.shape[3] != 1
+        block = _rows(masks.band, first_query, num_queries) if query_full else masks.band
+        block = _rows(block, first_key, num_keys, axis=3) if key_full else block
+        allowed = tf.logical_and(allowed, block)  # (batch | 1, heads | 1, num_queries, num_keys)
+    return allowed
+
+
+def _grid_block(plan, masks, step, query_grid, key_grid):
+    """Residues of `step`: their query and key columns, logits `(b, h, r, u, m)` and allowed pairs."""
+    per_step = plan.residues_per_step
+    first = step * per_step
+    queries = _rows(query_grid, first, per_step)  # (batch, heads, per_step, query_rows, depth)
+    keys = _rows(key_grid, first, per_step)  # (batch, heads, per_step, key_rows, depth)
+    logits = tf.matmul(queries, keys, transpose_b=True)  # (batch, heads, per_step, query_rows, key_rows)
+    residues = first + tf.range(per_step)[:, None, None]  # (per_step, 1, 1)
+    positions = plan.query_offset - plan.front + tf.range(plan.query_rows)[:, None] * plan.stride + residues
+    cols = tf.range(plan.key_rows)[None, :] * plan.stride + residues  # (per_step, 1, key_rows)
+    real_query = tf.logical_and(positions >= plan.query_offset, positions < plan.query_offset + plan.query_len)
+    allowed = tf.logical_and(plan.pattern.allows(positions, cols), tf.logical_and(real_query, cols < plan.key_len))
+    allowed = allowed[None, None]  # (1, 1, per_step, query_rows, key_rows)
+    if masks.grid is not None:
+        block = _rows(masks.grid, first, per_step) if masks.grid.shape[2] != 1 else masks.grid
+        allowed = tf.logical_and(allowed, block)  # (batch | 1, heads | 1, per_step, query_rows, key_rows)
+    return queries, keys, logits, allowed
+
+
+def _partial_softmax(logits, allowed, values):
+    """Normalised output `(..., rows, dv)` and log-sum-exp `(..., rows, 1)` over the allowed keys only.
+
+    A row without allowed keys has output 0 and log-sum-exp `MASK_FILL`, which merges as weight 0.
+    """
+    filled = tf.where(allowed, logits, tf.cast(MASK_FILL, logits.dtype))
+    row_max = tf.reduce_max(filled, -1, keepdims=True)  # (..., rows, 1)
+    weights = tf.where(allowed, tf.exp(filled - row_max), tf.zeros_like(filled))  # (..., rows, keys)
+    total = tf.reduce_sum(weights, -1, keepdims=True)
+    attended = total > 0
+    safe_total = tf.where(attended, total, tf.ones_like(total))
+    output = tf.matmul(weights, values) / safe_total  # (..., rows, dv)
+    log_sum_exp = tf.where(attended, row_max + tf.math.log(safe_total), tf.cast(MASK_FILL, total.dtype))
+    return output, log_sum_exp
+
+
+def _weights(logits, allowed, log_sum_exp):
+    """The merged softmax's weights of one block, recomputed from the rows' log-sum-exp."""
+    return tf.where(allowed, tf.exp(tf.where(allowed, logits, log_sum_exp) - log_sum_exp), tf.zeros_like(logits))
+
+
+def _attend(plan, masks, query, key, value):
+    """`(batch, heads, len, d)` scaled query, key, value -> output, with a recomputing gradient."""
+
+    @tf.custom_gradient
+    def attend(query, key, value):
+        output, log_sum_exp = _forward(plan, masks, query, key, value)
+
+        def gradient(output_gradient):
+            return _backward(plan, masks, (query, key, value), output, log_sum_exp, output_gradient)
+
+        return output, gradient
+
+    return attend(query, key, value)
+
+
+def _forward(plan, masks, query, key, value):
+    """Output `(batch, heads, query_len, dv)` and the merged log-sum-exp `(batch, heads, query_len, 1)`."""
+    output, log_sum_exp = _strided_forward(plan, masks, query, key, value)
+    if plan.band_width == 0:
+        return output, log_sum_exp
+    band_output, band_log_sum_exp = _band_forward(plan, masks, query, key, value)
+    merged = tf.reduce_logsumexp(tf.stack([log_sum_exp, band_log_sum_exp]), axis=0)  # (batch, heads, q, 1)
+    output = output * tf.exp(log_sum_exp - merged) + band_output * tf.exp(band_log_sum_exp - merged)
+    return output, merged
+
+
+def _band_forward(plan, masks, query, key, value):
+    query = _pad_chunks(plan, query)
+
+    def step(index, outputs, log_sum_exps):
+        _, start, logits, allowed = _band_block(plan, masks, index, query, key)
+        output, log_sum_exp = _partial_softmax(logits, allowed, _rows(value, start, plan.band_width))
+        return index + 1, outputs.write(index, output), log_sum_exps.write(index, log_sum_exp)
+
+    outputs, log_sum_exps = tf.while_loop(
+        lambda index, *_: index < plan.num_chunks,
+        step,
+        (0, _array(query, plan.num_chunks, plan.chunk, value.shape[-1]), _array(query, plan.num_chunks, plan.chunk, 1)),
+        parallel_iterations=_PARALLEL_ITERATIONS,
+    )[1:]
+    return (_unstack_steps(array.stack())[:, :, : plan.query_len] for array in (outputs, log_sum_exps))
+
+
+def _strided_forward(plan, masks, query, key, value):
+    query_grid = _to_grid(query, plan.front, plan.query_rows, plan.stride)  # (batch, heads, stride, u, depth)
+    key_grid, value_grid = (_to_grid(t, 0, plan.key_rows, plan.stride) for t in (key, value))  # (b, h, s, m, d)
+
+    def step(index, outputs, log_sum_exps):
+        _, _, logits, allowed = _grid_block(plan, masks, index, query_grid, key_grid)
+        values = _rows(value_grid, index * plan.residues_per_step, plan.residues_per_step)
+        output, log_sum_exp = _partial_softmax(logits, allowed, values)
+        return index + 1, outputs.write(index, output), log_sum_exps.write(index, log_sum_exp)
+
+    outputs, log_sum_exps = tf.while_loop(
+        lambda index, *_: index < plan.num_steps,
+        step,
+        (0, *(_array(query, plan.num_steps, plan.residues_per_step, plan.query_rows, depth) for depth in (value.shape[-1], 1))),
+        parallel_iterations=_PARALLEL_ITERATIONS,
+    )[1:]
+    return (_from_grid(_unstack_steps(array.stack()), plan.front, plan.query_len) for array in (outputs, log_sum_exps))
+
+
+def _backward(plan, masks, inputs, output, log_sum_exp, output_gradient):
+    """Gradients of the scaled query, key and value, both parts recomputed from the merged log-sum-exp."""
+    output_gradient = tf.cast(output_gradient, output.dtype)
+    # rowsum(dO * O) = sum_k P_k dP_k, the subtracted term of the softmax gradient.
+    delta = tf.reduce_sum(output_gradient * output, -1, keepdims=True)  # (batch, heads, query_len, 1)
+    rows = (output_gradient, delta, log_sum_exp)
+    grads = _strided_backward(plan, masks, inputs, rows)
+    if plan.band_width:
+        grads = [a + b for a, b in zip(grads, _band_backward(plan, masks, inputs, rows))]
+    return grads
+
+
+def _logits_gradient(weights, values, output_gradient, delta):
+    """The gradient of one block's (scaled) logits `(..., rows, keys)` from its weights."""
+    weights_grad = tf.matmul(output_gradient, values, transpose_b=True)  # (..., rows, keys)
+    return weights * (weights_grad - delta)  # (..., rows, keys)
+
+
+def _block_gradients(weights, logits_inputs, values, output_gradient, delta):
+    """`(d queries, d keys, d values)` of one block from its weights `(..., rows, keys)`."""
+    queries, keys = logits_inputs
+    logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (..., rows, keys)
+    return (
+        tf.matmul(logits_grad, keys),  # (..., rows, depth)
+        tf.matmul(logits_grad, queries, transpose_a=True),  # (..., keys, depth)
+        tf.matmul(weights, output_gradient, transpose_a=True),  # (..., keys, dv)
+    )
+
+
+def _band_backward(plan, masks, inputs, rows):
+    query, key, value = inputs
+    query = _pad_chunks(plan, query)
+    rows = [_pad_chunks(plan, t) for t in rows]  # output gradient, delta, log-sum-exp
+    inputs = (query, key, value)
+    return [_band_query_gradient(plan, masks, inputs, rows), *_band_key_gradients(plan, masks, inputs, rows)]
+
+
+def _band_query_gradient(plan, masks, inputs, rows):
+    """The band part's query gradient, chunk by chunk of queries: `(batch, heads, query_len, depth)`."""
+    query, key, value = inputs
+
+    def step(index, query_grads):
+        queries, start, logits, allowed = _band_block(plan, masks, index, query, key)
+        output_gradient, delta, log_sum_exp = (_rows(t, index * plan.chunk, plan.chunk) for t in rows)
+        weights = _weights(logits, allowed, log_sum_exp)  # (batch, heads, chunk, width)
+        keys, values = (_rows(t, start, plan.band_width) for t in (key, value))
+        logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (batch, heads, chunk, width)
+        return index + 1, query_grads.write(index, tf.matmul(logits_grad, keys))  # (b, h, chunk, depth)
+
+    query_grads = tf.while_loop(
+        lambda index, *_: index < plan.num_chunks,
+        step,
+        (0, _array(query, plan.num_chunks, plan.chunk, query.shape[-1])),
+        parallel_iterations=_PARALLEL_ITERATIONS,
+    )[1]
+    return _unstack_steps(query_grads.stack())[:, :, : plan.query_len]
+
+
+def _band_key_gradients(plan, masks, inputs, rows):
+    """The band part's key and value gradients, chunk by chunk of keys, each over its slice of
+    `band_query_width` queries (chunk-padded): `(batch, heads, key_len, d)` each."""
+    query, key, value = inputs
+    key, value = (_pad_key_chunks(plan, t) for t in (key, value))
+
+    def step(index, key_grads, value_grads):
+        start = tf.gather(tf.constant(plan.band_query_starts, tf.int32), index)
+        width = plan.band_query_width
+        first_key = index * plan.key_chunk
+        keys, values = (_rows(t, first_key, plan.key_chunk) for t in (key, value))  # (b, h, key_chunk, d)
+        queries = _rows(query, start, width)  # (batch, heads, width, depth)
+        output_gradient, delta, log_sum_exp = (_rows(t, start, width) for t in rows)
+        logits = tf.matmul(queries, keys, transpose_b=True)  # (batch, heads, width, key_chunk)
+        allowed = _band_allowed(plan, masks, start, width, first_key, plan.key_chunk)
+        weights = _weights(logits, allowed, log_sum_exp)  # (batch, heads, width, key_chunk)
+        logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (batch, heads, width, key_chunk)
+        return (
+            index + 1,
+            key_grads.write(index, tf.matmul(logits_grad, queries, transpose_a=True)),  # (b, h, key_chunk, depth)
+            value_grads.write(index, tf.matmul(weights, output_gradient, transpose_a=True)),  # (b, h, key_chunk, dv)
+        )
+
+    arrays = tf.while_loop(
+        lambda index, *_: index < plan.num_key_chunks,
+        step,
+        (
+            0,
+            _array(query, plan.num_key_chunks, plan.key_chunk, key.shape[-1]),
+            _array(query, plan.num_key_chunks, plan.key_chunk, value.shape[-1]),
+        ),
+        parallel_iterations=_PARALLEL_ITERATIONS,
+    )[1:]
+    return [_unstack_steps(array.stack())[:, :, : plan.key_len] for array in arrays]
+
+
+def _strided_backward(plan, masks, inputs, rows):
+    query, key, value = inputs
+    query_grid = _to_grid(query, plan.front, plan.query_rows, plan.stride)  # (batch, heads, stride, u, depth)
+    key_grid, value_grid = (_to_grid(t, 0, plan.key_rows, plan.stride) for t in (key, value))  # (b, h, s, m, d)
+    row_grids = [_to_grid(t, plan.front, plan.query_rows, plan.stride) for t in rows]  # (b, h, s, u, ·)
+
+    def step(index, query_grads, key_grads, value_grads):
+        queries, keys, logits, allowed = _grid_block(plan, masks, index, query_grid, key_grid)
+        first = index * plan.residues_per_step
+        output_gradient, delta, log_sum_exp = (_rows(t, first, plan.residues_per_step) for t in row_grids)
+        weights = _weights(logits, allowed, log_sum_exp)  # (batch, heads, per_step, u, m)
+        values = _rows(value_grid, first, plan.residues_per_step)
+        grads = _block_gradients(weights, (queries, keys), values, output_gradient, delta)
+        arrays = (query_grads, key_grads, value_grads)
+        return (index + 1, *(array.write(index, grad) for array, grad in zip(arrays, grads)))
+
+    arrays = tf.while_loop(
+        lambda index, *_: index < plan.num_steps,
+        step,
+        (
+            0,
+            _array(query, plan.num_steps, plan.residues_per_step, plan.query_rows, query.shape[-1]),
+            _array(query, plan.num_steps, plan.residues_per_step, plan.key_rows, key.shape[-1]),
+            _array(query, plan.num_steps, plan.residues_per_step, plan.key_rows, value.shape[-1]),
+        ),
+        parallel_iterations=_PARALLEL_ITERATIONS,
+    )[1:]
+    query_grad, key_grad, value_grad = (_unstack_steps(array.stack()) for array in arrays)
+    return [
+        _from_grid(query_grad, plan.front, plan.query_len),
+        _from_grid(key_grad, 0, plan.key_len),
+        _from_grid(value_grad, 0, plan.key_len),
+    ]
+
+
+def _pad_chunks(plan, tensor):
+    """`(batch, heads, query_len, d)` padded with zeros to whole band chunks."""
+    return tf.pad(tensor, [[0, 0], [0, 0], [0, plan.num_chunks * plan.chunk - plan.query_len], [0, 0]])
+
+
+def _pad_key_chunks(plan, tensor):
+    """`(batch, heads, key_len, d)` padded with zeros to whole key chunks."""
+    return tf.pad(tensor, [[0, 0], [0, 0], [0, plan.num_key_chunks * plan.key_chunk - plan.key_len], [0, 0]])
+
+
+def _array(like, size, *step_shape):
+    """An empty TensorArray of `size` steps `(batch, heads, *step_shape)` of `like`'s batch, heads and dtype."""
+    return tf.TensorArray(like.dtype, size=size, element_shape=tf.TensorShape([*like.shape[:2], *step_shape]))
