@@ -20,12 +20,17 @@ wrong, and what this module does instead:
 - features and sums are float32 whatever the compute dtype (fp16 sums overflow after a few
   thousand tokens);
 - cached decoding carries the `(features, value_dim)` state `S` and the `(features,)` state
-  `z`: memory constant in the number of decoded tokens.
+  `z`: memory constant in the number of decoded tokens;
+- a long causal input (static length over `RECOMPUTE_SEGMENT_LENGTH`) runs segment by segment,
+  the state passed along, each segment's features, prefix sums and in-chunk products recomputed
+  in the backward pass (`tf.recompute_grad`): forward + backward holds one segment's
+  intermediates at a time instead of the whole sequence's (measured in BENCHMARKS.md).
 """
 
 import math
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from keras_attn.projected_self_attention import ProjectedSelfAttention
@@ -36,6 +41,9 @@ FEATURE_MAPS = ("elu", "favor")
 # FAVOR+ key features are at most `exp(max |w|^2 / 2 - offset)`; this bound keeps a float32 sum
 # over 65,536 keys times values far from overflow while small logits stay far from underflow.
 FAVOR_MAX_KEY_LOG_FEATURE = 40.0
+# Causal inputs longer than this (static length) are split into segments of this many tokens whose
+# intermediates are recomputed in the backward pass.
+RECOMPUTE_SEGMENT_LENGTH = 8192
 
 
 def elu_feature_map(x):
@@ -118,7 +126,9 @@ def causal_linear_attention(query_features, key_features, value, chunk_size, sta
     """
     batch, length = ops.shape(value)[0], ops.shape(value)[1]
     heads, features, value_dim = value.shape[2], query_features.shape[-1], value.shape[-1]
-    padding = (-length) % chunk_size
+    # Non-negative operands only: tf2onnx turns an integer FloorMod into x - trunc(x / y) * y, which
+    # differs from Python's % for a negative x (-11 % 4 would give -3, not 1).
+    padding = (chunk_size - length % chunk_size) % chunk_size
     num_chunks = (length + padding) // chunk_size
 
     def chunks(tensor):  # (batch, seq, heads, d) -> (batch, chunks, chunk, heads, d)
@@ -252,13 +262,23 @@ class LinearAttention(ProjectedSelfAttention):
 
     def features(self, query, key, training=False):
         """`(query_features, key_features)`, `(batch, seq, heads, features)` in float32 (float64 for float64)."""
+        return self._features(query, key, self._feature_projection(query.dtype, training))
+
+    def _feature_projection(self, dtype, training):
+        """FAVOR+'s `(num_features, key_dim)` projection for this call (redrawn in training if asked); `None` for elu+1."""
+        if self.feature_map == "elu":
+            return None
+        dtype = float_math_dtype(dtype)
+        if training and self.redraw_features:
+            return orthogonal_random_features(self.num_features, self.key_dim, self.seed_generator, dtype)
+        return ops.cast(self.random_features, dtype)
+
+    def _features(self, query, key, projection):
+        """Float32 (float64 for float64) features of `query` and `key` under `projection` (`None`: elu+1)."""
         dtype = float_math_dtype(query.dtype)
         query, key = ops.cast(query, dtype), ops.cast(key, dtype)
-        if self.feature_map == "elu":
+        if projection is None:
             return elu_feature_map(query), elu_feature_map(key)
-        projection = ops.cast(self.random_features, dtype)
-        if training and self.redraw_features:
-            projection = orthogonal_random_features(self.num_features, self.key_dim, self.seed_generator, dtype)
         scale = ops.cast(self.key_dim ** -0.25, dtype)  # q . k / sqrt(depth), split between the two
         return (
             favor_feature_map(query * scale, projection, is_query=True),
@@ -272,7 +292,7 @@ class LinearAttention(ProjectedSelfAttention):
                 f"with causal={self.causal}"
             )
         mask = self.padding_mask(inputs, mask)
-        query, key, value = self.project(inputs)
+        query, key, value = self.project(inputs, mask)
         attended, new_cache = self._attend_with_state(query, key, value, mask, training, cache)
         output = self.output_dense(ops.cast(attended, self.compute_dtype))
         return output if cache is None else (output, new_cache)
@@ -281,18 +301,59 @@ class LinearAttention(ProjectedSelfAttention):
         return self._attend_with_state(query, key, value, mask, training, None)[0]
 
     def _attend_with_state(self, query, key, value, mask, training, state):
-        query_features, key_features = self.features(query, key, training)
+        projection = self._feature_projection(query.dtype, training)
+        keep = None if mask is None else ops.cast(mask, float_math_dtype(query.dtype))[:, :, None, None]
+        length = query.shape[1]
+        if self.causal and length is not None and length > RECOMPUTE_SEGMENT_LENGTH:
+            return self._attend_in_segments(query, key, value, keep, projection, state)
+        return self._feature_attention(query, key, value, keep, projection, state)
+
+    def _feature_attention(self, query, key, value, keep, projection, state):
+        """`(attended (batch, seq, heads, value_dim), state)`: features, masking, then the linear rule."""
+        query_features, key_features = self._features(query, key, projection)
         value = ops.cast(value, query_features.dtype)
-        if mask is not None:
-            keep = ops.cast(mask, query_features.dtype)[:, :, None, None]  # (batch, seq, 1, 1)
+        if keep is not None:
             key_features = key_features * keep  # masked keys contribute nothing
         if self.causal:
             attended, state = causal_linear_attention(query_features, key_features, value, self.chunk_size, state)
         else:
             attended = linear_attention(query_features, key_features, value)
-        if mask is not None:
+        if keep is not None:
             attended = attended * keep  # masked queries output zeros
         return attended, state
+
+    def _attend_in_segments(self, query, key, value, keep, projection, state):
+        """Causal attention over `RECOMPUTE_SEGMENT_LENGTH`-token segments, recomputed in the backward pass.
+
+        The same sums as one pass (the state carries every earlier segment), in segment order.
+        """
+        batch, length = ops.shape(query)[0], query.shape[1]
+        dtype = float_math_dtype(query.dtype)
+        if state is None:
+            state = tuple(ops.cast(s, dtype) for s in self.initial_cache(batch))
+        if keep is None:
+            keep = ops.ones((batch, length, 1, 1), dtype)
+        extra = () if projection is None else (projection,)
+
+        @tf.recompute_grad
+        def segment(segment_query, segment_key, segment_value, segment_keep, summary, normaliser, *projection):
+            attended, (summary, normaliser) = self._feature_attention(
+                segment_query, segment_key, segment_value, segment_keep, projection[0] if projection else None,
+                (summary, normaliser),
+            )
+            # The state first: its gradient comes from the next segment, so the recomputations run one
+            # at a time, last segment first (recompute_grad waits for the first output's gradient).
+            return summary, normaliser, attended
+
+        sizes = [RECOMPUTE_SEGMENT_LENGTH] * (length // RECOMPUTE_SEGMENT_LENGTH)
+        sizes += [length % RECOMPUTE_SEGMENT_LENGTH] if length % RECOMPUTE_SEGMENT_LENGTH else []
+        # split, not slices: a slice's gradient is a whole-length tensor per segment.
+        pieces = zip(*(tf.split(tensor, sizes, axis=1) for tensor in (query, key, value, keep)))
+        outputs = []
+        for segment_query, segment_key, segment_value, segment_keep in pieces:
+            *state, attended = segment(segment_query, segment_key, segment_value, segment_keep, *state, *extra)
+            outputs.append(attended)  # (batch, segment, heads, value_dim)
+        return ops.concatenate(outputs, axis=1), tuple(state)
 
     def get_config(self):
         config = super().get_config()

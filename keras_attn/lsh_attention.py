@@ -23,6 +23,7 @@ The rules public implementations skip:
 """
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from keras_attn.projected_self_attention import ProjectedSelfAttention
@@ -46,7 +47,9 @@ def hash_buckets(keys, rotations, num_buckets):
     rotated = ops.einsum("bthd,hdrk->bhrtk", keys, ops.cast(rotations, keys.dtype))
     if num_buckets == 1:
         return ops.zeros(ops.shape(rotated)[:-1], "int32")
-    return ops.cast(ops.argmax(ops.concatenate([rotated, -rotated], axis=-1), axis=-1), "int32")
+    # tf.argmax, not keras.ops.argmax: Keras tells -0.0 from 0.0 with a Bitcast, an op ONNX does not have
+    # (tf.argmax, like NumPy, takes the first of equal values).
+    return tf.argmax(ops.concatenate([rotated, -rotated], axis=-1), axis=-1, output_type="int32")
 
 
 def _gather(tensor, order):
@@ -76,7 +79,9 @@ def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, i
     dtype = float_math_dtype(query.dtype)
     batch, length = ops.shape(query)[0], ops.shape(query)[1]
     heads, depth, value_dim = query.shape[2], query.shape[3], value.shape[3]
-    padding = (-length) % chunk_size
+    # Non-negative operands only: tf2onnx turns an integer FloorMod into x - trunc(x / y) * y, which
+    # differs from Python's % for a negative x (-11 % 4 would give -3, not 1).
+    padding = (chunk_size - length % chunk_size) % chunk_size
     padded_length = length + padding
     num_chunks = padded_length // chunk_size
     valid = ops.ones((batch, length), "bool") if mask is None else ops.cast(mask, "bool")

@@ -5,15 +5,19 @@ import tensorflow as tf
 from keras import ops
 
 from keras_attn import patterns
+from keras_attn import position_bias as position_biases
 from keras_attn.attention import ATTENTION_IMPLEMENTATIONS
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.masks import pattern_mask
 from keras_attn.masks import merge_masks
 from keras_attn.masks import padding_mask_to_attention_mask
 from keras_attn.softmax import zero_masked
+from keras_attn.utils import check_bool
 from keras_attn.utils import check_padding_mask
+from keras_attn.utils import check_position
 from keras_attn.utils import check_positive_int
 from keras_attn.utils import check_rate
+from keras_attn.utils import check_scale
 
 _SEQUENCE_AXIS = (1,)  # the attention axes of (batch, seq, features) inputs, resolved
 
@@ -32,7 +36,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
       uniform weights on some paths); softmax always runs in float32;
     - one fused QKV matmul when `query`, `key` and `value` are the same tensor;
     - `num_key_value_heads` for grouped-query (and, with 1, multi-query) attention;
-    - an additive `attention_bias` call argument (relative positions, ALiBi);
+    - an additive `attention_bias` call argument, and a `position_bias` layer (`keras_attn.ALiBi`,
+      `keras_attn.RelativePositionBias`) that every kernel computes block by block from positions;
     - explicit `query_mask` / `value_mask` / `key_mask` arguments are always honoured,
       Keras masks (`Embedding(mask_zero=True)` upstream) are used when they are not given.
 
@@ -64,6 +69,21 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             keys a causal or sliding-window mask hides; blockwise attention keeps memory linear
             in the sequence length; `"auto"` picks between them by length when the attention
             scores are not returned.
+        scale: the inverse temperature beta of the softmax, `softmax(beta * Q K^T)`: a
+            positive number, or `None` (default) for Keras's `1 / sqrt(key_dim)`.
+        hard: if `True`, hard attention: each query takes the value of its allowed key with
+            the largest logit (ties: the lowest index), with straight-through gradients through
+            the softmax at `scale` (see `scaled_dot_product_attention`); the returned scores
+            are the one-hot weights. Runs on the dense kernel.
+        attention_pattern: optional `keras_attn.patterns.Pattern` (or its config): which keys
+            each query position may attend to, intersected with `use_causal_mask`,
+            `sliding_window` and the masks; with a cache the queries sit at
+            `cache_update_index`. Serialised with the layer's config.
+        position_bias: optional `keras_attn.position_bias.PositionBias` layer (or its config)
+            for `num_heads` heads, e.g. `keras_attn.ALiBi(num_heads)`: its bias is added to the
+            logits on every call, computed per block from the positions (the queries sit at
+            `cache_update_index` with a cache). Its weights are this layer's; it is serialised
+            with the config.
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -96,11 +116,10 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         `(batch, query_len, output_features)`; then the attention weights when
         `return_attention_scores=True`; then the updated cache when `cache` is given.
 
-    Subclass hook: `_compute_attention(query, key, value, attention_mask=None, training=None,
-    return_attention_scores=False, use_causal_mask=False)` receives the projected
-    `(batch, seq, heads, dim)` tensors and returns `(output, scores_or_None)`, as in Keras. A
-    subclass that overrides it is called with every mask merged into `attention_mask` (causal
-    and sliding window included) and without `use_causal_mask`, as Keras does.
+    Subclass hook: override `_compute_attention` (Keras's override point) to replace the
+    attention computation while keeping the projections, masks, cache, gate and output
+    projection; its docstring states the contract. A non-softmax family (mean, linear, ...)
+    plugs in there.
 
     Example:
 
@@ -135,9 +154,16 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         seed=None,
         num_key_value_heads=None,
         implementation="auto",
+        scale=None,
+        hard=False,
+        attention_pattern=None,
+        position_bias=None,
         **kwargs,
     ):
         check_rate("dropout", dropout)
+        check_scale(scale)
+        check_bool("hard", hard)
+        attention_pattern = patterns.get(attention_pattern, "attention_pattern")
         check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
         if num_key_value_heads is not None and isinstance(num_heads, int) and num_heads % num_key_value_heads:
             raise ValueError(
@@ -175,11 +201,21 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         )
         self._num_key_value_heads = num_key_value_heads or num_heads
         self.implementation = implementation
+        self._scale = scale
+        if scale is not None:
+            self._inverse_sqrt_key_dim = scale  # the scale of Keras's einsum path and of the hook
+        self._hard = hard
+        self._attention_pattern = attention_pattern
+        self._position_bias = position_biases.check_position_bias(position_biases.get(position_bias), num_heads)
         self._sequence_attention = None  # set by `build`: rank-3 inputs attending over axis 1
 
     @property
     def num_key_value_heads(self):
         return self._num_key_value_heads
+
+    @property
+    def position_bias(self):
+        return self._position_bias
 
     @property
     def sliding_window(self):
@@ -188,6 +224,18 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     @property
     def use_gate(self):
         return self._use_gate
+
+    @property
+    def scale(self):
+        return self._scale
+
+    @property
+    def hard(self):
+        return self._hard
+
+    @property
+    def attention_pattern(self):
+        return self._attention_pattern
 
     def _projection(self, name, heads, head_dim, activation=None):
         """A `(batch, seq, features) -> (batch, seq, heads, head_dim)` projection, as Keras builds it."""
@@ -216,6 +264,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 "num_key_value_heads": self._num_key_value_heads if self._num_key_value_heads != self._num_heads else None,
                 "sliding_window": self._sliding_window,
                 "implementation": self.implementation if self.implementation not in ("auto", "dense") else None,
+                "hard": True if self._hard else None,
+                "attention_pattern": self._attention_pattern,
+                "position_bias": self._position_bias,
             }
             for name, value in sequence_only.items():
                 if value is not None:
@@ -364,14 +415,18 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             projected_value,
             mask=mask,
             bias=attention_bias,
-            is_causal=use_causal_mask,
+            is_causal=bool(use_causal_mask),  # Keras takes any truthy value
             sliding_window=self.sliding_window,
+            pattern=self._attention_pattern,
             query_offset=0 if cache_update_index is None else cache_update_index,
+            scale=self._scale,
             dropout_rate=self.dropout,
             training=training,
             seed_generator=self._dropout_seed_generator(),
             return_weights=return_attention_scores,
             implementation=self.implementation,
+            hard=self._hard,
+            position_bias=self._position_bias,
         )
         attended, weights = attention if return_attention_scores else (attention, None)
         return self._finish(query, attended, weights, cache, return_attention_scores)
@@ -398,9 +453,14 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 "`attention_bias` cannot reach an overridden `_compute_attention` (its signature has no "
                 f"bias). Received: attention_bias.shape={tuple(attention_bias.shape)}"
             )
+        if self._position_bias is not None:
+            raise ValueError(
+                "`position_bias` cannot reach an overridden `_compute_attention` (its signature has no "
+                f"bias). Received: position_bias={self._position_bias!r}"
+            )
         query_len, key_len = ops.shape(projected_query)[1], ops.shape(projected_key)[1]
         offset = 0 if cache_update_index is None else cache_update_index
-        pattern = patterns.from_shorthands(None, use_causal_mask, self._sliding_window)
+        pattern = patterns.from_shorthands(self._attention_pattern, use_causal_mask, self._sliding_window)
         mask = pattern_mask(mask, pattern, query_len, key_len, offset)
         return self._compute_attention(
             projected_query, projected_key, projected_value, mask, training, return_attention_scores
@@ -437,19 +497,47 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         self, query, key, value, attention_mask=None, training=None, return_attention_scores=False,
         use_causal_mask=False,
     ):
-        """Attention over projected `(batch, seq, heads, dim)` tensors: `(output, scores or None)`.
+        """The attention computation over projected tensors: `(output, scores or None)`.
 
-        Keras's documented override point, with the same arguments. `attention_mask` is boolean,
-        `(query_len, key_len)`, `(batch, query_len, key_len)` or 4-D; `use_causal_mask` adds the
-        causal mask to it. Rank-4 tensors run `keras_attn.attention.scaled_dot_product_attention`;
-        tensors with more attention axes run Keras's einsum with this layer's masked softmax.
+        The documented subclass hook (Keras's `_compute_attention`, same arguments). `call`
+        projects the inputs, merges every mask, calls this method, then applies the gate and
+        the output projection; overriding it swaps the attention family and keeps the rest.
+
+        Contract, for `(batch, seq, features)` inputs attending over the sequence:
+
+        Args:
+            query: `(batch, query_len, num_heads, key_dim)`, projected, not yet scaled.
+            key: `(batch, key_len, num_key_value_heads, key_dim)` (with a cache: the whole
+                cache, `key_len = max_len`); `num_heads` is a multiple of its heads.
+            value: `(batch, key_len, num_key_value_heads, value_dim)`.
+            attention_mask: `None` (every key allowed) or a boolean tensor broadcastable to
+                `(batch, num_heads, query_len, key_len)` (2-D and 3-D masks, as Keras takes
+                them, broadcast as `(query_len, key_len)` / `(batch, query_len, key_len)`);
+                `True` where the query may attend to the key. When `call` invokes an override
+                it is every mask merged: the padding masks, `attention_mask`, the causal mask,
+                `sliding_window` and `attention_pattern` (queries at `cache_update_index`
+                with a cache), and `use_causal_mask` is `False`.
+            training: whether dropout is active.
+            return_attention_scores: whether to return the weights.
+            use_causal_mask: adds the causal mask to `attention_mask` (direct calls only).
+
+        Returns:
+            `(output, scores)`: the output `(batch, query_len, num_heads, value_dim)` in the
+            compute dtype, and the weights `(batch, num_heads, query_len, key_len)` when
+            `return_attention_scores`, else `None`. A query row without any allowed key must
+            give a zero output (and zero weights), the library's contract for every family.
+
+        This implementation runs `keras_attn.attention.scaled_dot_product_attention` with the
+        layer's `scale`, `hard`, dropout and `implementation` on rank-4 tensors, and Keras's
+        einsum with this layer's masked softmax for more attention axes. An `attention_bias`
+        cannot reach an override (a `ValueError` says so).
         """
         if len(query.shape) == 4:
             mask = None if attention_mask is None else _as_4d_mask(attention_mask)
             attention = scaled_dot_product_attention(
-                query, key, value, mask=mask, is_causal=use_causal_mask, dropout_rate=self._dropout,
-                training=training, seed_generator=self._dropout_seed_generator(),
-                return_weights=return_attention_scores, implementation=self.implementation,
+                query, key, value, mask=mask, is_causal=bool(use_causal_mask), scale=self._scale,
+                dropout_rate=self._dropout, training=training, seed_generator=self._dropout_seed_generator(),
+                return_weights=return_attention_scores, implementation=self.implementation, hard=self._hard,
             )
             return attention if return_attention_scores else (attention, None)
         if use_causal_mask:
@@ -550,7 +638,16 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"num_key_value_heads": self._num_key_value_heads, "implementation": self.implementation})
+        config.update(
+            {
+                "num_key_value_heads": self._num_key_value_heads,
+                "implementation": self.implementation,
+                "scale": self._scale,
+                "hard": self._hard,
+                "attention_pattern": keras.saving.serialize_keras_object(self._attention_pattern),
+                "position_bias": keras.saving.serialize_keras_object(self._position_bias),
+            }
+        )
         return config
 
 
@@ -610,6 +707,8 @@ def _check_cache_bounds(cache_update_index, new_len, max_len):
     """`cache_update_index`, checked so that the `new_len` new tokens fit in the `max_len` cache:
     a ValueError when everything is known now, else a run-time assertion (`ops.slice_update`
     would silently clamp the index and overwrite the last slots)."""
+    if not isinstance(cache_update_index, int):  # a float would be truncated; ints get the bounds below
+        check_position("cache_update_index", cache_update_index)
     known = all(isinstance(v, int) for v in (cache_update_index, new_len, max_len))
     if known:
         if isinstance(cache_update_index, bool) or not 0 <= cache_update_index <= max_len - new_len:

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_attn.utils import check_positive_int
+from keras_attn.utils import check_position
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -63,8 +64,7 @@ class PositionEmbedding(keras.layers.Layer):
         returns `length` behind a runtime assertion, so the slice never runs past the table.
         """
         message = f"exceeds sequence_length={self.sequence_length}"
-        if isinstance(start_index, int) and start_index < 0:
-            raise ValueError(f"`start_index` must be >= 0. Received: start_index={start_index}")
+        check_position("start_index", start_index)
         if isinstance(length, int) and isinstance(start_index, int):
             if start_index + length > self.sequence_length:
                 raise ValueError(

@@ -89,8 +89,14 @@ class ProjectedSelfAttention(keras.layers.Layer):
         self.output_dense = self._projection("attention_output", "bthd,hdo->bto", (None, output_dim), "o")
         self.output_dense.build((None, None, self.num_heads, self.value_dim))
 
-    def project(self, inputs):
-        """`(query, key, value)`, each `(batch, seq, heads, depth)`; the key is the query when shared."""
+    def project(self, inputs, mask=None):
+        """`(query, key, value)`, each `(batch, seq, heads, depth)`; the key is the query when shared.
+
+        Padded positions (`mask` False) are projected from zeros: whatever they hold, NaN and inf
+        included, never reaches a real position's output (`0 * NaN` in an attention sum is NaN).
+        """
+        if mask is not None:
+            inputs = ops.where(ops.expand_dims(mask, -1), inputs, ops.zeros_like(inputs))  # (batch, seq, features)
         query = self.query_dense(inputs)  # (batch, seq, heads, key_dim)
         key = query if self.shares_query_key else self.key_dense(inputs)  # (batch, seq, heads, key_dim)
         return query, key, self.value_dense(inputs)  # value: (batch, seq, heads, value_dim)
@@ -98,12 +104,12 @@ class ProjectedSelfAttention(keras.layers.Layer):
     def padding_mask(self, inputs, mask):
         """The boolean `(batch, seq)` padding mask: `mask`, else the Keras mask of `inputs`, else `None`."""
         mask = keras_mask(inputs) if mask is None else mask
-        check_padding_mask("mask", mask)
+        check_padding_mask("mask", mask, inputs.shape)
         return None if mask is None else ops.cast(mask, "bool")
 
     def call(self, inputs, mask=None, training=None):
         mask = self.padding_mask(inputs, mask)
-        query, key, value = self.project(inputs)
+        query, key, value = self.project(inputs, mask)
         attended = self._attend(query, key, value, mask, training)  # (batch, seq, heads, value_dim)
         return self.output_dense(ops.cast(attended, self.compute_dtype))
 

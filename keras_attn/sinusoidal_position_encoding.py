@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_attn.utils import check_positive_int
+from keras_attn.utils import check_position
 from keras_attn.utils import float_math_dtype
 
 _MERGE_MODES = ("add", "concat")
@@ -26,6 +27,7 @@ def inverse_frequencies(dim, max_wavelength, dtype="float32"):
 
 def positions(length, start_index=0, dtype="float32"):
     """Positions `start_index .. start_index + length - 1`; `(length,)`."""
+    check_position("start_index", start_index)
     return ops.arange(length, dtype=dtype) + ops.cast(start_index, dtype)
 
 

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_attn.utils import check_positive_int
+from keras_attn.utils import checked_ids
 from keras_attn.utils import clone_initializer
 from keras_attn.position_embedding import PositionEmbedding
 from keras_attn.sinusoidal_position_encoding import SinusoidalPositionEncoding
@@ -39,7 +40,11 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        token_ids: integer `(batch, seq)`.
+        token_ids: integer `(batch, seq)` ids in `[0, vocabulary_size)`. An id out of range
+            is a `ValueError` naming `token_ids` and the id when called eagerly, and fails a
+            run-time assertion (`InvalidArgumentError`) in `tf.function`; under XLA
+            (`jit_compile=True`) TensorFlow drops that assertion and the lookup clamps (an id
+            past the end reads the last row; measured in the tests).
         start_index: int or scalar int tensor, the position of the first token (cached
             decoding feeds one token at a time).
 
@@ -108,6 +113,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.position_embedding.build((*token_ids_shape, self.embedding_dim))
 
     def call(self, token_ids, start_index=0):
+        token_ids = checked_ids("token_ids", token_ids, self.vocabulary_size, "vocabulary_size")
         embedded = self.token_embedding(token_ids)  # (batch, seq, embedding_dim)
         if self.scale_embeddings:
             embedded = embedded * ops.cast(math.sqrt(self.embedding_dim), self.compute_dtype)

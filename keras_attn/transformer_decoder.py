@@ -3,7 +3,11 @@
 import keras
 from keras import ops
 
+from keras_attn.linformer_attention import CAUSAL_ERROR as LINFORMER_CAUSAL_ERROR
+from keras_attn.linformer_attention import LinformerSelfAttention
 from keras_attn.transformer_encoder import TransformerBlock
+from keras_attn.transformer_encoder import describe
+from keras_attn.transformer_encoder import takes_query_and_value
 from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_sequence_shape
 from keras_attn.utils import keras_mask
@@ -39,6 +43,15 @@ class TransformerDecoder(TransformerBlock):
     cached mode `decoder_padding_mask` covers the new tokens only, so padding must come after
     the real tokens (right padding), as in generation.
 
+    Another self-attention (`self_attention=`, see `TransformerEncoder`) must be causal:
+    `LinearAttention(causal=True)`, `LSHSelfAttention(causal=True)`, `CausalSelfAttention` or a
+    `MultiHeadAttention` (causal by `use_causal_mask`); a non-causal one, or
+    `LinformerSelfAttention` (which cannot be causal), raises a `ValueError`. A layer with a
+    recurrent state (`LinearAttention(causal=True)`) decodes with that state as its cache:
+    `initial_self_attention_cache` returns it (its size does not depend on `max_length`), and
+    `self_attention_cache_update_index` is not needed (the state holds every earlier token).
+    Other self-attention-only layers have no cache (asking for one raises).
+
     Args:
         intermediate_dim: width of the feed-forward hidden layer.
         num_heads: number of attention heads.
@@ -55,6 +68,18 @@ class TransformerDecoder(TransformerBlock):
         num_key_value_heads: key/value heads for grouped-query attention (divides `num_heads`).
         kernel_initializer: initializer of every kernel.
         bias_initializer: initializer of every bias.
+        attention_pattern: optional `keras_attn.patterns.Pattern` (or its config) of the
+            self-attention, intersected with the causal mask and `sliding_window`; with a
+            cache the new tokens sit at `self_attention_cache_update_index`.
+        self_attention: optional causal self-attention layer, a prototype copied by the block
+            (see `TransformerEncoder`); `sliding_window`, `attention_pattern` and `position_bias`
+            then belong to that layer (passing them raises); `key_dim`, `attention_dropout` and `num_key_value_heads` configure the
+            cross-attention.
+        position_bias: optional `keras_attn.position_bias.PositionBias` layer (or its config)
+            for `num_heads` heads, e.g. `keras_attn.ALiBi(num_heads)` or
+            `keras_attn.RelativePositionBias(num_heads, bidirectional=False)`, added to the
+            self-attention logits (also in cached decoding, where the new tokens sit at
+            `self_attention_cache_update_index`); cross-attention gets none.
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -64,13 +89,16 @@ class TransformerDecoder(TransformerBlock):
         decoder_padding_mask: optional boolean `(batch, target_len)`, `True` for real tokens.
         decoder_attention_mask: optional boolean `(batch, target_len, key_len)` (or 4-D with
             a heads axis) combined with the causal and padding masks; `key_len` is `max_len`
-            with a cache.
+            with a cache. `MultiHeadAttention` self-attention only.
         encoder_padding_mask: optional boolean `(batch, source_len)`.
         encoder_attention_mask: optional boolean `(batch, target_len, source_len)` (or 4-D).
-        self_attention_cache: optional `(batch, 2, max_len, kv_heads, key_dim)`.
-        self_attention_cache_update_index: int or scalar int tensor; required with a cache.
+        self_attention_cache: optional `(batch, 2, max_len, kv_heads, key_dim)`, or the
+            self-attention layer's recurrent state.
+        self_attention_cache_update_index: int or scalar int tensor; required with a key/value
+            cache (not with a recurrent state).
         cross_attention_cache: optional `(batch, 2, source_len, kv_heads, key_dim)`.
-        use_causal_mask: whether self-attention is causal (default `True`).
+        use_causal_mask: whether self-attention is causal (default `True`; a given
+            self-attention-only layer is causal by construction and refuses `False`).
         training: whether dropout is active.
 
     Returns:
@@ -91,13 +119,14 @@ class TransformerDecoder(TransformerBlock):
     ...                             self_attention_cache_update_index=0, cross_attention_cache=cross)
     """
 
+    def __init__(self, intermediate_dim, num_heads, **kwargs):
+        super().__init__(intermediate_dim, num_heads, **kwargs)
+        check_causal(self.self_attention_prototype)
+
     def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
         check_sequence_shape("decoder_sequence", decoder_sequence_shape)
         hidden_dim = decoder_sequence_shape[-1]
-        self.self_attention = self._attention("self_attention", hidden_dim, self.sliding_window)
-        self.self_attention.build(decoder_sequence_shape, decoder_sequence_shape)
-        self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm", decoder_sequence_shape)
-        self.self_attention_dropout = self._dropout("self_attention_dropout")
+        self._build_self_attention(decoder_sequence_shape)
         self.cross_attention = None
         if encoder_sequence_shape is not None:
             check_sequence_shape("encoder_sequence", encoder_sequence_shape)
@@ -108,14 +137,42 @@ class TransformerDecoder(TransformerBlock):
         self._build_feed_forward(decoder_sequence_shape)
 
     def initial_self_attention_cache(self, batch_size, max_length):
-        """An all-zero self-attention cache `(batch_size, 2, max_length, kv_heads, key_dim)`."""
+        """An all-zero self-attention cache `(batch_size, 2, max_length, kv_heads, key_dim)`, or the
+        self-attention layer's empty recurrent state (whatever `max_length`)."""
         attention = self.self_attention
+        if self._has_recurrent_state():
+            return attention.initial_cache(batch_size)
         shape = (batch_size, 2, max_length, attention.num_key_value_heads, attention.key_dim)
         return ops.zeros(shape, self.compute_dtype)
 
     def compute_cross_attention_cache(self, encoder_sequence):
         """Projects the encoder keys/values once: `(batch, 2, source_len, kv_heads, key_dim)`."""
         return compute_cross_attention_cache(self, encoder_sequence)
+
+    def _has_recurrent_state(self):
+        """Whether the self-attention caches a recurrent state (`True`) or keys/values (`False`).
+
+        Raises a `ValueError` for a self-attention-only layer without a cache.
+        """
+        if takes_query_and_value(self.self_attention):
+            return False
+        if not hasattr(self.self_attention, "initial_cache"):
+            raise ValueError(
+                f"{type(self.self_attention).__name__} has no cache for decoding: cached decoding needs a "
+                "MultiHeadAttention self-attention (a key/value cache) or one with a recurrent state "
+                "(LinearAttention(causal=True))."
+            )
+        return True
+
+    def _check_self_attention_options(self, use_causal_mask, decoder_attention_mask):
+        if takes_query_and_value(self.self_attention):
+            return
+        if not use_causal_mask:
+            raise ValueError(
+                f"{type(self.self_attention).__name__} is causal by construction: it cannot run without the "
+                "causal mask. Received: use_causal_mask=False"
+            )
+        self._check_self_attention_call(decoder_attention_mask=decoder_attention_mask)
 
     def _check_call(self, encoder_sequence, self_attention_cache, cross_attention_cache):
         has_cross_attention = self.cross_attention is not None
@@ -125,17 +182,14 @@ class TransformerDecoder(TransformerBlock):
             raise ValueError(
                 f"This TransformerDecoder was built {built} cross-attention: call it {built} "
                 "`encoder_sequence` (or, with cross-attention, a `cross_attention_cache`) every time. "
-                "Received: encoder_sequence="
-                f"{None if encoder_sequence is None else tuple(encoder_sequence.shape)}, "
-                f"cross_attention_cache={None if cross_attention_cache is None else tuple(cross_attention_cache.shape)}"
+                f"Received: encoder_sequence={describe(encoder_sequence)}, "
+                f"cross_attention_cache={describe(cross_attention_cache)}"
             )
         if has_cross_attention and (self_attention_cache is None) != (cross_attention_cache is None):
             raise ValueError(
                 "With cross-attention, `self_attention_cache` and `cross_attention_cache` must be "
-                "given together. Received: self_attention_cache="
-                f"{None if self_attention_cache is None else tuple(self_attention_cache.shape)}, "
-                "cross_attention_cache="
-                f"{None if cross_attention_cache is None else tuple(cross_attention_cache.shape)}"
+                f"given together. Received: self_attention_cache={describe(self_attention_cache)}, "
+                f"cross_attention_cache={describe(cross_attention_cache)}"
             )
 
     def call(
@@ -153,16 +207,28 @@ class TransformerDecoder(TransformerBlock):
         training=None,
     ):
         self._check_call(encoder_sequence, self_attention_cache, cross_attention_cache)
-        if self_attention_cache is not None and self_attention_cache_update_index is None:
+        self._check_self_attention_options(use_causal_mask, decoder_attention_mask)
+        recurrent = self_attention_cache is not None and self._has_recurrent_state()
+        if self_attention_cache is not None and not recurrent and self_attention_cache_update_index is None:
             raise ValueError(
                 "`self_attention_cache` needs `self_attention_cache_update_index`, the position of the "
                 "first new token (without it the new tokens are never written to the cache). "
                 "Received: self_attention_cache_update_index=None"
             )
         decoder_padding_mask = keras_mask(decoder_sequence) if decoder_padding_mask is None else decoder_padding_mask
-        check_padding_mask("decoder_padding_mask", decoder_padding_mask)
+        # With a key/value cache the mask may cover the whole cache (see `MultiHeadAttention`).
+        check_padding_mask(
+            "decoder_padding_mask",
+            decoder_padding_mask,
+            decoder_sequence.shape if self_attention_cache is None or recurrent else None,
+        )
 
         def self_attend(x):
+            if not takes_query_and_value(self.self_attention):
+                if not recurrent:
+                    return self.self_attention(x, mask=decoder_padding_mask, training=training), None
+                # (batch, target_len, hidden), the state after the new tokens
+                return self.self_attention(x, mask=decoder_padding_mask, cache=self_attention_cache, training=training)
             if self_attention_cache is None:
                 output = self.self_attention(
                     x,
@@ -193,7 +259,9 @@ class TransformerDecoder(TransformerBlock):
             encoder_padding_mask = (
                 keras_mask(encoder_sequence) if encoder_padding_mask is None else encoder_padding_mask
             )
-            check_padding_mask("encoder_padding_mask", encoder_padding_mask)
+            check_padding_mask(
+                "encoder_padding_mask", encoder_padding_mask, None if encoder_sequence is None else encoder_sequence.shape
+            )
 
             def cross_attend(x):
                 if cross_attention_cache is not None and encoder_padding_mask is None:
@@ -218,6 +286,22 @@ class TransformerDecoder(TransformerBlock):
         if self.cross_attention is None:
             return x, self_attention_cache
         return x, self_attention_cache, cross_attention_cache
+
+
+def check_causal(self_attention):
+    """Raises a `ValueError` saying why unless a decoder's `self_attention` prototype can be causal."""
+    if self_attention is None or takes_query_and_value(self_attention):  # causal by `use_causal_mask`
+        return
+    if getattr(self_attention, "causal", False) is True:
+        return
+    if isinstance(self_attention, LinformerSelfAttention):
+        reason = LINFORMER_CAUSAL_ERROR
+    else:
+        reason = (
+            f"{type(self_attention).__name__} was given with causal={getattr(self_attention, 'causal', None)!r}, "
+            "so each target token would see the tokens after it; pass a causal one (causal=True)."
+        )
+    raise ValueError(f"TransformerDecoder needs causal self-attention. {reason}")
 
 
 def compute_cross_attention_cache(decoder, encoder_sequence):

@@ -1,7 +1,11 @@
 """Transformer encoder block: self-attention and feed-forward, each with a residual and a norm."""
 
+import inspect
+
 import keras
 
+from keras_attn import patterns
+from keras_attn import position_bias as position_biases
 from keras_attn.feed_forward import FeedForward
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.utils import check_padding_mask
@@ -24,8 +28,21 @@ def head_size(hidden_dim, num_heads, key_dim):
     return hidden_dim // num_heads
 
 
+def takes_query_and_value(layer):
+    """Whether `layer` is called as `layer(query, value, query_mask=..., ...)` (`MultiHeadAttention`).
+
+    Otherwise it is a self-attention layer called as `layer(inputs, mask=..., training=...)`
+    (`LinearAttention`, `LinformerSelfAttention`, `LSHSelfAttention`, `SelfAttention`). Read from
+    the class, so a wrapper set on the instance's `call` (attention capture) does not change it.
+    """
+    return "value" in inspect.signature(type(layer).call).parameters
+
+
 class TransformerBlock(keras.layers.Layer):
     """Arguments, sublayers and residual wiring shared by `TransformerEncoder` and `TransformerDecoder`."""
+
+    # Block options that only configure the default self-attention (a given one has its own).
+    default_self_attention_options = ("sliding_window", "attention_pattern", "position_bias")
 
     def __init__(
         self,
@@ -41,6 +58,9 @@ class TransformerBlock(keras.layers.Layer):
         num_key_value_heads=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        attention_pattern=None,
+        self_attention=None,
+        position_bias=None,
         **kwargs,
     ):
         check_positive_int("intermediate_dim", intermediate_dim)
@@ -63,16 +83,81 @@ class TransformerBlock(keras.layers.Layer):
         self.num_key_value_heads = num_key_value_heads
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.attention_pattern = patterns.get(attention_pattern, "attention_pattern")
+        self.position_bias = position_biases.check_position_bias(position_biases.get(position_bias), num_heads)
+        self.self_attention_prototype = self._check_self_attention(self_attention)
 
-    def _attention(self, name, hidden_dim, sliding_window=None):
+    def _check_self_attention(self, layer):
+        """The self-attention prototype (a layer, or the config `get_config` wrote), or `None`, checked."""
+        if layer is None:
+            return None
+        if isinstance(layer, dict):
+            layer = keras.saving.deserialize_keras_object(layer)
+        if not isinstance(layer, keras.layers.Layer):
+            raise TypeError(
+                "`self_attention` must be a Keras layer (a prototype: each block builds its own copy from its "
+                f"config) or None. Received: self_attention={layer!r}"
+            )
+        given = {name: getattr(self, name) for name in self.default_self_attention_options}
+        given = {name: value for name, value in given.items() if value is not None}
+        if given:
+            raise ValueError(
+                f"{', '.join(f'`{name}`' for name in given)} configure the default self-attention; set them on "
+                f"the given `self_attention` layer instead. Received: {given}, self_attention={type(layer).__name__}"
+            )
+        heads = getattr(layer, "num_heads", self.num_heads)
+        if heads != self.num_heads:
+            raise ValueError(
+                "`num_heads` must be the `self_attention` layer's number of heads. Received: "
+                f"num_heads={self.num_heads}, {type(layer).__name__}.num_heads={heads}"
+            )
+        return layer
+
+    def _self_attention(self, hidden_dim):
+        """The self-attention sublayer: a copy of the prototype (own weights, the block's dtype) or the default."""
+        if self.self_attention_prototype is None:
+            return self._attention(
+                "self_attention",
+                hidden_dim,
+                sliding_window=self.sliding_window,
+                attention_pattern=self.attention_pattern,
+                position_bias=self.position_bias,
+            )
+        config = self.self_attention_prototype.get_config()
+        config.update(name="self_attention", dtype=self.dtype_policy)
+        return type(self.self_attention_prototype).from_config(config)
+
+    def _build_self_attention(self, sequence_shape):
+        self.self_attention = self._self_attention(sequence_shape[-1])
+        if takes_query_and_value(self.self_attention):
+            self.self_attention.build(sequence_shape, sequence_shape)
+        else:
+            self.self_attention.build(sequence_shape)
+        self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm", sequence_shape)
+        self.self_attention_dropout = self._dropout("self_attention_dropout")
+
+    def _check_self_attention_call(self, **options):
+        """Raises a `ValueError` naming the given call options a self-attention-only layer cannot take."""
+        given = {name: value for name, value in options.items() if value is not None and value is not False}
+        if given and not takes_query_and_value(self.self_attention):
+            raise ValueError(
+                f"{type(self.self_attention).__name__} takes only a padding mask: "
+                f"{', '.join(f'`{name}`' for name in given)} are for a `MultiHeadAttention` self-attention only. "
+                f"Received: {', '.join(f'{name}={describe(value)}' for name, value in given.items())}"
+            )
+
+    def _attention(self, name, hidden_dim, sliding_window=None, attention_pattern=None, position_bias=None):
+        """Builds an attention sublayer; a subclass overrides it to use another layer (take `**options`)."""
         return MultiHeadAttention(
             num_heads=self.num_heads,
             key_dim=head_size(hidden_dim, self.num_heads, self.key_dim),
             dropout=self.dropout if self.attention_dropout is None else self.attention_dropout,
             sliding_window=sliding_window,
+            attention_pattern=attention_pattern,
             num_key_value_heads=self.num_key_value_heads,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),
+            position_bias=position_bias,
             dtype=self.dtype_policy,
             name=name,
         )
@@ -134,9 +219,23 @@ class TransformerBlock(keras.layers.Layer):
                 "num_key_value_heads": self.num_key_value_heads,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "attention_pattern": keras.saving.serialize_keras_object(self.attention_pattern),
+                "self_attention": (
+                    None
+                    if self.self_attention_prototype is None
+                    else keras.saving.serialize_keras_object(self.self_attention_prototype)
+                ),
+                "position_bias": keras.saving.serialize_keras_object(self.position_bias),
             }
         )
         return config
+
+
+def describe(value):
+    """A short description of a call argument for an error message: its shape (shapes of a tuple), else itself."""
+    if isinstance(value, (tuple, list)):
+        return tuple(describe(item) for item in value)
+    return tuple(value.shape) if hasattr(value, "shape") else value
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -147,7 +246,7 @@ class TransformerEncoder(TransformerBlock):
     residual (post-norm, the paper and BERT) or, with `norm_first=True`, on the sub-block's
     input (pre-norm, GPT-2 and most recent models). Self-attention is
     `keras_attn.MultiHeadAttention` (exact masking, float32 softmax, optional grouped-query
-    heads and sliding window).
+    heads and sliding window), or the layer given as `self_attention`.
 
     Padding: a Keras mask on `inputs` (from `Embedding(mask_zero=True)` or
     `TokenAndPositionEmbedding` upstream) is used as `padding_mask` when none is passed; an
@@ -170,6 +269,21 @@ class TransformerEncoder(TransformerBlock):
         num_key_value_heads: key/value heads for grouped-query attention (divides `num_heads`).
         kernel_initializer: initializer of every kernel.
         bias_initializer: initializer of every bias.
+        attention_pattern: optional `keras_attn.patterns.Pattern` (or its config) of the
+            self-attention, intersected with `sliding_window` and the masks.
+        self_attention: optional self-attention layer used as a prototype, as
+            `keras.layers.Bidirectional` uses its `layer`: the block builds its own copy from
+            the layer's config (its own weights, the block's dtype policy) and saves the config
+            with its own. Either a `MultiHeadAttention` (called `(x, x)`, every call option
+            kept) or a self-attention layer called `layer(x, mask=..., training=...)`
+            (`LinearAttention`, `LinformerSelfAttention`, `LSHSelfAttention`, `SelfAttention`),
+            which takes the padding mask only. Its number of heads must be `num_heads`;
+            `key_dim`, `attention_dropout`, `num_key_value_heads`, `sliding_window`,
+            `attention_pattern` and `position_bias` are then the layer's own business (passing them raises). A seeded prototype gives every
+            block the same random draws (initial weights, random features, rotations).
+        position_bias: optional `keras_attn.position_bias.PositionBias` layer (or its config)
+            for `num_heads` heads, e.g. `keras_attn.RelativePositionBias(num_heads)`, added to
+            the self-attention logits (`MultiHeadAttention(position_bias=...)`).
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -177,9 +291,10 @@ class TransformerEncoder(TransformerBlock):
         padding_mask: optional boolean `(batch, seq)`, `True` for real tokens.
         attention_mask: optional boolean `(batch, seq, seq)` or `(batch, heads, seq, seq)`,
             `True` where position `i` may attend to position `j`; combined with the padding.
+            `MultiHeadAttention` self-attention only.
         training: whether dropout is active.
         return_attention_scores: if `True`, also return the attention weights
-            `(batch, heads, seq, seq)`.
+            `(batch, heads, seq, seq)`. `MultiHeadAttention` self-attention only.
 
     Returns:
         `(batch, seq, hidden)`, and the attention weights when `return_attention_scores`.
@@ -192,21 +307,30 @@ class TransformerEncoder(TransformerBlock):
     >>> model = keras.Model(ids, x)
     >>> tuple(model(keras.ops.convert_to_tensor([[5, 8, 0]])).shape)
     (1, 3, 64)
+    >>> from keras_attn import LinearAttention
+    >>> linear = TransformerEncoder(128, 4, self_attention=LinearAttention(num_heads=4, key_dim=16))
+    >>> tuple(linear(keras.random.normal((1, 300, 64))).shape)
+    (1, 300, 64)
     """
+
+    # The encoder has no other attention: every attention option configures the default one.
+    default_self_attention_options = (
+        "sliding_window", "attention_pattern", "position_bias", "num_key_value_heads", "attention_dropout", "key_dim"
+    )
 
     def build(self, inputs_shape):
         check_sequence_shape("inputs", inputs_shape)
-        self.self_attention = self._attention("self_attention", inputs_shape[-1], self.sliding_window)
-        self.self_attention.build(inputs_shape, inputs_shape)
-        self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm", inputs_shape)
-        self.self_attention_dropout = self._dropout("self_attention_dropout")
+        self._build_self_attention(inputs_shape)
         self._build_feed_forward(inputs_shape)
 
     def call(self, inputs, padding_mask=None, attention_mask=None, training=None, return_attention_scores=False):
         padding_mask = keras_mask(inputs) if padding_mask is None else padding_mask
-        check_padding_mask("padding_mask", padding_mask)
+        check_padding_mask("padding_mask", padding_mask, inputs.shape)
+        self._check_self_attention_call(attention_mask=attention_mask, return_attention_scores=return_attention_scores)
 
         def attend(x):
+            if not takes_query_and_value(self.self_attention):
+                return self.self_attention(x, mask=padding_mask, training=training), None  # (batch, seq, hidden)
             attended = self.self_attention(
                 x,
                 x,

@@ -1,8 +1,10 @@
 """Argument checks and small helpers shared by the keras_attn layers (not public API)."""
 
+import math
 import numbers
 
 import keras
+import numpy as np
 
 
 def float_math_dtype(dtype):
@@ -20,10 +22,37 @@ def check_positive_int(name, value, allow_none=False):
         raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
 
 
+def check_bool(name, value):
+    """Raises a `ValueError` naming `name` unless `value` is a Python bool."""
+    if not isinstance(value, bool):
+        raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
+
+
+def check_scale(scale):
+    """Raises a `ValueError` unless the inverse temperature `scale` is `None` or a positive finite
+    number; a tensor passes (its value is only known at run time)."""
+    if scale is None or (hasattr(scale, "dtype") and not isinstance(scale, numbers.Real)):
+        return
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
+        raise ValueError(f"`scale` must be a positive finite number or None. Received: scale={scale!r}")
+
+
 def check_rate(name, rate):
     """Raises a `ValueError` naming `name` unless `rate` is a number in [0, 1)."""
     if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 <= rate < 1.0:
         raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={rate!r}")
+
+
+def check_position(name, value):
+    """Raises a `ValueError` naming `name` unless the position `value` is an int >= 0 or an
+    integer tensor: a float would give fractional positions, a negative int positions before the
+    sequence."""
+    if isinstance(value, numbers.Number) or not hasattr(value, "dtype"):
+        valid = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+    else:
+        valid = "int" in keras.backend.standardize_dtype(value.dtype)
+    if not valid:
+        raise ValueError(f"`{name}` must be an int >= 0 or an integer tensor. Received: {name}={value!r}")
 
 
 def clone_initializer(initializer):
@@ -36,10 +65,22 @@ def keras_mask(tensor):
     return getattr(tensor, "_keras_mask", None)
 
 
-def check_padding_mask(name, mask):
-    """Raises a `ValueError` unless `mask` is `None` or has rank 2 `(batch, seq)`."""
-    if mask is not None and len(mask.shape) != 2:
+def check_padding_mask(name, mask, inputs_shape=None):
+    """Raises a `ValueError` unless `mask` is `None` or has rank 2 `(batch, seq)` fitting the first
+    two sizes of `inputs_shape` where both are known (a batch of 1 broadcasts): a wrong length
+    would otherwise fail deep inside the layer, or broadcast."""
+    if mask is None:
+        return
+    if len(mask.shape) != 2:
         raise ValueError(f"`{name}` must have rank 2 (batch, seq). Received: {name}.shape={tuple(mask.shape)}")
+    if inputs_shape is None:
+        return
+    expected = tuple(inputs_shape[:2])
+    batch_ok = mask.shape[0] in (None, 1, expected[0]) or expected[0] is None  # a batch of 1 broadcasts
+    if not batch_ok or None not in (mask.shape[1], expected[1]) and mask.shape[1] != expected[1]:
+        raise ValueError(
+            f"`{name}` must have shape (batch, seq)={expected} of the inputs. Received: {name}.shape={tuple(mask.shape)}"
+        )
 
 
 def check_sequence_shape(name, shape):
@@ -49,3 +90,35 @@ def check_sequence_shape(name, shape):
             f"`{name}` must have rank 3 (batch, seq, features) with a known feature size. "
             f"Received: {name}.shape={tuple(shape)}"
         )
+
+
+def checked_ids(name, ids, size, size_name):
+    """`ids`, once every id is known to be a whole number in `[0, size)`: an embedding lookup would
+    otherwise read the wrong row silently (a negative id wraps to the last rows, a float id is
+    truncated, and under XLA an id past the end is clamped to the last row).
+
+    Eagerly a `ValueError` naming `name` and the bad ids; in a graph (`tf.function`, TensorFlow
+    backend) a run-time assertion (`InvalidArgumentError`) naming `name`. Under XLA
+    (`jit_compile=True`) TensorFlow drops the assertion (measured in
+    tests/test_attention_edge_inputs.py): there the ids are not checked.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return ids
+    import tensorflow as tf
+
+    ids = tf.convert_to_tensor(ids)
+    message = f"`{name}` must hold whole-number ids in [0, {size_name}={size})"
+    if not tf.is_symbolic_tensor(ids):
+        values = ids.numpy()
+        bad = values[(values < 0) | (values >= size) | (values != np.floor(values))]
+        if bad.size:
+            shown = ", ".join(str(value) for value in sorted(set(bad.tolist()))[:5])
+            raise ValueError(f"{message}. Received: {name} holding {shown} ({bad.size} not valid)")
+        return ids
+    low, high = tf.reduce_min(ids), tf.reduce_max(ids)
+    valid = tf.logical_and(low >= 0, high < tf.cast(size, high.dtype))
+    if ids.dtype.is_floating:
+        valid = tf.logical_and(valid, tf.reduce_all(tf.equal(ids, tf.floor(ids))))
+    check = tf.debugging.Assert(valid, [f"{message}. Received: {name} with min", low, "max", high])
+    with tf.control_dependencies([check]):
+        return tf.identity(ids)

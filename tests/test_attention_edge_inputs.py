@@ -154,3 +154,248 @@ def test_decoder_cache_without_an_update_index_is_refused():
     decoder(x)
     with pytest.raises(ValueError, match="Received: self_attention_cache_update_index=None"):
         decoder(x, self_attention_cache=np.zeros((1, 2, 4, 2, 4), np.float32))
+
+
+def _minus_inf_bias_case(rng, length, inf_fraction, masked_row, padded=True):
+    """Inputs `(batch 2, length, heads 2, depth 4)`, a full bias with `-inf` over a random part of
+    its entries, over the whole of query row `masked_row` of sequence 0, and over all of the keys
+    of sequence 1's last query; when `padded`, a padding mask hiding sequence 1's last key."""
+    batch, heads, depth = 2, 2, 4
+    q, k, v = (rng.normal(size=(batch, length, heads, depth)).astype(np.float32) for _ in range(3))
+    bias = rng.normal(size=(batch, heads, length, length)).astype(np.float32)
+    bias[rng.random(bias.shape) < inf_fraction] = -np.inf
+    bias[0, :, masked_row] = -np.inf
+    bias[1, 0, length - 1] = -np.inf
+    if not padded:
+        return q, k, v, bias, None
+    mask = np.ones((batch, 1, 1, length), bool)
+    mask[1, ..., length - 1] = False
+    return q, k, v, bias, mask
+
+
+def _attend_with_gradients(implementation, mode, q, k, v, bias, mask, is_causal):
+    def attend(q, k, v, bias, output_gradient):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v, bias])
+            output = scaled_dot_product_attention(
+                q, k, v, mask=mask, bias=bias, is_causal=is_causal, implementation=implementation
+            )
+            loss = tf.reduce_sum(output * output_gradient)
+        return output, tape.gradient(loss, [q, k, v, bias])
+
+    if mode != "eager":
+        attend = tf.function(attend, jit_compile=mode == "xla")
+    output_gradient = np.cos(np.arange(q.size, dtype=np.float32)).reshape(q.shape)
+    output, grads = attend(*(tf.constant(t) for t in (q, k, v, bias, output_gradient)))
+    return np.asarray(output), [np.asarray(g) for g in grads], output_gradient
+
+
+def _check_against_reference(output, grads, output_gradient, q, k, v, bias, mask, is_causal):
+    expected, weights = reference.attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal)
+    assert np.all(np.isfinite(output))
+    np.testing.assert_allclose(output, expected, atol=1e-5)
+    rows_without_keys = ~weights.any(-1)  # (batch, heads, query_len)
+    assert np.all(output.transpose(0, 2, 1, 3)[rows_without_keys] == 0.0)
+    for got, want in zip(grads, reference.attention_gradients(q, k, v, output_gradient, mask, bias, is_causal)):
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "xla"])
+@pytest.mark.parametrize("implementation", ["dense", "chunked", "blockwise"])
+def test_minus_inf_bias_acts_as_a_mask_on_every_kernel(implementation, mode):
+    """`-inf` bias entries (scattered, a whole row, a row with padding) give the float64 reference's
+    outputs and gradients (zero bias gradient there), finite everywhere, zero rows without keys."""
+    # sequence 0's last row: every key `-inf`, none masked otherwise (the causal row sees them all)
+    q, k, v, bias, mask = _minus_inf_bias_case(np.random.default_rng(7), 6, 0.3, masked_row=5)
+    is_causal = implementation == "chunked"  # the chunked kernel is the banded one
+    output, grads, output_gradient = _attend_with_gradients(implementation, mode, q, k, v, bias, mask, is_causal)
+    _check_against_reference(output, grads, output_gradient, q, k, v, bias, mask, is_causal)
+    assert np.all(grads[3][np.isneginf(bias)] == 0.0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    length=st.integers(1, 9),
+    inf_fraction=st.sampled_from([0.0, 0.3, 0.8, 1.0]),
+    implementation=st.sampled_from(["dense", "chunked", "blockwise"]),
+    is_causal=st.booleans(),
+    padded=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_minus_inf_bias_matches_the_reference_property(length, inf_fraction, implementation, is_causal, padded, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v, bias, mask = _minus_inf_bias_case(rng, length, inf_fraction, rng.integers(length), padded)
+    is_causal = is_causal or implementation == "chunked"
+    output, grads, output_gradient = _attend_with_gradients(implementation, "eager", q, k, v, bias, mask, is_causal)
+    _check_against_reference(output, grads, output_gradient, q, k, v, bias, mask, is_causal)
+
+
+@pytest.mark.parametrize("masking_bias", [-np.inf, -1e9, np.finfo(np.float32).min])
+def test_a_masking_bias_gives_the_weights_of_the_boolean_mask(masking_bias):
+    """The `-inf`, lowest-float and `-1e9` idioms mask exactly like `mask=False`: weights exactly 0
+    there, a row masked throughout gets zero weights and a zero output (float16 too)."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.normal(size=(1, 4, 1, 2)).astype(np.float32) for _ in range(3))
+    allowed = np.array([[True, False, True, False], [False] * 4, [True] * 4, [False, False, False, True]])
+    bias = np.where(allowed, 0.0, masking_bias).astype(np.float32)[None, None]
+    expected_output, expected_weights = reference.attention(q, k, v, mask=allowed[None, None])
+    for dtype in ("float32", "float16"):
+        cast = [tf.constant(t, dtype) for t in (q, k, v)]
+        output, weights = scaled_dot_product_attention(*cast, bias=bias, return_weights=True)
+        weights = np.asarray(weights, np.float64)
+        assert np.all(weights[0, 0][~allowed] == 0.0) and np.all(np.asarray(output)[0, 1] == 0.0)
+        np.testing.assert_allclose(weights, expected_weights, atol=1e-3 if dtype == "float16" else 1e-6)
+        np.testing.assert_allclose(np.asarray(output, np.float64), expected_output, atol=1e-2 if dtype == "float16" else 1e-5)
+
+
+def test_minus_inf_attention_bias_through_multi_head_attention():
+    """`MultiHeadAttention(attention_bias=...)` with a row of `-inf`: finite, the layer with the
+    same weights under the boolean mask."""
+    from keras_attn.multi_head_attention import MultiHeadAttention
+
+    x = np.random.default_rng(5).normal(size=(2, 5, 8)).astype(np.float32)
+    allowed = np.tril(np.ones((5, 5), bool))
+    allowed[3] = False
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    masked = layer(x, x, attention_mask=np.broadcast_to(allowed, (2, 5, 5)))
+    biased = layer(x, x, attention_bias=np.where(allowed, 0.0, -np.inf).astype(np.float32)[None, None])
+    assert np.all(np.isfinite(biased))
+    np.testing.assert_allclose(biased, masked, atol=1e-6)
+
+
+def _layers():
+    """The public layers (and the models' id layers) by name, small enough to call at once."""
+    import keras_attn as ka
+    from models.ngram_tfidf import NgramTfIdf
+    from models.sparse_linear import SparseLinear
+
+    return {
+        "SelfAttention": lambda: ka.SelfAttention(num_heads=2, key_dim=4),
+        "CrossAttention": lambda: ka.CrossAttention(num_heads=2, key_dim=4),
+        "MultiHeadAttention": lambda: ka.MultiHeadAttention(num_heads=2, key_dim=4),
+        "TransformerEncoder": lambda: ka.TransformerEncoder(intermediate_dim=8, num_heads=2),
+        "TransformerDecoder": lambda: ka.TransformerDecoder(intermediate_dim=8, num_heads=2),
+        "LinearAttention": lambda: ka.LinearAttention(num_heads=2, key_dim=4),
+        "LinformerSelfAttention": lambda: ka.LinformerSelfAttention(num_heads=2, key_dim=4, max_length=8,
+                                                                    projected_length=2),
+        "LSHSelfAttention": lambda: ka.LSHSelfAttention(num_heads=2, key_dim=4, num_buckets=2, chunk_size=2),
+        "RotaryEmbedding": ka.RotaryEmbedding,
+        "SinusoidalPositionEncoding": ka.SinusoidalPositionEncoding,
+        "PositionEmbedding": lambda: ka.PositionEmbedding(8),
+        "TokenAndPositionEmbedding": lambda: ka.TokenAndPositionEmbedding(10, 8, 4),
+        "NgramTfIdf": lambda: NgramTfIdf(10, 8),
+        "SparseLinear": lambda: SparseLinear(10),
+    }
+
+
+_X = np.random.default_rng(0).normal(size=(2, 4, 8)).astype(np.float32)
+_IDS = np.array([[3, 4, 0, 0], [1, 2, 3, 9]])
+_ONES = np.ones((2, 4), bool)
+
+# (layer, positional inputs, keyword arguments, text the ValueError must hold: argument and value)
+BAD_LAYER_CALLS = [
+    ("TokenAndPositionEmbedding", (_IDS - 1,), {}, "`token_ids` must hold whole-number ids in [0, vocabulary_size=10)"
+     ". Received: token_ids holding -1"),
+    ("TokenAndPositionEmbedding", (_IDS + 1,), {}, "token_ids holding 10"),
+    ("TokenAndPositionEmbedding", (_IDS + 0.5,), {}, "token_ids holding 0.5"),
+    ("TokenAndPositionEmbedding", (_IDS,), {"start_index": 5}, "5 + 4 = 9 exceeds sequence_length=8"),
+    ("TokenAndPositionEmbedding", (_IDS,), {"start_index": -1}, "start_index=-1"),
+    ("NgramTfIdf", (_IDS + 1,), {}, "`token_ids` must hold whole-number ids in [0, vocabulary_size=10). Received: "
+     "token_ids holding 10"),
+    ("NgramTfIdf", (_IDS - 4,), {}, "token_ids holding -4, -3, -2, -1"),
+    ("SparseLinear", ((np.array([[1, 10]]), np.ones((1, 2), np.float32)),), {},
+     "`features` must hold whole-number ids in [0, num_features=10). Received: features holding 10"),
+    ("SparseLinear", ((np.array([[-1, 2]]), np.ones((1, 2), np.float32)),), {}, "features holding -1"),
+    ("PositionEmbedding", (_X,), {"start_index": 1.5}, "`start_index` must be an int >= 0 or an integer tensor. "
+     "Received: start_index=1.5"),
+    ("PositionEmbedding", (_X,), {"start_index": -1}, "start_index=-1"),
+    ("PositionEmbedding", (_X,), {"start_index": 5}, "start_index + input length = 5 + 4 = 9 exceeds sequence_length=8"),
+    ("RotaryEmbedding", (_X.reshape(2, 4, 2, 4),), {"start_index": -1}, "start_index=-1"),
+    ("RotaryEmbedding", (_X.reshape(2, 4, 2, 4),), {"start_index": 1.5}, "start_index=1.5"),
+    ("SinusoidalPositionEncoding", (_X,), {"start_index": -3}, "start_index=-3"),
+    ("SinusoidalPositionEncoding", (_X,), {"start_index": 0.5}, "start_index=0.5"),
+    ("LinearAttention", (_X,), {"mask": _ONES[:, :3]}, "`mask` must have shape (batch, seq)=(2, 4) of the inputs. "
+     "Received: mask.shape=(2, 3)"),
+    ("LinearAttention", (_X,), {"mask": np.ones((2, 4, 4), bool)}, "mask.shape=(2, 4, 4)"),
+    ("LinformerSelfAttention", (_X,), {"mask": _ONES[:, :3]}, "mask.shape=(2, 3)"),
+    ("LinformerSelfAttention", (np.ones((2, 9, 8), np.float32),), {}, "`inputs` is longer than `max_length=8`"),
+    ("LSHSelfAttention", (_X,), {"mask": np.ones((3, 4), bool)}, "mask.shape=(3, 4)"),
+    ("TransformerEncoder", (_X,), {"padding_mask": _ONES[:, :3]}, "`padding_mask` must have shape (batch, seq)=(2, 4)"
+     " of the inputs. Received: padding_mask.shape=(2, 3)"),
+    ("TransformerEncoder", (_X,), {"padding_mask": np.ones((3, 4), bool)}, "padding_mask.shape=(3, 4)"),
+    ("TransformerEncoder", (_X,), {"padding_mask": np.ones((2, 4, 1), bool)}, "padding_mask.shape=(2, 4, 1)"),
+    ("TransformerDecoder", (_X, _X[:, :3]), {"encoder_padding_mask": _ONES}, "encoder_padding_mask.shape=(2, 4)"),
+    ("TransformerDecoder", (_X,), {"decoder_padding_mask": _ONES[:, :2]}, "decoder_padding_mask.shape=(2, 2)"),
+    ("SelfAttention", (_X,), {"mask": _ONES[:, :3]}, "query_mask.shape=(2, 3)"),
+    ("CrossAttention", (_X, _X[:1]), {}, "`query`, `key` and `value` must have the same batch size"),
+    ("CrossAttention", (_X, _X[:, :3]), {"context_mask": _ONES}, "value_mask.shape=(2, 4)"),
+    ("MultiHeadAttention", (_X, _X[:1]), {}, "key.shape=(1, 4, 2, 4)"),
+    ("MultiHeadAttention", (_X[:, :1], _X[:, :1]), {"cache": np.zeros((2, 2, 6, 2, 4), np.float32),
+     "cache_update_index": 1.5}, "`cache_update_index` must be an int >= 0 or an integer tensor. Received: "
+     "cache_update_index=1.5"),
+    ("MultiHeadAttention", (_X, _X), {"attention_bias": np.zeros((1, 1, 4, 4), bool)}, "bias.dtype=bool"),
+]
+
+
+@pytest.mark.parametrize(
+    "name, inputs, keywords, message", BAD_LAYER_CALLS, ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_LAYER_CALLS)]
+)
+def test_bad_layer_call_names_argument_and_value(name, inputs, keywords, message):
+    with pytest.raises(ValueError) as error:
+        _layers()[name]()(*inputs, **keywords)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["TokenAndPositionEmbedding", "NgramTfIdf"])
+def test_out_of_range_token_ids_fail_at_run_time_in_tf_function(name):
+    layer = _layers()[name]()
+    layer(_IDS)  # builds it
+    call = tf.function(lambda ids: layer(ids))
+    for bad in (_IDS - 1, _IDS + 1):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"`token_ids` must hold whole-number ids in \[0, "
+                                                                 r"vocabulary_size=10\)"):
+            call(tf.constant(bad))
+    np.testing.assert_array_equal(np.asarray(call(tf.constant(_IDS))[0]), np.asarray(layer(_IDS)[0]))
+
+
+def test_under_xla_the_token_id_assertion_is_dropped_as_documented():
+    """Measured: TensorFlow drops `tf.debugging.Assert` under `jit_compile=True`, so XLA reads a
+    clamped row: -1 and 10 both the last one (the docstrings say so; this fails if that changes)."""
+    import keras_attn as ka
+
+    layer = ka.TokenAndPositionEmbedding(10, 8, 4, position_encoding="sinusoidal")
+    layer(_IDS)
+    compiled = tf.function(lambda ids: layer(ids), jit_compile=True)
+    last_row = np.asarray(layer(np.array([[9]])))
+    for bad in (-1, 10):
+        np.testing.assert_allclose(np.asarray(compiled(tf.constant([[bad]]))), last_row, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"query_offset": 1.5, "is_causal": True},
+        {"is_causal": "no"},
+        {"bias": "zero"},
+        {"key": _Q[:, :2], "value": _Q[:, :2], "query": np.zeros((2, 3, 2, 4), np.float32)},
+    ],
+    ids=["float offset", "string is_causal", "string bias", "batch mismatch"],
+)
+def test_more_bad_core_op_inputs(call):
+    arguments = {"query": _Q, "key": _Q, "value": _Q, **call}
+    name = next(iter(call)) if "query" not in call else "batch size"
+    with pytest.raises(ValueError, match=name):
+        scaled_dot_product_attention(**arguments)
+
+
+@pytest.mark.parametrize("name", ["LinformerSelfAttention", "LSHSelfAttention", "LinearAttention"])
+def test_nan_in_padded_inputs_never_reaches_real_outputs_of_projected_layers(name):
+    """Padded positions are projected from zeros: the real outputs with NaN/inf padding equal
+    those with zero padding (they were NaN for Linformer and LSH)."""
+    real = np.arange(4)[None] < np.array([[3], [2]])  # (batch, seq)
+    layer = _layers()[name]()
+    clean = np.asarray(layer(np.where(real[..., None], _X, 0.0).astype(np.float32), mask=real))
+    for poison in (np.nan, np.inf):
+        poisoned = np.asarray(layer(np.where(real[..., None], _X, poison).astype(np.float32), mask=real))
+        np.testing.assert_allclose(poisoned[real], clean[real], atol=1e-6)

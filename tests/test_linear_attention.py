@@ -3,13 +3,16 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from keras.src.testing import TestCase
 
+from keras_attn import linear_attention
 from keras_attn.linear_attention import LinearAttention
 from tests import reference
 from tests.layer_checks import assert_gradients_match_finite_differences
 from tests.layer_checks import assert_jit_matches_eager
 from tests.layer_checks import assert_mixed_precision_close
+from tests.layer_checks import assert_outputs_close
 from tests.layer_checks import assert_padding_invariant
 from tests.layer_checks import assert_serialization_round_trip
 from tests.layer_checks import padded_token_ids
@@ -109,6 +112,29 @@ def test_cached_decoding_equals_the_full_causal_pass_with_constant_state(feature
         steps.append(output.numpy())
         assert [tuple(c.shape) for c in cache] == shapes
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=ATOL)
+
+
+def _output_and_gradients(layer, x, mask, cotangent, jit_compile=None):
+    def run(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(layer(x, mask=mask) * cotangent)
+        return layer(x, mask=mask), tape.gradient(loss, [x] + layer.trainable_weights)
+
+    return run(tf.constant(x)) if jit_compile is None else tf.function(run, jit_compile=jit_compile)(tf.constant(x))
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+def test_long_causal_inputs_in_recomputed_segments_equal_one_pass(monkeypatch, feature_map):
+    """Past `RECOMPUTE_SEGMENT_LENGTH` tokens the causal layer runs in segments: same outputs and gradients."""
+    x, layer = _inputs(16, (2, 23, 6)), _layer(feature_map, True, chunk_size=3)
+    mask = np.arange(23)[None, :] < np.array([[23], [15]])
+    cotangent = np.random.default_rng(17).standard_normal((2, 23, 6)).astype("float32")
+    expected = _output_and_gradients(layer, x, mask, cotangent)
+    monkeypatch.setattr(linear_attention, "RECOMPUTE_SEGMENT_LENGTH", 5)  # 5 segments, the last of 3 tokens
+    for jit_compile in (None, False, True):
+        assert_outputs_close(_output_and_gradients(layer, x, mask, cotangent, jit_compile), expected, atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(layer(x, mask=mask), _reference(layer, x, mask), atol=ATOL, rtol=1e-4)
 
 
 def test_redraw_changes_training_features_only():

@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.patterns import BlockLocal
+from keras_attn.patterns import Causal
+from keras_attn.patterns import GlobalTokens
+from keras_attn.patterns import SlidingWindow
+from keras_attn.patterns import Strided
 from tests import reference
 from tests.layer_checks import assert_config_round_trip
 from tests.layer_checks import assert_fit_one_step
@@ -312,7 +318,8 @@ def _cross_model(**config):
 
 GENERIC_CONFIG = dict(
     num_heads=4, key_dim=3, value_dim=5, num_key_value_heads=2, sliding_window=4, use_gate=True, output_shape=9,
-    bias_initializer="random_normal", kernel_regularizer="l2", activity_regularizer="l1",
+    bias_initializer="random_normal", kernel_regularizer="l2", activity_regularizer="l1", scale=0.8,
+    attention_pattern=GlobalTokens(1) | Strided(2),
 )
 
 
@@ -331,8 +338,10 @@ def test_serialization_round_trip():
     layer = reloaded.layers[-1]
     assert isinstance(layer, MultiHeadAttention)
     for name, value in GENERIC_CONFIG.items():
-        if name not in ("bias_initializer", "kernel_regularizer", "activity_regularizer", "output_shape"):
+        if name not in ("bias_initializer", "kernel_regularizer", "activity_regularizer", "output_shape",
+                        "attention_pattern"):
             assert getattr(layer, name) == value, name
+    assert repr(layer.attention_pattern) == repr(GENERIC_CONFIG["attention_pattern"])
     # As in Keras, the activity regulariser applies to the projections' outputs.
     assert layer._activity_regularizer is not None and layer._query_dense.activity_regularizer is not None
     assert layer._kernel_regularizer is not None and layer._query_dense.kernel_regularizer is not None
@@ -396,6 +405,11 @@ def _query_value():
         (dict(sliding_window=0), "sliding_window=0"),
         (dict(num_key_value_heads=3), "num_key_value_heads=3"),
         (dict(num_key_value_heads=0), "num_key_value_heads=0"),
+        (dict(scale=0), "scale=0"),
+        (dict(scale=-1.5), "scale=-1.5"),
+        (dict(scale=float("inf")), "scale=inf"),
+        (dict(scale=True), "scale=True"),
+        (dict(hard="yes"), "hard='yes'"),
     ],
 )
 def test_bad_constructor_arguments(arguments, message):
@@ -535,7 +549,11 @@ def test_overridden_compute_attention_is_called_with_every_mask_merged():
     "init_kwargs, call_kwargs",
     [
         (dict(num_heads=2, key_dim=4, num_key_value_heads=1, use_gate=True), dict(use_causal_mask=True)),
-        (dict(num_heads=2, key_dim=3, value_dim=5, output_shape=6), dict(return_attention_scores=True)),
+        (
+            dict(num_heads=2, key_dim=3, value_dim=5, output_shape=6, scale=0.7,
+                 attention_pattern=BlockLocal(2) | GlobalTokens(1)),
+            dict(return_attention_scores=True),
+        ),
     ],
 )
 def test_layer_contract(init_kwargs, call_kwargs):
@@ -556,6 +574,8 @@ def test_layer_contract(init_kwargs, call_kwargs):
         (dict(sliding_window=2), (2, 3, 4, 8), "sliding_window=2"),
         (dict(implementation="chunked"), (2, 3, 4, 8), "implementation='chunked'"),
         (dict(num_key_value_heads=1), (2, 3, 4, 8), "num_key_value_heads=1"),
+        (dict(hard=True), (2, 3, 4, 8), "hard=True"),
+        (dict(attention_pattern=Causal()), (2, 3, 4, 8), "attention_pattern=Causal()"),
     ],
 )
 def test_options_that_cannot_apply_to_these_inputs_raise(init_kwargs, shape, message):
@@ -579,3 +599,128 @@ def test_output_shape_sizes_must_be_positive():
     with pytest.raises(ValueError, match=r"output_shape=\(4, -5\)"):
         MultiHeadAttention(num_heads=2, key_dim=4, output_shape=(4, -5))
 
+
+
+def test_attention_pattern_must_be_a_pattern():
+    with pytest.raises(TypeError, match="attention_pattern='causal'"):
+        MultiHeadAttention(num_heads=2, key_dim=4, attention_pattern="causal")
+
+
+def _projected(layer, query, value):
+    """The float64 projections `(batch, seq, heads, dim)` of a built layer (bias included)."""
+    wq, bq, wk, bk, wv, bv, wo, bo = (np.asarray(w, np.float64) for w in layer.get_weights())
+    project = lambda x, w, b: np.einsum("btf,fhd->bthd", x, w) + b  # noqa: E731
+    return project(query, wq, bq), project(value, wk, bk), project(value, wv, bv), (wo, bo)
+
+
+@pytest.mark.parametrize("hard", [False, True])
+def test_scale_hard_and_pattern_match_the_float64_reference(hard):
+    rng = np.random.default_rng(21)
+    query, value = _normal(rng, BATCH, 6, QUERY_DIM), _normal(rng, BATCH, 6, VALUE_DIM)
+    padding = _padding([6, 4], 6)
+    pattern = Causal() & (SlidingWindow(2) | Strided(3))
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, scale=0.35, hard=hard, attention_pattern=pattern)
+    output, scores = layer(query, value, value_mask=padding, return_attention_scores=True)
+    q, k, v, (wo, bo) = _projected(layer, query, value)
+    positions = np.arange(6)
+    allowed = reference.pattern_allowed(("and", ("causal",), ("or", ("window", 2), ("strided", 3))), positions, positions)
+    mask = allowed[None, None] & padding[:, None, None, :]  # (batch, 1, q, k)
+    attend = reference.hard_attention if hard else reference.attention
+    attended, weights = attend(q, k, v, mask=mask, scale=0.35)
+    np.testing.assert_allclose(np.asarray(scores), weights, atol=ATOL)
+    np.testing.assert_allclose(np.asarray(output), np.einsum("bthd,hdo->bto", attended, wo) + bo, atol=ATOL)
+    # the op with the same pattern on the layer's projections
+    op = scaled_dot_product_attention(
+        *(t.astype("float32") for t in (q, k, v)), mask=padding[:, None, None, :], pattern=pattern, scale=0.35, hard=hard
+    )
+    np.testing.assert_allclose(np.asarray(op), attended, atol=ATOL)
+
+
+def test_default_scale_is_keras_inverse_sqrt_key_dim():
+    rng = np.random.default_rng(22)
+    x = _normal(rng, BATCH, 5, 8)
+    default, explicit = MultiHeadAttention(2, 4), MultiHeadAttention(2, 4, scale=0.5)  # 1 / sqrt(4)
+    default(x, x)
+    explicit(x, x)
+    explicit.set_weights(default.get_weights())
+    np.testing.assert_array_equal(np.asarray(default(x, x)), np.asarray(explicit(x, x)))
+    sharper = MultiHeadAttention(2, 4, scale=2.0)
+    sharper(x, x)
+    sharper.set_weights(default.get_weights())
+    assert not np.allclose(np.asarray(sharper(x, x)), np.asarray(default(x, x)), atol=1e-3)
+
+
+def test_pattern_with_a_cache_equals_the_full_pass():
+    rng = np.random.default_rng(23)
+    x = _normal(rng, BATCH, 6, 8)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, attention_pattern=Strided(2) | SlidingWindow(2))
+    full = np.asarray(layer(x, x, use_causal_mask=True))
+    cache = np.zeros((BATCH, 2, 6, 2, 4), "float32")
+    steps = []
+    for index in range(6):
+        token = x[:, index : index + 1]
+        output, cache = layer(token, token, use_causal_mask=True, cache=cache, cache_update_index=index)
+        steps.append(np.asarray(output))
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=ATOL)
+    unpatterned = MultiHeadAttention(num_heads=2, key_dim=4)
+    unpatterned(x, x)
+    unpatterned.set_weights(layer.get_weights())
+    assert not np.allclose(np.asarray(unpatterned(x, x, use_causal_mask=True)), full, atol=1e-3)  # the pattern acts
+
+
+def test_hard_attention_layer_is_jit_stable_mixed_precision_finite_and_trains():
+    rng = np.random.default_rng(24)
+    x = _normal(rng, BATCH, 6, 8)
+    padding = _padding([6, 3], 6)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, hard=True, attention_pattern=Causal())
+    _, scores = layer(x, x, query_mask=padding, value_mask=padding, return_attention_scores=True)
+    scores = np.asarray(scores)
+    assert set(np.unique(scores)) <= {0.0, 1.0}
+    np.testing.assert_array_equal(scores.sum(-1), np.broadcast_to(padding[:, None, :], scores.shape[:-1]))
+    assert_jit_matches_eager(layer, (x, x), query_mask=padding, value_mask=padding, return_attention_scores=True)
+    for policy in ("mixed_float16", "mixed_bfloat16"):
+        half = MultiHeadAttention(num_heads=2, key_dim=4, hard=True, attention_pattern=Causal(), dtype=policy)
+        half(x, x)
+        half.set_weights(layer.get_weights())
+        assert np.isfinite(np.asarray(half(x, x, query_mask=padding, value_mask=padding), np.float32)).all()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(layer(x, x, value_mask=padding) ** 2)
+    gradients = dict(zip((w.path for w in layer.trainable_weights), tape.gradient(loss, layer.trainable_weights)))
+    for path in ("query/kernel", "key/kernel", "value/kernel"):  # straight-through: the logits learn too
+        assert np.abs(np.asarray(next(g for p, g in gradients.items() if p.endswith(path)))).max() > 0, path
+
+
+def test_pattern_and_hard_survive_a_keras_file_round_trip():
+    def model():
+        inputs = keras.Input((6, 8))
+        layer = MultiHeadAttention(num_heads=2, key_dim=4, hard=True, scale=0.9,
+                                   attention_pattern=Causal() & (SlidingWindow(2) | Strided(3)))
+        return keras.Model(inputs, layer(inputs, inputs))
+
+    reloaded = assert_serialization_round_trip(model, _normal(np.random.default_rng(25), BATCH, 6, 8))
+    layer = reloaded.layers[-1]
+    assert (layer.hard, layer.scale) == (True, 0.9)
+    assert repr(layer.attention_pattern) == repr(Causal() & (SlidingWindow(2) | Strided(3)))
+
+
+def test_onnx_export_of_hard_patterned_attention_equals_keras(tmp_path):
+    import onnxruntime  # noqa: PLC0415 (only this test needs the export stack)
+    import tf2onnx  # noqa: PLC0415
+
+    from export.onnx_export import OPSET  # noqa: PLC0415 (the project's opset)
+
+    inputs, mask = keras.Input((None, 8)), keras.Input((None,), dtype="bool")
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, hard=True, scale=0.9,
+                               attention_pattern=Causal() & (SlidingWindow(2) | Strided(3)))
+    model = keras.Model([inputs, mask], layer(inputs, inputs, query_mask=mask, value_mask=mask))
+    signature = [tf.TensorSpec([None, None, 8], tf.float32, name="x"), tf.TensorSpec([None, None], tf.bool, name="mask")]
+    predict = tf.function(lambda x, m: model([x, m], training=False), input_signature=signature)
+    path = str(tmp_path / "attention.onnx")
+    tf2onnx.convert.from_function(predict, input_signature=signature, opset=OPSET, output_path=path)
+    session = onnxruntime.InferenceSession(path)
+    rng = np.random.default_rng(26)
+    for length in (7, 3):  # dynamic batch and length
+        x = _normal(rng, 2, length, 8)
+        padding = _padding([length, 2], length)
+        got = session.run(None, {"x": x, "mask": padding})[0]
+        np.testing.assert_allclose(got, np.asarray(model([x, padding])), atol=1e-6)

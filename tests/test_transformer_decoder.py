@@ -5,6 +5,10 @@ import tensorflow as tf
 
 from keras_attn import TokenAndPositionEmbedding
 from keras_attn import TransformerDecoder
+from keras_attn.patterns import BlockLocal
+from keras_attn.patterns import GlobalTokens
+from keras_attn.patterns import SlidingWindow
+from keras_attn.patterns import Strided
 from keras_attn.transformer_decoder import compute_cross_attention_cache
 from tests import layer_checks
 from tests import reference
@@ -164,6 +168,8 @@ def decode_step_by_step(decoder, target, source, chunks, step=None):
         (True, {"norm_first": True, "num_key_value_heads": 1}),
         (False, {"norm_first": True}),
         (False, {"sliding_window": 2, "num_heads": 4, "num_key_value_heads": 2}),
+        (False, {"attention_pattern": Strided(2) | SlidingWindow(2)}),
+        (True, {"attention_pattern": BlockLocal(2) | GlobalTokens(1), "norm_first": True}),
     ],
 )
 def test_cached_decoding_equals_full_pass(cross, kwargs):
@@ -315,3 +321,15 @@ def test_layer_contract():
     rng = np.random.default_rng(20)
     inputs = (rng.standard_normal((2, 5, 8)).astype("float32"), rng.standard_normal((2, 4, 8)).astype("float32"))
     run_layer_test(TransformerDecoder, dict(intermediate_dim=16, num_heads=2), inputs, unchanged_ok=("key/bias",))
+
+
+def test_attention_pattern_restricts_self_attention_only():
+    target, source = random_sequences(6)
+    pattern = Strided(2) | SlidingWindow(2)
+    decoder = built_decoder(True, attention_pattern=pattern)
+    positions = np.arange(TARGET)
+    allowed = reference.pattern_allowed(("or", ("strided", 2), ("window", 2)), positions, positions)
+    expected = reference.transformer_decoder(numpy_weights(decoder), target, source, self_mask=allowed[None, None])
+    np.testing.assert_allclose(to_numpy(decoder(target, source)), expected, atol=1e-5)
+    assert decoder.cross_attention.attention_pattern is None
+    assert repr(TransformerDecoder.from_config(decoder.get_config()).attention_pattern) == repr(pattern)

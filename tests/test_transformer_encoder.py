@@ -3,7 +3,12 @@ import numpy as np
 import pytest
 
 from keras_attn import TokenAndPositionEmbedding
+from keras_attn import MultiHeadAttention
 from keras_attn import TransformerEncoder
+from keras_attn.patterns import BlockLocal
+from keras_attn.patterns import GlobalTokens
+from keras_attn.patterns import SlidingWindow
+from keras_attn.patterns import Strided
 from tests import layer_checks
 from tests import reference
 from tests.layer_checks import run_layer_test
@@ -172,7 +177,7 @@ def test_long_inputs_take_blockwise_attention_unless_scores_are_asked(monkeypatc
         calls.append(1)
         return blockwise(*args, **kwargs)
 
-    monkeypatch.setattr(keras_attn.attention, "blockwise_attention", spy)  # the name the dispatcher calls
+    monkeypatch.setattr(keras_attn.blockwise_attention, "blockwise_attention", spy)  # the name its `attend` calls
     monkeypatch.setattr(keras_attn.attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 16 * 16)
     encoder = TransformerEncoder(intermediate_dim=8, num_heads=2)
     inputs = np.random.default_rng(0).normal(size=(1, 16, 4)).astype("float32")
@@ -188,6 +193,64 @@ def test_long_inputs_take_blockwise_attention_unless_scores_are_asked(monkeypatc
 def test_layer_contract():
     rng = np.random.default_rng(19)
     run_layer_test(
-        TransformerEncoder, dict(intermediate_dim=16, num_heads=2), rng.standard_normal((2, 5, 8)).astype("float32"),
-        unchanged_ok=("key/bias",),
+        TransformerEncoder, dict(intermediate_dim=16, num_heads=2, attention_pattern=BlockLocal(2) | GlobalTokens(1)),
+        rng.standard_normal((2, 5, 8)).astype("float32"), unchanged_ok=("key/bias",),
     )
+
+
+def test_attention_pattern_matches_reference_with_the_pattern_as_mask():
+    inputs = random_inputs(3)
+    encoder = built_encoder(attention_pattern=Strided(3) | SlidingWindow(2), sliding_window=4)
+    positions = np.arange(LENGTH)
+    allowed = reference.pattern_allowed(("or", ("strided", 3), ("window", 2)), positions, positions)
+    expected = reference.transformer_encoder(
+        numpy_weights(encoder), inputs, mask=reference.padding_attention_mask(PADDING, PADDING) & allowed,
+        sliding_window=4,
+    )
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(encoder(inputs, padding_mask=PADDING)), expected, atol=1e-5)
+    rebuilt = TransformerEncoder.from_config(encoder.get_config())
+    assert repr(rebuilt.attention_pattern) == repr(Strided(3) | SlidingWindow(2))
+
+
+@keras.saving.register_keras_serializable(package="keras_attn_tests")
+class MeanAttention(MultiHeadAttention):
+    """A non-softmax family through the hook: the plain mean of the values of the allowed keys."""
+
+    def _compute_attention(self, query, key, value, attention_mask=None, training=None, return_attention_scores=False):
+        batch, query_len, key_len = keras.ops.shape(query)[0], keras.ops.shape(query)[1], keras.ops.shape(key)[1]
+        allowed = keras.ops.ones((batch, self.num_heads, query_len, key_len), "bool")
+        if attention_mask is not None:
+            allowed = keras.ops.logical_and(allowed, attention_mask)  # (batch, heads, query_len, key_len)
+        allowed = keras.ops.cast(allowed, value.dtype)
+        count = keras.ops.maximum(keras.ops.sum(allowed, axis=-1, keepdims=True), 1)  # (b, h, q, 1)
+        weights = allowed / count  # (batch, heads, query_len, key_len); rows without keys are 0
+        value = keras.ops.repeat(value, self.num_heads // self.num_key_value_heads, axis=2)
+        output = keras.ops.einsum("bhqk,bkhd->bqhd", weights, value)  # (batch, query_len, heads, value_dim)
+        return output, (weights if return_attention_scores else None)
+
+
+class MeanEncoder(TransformerEncoder):
+    def _attention(self, name, hidden_dim, **options):
+        softmax_attention = super()._attention(name, hidden_dim, **options)
+        return MeanAttention.from_config(softmax_attention.get_config())
+
+
+def test_a_non_softmax_family_plugs_in_through_the_compute_attention_hook():
+    inputs = random_inputs(4)
+    encoder = MeanEncoder(intermediate_dim=16, num_heads=2, num_key_value_heads=1, attention_pattern=Strided(2))
+    output, scores = encoder(inputs, padding_mask=PADDING, return_attention_scores=True)
+    positions = np.arange(LENGTH)
+    allowed = reference.pattern_allowed(("strided", 2), positions, positions)
+    allowed = reference.padding_attention_mask(PADDING, PADDING) & allowed  # (batch, 1, seq, seq)
+    counts = allowed.sum(-1, keepdims=True)
+    expected_weights = np.divide(allowed, counts, out=np.zeros(allowed.shape), where=counts > 0)
+    np.testing.assert_allclose(np.asarray(scores), np.broadcast_to(expected_weights, scores.shape), atol=1e-6)
+    attention = encoder.self_attention
+    wq, bq, wk, bk, wv, bv, wo, bo = numpy_weights(attention)
+    values = np.repeat(np.einsum("btf,fhd->bthd", inputs, wv) + bv, 2, axis=2)  # (batch, seq, heads, dim)
+    attended = np.einsum("bhqk,bkhd->bqhd", np.broadcast_to(expected_weights, scores.shape), values)
+    np.testing.assert_allclose(
+        np.asarray(attention(inputs, inputs, value_mask=PADDING, query_mask=PADDING)),
+        np.einsum("bthd,hdo->bto", attended, wo) + bo, atol=1e-5,
+    )
+    assert np.isfinite(np.asarray(output)).all()
