@@ -18,6 +18,7 @@ unique temporary file: a reader sees the old file or the new one, never an empty
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -33,6 +34,20 @@ STAGING_PREFIX = ".staging-"
 _STAGING_LOCK = ".lock"
 _CONFIG_LOCK = ".models.config.lock"
 _UNLOCKED_STALE_SECONDS = 3600
+
+
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def check_model_name(name):
+    """`name`, once it is a plain directory name for `<export_dir>/<name>` (letters, digits, `_`,
+    `.`, `-`; no path separator, no `..`): anything else would publish outside the layout."""
+    if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name) or ".." in name:
+        raise ValueError(
+            "`model_name` must be a directory name of letters, digits, '_', '.' and '-' (not starting with "
+            f"'.' or '-', no '..'). Received: model_name={name!r}"
+        )
+    return name
 
 
 def existing_versions(model_dir):

@@ -128,6 +128,7 @@ def export_and_verify(model, vectorizer, vocabulary_path, sequence_length, revie
     Returns:
         `{"savedmodel": path, "onnx": path, "models_config": path, "parity": {...}}`.
     """
+    serving_layout.check_model_name(model_name)
     export_dir = Path(export_dir).resolve()
     with serving_layout.staging_directory(export_dir / model_name) as saved_staging, \
             serving_layout.staging_directory(export_dir / "onnx" / model_name) as onnx_staging:

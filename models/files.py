@@ -4,6 +4,7 @@ A reader never sees a half-written file: text goes to a uniquely named temporary
 target (so concurrent writers never share one) and is renamed over it.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,20 +21,28 @@ def file_sha256(path):
     return digest.hexdigest()
 
 
-def write_text_atomic(path, text):
-    """Writes UTF-8 `text` to `path` through a unique temporary file and a rename (never half-written)."""
+@contextlib.contextmanager
+def replacing(path, suffix=".tmp"):
+    """Yields a unique temporary path beside `path` (ending in `suffix`) to write; renamed over
+    `path` when the block ends, removed if it raises (never a half-written `path`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(handle)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
+        yield Path(temporary)
         os.chmod(temporary, 0o644)  # mkstemp makes it private; a model server may run as another user
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_text_atomic(path, text):
+    """Writes UTF-8 `text` to `path` through a unique temporary file and a rename (never half-written)."""
+    with replacing(path) as temporary:
+        temporary.write_text(text, encoding="utf-8")
+    return Path(path)
 
 
 def write_json_atomic(path, payload):

@@ -5,6 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_attn.utils import check_positive_int
+from keras_attn.utils import checked_ids
 from models.serialization import register_serializable
 from models.vocabulary import FIRST_TOKEN_ID
 
@@ -39,7 +40,9 @@ class NgramTfIdf(keras.layers.Layer):
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        token_ids: int `(batch, seq)`, 0 = padding, 1 = out-of-vocabulary.
+        token_ids: int `(batch, seq)` in `[0, vocabulary_size)`, 0 = padding, 1 =
+            out-of-vocabulary (an id out of range would pose as a bigram feature: a
+            `ValueError` naming `token_ids` eagerly, a run-time assertion in `tf.function`).
 
     Returns:
         `(features, values)`: int32 and float32, both `(batch, 2 * seq - 1)`.
@@ -78,6 +81,7 @@ class NgramTfIdf(keras.layers.Layer):
 
     def feature_ids(self, token_ids):
         """Feature ids `(batch, 2 * seq - 1)` of every unigram and bigram; 0 where none."""
+        token_ids = checked_ids("token_ids", token_ids, self.vocabulary_size, "vocabulary_size")
         token_ids = ops.cast(token_ids, "int32")
         first, second = token_ids[:, :-1], token_ids[:, 1:]  # (batch, seq - 1) each
         bigrams = ops.mod(first * self.multiplier + second, self.num_buckets) + self.vocabulary_size

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_attn.utils import check_positive_int
+from keras_attn.utils import checked_ids
 from models.serialization import register_serializable
 
 
@@ -22,7 +23,8 @@ class SparseLinear(keras.layers.Layer):
 
     Call arguments:
         inputs: a pair `(features, values)`: int `(batch, entries)` ids in `[0, num_features)`
-            and float `(batch, entries)` values.
+            and float `(batch, entries)` values. An id out of range is a `ValueError` naming
+            `features` eagerly and a run-time assertion in `tf.function` (none under XLA).
 
     Returns:
         `(batch, units)`.
@@ -61,6 +63,7 @@ class SparseLinear(keras.layers.Layer):
 
     def call(self, inputs):
         features, values = inputs
+        features = checked_ids("features", features, self.num_features, "num_features")
         rows = ops.take(ops.cast(self.kernel, self.compute_dtype), features, axis=0)  # (batch, entries, units)
         values = ops.cast(values, self.compute_dtype)
         return ops.einsum("be,beu->bu", values, rows) + ops.cast(self.bias, self.compute_dtype)

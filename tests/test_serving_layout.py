@@ -3,12 +3,15 @@ that must never see an empty or partial `models.config`, and staging left by kil
 
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from export import serving_layout
 
@@ -87,6 +90,8 @@ def test_a_slow_publisher_never_drops_a_version_published_meanwhile(tmp_path, mo
 
 _HOLD_STAGING = """
 import sys, time
+import pytest
+
 from export import serving_layout
 with serving_layout.staging_directory(sys.argv[1]) as staging:
     (staging / "saved_model.pb").write_bytes(b"half")
@@ -129,3 +134,18 @@ def test_unlocked_staging_is_removed_only_once_old(tmp_path):
     os.utime(old, (an_hour_and_more, an_hour_and_more))
     assert serving_layout.remove_stale_staging(tmp_path) == [old]
     assert recent.is_dir() and not old.exists()
+
+
+# Model names that would publish outside `<export_dir>/<name>` or as a hidden directory.
+BAD_MODEL_NAMES = ["../escape", "a/b", "x/../y", "", ".hidden", "-flag", "a..b", "/abs", "with space", None]
+
+
+@pytest.mark.parametrize("name", BAD_MODEL_NAMES, ids=[repr(name) for name in BAD_MODEL_NAMES])
+def test_a_model_name_that_is_not_a_plain_directory_name_is_refused(name):
+    with pytest.raises(ValueError, match=re.escape(f"Received: model_name={name!r}")):
+        serving_layout.check_model_name(name)
+
+
+def test_plain_model_names_are_accepted():
+    for name in ("imdb_sentiment", "m1", "a.b-c", "Model2"):
+        assert serving_layout.check_model_name(name) == name
