@@ -18,6 +18,11 @@ import sys
 import threading
 import time
 
+from models.cli import add_debug_flag
+from models.cli import non_negative_float
+from models.cli import positive_int
+from models.cli import user_errors_exit
+
 
 def free_ports(count):
     """`count` distinct free TCP ports on 127.0.0.1."""
@@ -85,16 +90,21 @@ def _stop(processes):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.launch", description=__doc__.split("\n")[0],
+        usage="python -m pipelines.launch [--workers N] [--grace-seconds S] [--debug] -- COMMAND ...",
+    )
+    parser.add_argument("--workers", type=positive_int, default=2, help="worker processes (worker 0 is the chief)")
+    parser.add_argument(
+        "--grace-seconds", type=non_negative_float, default=120, help="after a failure, before killing the rest"
+    )
+    add_debug_flag(parser)
     if "--" not in argv:
-        raise SystemExit("usage: python -m pipelines.launch --workers N [--grace-seconds S] -- COMMAND ...")
+        parser.error("no command: give it after `--`, e.g. -- python -m pipelines.train_imdb --strategy multi_worker")
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m pipelines.launch", description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=2, help="worker processes (worker 0 is the chief)")
-    parser.add_argument("--grace-seconds", type=float, default=120, help="after a failure, before killing the rest")
     args = parser.parse_args(argv[:split])
-    if args.workers < 1:
-        parser.error(f"--workers must be at least 1, got {args.workers}")
-    return launch(argv[split + 1 :], args.workers, args.grace_seconds)
+    with user_errors_exit(parser.prog, args.debug):  # an empty or missing command: one line, exit 2
+        return launch(argv[split + 1 :], args.workers, args.grace_seconds)
 
 
 if __name__ == "__main__":

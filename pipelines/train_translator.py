@@ -2,7 +2,7 @@
 
     python -m pipelines.train_translator [--data ../shared/data/spa-eng/spa-eng.zip]
         [--source es --target en] [--smoke] [--mixed-precision mixed_bfloat16] [--jit-compile]
-        [--strategy {default,mirrored}] [--output-dir runs/translator] ...
+        [--strategy {default,mirrored,multi_worker}] [--output-dir runs/translator] ...
 
 Data: `--data` is a UTF-8 file of tab-separated pairs or a zip holding one (first two columns,
 language codes `--columns`, default `en,<the other language>`). The seeded train/validation/test
@@ -16,10 +16,18 @@ and `export.translator_export` read. `--evaluate-only` re-scores a finished run 
 `--beam-size 4`). Training also writes `<output-dir>/report.html` (`pipelines.translator_report`):
 BLEU, curves and the cross-attention alignments of the example sentences, offline. On CPUs with bfloat16 units `--mixed-precision mixed_bfloat16` about halves the
 training time (measured 2.1x on AVX512-BF16); the saved model is float32 either way.
+
+`--strategy multi_worker` trains on every worker of the `TF_CONFIG` cluster with
+`pipelines.distributed` (run the same command on each worker, or under `pipelines.launch`): each
+worker takes its share of every token-budgeted batch, each step's loss and token accuracy are
+averaged over the real target tokens of the whole global batch, validation and test figures are
+global, only the chief writes `<output-dir>` (and decodes for BLEU), and a rerun resumes from the
+last checkpoint (every `--checkpoint-every` steps and every epoch).
 """
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -49,6 +57,7 @@ from models.translator import TokenAccuracy
 from models.translator import TranslatorConfig
 from models.translator import build_translator
 from models.translator import translation_loss
+from models.vocabulary import PADDING_ID
 from models.translator_run import MODEL_FILE
 from models.translator_run import RUN_CONFIG
 from models.translator_run import SPLIT_FILE
@@ -57,6 +66,7 @@ from models.translator_run import read_split
 from models.translator_run import write_split
 from models.files import write_json_atomic
 from pipelines import common
+from pipelines import distributed
 from pipelines import translation_data
 from pipelines import translator_report
 
@@ -103,7 +113,7 @@ def parse_args(argv=None):
     parser.add_argument("--smoke", action="store_true", help="tiny model and ~1,500 pairs (tests)")
     parser.add_argument("--mixed-precision", choices=common.PRECISION_POLICIES[1:], help="dtype policy")
     parser.add_argument("--jit-compile", action="store_true", help="XLA-compile training and decoding")
-    parser.add_argument("--strategy", choices=common.STRATEGIES, default="default")
+    distributed.add_strategy_arguments(parser)
     parser.add_argument("--epochs", type=positive_int, default=4)
     parser.add_argument("--tokens-per-batch", type=positive_int, default=2048, help="padded source tokens per batch")
     parser.add_argument("--learning-rate", type=positive_float, default=1.5e-3)
@@ -194,15 +204,31 @@ def score_translations(hypotheses, references):
 
 
 def train(args):
-    """Data -> vocabularies -> fit -> best weights -> test token accuracy and BLEU; returns the summary."""
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    """Data -> vocabularies -> fit -> best weights -> test token accuracy and BLEU; returns the summary.
+
+    Under `--strategy multi_worker` every worker of the cluster runs it: the chief writes
+    `--output-dir`, the others work in a temporary directory (removed at the end) and return
+    the global test figures without decoding (no BLEU).
+    """
+    run_dir = Path(args.output_dir)
+    if args.strategy != distributed.MULTI_WORKER:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return _train(args, run_dir)
+    with distributed.worker_directory(run_dir) as output_dir:
+        return _train(args, output_dir)
+
+
+def _train(args, output_dir):
+    multi_worker = args.strategy == distributed.MULTI_WORKER
     if args.strategy == "mirrored":
         common.split_cpu(2)
     keras.utils.set_random_seed(args.seed)
     policy = common.set_precision(args.mixed_precision)
-    strategy = common.make_strategy(args.strategy)
-    if args.jit_compile and strategy.num_replicas_in_sync > 1 and not tf.config.list_logical_devices("GPU"):
+    if multi_worker:
+        strategy = distributed.multi_worker_strategy(args.collective_timeout)
+    else:
+        strategy = common.make_strategy(args.strategy)
+    if args.jit_compile and args.strategy == "mirrored" and not tf.config.list_logical_devices("GPU"):
         raise ValueError(
             "XLA cannot run a MirroredStrategy over logical CPU devices (a variable lives on another "
             "device): use --jit-compile or --strategy mirrored on CPU, not both. Received: "
@@ -212,49 +238,72 @@ def train(args):
 
     pairs = load_split_pairs(args, output_dir)
     vectorizers = load_or_build_vectorizers(pairs, config, output_dir)
+    if multi_worker:
+        check_workers_agree(strategy, pairs, vectorizers)
     config = dataclasses.replace(
         config,
         source_vocabulary_size=vectorizers.source_vocabulary_size,
         target_vocabulary_size=vectorizers.target_vocabulary_size,
     )
 
-    def batches(name, **options):
+    def batches(name, seed=args.seed, **options):
         return translation_data.make_dataset(
-            vectorizers, *pairs[name], tokens_per_batch=args.tokens_per_batch, seed=args.seed, **options
+            vectorizers, *pairs[name], tokens_per_batch=args.tokens_per_batch, seed=seed, **options
         )
 
-    train_batches = batches("train", shuffle=True)
     validation_batches = batches("validation")
     test_batches = batches("test", drop_long=False)
-    total_steps = args.epochs * count_batches(train_batches)
+    total_steps = args.epochs * count_batches(batches("train"))
 
-    with strategy.scope():
-        model = build_translator(config)
-        compile_translator(
-            model, args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay, args.jit_compile
-        )
-    callbacks = common.training_callbacks(
-        output_dir, monitor="val_token_accuracy", patience=args.patience
-    )
     started = time.perf_counter()
-    history = model.fit(train_batches, validation_data=validation_batches, epochs=args.epochs, callbacks=callbacks)
-    training_seconds = time.perf_counter() - started
+    if multi_worker:
+        # model.fit fails under MultiWorkerMirroredStrategy (keras#20585): our own step. Each
+        # epoch's order is seeded by the epoch, so that a rerun skips the very batches trained.
+        with strategy.scope():
+            model = build_translator(config)
+            optimizer = distributed.loss_scaled(
+                common.adamw_with_warmup(args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay),
+                policy,
+            )
+        fitted = distributed.fit_distributed(
+            strategy,
+            model,
+            optimizer,
+            distributed.unreduced(translation_loss()),
+            {"token_accuracy": distributed.token_accuracy()},
+            lambda epoch: batches("train", seed=args.seed + epoch, shuffle=True),
+            validation_batches,
+            epochs=args.epochs,
+            output_dir=args.output_dir,
+            counted=distributed.real_tokens(PADDING_ID),
+            jit_compile=args.jit_compile,
+            monitor="val_token_accuracy",
+            mode="max",
+            patience=args.patience,
+            checkpoint_every=args.checkpoint_every,
+        )
+        epochs_this_invocation = fitted.epochs_this_invocation
+        training_seconds = time.perf_counter() - started
+        common.restore_best_weights(model, args.output_dir)  # the chief's, on every worker
+        test = fitted.trainer.evaluate(test_batches)  # global: every worker scores its share
+    else:
+        with strategy.scope():
+            model = build_translator(config)
+            compile_translator(
+                model, args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay, args.jit_compile
+            )
+        callbacks = common.training_callbacks(output_dir, monitor="val_token_accuracy", patience=args.patience)
+        history = model.fit(
+            batches("train", shuffle=True), validation_data=validation_batches, epochs=args.epochs, callbacks=callbacks
+        )
+        epochs_this_invocation = len(history.epoch)
+        training_seconds = time.perf_counter() - started
+        common.restore_best_weights(model, output_dir)
 
-    common.restore_best_weights(model, output_dir)
     model = scoring_translator(model, config, args.learning_rate, total_steps)
-    model.save(output_dir / MODEL_FILE)
-    write_json_atomic(
-        output_dir / RUN_CONFIG,
-        {
-            "source": args.source,
-            "target": args.target,
-            "columns": list(pair_columns(args)),
-            "data": str(args.data),
-            "model": config.to_dict(),
-        },
-    )
-    test = model.evaluate(test_batches, return_dict=True, verbose=0)
-    evaluation = evaluate_bleu(model, vectorizers, *pairs["test"], args)
+    if not multi_worker:
+        test = model.evaluate(test_batches, return_dict=True, verbose=0)
+    epochs = common.read_history(output_dir)
     summary = {
         "data": {
             "path": str(args.data),
@@ -270,21 +319,57 @@ def train(args):
         "replicas": strategy.num_replicas_in_sync,
         "tokens_per_batch": args.tokens_per_batch,
         "learning_rate": args.learning_rate,
-        "epochs_run": len(common.read_history(output_dir)),
-        "epochs_this_invocation": len(history.epoch),
+        "epochs_run": len(epochs),
+        "epochs_this_invocation": epochs_this_invocation,
+        "resumed_from_epoch": common.resumed_from_epoch(len(epochs), epochs_this_invocation),
         "best_epoch": _best_epoch(output_dir),
         "training_seconds": round(training_seconds, 1),
         "training_seconds_all_epochs": round(
-            sum(row.get("epoch_seconds", 0.0) for row in common.read_history(output_dir)), 1
+            sum(row.get("epoch_seconds", 0.0) for row in epochs), 1
         ),
         "cpu_count": os.cpu_count(),
         "test_token_accuracy": test["token_accuracy"],
         "test_loss": test["loss"],
-        **evaluation,
     }
+    if output_dir != Path(args.output_dir):  # another worker of a multi-worker run: the chief writes
+        return summary
+    model.save(output_dir / MODEL_FILE)
+    write_json_atomic(
+        output_dir / RUN_CONFIG,
+        {
+            "source": args.source,
+            "target": args.target,
+            "columns": list(pair_columns(args)),
+            "data": str(args.data),
+            "model": config.to_dict(),
+        },
+    )
+    summary.update(evaluate_bleu(model, vectorizers, *pairs["test"], args))
     write_json_atomic(output_dir / "summary.json", summary)
-    translator_report.write_report(output_dir / "report.html", summary, common.read_history(output_dir), model, vectorizers)
+    translator_report.write_report(output_dir / "report.html", summary, epochs, model, vectorizers)
     return summary
+
+
+def check_workers_agree(strategy, pairs, vectorizers):
+    """Raises unless every worker split the same sentences and built the same vocabularies.
+
+    Each worker splits and adapts on its own (deterministic from the data and `--seed`); a chief
+    that reuses a recorded split or vocabulary while another worker makes a fresh one (different
+    flags, or an `--output-dir` the workers do not share) would otherwise train on mismatched ids.
+    """
+    digest = hashlib.sha256()
+    for texts in [*(side for name in sorted(pairs) for side in pairs[name]),
+                  vectorizers.source_vocabulary, vectorizers.target_vocabulary]:
+        digest.update("\n".join(texts).encode("utf-8") + b"\0")
+    fingerprint = int.from_bytes(digest.digest()[:4], "big") % 2**30
+    with distributed.collectives():
+        agree = distributed.same_on_every_worker(strategy, fingerprint)
+    if not agree:
+        raise ValueError(
+            "the workers split the data or built the vocabularies differently: run the same command "
+            "on every worker, with an `--output-dir` they all see. Received: fingerprint "
+            f"{fingerprint} of {sum(len(sources) for sources, _ in pairs.values())} pairs here"
+        )
 
 
 def scoring_translator(model, config, learning_rate, total_steps):

@@ -1,8 +1,13 @@
 """One worker of a tiny multi-worker run for the tests: `python -m tests.distributed_worker ...`.
 
-A two-layer classifier with a dict output, trained by `pipelines.distributed.fit_distributed` on
-fixed data (no shuffle, so the global batches are the test's), starting from the weights in
-`--initial`. Every worker writes its final weights to `<--weights-out>/<task index>.npz`.
+`--model classifier`: a two-layer classifier with a dict output on fixed random data, batches of
+`--global-batch-size` examples. `--model translator`: the tiny translator of
+`tests.translation_fixtures` on the first `--examples` pairs of its Tatoeba slice, in the
+token-budgeted, length-bucketed batches of `pipelines.translation_data` (`--tokens-per-batch`),
+its loss averaged over the real target tokens. Either is trained by
+`pipelines.distributed.fit_distributed` with SGD, without shuffling (so the global batches are the
+test's), starting from the weights in `--initial`. Every worker writes its final weights and
+optimizer step to `<--weights-out>/<task index>.npz`.
 """
 
 import argparse
@@ -16,6 +21,7 @@ import tensorflow as tf
 from pipelines import distributed
 
 FEATURES = 8
+CLASSIFIER, TRANSLATOR = "classifier", "translator"
 
 
 def build_model():
@@ -25,10 +31,13 @@ def build_model():
     return keras.Model(inputs, {"probability": probability})
 
 
-def data(examples, seed=0):
+def data(examples, seed=0, infinite_at=None):
+    """Random features and their labels; the features of example `infinite_at` are `inf` (a step that overflows)."""
     rng = np.random.default_rng(seed)
     features = rng.normal(size=(examples, FEATURES)).astype("float32")
     labels = (features[:, 0] + 0.5 * features[:, 1] > 0).astype("float32")
+    if infinite_at is not None:
+        features[infinite_at] = np.inf
     return features, labels
 
 
@@ -40,36 +49,87 @@ def dataset(features, labels, batch_size, seconds_per_batch=0.0):
     return batches
 
 
-def main():
+def build_translator():
+    """The tiny translator (one encoder and one decoder block, no dropout) and its vectorizers."""
+    from models.translator import build_translator as build
+    from tests.translation_fixtures import tiny_config
+    from tests.translation_fixtures import tiny_vectorizers
+
+    vectorizers = tiny_vectorizers()
+    return build(tiny_config(vectorizers, num_encoder_layers=1, num_decoder_layers=1)), vectorizers
+
+
+def translation_batches(vectorizers, examples, tokens_per_batch):
+    """The first `examples` pairs of the slice in token-budgeted batches (no shuffle): sizes vary, some are odd."""
+    from pipelines import translation_data
+    from tests.translation_fixtures import spanish_english_slice
+
+    sources, targets = spanish_english_slice()
+    return translation_data.make_dataset(vectorizers, sources[:examples], targets[:examples], tokens_per_batch)
+
+
+def translator_objective():
+    """`(losses, metrics, counted)` of the translator for `fit_distributed`: over real target tokens."""
+    from models.translator import translation_loss
+    from models.vocabulary import PADDING_ID
+
+    return (distributed.unreduced(translation_loss()), {"token_accuracy": distributed.token_accuracy()},
+            distributed.real_tokens(PADDING_ID))
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=(CLASSIFIER, TRANSLATOR), default=CLASSIFIER)
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--initial", required=True)
     parser.add_argument("--weights-out", required=True)
     parser.add_argument("--examples", type=int, default=64)
     parser.add_argument("--global-batch-size", type=int, default=16)
+    parser.add_argument("--tokens-per-batch", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--learning-rate", type=float, default=0.1)
     parser.add_argument("--checkpoint-every", type=int, default=100)
     parser.add_argument("--seconds-per-batch", type=float, default=0.0)
-    parser.add_argument("--timeout", type=float, default=30)
-    args = parser.parse_args()
+    parser.add_argument("--infinite-at", type=int, help="classifier: the example whose features are inf")
+    parser.add_argument("--jit-compile", action="store_true")
+    parser.add_argument("--mixed-precision", default="float32")
+    parser.add_argument("--timeout", type=float, default=120, help="collective timeout: generous, the test machine is shared")
+    return parser.parse_args(argv)
+
+
+def main():
+    args = parse_args()
+    keras.config.set_dtype_policy(args.mixed_precision)
     strategy = distributed.multi_worker_strategy(args.timeout)
     with strategy.scope():
-        model = build_model()
+        if args.model == TRANSLATOR:
+            model, vectorizers = build_translator()
+        else:
+            model = build_model()
         model.set_weights(list(np.load(args.initial).values()))
-        optimizer = keras.optimizers.SGD(args.learning_rate)
-    features, labels = data(args.examples)
+        optimizer = distributed.loss_scaled(keras.optimizers.SGD(args.learning_rate), args.mixed_precision)
+    if args.model == TRANSLATOR:
+        losses, metrics, counted = translator_objective()
+        batches = translation_batches(vectorizers, args.examples, args.tokens_per_batch)
+        train_data, validation_data = (lambda epoch: batches), batches
+    else:
+        losses = distributed.unreduced({"probability": keras.losses.BinaryCrossentropy()})
+        metrics, counted = {"probability_accuracy": distributed.accuracy("probability")}, distributed.per_example
+        features, labels = data(args.examples, infinite_at=args.infinite_at)
+        train_data = lambda epoch: dataset(features, labels, args.global_batch_size, args.seconds_per_batch)  # noqa: E731
+        validation_data = dataset(*data(args.examples), args.global_batch_size)
     distributed.fit_distributed(
         strategy,
         model,
         optimizer,
-        distributed.per_example_losses(probability=keras.losses.BinaryCrossentropy()),
-        {"probability_accuracy": distributed.accuracy("probability")},
-        lambda epoch: dataset(features, labels, args.global_batch_size, args.seconds_per_batch),
-        dataset(features, labels, args.global_batch_size),
+        losses,
+        metrics,
+        train_data,
+        validation_data,
         epochs=args.epochs,
-        global_batch_size=args.global_batch_size,
         output_dir=args.output_dir,
+        counted=counted,
+        jit_compile=args.jit_compile,
         patience=args.epochs,
         checkpoint_every=args.checkpoint_every,
     )

@@ -2,9 +2,13 @@
 
 The oracle for the distributed step is Keras's own `fit` in one process: two workers with a
 global batch of 2b (b each) must end with the weights of one `fit` with batch 2b over the same
-batches, and with identical weights on both workers.
+batches, and with identical weights on both workers. For the translator the global batches are
+token-budgeted (sizes vary, some odd, one of a single sentence: worker 1's share is empty) and
+Keras's loss is the mean over the real target tokens of the whole global batch: the workers must
+divide by the global token count, not average their own means.
 """
 
+import csv
 import io
 import json
 import os
@@ -22,6 +26,7 @@ from pipelines import imdb_data
 from pipelines import launch
 from pipelines import train_imdb
 from tests import distributed_worker
+from tests.reference import log_softmax as reference_log_softmax
 from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
 from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 
@@ -30,9 +35,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER = [sys.executable, "-m", "tests.distributed_worker"]
 
 
-def initial_weights(path):
+def initial_weights(path, build=distributed_worker.build_model):
     keras.utils.set_random_seed(0)
-    weights = distributed_worker.build_model().get_weights()
+    weights = build().get_weights()
     np.savez(path, *weights)
     return weights
 
@@ -40,6 +45,20 @@ def initial_weights(path):
 def worker_args(tmp_path, *extra):
     return ["--output-dir", str(tmp_path / "run"), "--initial", str(tmp_path / "initial.npz"),
             "--weights-out", str(tmp_path), *extra]
+
+
+def run_two_workers(tmp_path, *extra):
+    """Both workers' `(weights, optimizer step)` after a two-worker run of `tests.distributed_worker`."""
+    log = io.StringIO()
+    status = launch.launch([*WORKER, *worker_args(tmp_path, *extra)], 2, output=log)
+    assert status == 0, log.getvalue()[-3000:]
+    return [final_weights(tmp_path / f"{task}.npz") for task in (0, 1)]
+
+
+def assert_same_weights(received, expected, **tolerance):
+    assert len(received) == len(expected)
+    for got, want in zip(received, expected):
+        np.testing.assert_allclose(got, want, **tolerance)
 
 
 def final_weights(path):
@@ -69,8 +88,104 @@ def test_two_workers_match_one_process_fit_with_the_global_batch(tmp_path):
 
     history = (tmp_path / "run" / "history.csv").read_text().splitlines()
     assert history[0].split(",")[:2] == ["epoch", "probability_loss"] and len(history) == 2
+    # Validation is global: the accuracy over all 64 examples with the final weights.
+    predicted = reference.predict(features, verbose=0)["probability"][:, 0] > 0.5
+    row = dict(zip(history[0].split(","), history[1].split(",")))
+    np.testing.assert_allclose(float(row["val_probability_accuracy"]), np.mean(predicted == labels), atol=1e-6)
     assert (tmp_path / "run" / "best.weights.h5").is_file()
     assert "[worker 0] Epoch 1/1" in log.getvalue() and "[worker 1] Epoch" not in log.getvalue()
+
+
+TRANSLATOR = ["--model", "translator", "--examples", "96", "--tokens-per-batch", "128"]
+
+
+@pytest.fixture(scope="module")
+def translator_run(tmp_path_factory):
+    """`(directory, initial weights, chief's, other's)` of a float32 two-worker translator run."""
+    from tests.translation_fixtures import require_data
+
+    require_data()
+    directory = tmp_path_factory.mktemp("translator")
+    initial = initial_weights(directory / "initial.npz", build=lambda: distributed_worker.build_translator()[0])
+    return directory, initial, *run_two_workers(directory, *TRANSLATOR)
+
+
+def test_two_translator_workers_match_one_process_fit_over_the_global_tokens(translator_run):
+    from models.translator import TokenAccuracy
+    from models.translator import translation_loss
+
+    directory, initial, (chief, chief_steps), (other, other_steps) = translator_run
+    reference, vectorizers = distributed_worker.build_translator()
+    batches = distributed_worker.translation_batches(vectorizers, 96, 128)
+    sizes = [int(targets.shape[0]) for _, targets in batches]
+    assert 1 in sizes and any(size % 2 for size in sizes) and len(set(sizes)) > 2  # worker 1's share is sometimes empty
+    assert chief_steps == other_steps == len(sizes)
+    assert_same_weights(other, chief, rtol=0, atol=0)  # one all-reduced update, bit for bit
+
+    reference.set_weights(initial)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss=translation_loss(), metrics=[TokenAccuracy()])
+    reference.fit(batches, epochs=1, shuffle=False, verbose=0)
+    assert_same_weights(chief, reference.get_weights(), rtol=1e-5, atol=1e-6)  # float32, summation order
+    assert not np.allclose(chief[0], initial[0])  # it trained
+
+    # Validation is global: accuracy and loss over every real target token of the set.
+    history = list(csv.DictReader((directory / "run" / "history.csv").open()))
+    expected = reference.evaluate(batches, return_dict=True, verbose=0)["token_accuracy"]
+    np.testing.assert_allclose(float(history[0]["val_token_accuracy"]), expected, rtol=1e-6)
+    loss, tokens = 0.0, 0
+    for inputs, targets in batches:
+        real = targets.numpy() != 0
+        log_probabilities = reference_log_softmax(reference(inputs).numpy().astype("float64"))
+        picked = np.take_along_axis(log_probabilities, targets.numpy()[..., None], -1)[..., 0]
+        loss, tokens = loss - picked[real].sum(), tokens + real.sum()
+    np.testing.assert_allclose(float(history[0]["val_loss"]), loss / tokens, rtol=1e-5)
+
+
+def test_the_xla_step_gives_the_weights_of_keras_fit(tmp_path):
+    """`jit_compile=True` XLA-compiles each replica's forward and backward pass; the weights stay those
+    of one-process `fit` over the same global batches, as the plain step's (the classifier: one
+    batch shape, one XLA compilation; the translator's buckets would compile once per shape)."""
+    initial = initial_weights(tmp_path / "initial.npz")
+    (chief, steps), (other, _) = run_two_workers(tmp_path, "--examples", "64", "--global-batch-size", "16",
+                                                 "--jit-compile")
+    assert steps == 64 // 16
+    assert_same_weights(other, chief, rtol=0, atol=0)
+    reference = distributed_worker.build_model()
+    reference.set_weights(initial)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss={"probability": keras.losses.BinaryCrossentropy()})
+    features, labels = distributed_worker.data(64)
+    reference.fit(features, {"probability": labels}, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    assert_same_weights(chief, reference.get_weights(), rtol=1e-5, atol=1e-6)  # float32: XLA fuses and reorders sums
+    assert not np.allclose(chief[0], initial[0])
+
+
+def test_mixed_float16_on_two_workers_stays_finite_and_close_to_float32(translator_run, tmp_path):
+    _, initial, (float32, _), _ = translator_run
+    np.savez(tmp_path / "initial.npz", *initial)
+    (chief, chief_steps), (other, _) = run_two_workers(tmp_path, *TRANSLATOR, "--mixed-precision", "mixed_float16")
+    assert_same_weights(other, chief, rtol=0, atol=0)
+    assert all(np.isfinite(weight).all() for weight in chief)
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(float32, initial))
+    difference = max(float(np.abs(a - b).max()) for a, b in zip(chief, float32))
+    assert difference < 0.02 * moved, (difference, moved)  # float16 activations and gradients
+
+
+def test_a_step_not_finite_on_one_worker_is_skipped_by_both_under_mixed_float16(tmp_path):
+    """Worker 1's share of the first global batch holds an inf: both workers skip that step
+    together (each LossScaleOptimizer alone would skip on worker 1 only, and worker 0 would wait
+    in the all-reduce), then train on the other batches like float32 `fit` on those batches."""
+    initial = initial_weights(tmp_path / "initial.npz")
+    (chief, chief_steps), (other, other_steps) = run_two_workers(
+        tmp_path, "--examples", "64", "--global-batch-size", "16", "--infinite-at", "15",
+        "--mixed-precision", "mixed_float16")
+    assert chief_steps == other_steps == 64 // 16 - 1  # the skipped step does not count
+    assert_same_weights(other, chief, rtol=0, atol=0)
+    reference = distributed_worker.build_model()
+    reference.set_weights(initial)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss={"probability": keras.losses.BinaryCrossentropy()})
+    features, labels = distributed_worker.data(64)
+    reference.fit(features[16:], {"probability": labels[16:]}, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    assert_same_weights(chief, reference.get_weights(), atol=2e-3)  # float16 activations
 
 
 def test_a_killed_worker_stops_the_other_and_the_rerun_resumes(tmp_path):
@@ -114,13 +229,6 @@ def test_a_killed_worker_stops_the_other_and_the_rerun_resumes(tmp_path):
         assert final_weights(tmp_path / f"{task}.npz")[1] == steps
 
 
-@pytest.mark.parametrize("flags", [["--jit-compile"], ["--mixed-precision", "mixed_float16"]])
-def test_multi_worker_rejects_what_its_step_does_not_do(flags, capsys):
-    with pytest.raises(SystemExit):
-        train_imdb.parse_args(["--strategy", "multi_worker", *flags])
-    assert "--strategy multi_worker supports neither" in capsys.readouterr().err
-
-
 def test_main_job_on_two_workers_exports_from_the_chief(small_imdb_archive, imdb_cache_dir, tmp_path):
     imdb_data.load_cache(small_imdb_archive, imdb_cache_dir, allow_download=False)  # decoded once, before the workers
     run_dir, export_dir = tmp_path / "run", tmp_path / "export"
@@ -140,3 +248,29 @@ def test_main_job_on_two_workers_exports_from_the_chief(small_imdb_archive, imdb
         assert summary["exports"]["parity"][key] <= 1e-5
     assert list((run_dir / "checkpoints").glob("ckpt-*.index")) and (run_dir / "best.weights.h5").is_file()
     assert "[worker 1]" in log.getvalue() and "[worker 0] Epoch 1/1" in log.getvalue()
+
+
+def test_translator_on_two_workers_exports_from_the_chief_like_one_machine(tmp_path):
+    from contextlib import redirect_stdout
+
+    from export import translator_export
+    from tests.translation_fixtures import require_data
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "pipelines.train_translator", "--data", str(require_data()), "--smoke",
+               "--strategy", "multi_worker", "--epochs", "1", "--max-pairs", "300", "--max-test", "8",
+               "--output-dir", str(run_dir)]
+    log = io.StringIO()
+    assert launch.launch(command, 2, output=log) == 0, log.getvalue()[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["strategy"] == "multi_worker" and summary["replicas"] == 2 and summary["epochs_run"] == 1
+    assert 0.0 < summary["test_token_accuracy"] < 1.0 and summary["bleu_sentences"] == 8
+    assert list((run_dir / "checkpoints").glob("ckpt-*.index")) and (run_dir / "best.weights.h5").is_file()
+    assert "[worker 0] Epoch 1/1" in log.getvalue() and "[worker 1] Epoch" not in log.getvalue()
+    # The same verification as a one-machine run: a fresh-process SavedModel reload and ONNX, token for token.
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        translator_export.main(["--run", str(run_dir), "--export-dir", str(tmp_path / "export"), "--verify-sentences", "16"])
+    report = json.loads(printed.getvalue())
+    assert report == {"export": str(tmp_path / "export" / "translator" / "1"), "sentences": 16,
+                      "saved_model_matches": True, "onnx_matches": True}
