@@ -19,6 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from models import imdb_text
+from models.cli import add_debug_flag
+from models.cli import positive_int
+from models.cli import require_writable_directory
+from models.cli import user_errors_exit
 from models.review_attention import explain_review
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
@@ -76,16 +80,18 @@ def main(argv=None):
     )
     parser.add_argument("--run", default="runs/imdb", help="training output directory (default runs/imdb)")
     parser.add_argument("--output", metavar="PATH", help="also write the maps: .html (offline page) or .png")
-    parser.add_argument("--top", type=int, default=10, help="most attended tokens printed (default 10)")
+    parser.add_argument("--top", type=positive_int, default=10, help="most attended tokens printed (default 10)")
     parser.add_argument("review", nargs="?", help="the review (default: read from stdin)")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     if args.output is not None and os.path.splitext(args.output)[1] not in OUTPUT_SUFFIXES:
         parser.error(f"--output must end in .html or .png, got {args.output!r}")
-    if args.top < 1:
-        parser.error(f"--top must be positive, got {args.top}")
-    text = args.review if args.review is not None else sys.stdin.read()
-    model, vectorizer, config = load_classifier(args.run)
-    explained = explain_review(model, vectorizer, config, text)
+    with user_errors_exit(parser.prog, args.debug):  # a missing run or unwritable --output: one line, exit 2
+        if args.output is not None:
+            require_writable_directory(Path(args.output).parent, "--output's directory")
+        text = args.review if args.review is not None else sys.stdin.read()
+        model, vectorizer, config = load_classifier(args.run)
+        explained = explain_review(model, vectorizer, config, text)
     print(f"p(positive) = {explained.probability:.4f}")
     if not explained.tokens:
         print("no token of the review is in the vocabulary's reach: nothing was attended to")

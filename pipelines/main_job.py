@@ -16,6 +16,7 @@ import json
 import sys
 import time
 
+from export import serving_layout
 from export.verify import export_and_verify
 from export.verify import verification_reviews
 from models.cli import require_writable_directory
@@ -29,10 +30,17 @@ _VERIFICATION_POOL = 2_000  # test reviews the verification picks its varied len
 PROG = "python -m pipelines.main_job"
 
 
+def _model_name(text):
+    try:
+        return serving_layout.check_model_name(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog=PROG, add_help=False)
     parser.add_argument("--export-dir", default="artifacts/export", help="root of the TF Serving layout")
-    parser.add_argument("--model-name", default="imdb_sentiment")
+    parser.add_argument("--model-name", type=_model_name, default="imdb_sentiment")
     known, rest = parser.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
         print(__doc__)

@@ -14,7 +14,8 @@ throughput and validation/test accuracy.
 `pipelines.distributed` (run the same command on each worker, or under `pipelines.launch`):
 `--batch-size` is the global batch, validation and test accuracy are global, only the chief
 writes `<output-dir>`, and a rerun resumes from the last checkpoint (every `--checkpoint-every`
-steps and every epoch).
+steps and every epoch). `--jit-compile` XLA-compiles each worker's forward and backward pass;
+`--mixed-precision mixed_float16` scales the loss (`keras.optimizers.LossScaleOptimizer`).
 """
 
 import argparse
@@ -112,12 +113,6 @@ def parse_args(argv=None, prog=PROG):
             default = getattr(defaults, field.name)
             parser.add_argument(flag, type=config_flag_type(field.name, default), help=f"default {default}")
     args = parser.parse_args(argv)
-    if args.strategy == distributed.MULTI_WORKER and (args.jit_compile or args.mixed_precision == "mixed_float16"):
-        # The distributed step is neither XLA-compiled nor loss-scaled: say so rather than ignore the flag.
-        parser.error(
-            "--strategy multi_worker supports neither --jit-compile nor --mixed-precision mixed_float16. "
-            f"Received: jit_compile={args.jit_compile}, mixed_precision={args.mixed_precision!r}"
-        )
     with user_errors_exit(prog, args.debug):
         model_config(args)  # the flags' combination (e.g. --sequence-length above --max-tokens)
     return args
@@ -199,22 +194,24 @@ def train(args):
     if multi_worker:
         # model.fit fails under MultiWorkerMirroredStrategy (keras#20585): our own step.
         with strategy.scope():
-            optimizer = common.adamw_with_warmup(args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay)
+            optimizer = distributed.loss_scaled(
+                common.adamw_with_warmup(args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay), policy
+            )
         fitted = distributed.fit_distributed(
             strategy,
             trainer,
             optimizer,
-            distributed.per_example_losses(**{branch: keras.losses.BinaryCrossentropy() for branch in BRANCHES}),
+            distributed.unreduced({branch: keras.losses.BinaryCrossentropy() for branch in BRANCHES}),
             {f"{name}_accuracy": distributed.accuracy(name) for name in (*BRANCHES, "probability")},
             lambda epoch: batches(train_ids, shuffle=True, seed=args.seed + epoch, drop_remainder=True).map(every_output),
             validation_batches.map(every_output),
             epochs=args.epochs,
-            global_batch_size=args.batch_size,
             output_dir=args.output_dir,
             monitor=MONITOR,
             mode=MONITOR_MODE,
             patience=args.patience,
             checkpoint_every=args.checkpoint_every,
+            jit_compile=args.jit_compile,
         )
         epochs, epochs_this_invocation = fitted.history, fitted.epochs_this_invocation
         common.restore_best_weights(trainer, args.output_dir)  # the chief's, on every worker
@@ -252,6 +249,7 @@ def train(args):
         "weight_decay": args.weight_decay,
         "epochs_run": len(epochs),
         "epochs_this_invocation": epochs_this_invocation,
+        "resumed_from_epoch": common.resumed_from_epoch(len(epochs), epochs_this_invocation),
         "best_epoch": _best_epoch(epochs),
         "training_seconds": round(training_seconds, 1),
         "train_examples_per_second": round(splits.counts["train"] * len(epochs) / max(training_seconds, 1e-9), 1),

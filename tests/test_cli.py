@@ -5,7 +5,9 @@ import pytest
 
 from export import translator_export
 from models import cli
+from pipelines import explain_imdb
 from pipelines import imdb_data
+from pipelines import launch
 from pipelines import main_job
 from pipelines import train_imdb
 from pipelines import train_translator
@@ -17,6 +19,8 @@ CLIS = {
     "train_translator": train_translator.main,
     "translate": translate.main,
     "translator_export": translator_export.main,
+    "explain_imdb": explain_imdb.main,
+    "launch": launch.main,
 }
 
 # (cli, argv, text the one error line must hold: the flag and the value received)
@@ -61,6 +65,24 @@ BAD_FLAGS = [
     ("train_translator", ["--tie-embeddings", "maybe"], "--tie-embeddings: expected true or false, got 'maybe'"),
     ("translate", ["--run", "x", "--beam-size", "0", "hola"], "--beam-size: must be a positive integer, got '0'"),
     ("translator_export", ["--verify-sentences", "0"], "--verify-sentences: must be a positive integer, got '0'"),
+    ("translator_export", ["--verify-sentences", "x"], "--verify-sentences: expected an integer, got 'x'"),
+    ("main_job", ["--model-name", "../escape"], "--model-name: `model_name` must be a directory name"),
+    ("main_job", ["--model-name", "a/b"], "model_name='a/b'"),
+    ("main_job", ["--model-name", ""], "model_name=''"),
+    ("main_job", ["--model-name", ".hidden"], "model_name='.hidden'"),
+    ("train_translator", ["--warmup-fraction", "nan"], "--warmup-fraction: must be a number in [0, 1), got 'nan'"),
+    ("train_translator", ["--validation-fraction", "-0.1"], "--validation-fraction: must be a number in [0, 1)"),
+    ("train_translator", ["--patience", "-1"], "--patience: must be a non-negative integer, got '-1'"),
+    ("translate", ["--run", "x", "--attention", "a.pdf", "hola"], "--attention must end in .html or .png, got 'a.pdf'"),
+    ("translate", ["--export", "x", "--attention", "a.html", "hola"], "--attention needs --run"),
+    ("explain_imdb", ["--top", "0", "good"], "--top: must be a positive integer, got '0'"),
+    ("explain_imdb", ["--top", "x", "good"], "--top: expected an integer, got 'x'"),
+    ("explain_imdb", ["--output", "x.pdf", "good"], "--output must end in .html or .png, got 'x.pdf'"),
+    ("launch", ["--workers", "0", "--", "true"], "--workers: must be a positive integer, got '0'"),
+    ("launch", ["--grace-seconds", "-5", "--", "true"], "--grace-seconds: must be a non-negative finite number, got '-5'"),
+    ("launch", ["--grace-seconds", "nan", "--", "true"], "got 'nan'"),
+    ("launch", ["--workers", "2"], "no command: give it after `--`"),
+    ("launch", ["--workers", "2", "--"], "`command` is empty"),
 ]
 
 
@@ -103,6 +125,11 @@ def _bad_inputs(tmp_path):
         ("translator_export", ["--run", str(tmp_path / "no_run"), "--export-dir", str(tmp_path / "e")], "no_run"),
         ("translator_export", ["--run", str(tmp_path), "--export-dir", str(a_file / "e")],
          f"--export-dir '{a_file / 'e'}' is not a writable directory"),
+        ("explain_imdb", ["--run", str(tmp_path / "no_run"), "good"], "holds no summary.json"),
+        ("explain_imdb", ["--run", str(tmp_path / "no_run"), "--output", str(a_file / "x.html"), "good"],
+         f"--output's directory '{a_file}' is not a writable directory"),
+        ("translate", ["--run", str(tmp_path / "no_run"), "hola"], "no_run"),
+        ("launch", ["--workers", "1", "--", str(tmp_path / "no_such_program")], "no_such_program"),
     ]
 
 

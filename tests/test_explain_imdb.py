@@ -89,5 +89,8 @@ def test_bad_output_suffix_and_missing_run_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         explain_imdb.main(["--run", str(tmp_path), "--output", "x.pdf", "good"])
     assert "--output must end in .html or .png, got 'x.pdf'" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="no summary.json"):
+    with pytest.raises(SystemExit) as exit_info:  # a user's error: one line, exit 2 (--debug shows it)
         explain_imdb.main(["--run", str(tmp_path), "good"])
+    assert exit_info.value.code == 2 and "holds no summary.json" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no summary.json"):
+        explain_imdb.main(["--run", str(tmp_path), "--debug", "good"])

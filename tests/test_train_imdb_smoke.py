@@ -66,8 +66,9 @@ def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsy
 
 
 def backed_up_optimizer_steps(output_dir):
-    """The optimizer's iteration count in the BackupAndRestore checkpoint."""
-    with h5py.File(output_dir / "backup" / "latest.weights.h5", "r") as weights:
+    """The optimizer's iteration count in the last committed backup."""
+    backup = output_dir / common.BACKUP_DIR / common.read_training_state(output_dir)["weights"]
+    with h5py.File(backup, "r") as weights:
         return int(weights["optimizer/vars/0"][()])
 
 
@@ -81,7 +82,7 @@ class _InterruptAfterFirstEpoch(keras.callbacks.Callback):
             raise _Interrupt
 
 
-def test_rerunning_an_interrupted_run_resumes_it(small_imdb_archive, imdb_cache_dir, tmp_path, monkeypatch):
+def test_rerunning_an_interrupted_run_resumes_it(small_imdb_archive, imdb_cache_dir, tmp_path, monkeypatch, capsys):
     args = smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "2")
     make_callbacks = common.training_callbacks
     monkeypatch.setattr(
@@ -92,10 +93,13 @@ def test_rerunning_an_interrupted_run_resumes_it(small_imdb_archive, imdb_cache_
     assert [row["epoch"] for row in common.read_history(tmp_path)] == [0]
     steps_after_first_epoch = backed_up_optimizer_steps(tmp_path)
     monkeypatch.undo()
+    capsys.readouterr()
 
     run = train_imdb.main(args)  # the same command again
     assert [row["epoch"] for row in common.read_history(tmp_path)] == [0, 1]
     assert run.summary["epochs_this_invocation"] == 1 and run.summary["epochs_run"] == 2
+    assert run.summary["resumed_from_epoch"] == 1
+    assert f"Resuming {tmp_path}: 1 epochs done" in capsys.readouterr().out
     # The optimizer state came back too: its step count goes on from the first epoch's.
     assert backed_up_optimizer_steps(tmp_path) > 1.5 * steps_after_first_epoch
 
