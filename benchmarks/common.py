@@ -5,8 +5,12 @@ shared machine stay comparable. Results go to `benchmarks/results/<name>.json` (
 """
 
 import argparse
+import json
 import os
 import platform
+import resource
+import subprocess
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -15,6 +19,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import tensorflow as tf  # noqa: E402
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_args(description, **extra):
@@ -103,3 +108,82 @@ def imdb_test_reviews(count):
 
     records = load_cache(allow_download=False).records("test").take(count)
     return [(text.decode("utf-8"), int(label)) for text, label in records.as_numpy_iterator()]
+
+
+def peak_rss_gb():
+    """This process's peak resident set size in GB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
+
+
+def time_one_step(layer, call, mode, inputs):
+    """One step of `call(inputs)`, timed: `(seconds, peak_rss_gb just before it)`.
+
+    `mode` is `"forward"` or `"forward_backward"` (gradients of the input and of `layer`'s
+    weights), both inside `tf.function`; the weights are built and the step traced before the
+    timed call.
+    """
+
+    @tf.function
+    def forward(x):
+        return call(x)
+
+    @tf.function
+    def forward_backward(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(forward(x) ** 2)
+        return tape.gradient(loss, [x] + layer.trainable_variables)
+
+    call(inputs[:, :8])  # builds the weights
+    step = forward if mode == "forward" else forward_backward
+    step.get_concrete_function(inputs)  # traces outside the timed call
+    before = peak_rss_gb()
+    start = time.perf_counter()
+    _materialise(step(inputs))
+    return time.perf_counter() - start, before
+
+
+def report_causal_self_attention_call(layer, mode, length, width, baseline_rss_gb):
+    """In a fresh child: one causal self-attention call of `layer` on `(1, length, width)`, timed.
+
+    `mode` as for `time_one_step`. Prints the JSON line that `run_watched_child` reads back: the
+    call's `seconds`, the process's `peak_rss_gb` and `baseline_rss_gb` (the peak before the layer
+    was built).
+    """
+    inputs = tf.random.normal((1, length, width))
+    seconds, _ = time_one_step(layer, lambda x: layer(x, x, use_causal_mask=True), mode, inputs)
+    print(json.dumps({"seconds": seconds, "peak_rss_gb": peak_rss_gb(), "baseline_rss_gb": baseline_rss_gb}))
+
+
+def _rss_gb(pid):
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
+
+
+def run_watched_child(arguments, cap_gb, max_seconds=None):
+    """Runs `python <arguments>` in a fresh process from the repository root, killed above
+    `cap_gb` of RSS (or after `max_seconds`, when given); returns `{"status": "ok", **its last
+    JSON line}` or the status it ended with."""
+    child = subprocess.Popen(
+        [sys.executable, *arguments], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    watched_peak, start = 0.0, time.monotonic()
+    while child.poll() is None:
+        watched_peak = max(watched_peak, _rss_gb(child.pid))
+        over_time = max_seconds is not None and time.monotonic() - start > max_seconds
+        if watched_peak > cap_gb or over_time:
+            child.kill()
+            child.wait()
+            status = f"over time ({max_seconds:g} s)" if over_time else f"over cap ({cap_gb:g} GB)"
+            return {"status": status, "peak_rss_gb": watched_peak}
+        time.sleep(0.05)
+    output = child.stdout.read().strip().splitlines()
+    if child.returncode != 0 or not output:
+        return {"status": f"failed (exit {child.returncode})", "peak_rss_gb": watched_peak}
+    return {"status": "ok", **json.loads(output[-1])}

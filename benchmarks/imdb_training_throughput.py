@@ -31,8 +31,8 @@ _KERAS_MHA_ARGUMENTS = set(inspect.signature(keras.layers.MultiHeadAttention.__i
 class KerasAttentionEncoder(TransformerEncoder):
     """`TransformerEncoder` whose self-attention is `keras.layers.MultiHeadAttention` (the peer)."""
 
-    def _attention(self, name, hidden_dim, sliding_window=None):
-        ours = super()._attention(name, hidden_dim, sliding_window)
+    def _attention(self, name, hidden_dim, **options):
+        ours = super()._attention(name, hidden_dim, **options)
         config = {key: value for key, value in ours.get_config().items() if key in _KERAS_MHA_ARGUMENTS}
         return keras.layers.MultiHeadAttention(**config)
 

@@ -13,91 +13,37 @@ length of that layer.
 
 import argparse
 import json
-import os
-import resource
-import subprocess
 import sys
-import time
 
 from benchmarks import common
 
 FORWARD_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 BACKWARD_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 LAYERS = ("keras", "keras_attn")
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_child(layer_name, mode, length, width, heads):
     """In the child: builds the layer, traces, runs one step; prints a JSON line."""
     import keras
-    import tensorflow as tf
 
     from keras_attn.multi_head_attention import MultiHeadAttention
 
-    baseline = _peak_rss_gb()
+    baseline = common.peak_rss_gb()
     if layer_name == "keras":
         layer = keras.layers.MultiHeadAttention(heads, width // heads)
     else:
         layer = MultiHeadAttention(heads, width // heads)
-    inputs = tf.random.normal((1, length, width))
-
-    @tf.function
-    def forward(x):
-        return layer(x, x, use_causal_mask=True)
-
-    @tf.function
-    def forward_backward(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = tf.reduce_sum(forward(x) ** 2)
-        return tape.gradient(loss, [x] + layer.trainable_variables)
-
-    layer(inputs[:, :8], inputs[:, :8])  # builds the weights
-    step = forward if mode == "forward" else forward_backward
-    step.get_concrete_function(inputs)  # traces outside the timed call
-    start = time.perf_counter()
-    for tensor in tf.nest.flatten(step(inputs)):
-        tensor.numpy()
-    seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, "peak_rss_gb": _peak_rss_gb(), "baseline_rss_gb": baseline}))
-
-
-def _peak_rss_gb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
-
-
-def _rss_gb(pid):
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return 0.0
+    common.report_causal_self_attention_call(layer, mode, length, width, baseline)
 
 
 def measure(layer_name, mode, length, args):
     """Runs one child with an RSS watchdog; returns a result row."""
-    command = [
-        sys.executable, "-m", "benchmarks.memory_scaling", "--child",
+    arguments = [
+        "-m", "benchmarks.memory_scaling", "--child",
         "--layer", layer_name, "--mode", mode, "--length", str(length),
         "--width", str(args.width), "--heads", str(args.heads),
     ]
-    row = {"layer": layer_name, "mode": mode, "length": length}
-    child = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    watched_peak = 0.0
-    while child.poll() is None:
-        watched_peak = max(watched_peak, _rss_gb(child.pid))
-        if watched_peak > args.cap_gb:
-            child.kill()
-            child.wait()
-            return {**row, "status": f"over cap ({args.cap_gb:g} GB)", "peak_rss_gb": watched_peak}
-        time.sleep(0.05)
-    output = child.stdout.read().strip().splitlines()
-    if child.returncode != 0 or not output:
-        return {**row, "status": f"failed (exit {child.returncode})", "peak_rss_gb": watched_peak}
-    return {**row, "status": "ok", **json.loads(output[-1])}
+    return {"layer": layer_name, "mode": mode, "length": length, **common.run_watched_child(arguments, args.cap_gb)}
 
 
 def main(argv=None):

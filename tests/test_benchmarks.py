@@ -8,22 +8,28 @@ import json
 
 import pytest
 
+from benchmarks import attention_families_scaling
 from benchmarks import cached_decoding
 from benchmarks import export_latency
 from benchmarks import imdb_attention_families
 from benchmarks import imdb_training_throughput
 from benchmarks import layer_throughput
 from benchmarks import memory_scaling
+from benchmarks import position_bias_memory
+from benchmarks import sparse_patterns
 from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
 from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 
 SCRIPTS = {
+    "attention_families_scaling": (attention_families_scaling, "time_vs_peer"),
     "layer_throughput": (layer_throughput, "speedup_vs_keras_best"),
     "memory_scaling": (memory_scaling, "memory_vs_keras"),
+    "position_bias_memory": (position_bias_memory, "memory_vs_no_bias"),
     "cached_decoding": (cached_decoding, "recompute_over_cached"),
     "export_latency": (export_latency, "onnx_over_saved_model"),
     "imdb_training_throughput": (imdb_training_throughput, "speedup_vs_keras"),
     "imdb_attention_families": (imdb_attention_families, "accuracy_vs_dense"),
+    "sparse_patterns": (sparse_patterns, "speedup_vs_dense_causal"),
 }
 
 
@@ -40,3 +46,24 @@ def test_smoke_run_writes_rows_with_the_peer_ratio(name, tmp_path, monkeypatch, 
     assert written["benchmark"] == f"{name}_smoke"
     assert written["rows"] == json.loads(json.dumps(rows))
     assert any(row.get(ratio) is not None and row[ratio] > 0 for row in rows)
+
+
+def test_sparse_patterns_update_replaces_only_the_points_run(tmp_path):
+    def row(case, length, seconds):
+        return {"case": case, "mode": "forward", "length": length, "seconds": seconds}
+
+    path = tmp_path / "sparse_patterns.json"
+    old_rows = [row("dense_causal", 4096, 1.0), row("causal_strided", 4096, 2.0), row("block_local", 4096, 3.0)]
+    path.write_text(json.dumps({"config": {"lengths": [4096]}, "rows": old_rows}))
+    payload = {"config": {"cases": ["causal_strided"]}, "rows": [row("causal_strided", 4096, 0.5), row("causal_strided", 8192, 4.0)]}
+
+    updated = sparse_patterns._updated(str(path), payload, "2026-01-01 00:00 UTC")
+
+    assert updated["config"] == {"lengths": [4096]}
+    assert updated["updates"] == [{"config": {"cases": ["causal_strided"]}, "run_finished_utc": "2026-01-01 00:00 UTC"}]
+    assert [(r["case"], r["length"], r["seconds"]) for r in updated["rows"]] == [
+        ("dense_causal", 4096, 1.0),
+        ("causal_strided", 4096, 0.5),
+        ("block_local", 4096, 3.0),
+        ("causal_strided", 8192, 4.0),
+    ]
