@@ -41,6 +41,7 @@ from keras_attn.position_bias import bias_parameter_gradients
 from keras_attn.position_bias import block_positions
 from keras_attn.position_bias import check_position_bias
 from keras_attn.position_bias import read_bias_parameters
+from keras_attn.position_bias import split_inputs
 from keras_attn.softmax import MASK_FILL
 from keras_attn.softmax import fill_masked
 from keras_attn.utils import float_math_dtype
@@ -82,12 +83,6 @@ class _Plan:
     dropout_rate: float
     position_bias: object = None
     has_bias: bool = False
-
-    def split(self, inputs):
-        """The custom gradient's flat inputs as `(query, key, value, bias or None, bias parameters)`."""
-        query, key, value = inputs[:3]
-        bias = inputs[3] if self.has_bias else None
-        return query, key, value, bias, tuple(inputs[4 if self.has_bias else 3 :])
 
     def positions(self, query_block, key_block):
         """The query and key positions of block `(query_block, key_block)`, for its position bias."""
@@ -352,7 +347,7 @@ def _attend_with_recompute(plan, mask, seed, *inputs):
 
     @tf.custom_gradient
     def attend(*inputs):
-        output, log_sum_exp = _forward(plan, mask, seed, *plan.split(inputs))
+        output, log_sum_exp = _forward(plan, mask, seed, *split_inputs(inputs, plan.has_bias))
 
         def gradient(output_gradient):
             return _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient)
@@ -368,7 +363,7 @@ def _forward(plan, mask, seed, query, key, value, bias, parameters):
 
     def query_chunk(query_block, outputs, log_sum_exps):
         chunk = _rows(query, query_block, plan.query_block)  # (batch, heads, q_block, depth)
-        batch, heads = _dims(query)[:2]
+        batch, heads = keras.ops.shape(query)[:2]
 
         def key_step(key_block, row_max, row_sum, accumulator):
             logits = _block_logits(
@@ -421,7 +416,7 @@ def _forward(plan, mask, seed, query, key, value, bias, parameters):
 
 def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
     """Gradients of `inputs` (query, key, value[, bias][, bias parameters]) recomputed block by block."""
-    query, key, value, bias, parameters = plan.split(inputs)
+    query, key, value, bias, parameters = split_inputs(inputs, plan.has_bias)
     dtype = float_math_dtype(query.dtype)
     output_gradient = tf.cast(output_gradient, dtype)  # (batch, heads, padded_q, value_depth)
     # rowsum(dO * O) = sum_k P_k dP_k, the subtracted term of the softmax gradient.
@@ -500,12 +495,6 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
     return grads + list(parameter_grads)
 
 
-def _dims(tensor):
-    """The shape of `tensor` as a list: static sizes where known, scalar tensors elsewhere."""
-    dynamic = tf.shape(tensor)
-    return [size if size is not None else dynamic[axis] for axis, size in enumerate(tensor.shape)]
-
-
 def _block_array(dtype, num_blocks, like, block, depth):
     """An empty TensorArray of `num_blocks` blocks `(batch, heads, block, depth)` of `like`."""
     element_shape = tf.TensorShape([like.shape[0], like.shape[1], block, depth])
@@ -515,13 +504,13 @@ def _block_array(dtype, num_blocks, like, block, depth):
 def _unblock(blocks):
     """`(num_blocks, batch, heads, block, depth)` -> `(batch, heads, num_blocks * block, depth)`."""
     blocks = tf.transpose(blocks, (1, 2, 0, 3, 4))  # (batch, heads, num_blocks, block, depth)
-    batch, heads, num_blocks, block, depth = _dims(blocks)
+    batch, heads, num_blocks, block, depth = keras.ops.shape(blocks)
     return tf.reshape(blocks, tf.stack([batch, heads, num_blocks * block, depth]))
 
 
 def _zero_blocks(tensor, num_blocks, block):
     """A TensorArray of `num_blocks` zero `(batch, heads, block, depth)` blocks shaped like `tensor`."""
-    batch, heads, _, depth = _dims(tensor)
+    batch, heads, _, depth = keras.ops.shape(tensor)
     zeros = tf.zeros(tf.stack([num_blocks, batch, heads, block, depth]), tensor.dtype)
     return _block_array(tensor.dtype, num_blocks, tensor, block, tensor.shape[3]).unstack(zeros)
 
@@ -540,7 +529,7 @@ def _bias_grid(plan, bias):
 def _zero_bias_grad_blocks(plan, bias):
     """A TensorArray of zero bias-gradient blocks, one per (query block, key block) of the grid."""
     rows, cols, block_rows, block_cols = _bias_grid(plan, bias)
-    batch, heads = _dims(bias)[:2]
+    batch, heads = keras.ops.shape(bias)[:2]
     zeros = tf.zeros(tf.stack([rows * cols, batch, heads, block_rows, block_cols]), bias.dtype)
     element_shape = tf.TensorShape([bias.shape[0], bias.shape[1], block_rows, block_cols])
     return tf.TensorArray(bias.dtype, size=rows * cols, element_shape=element_shape).unstack(zeros)
@@ -561,7 +550,7 @@ def _accumulate_bias_grad(plan, bias, bias_grads, query_block, key_block, logits
 def _unblock_bias_grad(plan, bias, blocks):
     """`(rows * cols, batch?, heads?, block_rows, block_cols)` grid -> the padded bias's shape."""
     rows, cols, block_rows, block_cols = _bias_grid(plan, bias)
-    batch, heads = _dims(bias)[:2]
+    batch, heads = keras.ops.shape(bias)[:2]
     grid = tf.reshape(blocks, tf.stack([rows, cols, batch, heads, block_rows, block_cols]))
     grid = tf.transpose(grid, (2, 3, 0, 4, 1, 5))  # (batch?, heads?, rows, block_rows, cols, block_cols)
     return tf.reshape(grid, tf.shape(bias))

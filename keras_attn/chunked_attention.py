@@ -36,6 +36,7 @@ from keras_attn.position_bias import bias_parameter_gradients
 from keras_attn.position_bias import block_positions
 from keras_attn.position_bias import check_position_bias
 from keras_attn.position_bias import read_bias_parameters
+from keras_attn.position_bias import split_inputs
 from keras_attn.softmax import fill_masked
 from keras_attn.softmax import masked_softmax
 from keras_attn.utils import float_math_dtype
@@ -188,12 +189,6 @@ class _ChunkPlan:
     position_bias: object
     query_offset: int
 
-    def split(self, inputs):
-        """The custom gradient's flat inputs as `(query, key, value, bias or None, bias parameters)`."""
-        query, key, value = inputs[:3]
-        bias = inputs[3] if self.has_bias else None
-        return query, key, value, bias, tuple(inputs[4 if self.has_bias else 3 :])
-
     def positions(self, chunk):
         """The query and key positions of a chunk, for its position bias."""
         return (
@@ -242,7 +237,7 @@ def _attend(plan, *inputs):
 
     @tf.custom_gradient
     def attend(*inputs):
-        output, weights = _forward(plan, *plan.split(inputs))
+        output, weights = _forward(plan, *split_inputs(inputs, plan.has_bias))
 
         def gradient(output_gradient):
             return _backward(plan, inputs, output, weights, output_gradient)
@@ -285,7 +280,7 @@ def _forward(plan, query, key, value, bias, parameters):
 
 def _backward(plan, inputs, output, chunk_weights, output_gradient):
     """Gradients of (query, key, value[, bias][, bias parameters]) from each chunk's stored weights."""
-    query, key, value, bias, parameters = plan.split(inputs)
+    query, key, value, bias, parameters = split_inputs(inputs, plan.has_bias)
     parameter_grads = tuple(tf.zeros_like(parameter) for parameter in parameters)
     dtype = float_math_dtype(query.dtype)
     query_f, key_f, value_f, output_gradient = (tf.cast(t, dtype) for t in (query, key, value, output_gradient))

@@ -139,6 +139,14 @@ def read_bias_parameters(position_bias):
     return tuple(tf.convert_to_tensor(parameter) for parameter in position_bias.bias_parameters())
 
 
+def split_inputs(inputs, has_bias):
+    """A streaming kernel's flat custom-gradient inputs `(query, key, value[, bias], *bias
+    parameters)` as `(query, key, value, bias or None, bias parameters)`."""
+    query, key, value = inputs[:3]
+    bias = inputs[3] if has_bias else None
+    return query, key, value, bias, tuple(inputs[4 if has_bias else 3 :])
+
+
 def block_positions(start, length):
     """int32 positions `start .. start + length - 1`; `start` an int or a scalar int tensor."""
     return tf.range(length, dtype="int32") + tf.cast(start, "int32")

@@ -34,6 +34,7 @@ dispatcher then takes another kernel).
 
 import dataclasses
 
+import keras
 import tensorflow as tf
 
 from keras_attn import patterns
@@ -152,7 +153,6 @@ class _Plan:
     band_width: int  # keys per band slice; 0 when the cover has no band
     band_query_starts: tuple  # first query of each key chunk's band slice (the backward pass)
     band_query_width: int  # queries per band slice of a key chunk
-    residues_per_step: int
 
     @property
     def num_chunks(self):
@@ -178,6 +178,13 @@ class _Plan:
         return -(-self.key_len // self.stride)
 
     @property
+    def residues_per_step(self):
+        """Grid columns (residue classes) per loop step: the largest divisor of `stride` whose
+        `(query_rows, key_rows)` logits fit `STRIDED_STEP_SIZE` (at least one)."""
+        cells = max(1, self.query_rows * self.key_rows)
+        return max(d for d in range(1, self.stride + 1) if self.stride % d == 0 and (d == 1 or d * cells <= STRIDED_STEP_SIZE))
+
+    @property
     def num_steps(self):
         return self.stride // self.residues_per_step
 
@@ -193,9 +200,6 @@ def _plan(pattern, query_len, key_len, query_offset):
     width = max((stop - start for start, stop in ranges), default=0)
     key_chunk = max(1, min(BAND_CHUNK_SIZE, key_len))
     query_starts, query_width = _band_query_slices(band, key_chunk, query_len, key_len, query_offset) if width else ((), 0)
-    query_rows = -(-(query_offset % stride + query_len) // stride)
-    cells = max(1, query_rows * -(-key_len // stride))
-    per_step = max(d for d in range(1, stride + 1) if stride % d == 0 and (d == 1 or d * cells <= STRIDED_STEP_SIZE))
     return _Plan(
         pattern=pattern,
         stride=stride,
@@ -208,7 +212,6 @@ def _plan(pattern, query_len, key_len, query_offset):
         band_width=width,
         band_query_starts=query_starts,
         band_query_width=query_width,
-        residues_per_step=per_step,
     )
 
 
@@ -239,7 +242,7 @@ class _Masks:
 
 def _grid_mask(mask, plan):
     """`mask[b, h, query u * stride + r - front, key m * stride + r]` at `[b, h, r, u, m]`."""
-    stride, (batch, heads) = plan.stride, _dims(mask)[:2]
+    stride, (batch, heads) = plan.stride, keras.ops.shape(mask)[:2]
     query_full, key_full = mask.shape[2] != 1, mask.shape[3] != 1
     if query_full:
         back = plan.query_rows * stride - plan.front - plan.query_len
@@ -258,12 +261,6 @@ def _grid_mask(mask, plan):
     return tf.squeeze(mask, -1)  # (b, h, r | 1, u | 1, 1)
 
 
-def _dims(tensor):
-    """The shape of `tensor` as a list: static sizes where known, scalar tensors elsewhere."""
-    dynamic = tf.shape(tensor)
-    return [size if size is not None else dynamic[axis] for axis, size in enumerate(tensor.shape)]
-
-
 def _rows(tensor, start, size, axis=2):
     """`size` entries of `tensor` from `start` along `axis`."""
     begin = [0] * len(tensor.shape)
@@ -275,7 +272,7 @@ def _rows(tensor, start, size, axis=2):
 
 def _to_grid(tensor, front, rows, stride):
     """`(batch, heads, length, d)` -> `(batch, heads, stride, rows, d)`: index `t` at `[(front + t) % stride, (front + t) // stride]`."""
-    batch, heads, length, depth = _dims(tensor)
+    batch, heads, length, depth = keras.ops.shape(tensor)
     tensor = tf.pad(tensor, [[0, 0], [0, 0], [front, rows * stride - front - length], [0, 0]])
     tensor = tf.reshape(tensor, tf.stack([batch, heads, rows, stride, depth]))
     return tf.transpose(tensor, (0, 1, 3, 2, 4))  # (batch, heads, stride, rows, d)
@@ -283,14 +280,14 @@ def _to_grid(tensor, front, rows, stride):
 
 def _from_grid(grid, front, length):
     """The inverse of `_to_grid`: `(batch, heads, stride, rows, d)` -> `(batch, heads, length, d)`."""
-    batch, heads, stride, rows, depth = _dims(grid)
+    batch, heads, stride, rows, depth = keras.ops.shape(grid)
     tensor = tf.reshape(tf.transpose(grid, (0, 1, 3, 2, 4)), tf.stack([batch, heads, rows * stride, depth]))
     return tensor[:, :, front : front + length]
 
 
 def _unstack_steps(stacked):
     """`(steps, batch, heads, per_step, ...)` -> `(batch, heads, steps * per_step, ...)`."""
-    steps, batch, heads, per_step, *rest = _dims(stacked)
+    steps, batch, heads, per_step, *rest = keras.ops.shape(stacked)
     stacked = tf.transpose(stacked, [1, 2, 0] + list(range(3, len(stacked.shape))))  # (b, h, steps, per_step, ...)
     return tf.reshape(stacked, tf.stack([batch, heads, steps * per_step, *rest]))
 
