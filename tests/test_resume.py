@@ -90,7 +90,11 @@ def _check_resumed_run(output_dir, reports, scenario, epochs_run, best_epoch):
     assert [report["signal"] for report in reports] == [9] * (len(attempts) - 1) + [None]
     for attempt, (report, done) in enumerate(zip(reports, _expected_epochs_done(attempts))):
         said = [line for line in report["output"].splitlines() if line.startswith("Resuming ")]
-        assert said == ([] if done == 0 else [f"Resuming {output_dir}: {done} epochs done" + said[0].split("done", 1)[1]])
+        assert len(said) == (0 if done == 0 else 1)
+        if done:
+            best = _best(scenario["val_losses"][:done])
+            best_text = f"best epoch {best + 1}, val_loss={scenario['val_losses'][best]:.6g}"
+            assert said[0].startswith(f"Resuming {output_dir}: {done} epochs done ({best_text}); ")
         if done:  # what the rerun republished before training: the committed epochs and their best
             snapshot = output_dir.parent / "snapshots" / f"attempt-{attempt}"
             assert [int(row["epoch"]) for row in common.read_history(snapshot)] == list(range(done))

@@ -90,7 +90,6 @@ def test_a_slow_publisher_never_drops_a_version_published_meanwhile(tmp_path, mo
 
 _HOLD_STAGING = """
 import sys, time
-import pytest
 
 from export import serving_layout
 with serving_layout.staging_directory(sys.argv[1]) as staging:
