@@ -227,7 +227,7 @@ class ResumableTraining(keras.callbacks.Callback):
 
     def _publish(self, best_changed=True):
         """`history.csv` and `best.weights.h5` from the committed state (steps 3 of the commit)."""
-        _write_history_csv(self.output_dir / HISTORY_CSV, self.state["history"])
+        write_history(self.output_dir / HISTORY_CSV, self.state["history"])
         self._reached("history_written", self.state["epochs"] - 1)
         best = self._best_weights_file()
         if best is not None and best_changed:
@@ -263,7 +263,8 @@ def read_training_state(output_dir):
     return json.loads(path.read_text())
 
 
-def _write_history_csv(path, history):
+def write_history(path, history):
+    """Rewrites the CSV `path` (atomically) with one row per epoch, `epoch` first."""
     columns = ["epoch", *sorted({key for row in history for key in row} - {"epoch"})]
     with replacing(path, suffix=".csv") as temporary:
         with open(temporary, "w", newline="") as file:

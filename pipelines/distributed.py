@@ -35,7 +35,6 @@ optimizer's step counter continues. A lost worker makes the others' collectives 
 """
 
 import contextlib
-import csv
 import dataclasses
 import json
 import os
@@ -368,6 +367,7 @@ def _sum(strategy, value):
 @dataclasses.dataclass(frozen=True)
 class FitResult:
     history: list
+    first_epoch: int  # epochs done when this call started (0: a fresh run)
     epochs_this_invocation: int
     trainer: DistributedTrainer
 
@@ -469,7 +469,7 @@ def fit_distributed(
                     state["stale_epochs"].assign_add(1)
                 if chief:
                     history.append(logs)
-                    _write_history(write_dir, history)
+                    common.write_history(write_dir / common.HISTORY_CSV, history)
                     with writer.as_default(step=epoch):
                         for name, value in logs.items():
                             tf.summary.scalar(name, value)
@@ -480,20 +480,9 @@ def fit_distributed(
                 state["step_in_epoch"].assign(0)
                 save()
             trainer.barrier()  # the chief's best weights are on disk before anyone reads them
-        return FitResult(history, int(state["epoch"]) - first_epoch, trainer)
+        return FitResult(history, first_epoch, int(state["epoch"]) - first_epoch, trainer)
 
 
 def _optimizer_step(optimizer):
     """The optimizer's step count (its variable is a `MirroredVariable` under the strategy)."""
     return int(tf.convert_to_tensor(optimizer.iterations.value))
-
-
-def _write_history(output_dir, history):
-    """Rewrites `history.csv` (atomically) with every epoch so far."""
-    path = Path(output_dir) / common.HISTORY_CSV
-    staging = path.with_suffix(".csv.tmp")
-    with open(staging, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(history[0]))
-        writer.writeheader()
-        writer.writerows(history)
-    os.replace(staging, path)

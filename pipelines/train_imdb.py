@@ -214,6 +214,7 @@ def train(args):
             jit_compile=args.jit_compile,
         )
         epochs, epochs_this_invocation = fitted.history, fitted.epochs_this_invocation
+        resumed_from = fitted.first_epoch or None  # the history is the chief's only
         common.restore_best_weights(trainer, args.output_dir)  # the chief's, on every worker
         with strategy.scope():
             ensemble = fit_ensemble(model, validation_batches)
@@ -234,6 +235,7 @@ def train(args):
         validation = model.evaluate(validation_batches, return_dict=True, verbose=0)
         test = trainer.evaluate(test_batches.map(every_output), return_dict=True, verbose=0)
         epochs = common.read_history(output_dir)
+        resumed_from = common.resumed_from_epoch(len(epochs), epochs_this_invocation)
     training_seconds = sum(epoch["epoch_seconds"] for epoch in epochs)
     summary = {
         "data": {"source": splits.source, "cache": str(cache.directory), **splits.counts},
@@ -249,7 +251,7 @@ def train(args):
         "weight_decay": args.weight_decay,
         "epochs_run": len(epochs),
         "epochs_this_invocation": epochs_this_invocation,
-        "resumed_from_epoch": common.resumed_from_epoch(len(epochs), epochs_this_invocation),
+        "resumed_from_epoch": resumed_from,
         "best_epoch": _best_epoch(epochs),
         "training_seconds": round(training_seconds, 1),
         "train_examples_per_second": round(splits.counts["train"] * len(epochs) / max(training_seconds, 1e-9), 1),

@@ -300,10 +300,16 @@ def _train(args, output_dir):
         training_seconds = time.perf_counter() - started
         common.restore_best_weights(model, output_dir)
 
-    model = scoring_translator(model, config, args.learning_rate, total_steps)
+    other_worker = output_dir != Path(args.output_dir)  # a multi-worker run's non-chief: the chief writes
+    if not other_worker:
+        model = scoring_translator(model, config, args.learning_rate, total_steps)
     if not multi_worker:
         test = model.evaluate(test_batches, return_dict=True, verbose=0)
     epochs = common.read_history(output_dir)
+    if multi_worker:
+        resumed_from = fitted.first_epoch or None
+    else:
+        resumed_from = common.resumed_from_epoch(len(epochs), epochs_this_invocation)
     summary = {
         "data": {
             "path": str(args.data),
@@ -321,8 +327,8 @@ def _train(args, output_dir):
         "learning_rate": args.learning_rate,
         "epochs_run": len(epochs),
         "epochs_this_invocation": epochs_this_invocation,
-        "resumed_from_epoch": common.resumed_from_epoch(len(epochs), epochs_this_invocation),
-        "best_epoch": _best_epoch(output_dir),
+        "resumed_from_epoch": resumed_from,
+        "best_epoch": _best_epoch(epochs),
         "training_seconds": round(training_seconds, 1),
         "training_seconds_all_epochs": round(
             sum(row.get("epoch_seconds", 0.0) for row in epochs), 1
@@ -331,7 +337,7 @@ def _train(args, output_dir):
         "test_token_accuracy": test["token_accuracy"],
         "test_loss": test["loss"],
     }
-    if output_dir != Path(args.output_dir):  # another worker of a multi-worker run: the chief writes
+    if other_worker:
         return summary
     model.save(output_dir / MODEL_FILE)
     write_json_atomic(
@@ -412,8 +418,8 @@ def _spread(items, count=NUM_EXAMPLES):
     return [items[i] for i in np.linspace(0, len(items) - 1, min(count, len(items))).astype(int)]
 
 
-def _best_epoch(output_dir):
-    history = [row for row in common.read_history(output_dir) if "val_token_accuracy" in row]
+def _best_epoch(epochs):
+    history = [row for row in epochs if "val_token_accuracy" in row]
     if not history:
         return None
     return int(max(history, key=lambda row: row["val_token_accuracy"])["epoch"]) + 1
