@@ -36,6 +36,7 @@ from keras import ops
 from keras_attn.projected_self_attention import ProjectedSelfAttention
 from keras_attn.utils import check_positive_int
 from keras_attn.utils import float_math_dtype
+from keras_attn.utils import padding_to_multiple
 
 FEATURE_MAPS = ("elu", "favor")
 # FAVOR+ key features are at most `exp(max |w|^2 / 2 - offset)`; this bound keeps a float32 sum
@@ -126,9 +127,7 @@ def causal_linear_attention(query_features, key_features, value, chunk_size, sta
     """
     batch, length = ops.shape(value)[0], ops.shape(value)[1]
     heads, features, value_dim = value.shape[2], query_features.shape[-1], value.shape[-1]
-    # Non-negative operands only: tf2onnx turns an integer FloorMod into x - trunc(x / y) * y, which
-    # differs from Python's % for a negative x (-11 % 4 would give -3, not 1).
-    padding = (chunk_size - length % chunk_size) % chunk_size
+    padding = padding_to_multiple(length, chunk_size)
     num_chunks = (length + padding) // chunk_size
 
     def chunks(tensor):  # (batch, seq, heads, d) -> (batch, chunks, chunk, heads, d)

@@ -31,6 +31,7 @@ from keras_attn.softmax import fill_masked
 from keras_attn.softmax import zero_masked
 from keras_attn.utils import check_positive_int
 from keras_attn.utils import float_math_dtype
+from keras_attn.utils import padding_to_multiple
 
 # The logit of a token's own key: attended only when every other key is masked (Reformer).
 SELF_LOGIT = -1e5
@@ -79,9 +80,7 @@ def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, i
     dtype = float_math_dtype(query.dtype)
     batch, length = ops.shape(query)[0], ops.shape(query)[1]
     heads, depth, value_dim = query.shape[2], query.shape[3], value.shape[3]
-    # Non-negative operands only: tf2onnx turns an integer FloorMod into x - trunc(x / y) * y, which
-    # differs from Python's % for a negative x (-11 % 4 would give -3, not 1).
-    padding = (chunk_size - length % chunk_size) % chunk_size
+    padding = padding_to_multiple(length, chunk_size)
     padded_length = length + padding
     num_chunks = padded_length // chunk_size
     valid = ops.ones((batch, length), "bool") if mask is None else ops.cast(mask, "bool")

@@ -10,6 +10,7 @@ no key projection and passes the query as the key.
 import keras
 from keras import ops
 
+from keras_attn.softmax import zero_masked
 from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_positive_int
 from keras_attn.utils import check_sequence_shape
@@ -96,7 +97,7 @@ class ProjectedSelfAttention(keras.layers.Layer):
         included, never reaches a real position's output (`0 * NaN` in an attention sum is NaN).
         """
         if mask is not None:
-            inputs = ops.where(ops.expand_dims(mask, -1), inputs, ops.zeros_like(inputs))  # (batch, seq, features)
+            inputs = zero_masked(inputs, ops.expand_dims(mask, -1))  # (batch, seq, features)
         query = self.query_dense(inputs)  # (batch, seq, heads, key_dim)
         key = query if self.shares_query_key else self.key_dense(inputs)  # (batch, seq, heads, key_dim)
         return query, key, self.value_dense(inputs)  # value: (batch, seq, heads, value_dim)

@@ -122,3 +122,10 @@ def checked_ids(name, ids, size, size_name):
     check = tf.debugging.Assert(valid, [f"{message}. Received: {name} with min", low, "max", high])
     with tf.control_dependencies([check]):
         return tf.identity(ids)
+
+
+def padding_to_multiple(length, multiple):
+    """How many positions pad `length` (an int or a scalar tensor) up to a multiple of `multiple`."""
+    # Non-negative operands only: tf2onnx turns an integer FloorMod into x - trunc(x / y) * y, which
+    # differs from Python's % for a negative x (-11 % 4 would give -3, not 1).
+    return (multiple - length % multiple) % multiple
