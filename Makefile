@@ -11,7 +11,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[apps,test]"
 	touch $@
 
 install: $(VENV)/.installed

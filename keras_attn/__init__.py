@@ -1,5 +1,7 @@
 """keras_attn: attention layers for TensorFlow/Keras 3."""
 
+from keras_attn.version import __version__
+
 from keras_attn import patterns
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.softmax import masked_softmax
@@ -24,4 +26,29 @@ from keras_attn.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.transformer_decoder import TransformerDecoder
 from keras_attn.transformer_encoder import TransformerEncoder
 
-__version__ = "0.1.0"
+__all__ = [
+    "ALiBi",
+    "CausalSelfAttention",
+    "CrossAttention",
+    "FeedForward",
+    "LSHSelfAttention",
+    "LinearAttention",
+    "LinformerSelfAttention",
+    "MaskedGlobalPooling",
+    "MultiHeadAttention",
+    "PositionEmbedding",
+    "RelativePositionBias",
+    "RotaryEmbedding",
+    "SelfAttention",
+    "SinusoidalPositionEncoding",
+    "TokenAndPositionEmbedding",
+    "TransformerDecoder",
+    "TransformerEncoder",
+    "causal_mask",
+    "masked_softmax",
+    "merge_masks",
+    "patterns",
+    "scaled_dot_product_attention",
+    "sliding_window_mask",
+    "__version__",
+]

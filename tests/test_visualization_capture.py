@@ -181,4 +181,4 @@ def test_library_and_capture_work_without_matplotlib_and_figures_say_what_to_ins
         "    print(error)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert "pip install keras-attn[visualization]" in result.stdout
+    assert "pip install \"keras-attn[viz]\"" in result.stdout

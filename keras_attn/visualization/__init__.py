@@ -1,7 +1,7 @@
 """Look at attention: collect the weights of a model's keras_attn attention layers and draw them.
 
 `attention_weights` needs only Keras; the figures (`plot_head`, `plot_heads`, `plot_model`) import
-matplotlib when called (`pip install keras-attn[visualization]`); `explorer_html` writes a
+matplotlib when called (`pip install "keras-attn[viz]"`); `explorer_html` writes a
 self-contained page (inline script and data, no network) with layer and head selectors.
 The core library never imports this package.
 """

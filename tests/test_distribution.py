@@ -1,0 +1,149 @@
+"""The published distribution, as a user gets it: `python -m build`, then the wheel alone.
+
+Three rules of a layer library: the wheel holds `keras_attn` and nothing else (never the
+repository's generic `models`/`pipelines`/`export`), it requires only tensorflow, keras and numpy
+(everything else is an extra), and importing it and using every public name loads nothing optional
+beyond what `import keras, tensorflow` already loaded. The version is written once.
+"""
+
+import email.parser
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import keras_attn
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LIGHT_REQUIREMENTS = {"tensorflow", "keras", "numpy"}
+EXTRAS = {"viz", "export", "data", "apps", "docs", "test", "all", "gpu"}
+OPTIONAL_MODULES = (
+    "onnx", "tf2onnx", "onnxruntime", "tensorflow_datasets", "matplotlib", "sacrebleu", "playwright",
+    "tensorflow_serving", "models", "pipelines", "export",
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory):
+    """The sdist and the wheel built from it by `python -m build` (no network: --no-isolation)."""
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO_ROOT)],
+        check=True, capture_output=True, text=True,
+    )
+    (wheel,) = out.glob("keras_attn-*.whl")
+    (sdist,) = out.glob("keras_attn-*.tar.gz")
+    return wheel, sdist
+
+
+def _wheel_metadata(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        return email.parser.Parser().parsestr(archive.read(name).decode())
+
+
+def _requirement_name(requirement):
+    return re.match(r"[A-Za-z0-9_.\-]+", requirement).group(0).lower().replace("_", "-")
+
+
+def test_wheel_ships_only_keras_attn(dist):
+    wheel, _ = dist
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+    assert tops == {"keras_attn", f"keras_attn-{keras_attn.__version__}.dist-info"}, sorted(tops)
+
+
+def test_wheel_requires_only_what_the_layers_need(dist):
+    metadata = _wheel_metadata(dist[0])
+    requirements = metadata.get_all("Requires-Dist")
+    unconditional = {_requirement_name(r) for r in requirements if "extra ==" not in r}
+    assert unconditional == LIGHT_REQUIREMENTS
+    assert set(metadata.get_all("Provides-Extra")) == EXTRAS
+    in_export = {_requirement_name(r) for r in requirements if re.search(r"extra == ['\"]export['\"]", r)}
+    assert in_export == {"tf2onnx", "onnx", "onnxruntime", "tensorflow-serving-api"}
+
+
+def test_version_is_written_once(dist):
+    metadata = _wheel_metadata(dist[0])
+    top_release = re.search(r"^## \[(\d[^\]]*)\]", (REPO_ROOT / "CHANGELOG.md").read_text(), re.M).group(1)
+    assert metadata["Version"] == keras_attn.__version__ == top_release
+
+
+def test_sdist_carries_the_tests_license_and_changelog(dist):
+    with tarfile.open(dist[1]) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {"LICENSE", "CHANGELOG.md", "tests/test_distribution.py", "tests/reference.py"} <= names
+    assert "Apache License" in (REPO_ROOT / "LICENSE").read_text()
+    assert not any(name.startswith(("models/", "pipelines/", "export/")) for name in names)
+
+
+# Run in a fresh interpreter whose first path entry is the unpacked wheel and whose working
+# directory is not the checkout. Each public name is built and called once; a public name the
+# table does not know fails the test rather than going unchecked.
+_USE_EVERY_PUBLIC_NAME = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import keras, tensorflow  # the baseline: what Keras itself loads
+import numpy as np
+baseline = set(sys.modules)
+import keras_attn as ka
+
+x = np.random.default_rng(0).normal(size=(2, 8, 16)).astype("float32")
+q = x.reshape(2, 8, 4, 4)
+ids = np.array([[3, 5, 0, 0], [1, 2, 3, 4]])
+uses = {
+    "ALiBi": lambda: ka.MultiHeadAttention(4, 4, position_bias=ka.ALiBi(4))(x, x),
+    "RelativePositionBias": lambda: ka.MultiHeadAttention(4, 4, position_bias=ka.RelativePositionBias(4))(x, x),
+    "CausalSelfAttention": lambda: ka.CausalSelfAttention(num_heads=2, key_dim=8)(x),
+    "CrossAttention": lambda: ka.CrossAttention(num_heads=2, key_dim=8)(x, x),
+    "SelfAttention": lambda: ka.SelfAttention(num_heads=2, key_dim=8)(x),
+    "MultiHeadAttention": lambda: ka.MultiHeadAttention(2, 8)(x, x, use_causal_mask=True),
+    "FeedForward": lambda: ka.FeedForward(32)(x),
+    "LSHSelfAttention": lambda: ka.LSHSelfAttention(2, 8, num_buckets=2, chunk_size=4)(x),
+    "LinearAttention": lambda: ka.LinearAttention(2, 8)(x),
+    "LinformerSelfAttention": lambda: ka.LinformerSelfAttention(2, 8, max_length=8, projected_length=4)(x),
+    "MaskedGlobalPooling": lambda: ka.MaskedGlobalPooling()(x),
+    "PositionEmbedding": lambda: ka.PositionEmbedding(8)(x),
+    "RotaryEmbedding": lambda: ka.RotaryEmbedding()(q),
+    "SinusoidalPositionEncoding": lambda: ka.SinusoidalPositionEncoding()(x),
+    "TokenAndPositionEmbedding": lambda: ka.TokenAndPositionEmbedding(10, 4, 8)(ids),
+    "TransformerEncoder": lambda: ka.TransformerEncoder(32, 2)(x),
+    "TransformerDecoder": lambda: ka.TransformerDecoder(32, 2)(x, x),
+    "causal_mask": lambda: ka.causal_mask(4, 4),
+    "sliding_window_mask": lambda: ka.sliding_window_mask(4, 4, 2),
+    "merge_masks": lambda: ka.merge_masks(ka.causal_mask(4, 4), ka.sliding_window_mask(4, 4, 2)),
+    "masked_softmax": lambda: ka.masked_softmax(x, x > 0),
+    "scaled_dot_product_attention": lambda: ka.scaled_dot_product_attention(q, q, q, pattern=ka.patterns.Causal()),
+    "patterns": lambda: ka.scaled_dot_product_attention(
+        q, q, q, pattern=ka.patterns.SlidingWindow(3) & ka.patterns.Causal() | ka.patterns.GlobalTokens(1)),
+    "__version__": lambda: ka.__version__,
+}
+unknown = sorted(set(ka.__all__) - set(uses))
+for name in ka.__all__:
+    if name in uses:
+        uses[name]()
+print(json.dumps({"file": ka.__file__, "unknown": unknown, "new": sorted(set(sys.modules) - baseline)}))
+"""
+
+
+def test_importing_and_using_every_public_name_loads_nothing_optional(dist, tmp_path):
+    site = tmp_path / "site"
+    with zipfile.ZipFile(dist[0]) as archive:
+        archive.extractall(site)
+    result = subprocess.run(
+        [sys.executable, "-c", _USE_EVERY_PUBLIC_NAME, str(site)],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert Path(report["file"]).is_relative_to(site), report["file"]
+    assert report["unknown"] == [], f"public names the test cannot use: {report['unknown']}"
+    loaded = {name.split(".")[0] for name in report["new"]}
+    assert not loaded & set(OPTIONAL_MODULES), sorted(loaded & set(OPTIONAL_MODULES))
