@@ -178,7 +178,7 @@ def scaled_dot_product_attention(
             `True` where a query may attend to a key.
         bias: optional additive float bias broadcastable to
             `(batch, heads, query_len, key_len)`, added to the logits in float32. An entry at or
-            below `keras_attn.softmax.MASK_FILL` (`-inf`, the dtype's lowest value, `-1e9`)
+            below `keras_attn.softmax.MASKING_BIAS` (`-inf`, the dtype's lowest value, `-1e9`)
             masks its key exactly like `mask=False` (zero weight, finite gradients).
         is_causal: if `True`, query `i` attends only to keys `j <= i` (top-left aligned);
             shorthand for `pattern=keras_attn.patterns.Causal()`.

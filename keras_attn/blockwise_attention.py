@@ -21,9 +21,10 @@ Peak memory is `O(batch * heads * (length * depth + query_block_size * key_block
 Loops are `tf.while_loop`s over static block sizes: they work eagerly, in `tf.function` and under
 `jit_compile=True`, and long lengths never unroll.
 
-The masked fill is the core's (`fill_masked`, `MASK_FILL`): masked weights underflow to exactly
-0, and a row that never meets a real key keeps the fill as its maximum and is zeroed, as in the
-dense path; the numerics live in `keras_attn.softmax` only.
+Masked logits are the core's fill (`fill_masked`: the dtype's lowest finite value, below every
+allowed logit): masked weights are exactly 0 at any logit scale, and a row that never meets an
+allowed key keeps the fill as its maximum and is zeroed, as in the dense path. Logits are float32
+whatever the compute dtype.
 """
 
 import dataclasses
@@ -42,8 +43,8 @@ from keras_attn.position_bias import block_positions
 from keras_attn.position_bias import check_position_bias
 from keras_attn.position_bias import read_bias_parameters
 from keras_attn.position_bias import split_inputs
-from keras_attn.softmax import MASK_FILL
 from keras_attn.softmax import fill_masked
+from keras_attn.softmax import mask_fill
 from keras_attn.utils import float_math_dtype
 
 # Default block sizes grow with the length (about 16 blocks per axis) between these bounds:
@@ -223,8 +224,10 @@ def blockwise_attention(
     seed = None
     if plan.dropout_rate > 0.0:
         seed = keras.random.randint((2,), 0, 2**31 - 1, dtype="int32", seed=seed_generator)
-    # convert_to_tensor, not cast: a Python float cast goes through float32.
-    query = tf.multiply(query, tf.convert_to_tensor(scale, query.dtype))  # (batch, query_len, heads, depth)
+    # Logits in float32 whatever the compute dtype: float16 products overflow at 65,504.
+    dtype = float_math_dtype(query.dtype)
+    query = tf.cast(query, dtype) * tf.convert_to_tensor(scale, dtype)  # (batch, query_len, heads, depth)
+    key = tf.cast(key, dtype)
     # (batch, heads, padded_len, depth): one transpose per tensor, the blocks are then contiguous.
     query = _to_blocks_layout(query, plan.padded_query_len - query_len)
     key = _to_blocks_layout(key, plan.padded_key_len - key_len)
@@ -370,8 +373,9 @@ def _forward(plan, mask, seed, query, key, value, bias, parameters):
                 plan, mask, bias, parameters, query_block, key_block, chunk, _rows(key, key_block, plan.key_block)
             )  # (batch, heads, q_block, k_block)
             new_max = tf.maximum(row_max, tf.reduce_max(logits, -1, keepdims=True))
-            # Masked entries underflow to 0 once the row has met a real key; until then they are
-            # exp(0) = 1, and the next real key's `correction` (exp(MASK_FILL - max) = 0) erases them.
+            # Masked entries hold the dtype's lowest value, so they are exactly 0 once the row has
+            # met an allowed key; until then they are exp(0) = 1, and the first allowed key's
+            # `correction` (exp(lowest - max) = 0) erases them.
             weights = tf.exp(logits - new_max)  # (batch, heads, q_block, k_block)
             correction = tf.exp(row_max - new_max)  # (batch, heads, q_block, 1)
             row_sum = correction * row_sum + tf.reduce_sum(weights, -1, keepdims=True)
@@ -392,8 +396,8 @@ def _forward(plan, mask, seed, query, key, value, bias, parameters):
             (start, row_max, row_sum, accumulator),
             parallel_iterations=_PARALLEL_ITERATIONS,
         )
-        # A row that never met a real key kept the fill as its maximum: output 0, like the dense path.
-        attended = row_max > MASK_FILL / 2
+        # A row that never met an allowed key kept the fill as its maximum: output 0, like the dense path.
+        attended = row_max > mask_fill(dtype) / 2
         safe_sum = tf.where(attended, row_sum, tf.ones_like(row_sum))
         output = tf.where(attended, accumulator / safe_sum, tf.zeros_like(accumulator))
         log_sum_exp = tf.where(attended, row_max + tf.math.log(safe_sum), tf.zeros_like(row_sum))
@@ -432,7 +436,7 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
             chunk_grad = _rows(output_gradient, query_block, plan.query_block)  # (b, h, q_block, dv)
             logits = _block_logits(plan, mask, bias, parameters, query_block, key_block, chunk, keys)
             lse = _rows(log_sum_exp, query_block, plan.query_block)  # (batch, heads, q_block, 1)
-            # Masked entries are exp(MASK_FILL - lse) = 0 (lse is 0 in a row without keys).
+            # Masked entries are exp(lowest - lse) = 0 (lse is 0 in a row without keys).
             weights = tf.exp(logits - lse)  # (batch, heads, q_block, k_block), normalised
             weights_grad = tf.matmul(chunk_grad, values, transpose_b=True)  # (b, h, q_block, k_block)
             dropped = weights

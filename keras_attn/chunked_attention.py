@@ -161,8 +161,10 @@ def chunked_attention(
         )
         for chunk in chunks
     ]
-    # `convert_to_tensor`, not `cast`: a Python float cast goes through float32 first.
-    scaled_query = query * tf.convert_to_tensor(scale, query.dtype)
+    # Logits in float32 whatever the compute dtype: float16 products overflow at 65,504.
+    dtype = float_math_dtype(query.dtype)
+    scaled_query = tf.cast(query, dtype) * tf.convert_to_tensor(scale, dtype)
+    key = tf.cast(key, dtype)
     scaled_query = tf.transpose(scaled_query, (0, 2, 1, 3))  # (batch, heads, query_len, depth)
     key, value = (tf.transpose(t, (0, 2, 1, 3)) for t in (key, value))  # (batch, heads, k, depth)
     plan = _ChunkPlan(

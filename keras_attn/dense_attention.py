@@ -14,6 +14,7 @@ from keras_attn.masks import pattern_mask
 from keras_attn.position_bias import check_position_bias
 from keras_attn.softmax import attention_logits
 from keras_attn.softmax import fill_masked
+from keras_attn.softmax import shifted_logits
 from keras_attn.softmax import zero_masked
 
 
@@ -54,8 +55,9 @@ def dense_attention(
     inputs, repeats grouped key/value heads and resolves `scale` first; the arguments mean the same
     as there, with `dropout_rate` the effective rate (pass 0 outside training).
 
-    Masked logits get a finite fill, so a partly masked row's masked weights underflow to exactly
-    0. A fully masked row softmaxes to uniform weights: its output is zeroed after the value
+    The logits are `scale * (Q K^T - row max)` (`shifted_logits`: exact for any `scale`) plus the
+    biases; masked logits are `-inf`, so a partly masked row's masked weights are exactly 0 at any
+    logit scale. A fully masked row softmaxes to uniform weights: its output is zeroed after the value
     product (a boolean reduction of the mask and a pass over `(batch, query_len, heads, depth)`
     instead of a float pass over the weights), and the weights are zeroed only when they are
     returned. A causal mask alone never empties a row (query `i` always sees key 0), so it needs
@@ -74,7 +76,7 @@ def dense_attention(
     """
     rows_may_be_empty = may_empty_rows(mask, pattern)
     mask = pattern_mask(mask, pattern, ops.shape(query)[1], ops.shape(key)[1], query_offset)
-    logits = attention_logits(query, key, scale)  # (batch, heads, query_len, key_len)
+    logits = shifted_logits(attention_logits(query, key), scale, mask)  # (batch, heads, query_len, key_len)
     if bias is not None:
         logits = logits + ops.cast(bias, logits.dtype)
     logits = _add_position_bias(logits, check_position_bias(position_bias, query.shape[2]), query_offset)
@@ -111,7 +113,7 @@ def hard_weights(logits, soft):
     """One-hot weights on each row's argmax, with the straight-through gradient of `soft`.
 
     Forward: `1` at the first (lowest) key index where the masked logits `(batch, heads,
-    query_len, key_len)` reach their row maximum, `0` elsewhere. Masked logits hold `MASK_FILL`,
+    query_len, key_len)` reach their row maximum, `0` elsewhere. Masked logits hold `-inf`,
     so the argmax is an allowed key whenever the row has one; a row without allowed keys is zeroed
     by the caller, as for soft weights. Backward: `hard + (soft - stop_gradient(soft))` is exactly
     `hard` in value and has the gradient of `soft`, so the logits receive the softmax gradient at

@@ -1,37 +1,74 @@
-"""The masked softmax every attention path shares: float32 logits, finite fills, exact zeros.
+"""The masked softmax every attention path shares: float32 logits, exact masking, exact zeros.
 
-- logits and softmax in float32 whatever the compute dtype;
-- masked logits are filled with the finite `MASK_FILL`, never `-inf` (which gives NaN in a fully
-  masked row);
-- masked entries, and every entry of a row without any attended key, are exactly 0;
-- an additive bias at or below `MASK_FILL` (`-inf`, the dtype's lowest value, the `-1e9` idiom)
-  masks its entry exactly like `mask=False` (`bias_mask`): its weight is 0, a row whose every key
-  is masked so gets zero weights and a zero output, and no gradient is NaN.
+- logits (Q . K^T included) and softmax in float32 whatever the compute dtype: float16 products
+  overflow at 65,504;
+- masked entries are excluded, never out-competed: their logit is the dtype's lowest finite value
+  (`mask_fill`), below every allowed logit, so their weight is exactly 0 whatever the scale of
+  the allowed logits (a fill such as `-1e9` loses to allowed logits below it); a row with no
+  allowed key at all gets zero weights and a zero output;
+- the inverse temperature multiplies logits already shifted by their row maximum
+  (`shifted_logits`), so `beta * (l - max l)` lies in `[-inf, 0]`: no `beta` up to the float32
+  limit overflows to `inf` or NaN;
+- an additive bias at or below `MASKING_BIAS` (`-inf`, the dtype's lowest value, the `-1e9`
+  idiom) masks its entry exactly like `mask=False` (`bias_mask`): its weight is 0, a row whose
+  every key is masked so gets zero weights and a zero output, and no gradient is NaN.
 """
 
+import keras
+import numpy as np
 from keras import ops
 
 from keras_attn.utils import float_math_dtype
 
-# The finite logit of masked entries: `exp(MASK_FILL - m)` is exactly 0 for any real row maximum
-# `m`, so only a row with no attended key at all needs its weights or output zeroed.
-MASK_FILL = -1e9
+# An additive bias at or below this value is a mask (the `-1e9` idiom of Keras and Transformers
+# code, `-inf`, a dtype's lowest value): `bias_mask` turns it into `mask=False`.
+MASKING_BIAS = -1e9
 
 
-def attention_logits(query, key, scale):
-    """Logits `(batch, heads, query_len, key_len)` of `scale * query . key`, in `float_math_dtype`."""
-    # `convert_to_tensor`, not `cast`: a Python float cast goes through float32 first.
-    scale = ops.convert_to_tensor(scale, dtype=query.dtype)
-    query = ops.multiply(query, scale)  # (batch, query_len, heads, depth)
-    logits = ops.einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, query_len, key_len)
-    return ops.cast(logits, float_math_dtype(logits.dtype))
+def attention_logits(query, key):
+    """Unscaled logits `(batch, heads, query_len, key_len)` of `query . key`, in `float_math_dtype`.
+
+    Query and key are cast first, so the products and their sums are float32 under mixed precision.
+    """
+    dtype = float_math_dtype(query.dtype)
+    query, key = ops.cast(query, dtype), ops.cast(key, dtype)
+    return ops.einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, query_len, key_len)
+
+
+def shifted_logits(logits, scale, mask=None):
+    """`scale * (logits - m)`, `m` each row's largest allowed logit: softmax-equal to `scale * logits`.
+
+    `logits - m <= 0` on allowed keys, so the product lies in `[-inf, 0]` for any positive
+    `scale` up to the float32 limit and its row maximum is exactly 0. `m` is a constant of the
+    softmax (no gradient flows through it); a row without allowed keys takes `m = 0`.
+    """
+    fill = mask_fill(logits.dtype)
+    allowed = logits if mask is None else ops.where(mask, logits, fill)
+    row_max = ops.max(allowed, axis=-1, keepdims=True)  # (..., 1)
+    row_max = ops.stop_gradient(ops.where(row_max > fill, row_max, ops.zeros_like(row_max)))
+    scale = ops.convert_to_tensor(scale, dtype=logits.dtype)
+    return ops.multiply(scale, logits - row_max)
+
+
+def mask_fill(dtype):
+    """The logit of masked entries: `dtype`'s lowest finite value, below every allowed logit.
+
+    `exp(fill - m)` is exactly 0 for any allowed row maximum `m` above it, so masking never depends
+    on the scale of the logits (a fill such as `-1e9` loses to allowed logits below it). Finite, not
+    `-inf`: a fully masked row stays finite, and tf2onnx lowers `where` to arithmetic in which
+    `0 * inf` would be NaN.
+
+    >>> float(mask_fill("float32"))
+    -3.4028234663852886e+38
+    """
+    return ops.convert_to_tensor(np.finfo(keras.backend.standardize_dtype(dtype)).min, dtype=dtype)
 
 
 def bias_mask(bias):
-    """`False` where the additive `bias` masks the key: at or below `MASK_FILL`, `-inf` included.
+    """`False` where the additive `bias` masks the key: at or below `MASKING_BIAS`, `-inf` included.
 
     Merged into the boolean mask before any kernel runs, so a `-inf` bias takes the masked path
-    (finite fill, exact zeros, zeroed empty rows) instead of `-inf - -inf = NaN` in the softmax
+    (excluded keys, exact zeros, zeroed empty rows) instead of `-inf - -inf = NaN` in the softmax
     and its gradient. A NaN bias is not a mask: it stays visible in the output.
 
     >>> import numpy as np
@@ -40,7 +77,7 @@ def bias_mask(bias):
     """
     bias = ops.convert_to_tensor(bias)
     bias = ops.cast(bias, float_math_dtype(bias.dtype))
-    return ops.logical_not(ops.less_equal(bias, ops.cast(MASK_FILL, bias.dtype)))
+    return ops.logical_not(ops.less_equal(bias, ops.cast(MASKING_BIAS, bias.dtype)))
 
 
 def masked_softmax(logits, mask=None):
@@ -58,8 +95,14 @@ def masked_softmax(logits, mask=None):
 
 
 def fill_masked(logits, mask):
-    """Masked logits replaced by `MASK_FILL`: `-inf` would give NaN (inf - inf) in a fully masked row."""
-    return ops.where(mask, logits, ops.cast(MASK_FILL, logits.dtype))
+    """Masked logits replaced by `mask_fill` (weight exactly 0 at any logit scale).
+
+    >>> import numpy as np
+    >>> logits = np.array([-3e30, -1e30, 5.0], "float32")
+    >>> masked_softmax(logits, np.array([True, True, False])).numpy().tolist()
+    [0.0, 1.0, 0.0]
+    """
+    return ops.where(mask, logits, mask_fill(logits.dtype))
 
 
 def zero_masked(weights, mask):

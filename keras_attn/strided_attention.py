@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from keras_attn import patterns
 from keras_attn.attention_call import why_not_tensorflow_streaming
-from keras_attn.softmax import MASK_FILL
+from keras_attn.softmax import mask_fill
 from keras_attn.utils import float_math_dtype
 
 # Queries per chunk of the band part (a chunk of 128 under a window of 256 computes 383 keys).
@@ -131,7 +131,7 @@ def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0
     plan = _plan(pattern, query.shape[1], key.shape[1], query_offset)
     output_dtype, dtype = value.dtype, float_math_dtype(query.dtype)
     scale = tf.cast(scale, dtype) if tf.is_tensor(scale) else tf.constant(scale, dtype)
-    query = tf.cast(query, dtype) * scale
+    query = tf.cast(query, dtype) * scale  # logits in float32 whatever the compute dtype
     query, key, value = (tf.transpose(tf.cast(t, dtype), (0, 2, 1, 3)) for t in (query, key, value))  # (b, h, len, d)
     masks = _Masks(None, None) if mask is None else _Masks.of(tf.cast(mask, tf.bool), plan)
     output = _attend(plan, masks, query, key, value)  # (batch, heads, query_len, value_depth)
@@ -342,16 +342,17 @@ def _grid_block(plan, masks, step, query_grid, key_grid):
 def _partial_softmax(logits, allowed, values):
     """Normalised output `(..., rows, dv)` and log-sum-exp `(..., rows, 1)` over the allowed keys only.
 
-    A row without allowed keys has output 0 and log-sum-exp `MASK_FILL`, which merges as weight 0.
+    Masked logits hold the dtype's lowest finite value (`mask_fill`), below every allowed logit. A
+    row without allowed keys has output 0 and log-sum-exp `mask_fill`, which merges as weight 0.
     """
-    filled = tf.where(allowed, logits, tf.cast(MASK_FILL, logits.dtype))
+    filled = tf.where(allowed, logits, mask_fill(logits.dtype))
     row_max = tf.reduce_max(filled, -1, keepdims=True)  # (..., rows, 1)
     weights = tf.where(allowed, tf.exp(filled - row_max), tf.zeros_like(filled))  # (..., rows, keys)
     total = tf.reduce_sum(weights, -1, keepdims=True)
     attended = total > 0
     safe_total = tf.where(attended, total, tf.ones_like(total))
     output = tf.matmul(weights, values) / safe_total  # (..., rows, dv)
-    log_sum_exp = tf.where(attended, row_max + tf.math.log(safe_total), tf.cast(MASK_FILL, total.dtype))
+    log_sum_exp = tf.where(attended, row_max + tf.math.log(safe_total), tf.fill(tf.shape(total), mask_fill(total.dtype)))
     return output, log_sum_exp
 
 

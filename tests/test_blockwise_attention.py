@@ -192,7 +192,7 @@ def test_dropout_gradients_use_the_forward_masks():
 
     def dense_with_the_same_masks(query, key, value):
         mask = masks.sliding_window_mask(QUERY_LEN, KEY_LEN, case["sliding_window"])
-        logits = softmax.attention_logits(query, key, DEPTH**-0.5)
+        logits = softmax.attention_logits(query, key) * DEPTH**-0.5
         weights = softmax.masked_softmax(logits, mask) * keep / (1.0 - rate)
         return tf.einsum("bhqk,bkhd->bqhd", weights, value)
 

@@ -124,7 +124,7 @@ def test_dropout_drops_normalised_weights_and_the_gradient_uses_the_forward_mask
         )
 
     def dense_with_the_same_masks(query, key, value):
-        logits = softmax.attention_logits(query, key, DEPTH**-0.5)
+        logits = softmax.attention_logits(query, key) * DEPTH**-0.5
         weights = softmax.masked_softmax(logits, masks.causal_mask(QUERY_LEN, KEY_LEN)) * keep / (1.0 - rate)
         return tf.einsum("bhqk,bkhd->bqhd", weights, value)
 
