@@ -20,7 +20,7 @@ def _pyplot():
         from matplotlib import pyplot
     except ImportError as error:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "Attention figures need matplotlib: `pip install "keras-attn[viz]"` "
+            'Attention figures need matplotlib: `pip install "keras-attn[viz]"` '
             "(or `pip install matplotlib`)."
         ) from error
     return pyplot
