@@ -93,9 +93,22 @@ def write_results(name, payload, output=None):
     from models.files import write_json_atomic
 
     path = output or os.path.join(RESULTS_DIR, f"{name}.json")
-    write_json_atomic(path, {"benchmark": name, "machine": machine(), **payload})
-    print(f"wrote {path}")
+    conditions = machine()
+    write_json_atomic(path, {"benchmark": name, "machine": conditions, **payload})
+    print(f"wrote {path} ({describe_load(conditions)})")
     return path
+
+
+def describe_load(conditions):
+    """The run's conditions as BENCHMARKS.md quotes them: the load on the cores, not what else ran.
+
+    >>> describe_load({"cpus": 2, "load_average": (1.43, 1.2, 1.1)})
+    'load average 1.43 / 1.20 / 1.10 (1, 5, 15 min) on 2 cores'
+    """
+    load = conditions["load_average"]
+    if load is None:
+        return f"load average unknown on {conditions['cpus']} cores"
+    return f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1, 5, 15 min) on {conditions['cpus']} cores"
 
 
 def imdb_test_reviews(count):

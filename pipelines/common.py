@@ -281,8 +281,15 @@ def restore_best_weights(model, output_dir):
     return path
 
 
-def steps_per_epoch(examples, batch_size):
-    return max(1, math.ceil(examples / batch_size))
+def with_counted_batches(dataset):
+    """`dataset` with its number of batches counted once (one pass) and declared as its cardinality.
+
+    Keras then shows the steps in the first epoch's progress bar (`1/Unknown` otherwise, until
+    epoch 2). Safe for shuffled, length-bucketed batches: each bucket batches its own elements, so
+    the count does not depend on the order; `assert_cardinality` fails loudly if it ever did.
+    """
+    count = int(dataset.reduce(0, lambda count, _: count + 1))
+    return dataset.apply(tf.data.experimental.assert_cardinality(count))
 
 
 def bucket_boundaries(sequence_length, width):

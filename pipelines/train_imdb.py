@@ -165,11 +165,13 @@ def train(args):
 
     # Tokenised once and cached: the idf adaptation and every training epoch read the same ids.
     train_ids = imdb_data.token_ids(splits.train, vectorizer, config.max_tokens)
-    train_batches = batches(train_ids, shuffle=True, seed=args.seed, drop_remainder=True)
+    train_batches = common.with_counted_batches(batches(train_ids, shuffle=True, seed=args.seed, drop_remainder=True))
+    # Counted once: Keras shows the steps from the first epoch and warns of no "ran out of data".
     validation_batches, test_batches = (
-        batches(imdb_data.token_ids(split, vectorizer, config.max_tokens)) for split in (splits.validation, splits.test)
+        common.with_counted_batches(batches(imdb_data.token_ids(split, vectorizer, config.max_tokens)))
+        for split in (splits.validation, splits.test)
     )
-    total_steps = args.epochs * common.steps_per_epoch(splits.counts["train"], args.batch_size)
+    total_steps = args.epochs * int(train_batches.cardinality())
 
     with strategy.scope():
         model = build_sentiment_classifier(config)
@@ -227,6 +229,7 @@ def train(args):
             validation_data=validation_batches.map(every_output),
             epochs=args.epochs,
             callbacks=callbacks,
+            shuffle=False,  # the dataset shuffles itself (Keras would warn each epoch)
         )
         epochs_this_invocation = len(history.epoch)
         common.restore_best_weights(trainer, output_dir)

@@ -189,10 +189,6 @@ def load_or_build_vectorizers(pairs, config, output_dir):
     return vectorizers
 
 
-def count_batches(dataset):
-    return int(dataset.reduce(0, lambda count, _: count + 1))
-
-
 def score_translations(hypotheses, references):
     """Cased sacrebleu BLEU (13a tokenisation) of detokenised hypotheses against raw references.
 
@@ -251,9 +247,11 @@ def _train(args, output_dir):
             vectorizers, *pairs[name], tokens_per_batch=args.tokens_per_batch, seed=seed, **options
         )
 
-    validation_batches = batches("validation")
-    test_batches = batches("test", drop_long=False)
-    total_steps = args.epochs * count_batches(batches("train"))
+    # Counted once: Keras shows the steps from the first epoch and warns of no "ran out of data".
+    validation_batches = common.with_counted_batches(batches("validation"))
+    test_batches = common.with_counted_batches(batches("test", drop_long=False))
+    train_batches = common.with_counted_batches(batches("train", shuffle=True))
+    total_steps = args.epochs * int(train_batches.cardinality())
 
     started = time.perf_counter()
     if multi_worker:
@@ -293,8 +291,8 @@ def _train(args, output_dir):
                 model, args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay, args.jit_compile
             )
         callbacks = common.training_callbacks(output_dir, monitor="val_token_accuracy", patience=args.patience)
-        history = model.fit(
-            batches("train", shuffle=True), validation_data=validation_batches, epochs=args.epochs, callbacks=callbacks
+        history = model.fit(  # shuffle=False: the dataset shuffles itself (Keras would warn each epoch)
+            train_batches, validation_data=validation_batches, epochs=args.epochs, callbacks=callbacks, shuffle=False
         )
         epochs_this_invocation = len(history.epoch)
         training_seconds = time.perf_counter() - started

@@ -35,7 +35,7 @@ SCRIPTS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_smoke_run_writes_rows_with_the_peer_ratio(name, tmp_path, monkeypatch, small_imdb_archive, imdb_cache_dir):
+def test_smoke_run_writes_rows_with_the_peer_ratio(name, tmp_path, monkeypatch, capsys, small_imdb_archive, imdb_cache_dir):
     # The IMDB benchmarks read the small test archive through the pipelines' cache.
     monkeypatch.setenv("KERAS_ATTN_DATA", str(small_imdb_archive))
     monkeypatch.setenv("KERAS_ATTN_CACHE", str(imdb_cache_dir))
@@ -46,6 +46,9 @@ def test_smoke_run_writes_rows_with_the_peer_ratio(name, tmp_path, monkeypatch, 
     assert written["benchmark"] == f"{name}_smoke"
     assert written["rows"] == json.loads(json.dumps(rows))
     assert any(row.get(ratio) is not None and row[ratio] > 0 for row in rows)
+    # The conditions are the machine's load on its cores, printed and recorded.
+    cpus, load = written["machine"]["cpus"], written["machine"]["load_average"]
+    assert f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1, 5, 15 min) on {cpus} cores" in capsys.readouterr().out
 
 
 def test_sparse_patterns_update_replaces_only_the_points_run(tmp_path):

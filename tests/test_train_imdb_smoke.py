@@ -3,8 +3,10 @@ verify; plus resuming after an interruption, mixed precision, XLA and a mirrored
 
 import json
 import os
+import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import h5py
@@ -129,3 +131,14 @@ def test_mirrored_strategy_over_two_logical_cpus(small_imdb_archive, imdb_cache_
     # An accuracy over the whole test slice: a whole number of correct reviews, not a mean of batch means.
     correct = summary["test_accuracy"] * summary["data"]["test"]
     assert correct == pytest.approx(round(correct), abs=1e-6)
+
+
+def test_first_epoch_shows_its_steps_and_no_framework_warnings(small_imdb_archive, imdb_cache_dir, tmp_path, capsys):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_imdb.main(smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "1"))
+    printed = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # without the terminal colours
+    assert "/Unknown" not in printed  # Keras's progress bar before it knows the steps
+    assert re.search(r"\b(\d+)/\1 ", printed), printed[-2000:]  # "N/N" at the end of epoch 1
+    framework = [str(w.message) for w in caught if "shuffle=True" in str(w.message) or "ran out of data" in str(w.message)]
+    assert framework == []

@@ -1,5 +1,6 @@
 import io
 import json
+import warnings
 from contextlib import redirect_stdout
 
 import keras
@@ -87,10 +88,16 @@ def test_bad_width_raises_value_error():
 
 
 @pytest.mark.slow
-def test_smoke_training_writes_a_run_that_translates(tmp_path):
+def test_smoke_training_writes_a_run_that_translates(tmp_path, capsys):
     require_data()
     output = tmp_path / "run"
-    summary = train_translator.main(["--smoke", "--epochs", "1", "--output-dir", str(output)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = train_translator.main(["--smoke", "--epochs", "1", "--output-dir", str(output)])
+    # A normal run shows its steps from the first epoch and no framework warnings.
+    assert "/Unknown" not in capsys.readouterr().out
+    framework = [str(w.message) for w in caught if "shuffle=True" in str(w.message) or "ran out of data" in str(w.message)]
+    assert framework == []
     for name in ("split.json", "source_vocabulary.txt", "target_vocabulary.txt", "translator.keras", "run_config.json"):
         assert (output / name).is_file(), name
     recorded = json.loads((output / "summary.json").read_text())
