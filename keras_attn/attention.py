@@ -32,10 +32,10 @@ from keras_attn.attention_call import AttentionCall
 from keras_attn.masks import merge_masks
 from keras_attn.position_bias import check_position_bias
 from keras_attn.softmax import bias_mask
-from keras_attn.utils import check_bool
-from keras_attn.utils import check_position
-from keras_attn.utils import check_scale
-from keras_attn.utils import check_rate
+from keras_attn.validation import check_bool
+from keras_attn.validation import check_position
+from keras_attn.validation import check_scale
+from keras_attn.validation import check_rate
 
 _MASK_RANK = 4
 # The kernels by name: each module answers `why_unsupported(call)` and `attend(call)` for an

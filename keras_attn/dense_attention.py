@@ -16,6 +16,7 @@ from keras_attn.softmax import attention_logits
 from keras_attn.softmax import fill_masked
 from keras_attn.softmax import shifted_logits
 from keras_attn.softmax import zero_masked
+from keras_attn.softmax import mask_fill
 
 
 def why_unsupported(call):
@@ -122,8 +123,9 @@ def hard_weights(logits, soft):
     """
     key_len = ops.shape(logits)[-1]
     positions = ops.arange(key_len, dtype="int32")  # (key_len,)
-    at_max = ops.equal(logits, ops.max(logits, axis=-1, keepdims=True))  # (batch, heads, query_len, key_len)
-    first = ops.min(ops.where(at_max, positions, key_len), axis=-1, keepdims=True)  # (batch, heads, query_len, 1)
+    row_max = ops.max(logits, axis=-1, keepdims=True, initial=mask_fill(logits.dtype))  # `initial`: empty inputs
+    at_max = ops.equal(logits, row_max)  # (batch, heads, query_len, key_len)
+    first = ops.min(ops.where(at_max, positions, key_len), axis=-1, keepdims=True, initial=key_len)  # (b, h, q, 1)
     hard = ops.cast(ops.equal(positions, first), soft.dtype)  # (batch, heads, query_len, key_len)
     return hard + (soft - ops.stop_gradient(soft))
 

@@ -2,8 +2,8 @@
 
 import keras
 
-from keras_attn.utils import check_positive_int
-from keras_attn.utils import check_rate
+from keras_attn.validation import check_positive_int
+from keras_attn.validation import check_rate
 from keras_attn.utils import clone_initializer
 
 

@@ -34,9 +34,11 @@ import tensorflow as tf
 from keras import ops
 
 from keras_attn.projected_self_attention import ProjectedSelfAttention
-from keras_attn.utils import check_positive_int
+from keras_attn.validation import check_positive_int
 from keras_attn.utils import float_math_dtype
 from keras_attn.utils import padding_to_multiple
+from keras_attn.validation import check_bool
+from keras_attn.softmax import mask_fill
 
 FEATURE_MAPS = ("elu", "favor")
 # FAVOR+ key features are at most `exp(max |w|^2 / 2 - offset)`; this bound keeps a float32 sum
@@ -79,7 +81,7 @@ def favor_feature_map(x, projection, is_query):
     projected = ops.einsum("...d,md->...m", x, projection)  # (..., num_features)
     log_features = projected - 0.5 * ops.sum(ops.square(x), axis=-1, keepdims=True)
     if is_query:
-        offset = ops.stop_gradient(ops.max(log_features, axis=-1, keepdims=True))
+        offset = ops.stop_gradient(ops.max(log_features, axis=-1, keepdims=True, initial=mask_fill(log_features.dtype)))
     else:
         bound = 0.5 * ops.max(ops.sum(ops.square(projection), axis=-1))  # >= every key's log-feature
         offset = ops.stop_gradient(ops.maximum(bound - FAVOR_MAX_KEY_LOG_FEATURE, 0.0))
@@ -220,6 +222,8 @@ class LinearAttention(ProjectedSelfAttention):
             raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}. Received: feature_map={feature_map!r}")
         check_positive_int("num_random_features", num_random_features, allow_none=True)
         check_positive_int("chunk_size", chunk_size)
+        check_bool("redraw_features", redraw_features)
+        check_bool("causal", causal)
         if redraw_features and feature_map != "favor":
             raise ValueError(
                 "`redraw_features=True` needs random features (`feature_map='favor'`). "
@@ -290,11 +294,29 @@ class LinearAttention(ProjectedSelfAttention):
                 "A recurrent `cache` is for causal decoding: the layer has causal=False. Received a cache "
                 f"with causal={self.causal}"
             )
+        if cache is not None:
+            self._check_state(cache, inputs)
         mask = self.padding_mask(inputs, mask)
         query, key, value = self.project(inputs, mask)
         attended, new_cache = self._attend_with_state(query, key, value, mask, training, cache)
         output = self.output_dense(ops.cast(attended, self.compute_dtype))
         return output if cache is None else (output, new_cache)
+
+    def _check_state(self, cache, inputs):
+        """A `ValueError` unless `cache` is the `(summary, normaliser)` pair of `initial_cache` for this batch."""
+        expected = ((self.num_heads, self.num_features, self.value_dim), (self.num_heads, self.num_features))
+        shapes = tuple(tuple(getattr(part, "shape", ())) for part in cache) if isinstance(cache, (list, tuple)) else None
+        batch = inputs.shape[0]
+        valid = shapes is not None and len(shapes) == 2 and all(
+            len(shape) == len(want) + 1 and shape[1:] == want and (batch is None or shape[0] in (None, batch))
+            for shape, want in zip(shapes, expected)
+        )
+        if not valid:
+            raise ValueError(
+                "`cache` must be the recurrent state `(summary, normaliser)` of shapes "
+                f"(batch, {self.num_heads}, {self.num_features}, {self.value_dim}) and (batch, {self.num_heads}, "
+                f"{self.num_features}), batch = {batch} (see `initial_cache`). Received: cache shapes={shapes or type(cache).__name__}"
+            )
 
     def _attend(self, query, key, value, mask, training):
         return self._attend_with_state(query, key, value, mask, training, None)[0]
@@ -303,6 +325,8 @@ class LinearAttention(ProjectedSelfAttention):
         projection = self._feature_projection(query.dtype, training)
         keep = None if mask is None else ops.cast(mask, float_math_dtype(query.dtype))[:, :, None, None]
         length = query.shape[1]
+        if length == 0:  # nothing to attend: an empty output, the state unchanged
+            return ops.zeros((ops.shape(query)[0], 0, self.num_heads, self.value_dim), float_math_dtype(query.dtype)), state
         if self.causal and length is not None and length > RECOMPUTE_SEGMENT_LENGTH:
             return self._attend_in_segments(query, key, value, keep, projection, state)
         return self._feature_attention(query, key, value, keep, projection, state)

@@ -12,11 +12,13 @@ tokens included, so no mask over the projected keys can hide the future from a q
 """
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.projected_self_attention import ProjectedSelfAttention
-from keras_attn.utils import check_positive_int
+from keras_attn.validation import check_positive_int
+from keras_attn.validation import check_bool
 
 CAUSAL_ERROR = (
     "LinformerSelfAttention cannot be causal: each of its `projected_length` keys and values is a "
@@ -88,8 +90,10 @@ class LinformerSelfAttention(ProjectedSelfAttention):
         causal=False,
         **kwargs,
     ):
-        if causal:
+        if check_bool("causal", causal):
             raise ValueError(f"{CAUSAL_ERROR} Received: causal={causal!r}")
+        check_bool("share_key_value", share_key_value)
+        check_bool("projection_per_head", projection_per_head)
         check_positive_int("max_length", max_length)
         check_positive_int("projected_length", projected_length)
         super().__init__(num_heads, key_dim, **kwargs)
@@ -123,6 +127,13 @@ class LinformerSelfAttention(ProjectedSelfAttention):
     def _project_length(self, tensor, projection):
         """`(batch, seq, heads, depth)` -> `(batch, projected_length, heads, depth)` by the leading `seq` rows."""
         length = ops.shape(tensor)[1]
+        if tensor.shape[1] is None:  # a dynamic length, checked at run time (build checks a static one)
+            check = tf.debugging.assert_less_equal(
+                length, self.max_length,
+                message=f"`inputs` is longer than `max_length={self.max_length}` of LinformerSelfAttention {self.name!r}",
+            )
+            with tf.control_dependencies([check]):
+                length = tf.identity(length)
         projection = ops.cast(projection, tensor.dtype)
         if self.projection_per_head:
             return ops.einsum("bthd,htk->bkhd", tensor, projection[:, :length])

@@ -29,9 +29,10 @@ from keras import ops
 from keras_attn.projected_self_attention import ProjectedSelfAttention
 from keras_attn.softmax import fill_masked
 from keras_attn.softmax import zero_masked
-from keras_attn.utils import check_positive_int
+from keras_attn.validation import check_positive_int
 from keras_attn.utils import float_math_dtype
 from keras_attn.utils import padding_to_multiple
+from keras_attn.validation import check_bool
 
 # The logit of a token's own key: attended only when every other key is masked (Reformer).
 SELF_LOGIT = -1e5
@@ -188,6 +189,7 @@ class LSHSelfAttention(ProjectedSelfAttention):
         check_positive_int("num_buckets", num_buckets)
         check_positive_int("num_hashes", num_hashes)
         check_positive_int("chunk_size", chunk_size)
+        check_bool("causal", causal)
         if num_buckets != 1 and num_buckets % 2:
             raise ValueError(
                 "`num_buckets` must be 1 or even (buckets are the argmax over [x R, -x R]). "

@@ -1,6 +1,7 @@
 """Multi-head attention: a subclass of `keras.layers.MultiHeadAttention` with exact masking and fast paths."""
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import ops
 
@@ -12,12 +13,13 @@ from keras_attn.masks import pattern_mask
 from keras_attn.masks import merge_masks
 from keras_attn.masks import padding_mask_to_attention_mask
 from keras_attn.softmax import zero_masked
-from keras_attn.utils import check_bool
+from keras_attn.validation import check_bool
+from keras_attn.validation import check_choice
 from keras_attn.utils import check_padding_mask
-from keras_attn.utils import check_position
-from keras_attn.utils import check_positive_int
-from keras_attn.utils import check_rate
-from keras_attn.utils import check_scale
+from keras_attn.validation import check_position
+from keras_attn.validation import check_positive_int
+from keras_attn.validation import check_rate
+from keras_attn.validation import check_scale
 
 _SEQUENCE_AXIS = (1,)  # the attention axes of (batch, seq, features) inputs, resolved
 
@@ -160,9 +162,21 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         position_bias=None,
         **kwargs,
     ):
+        # num_heads, key_dim and value_dim: Keras's own constructor checks them, naming each, but
+        # takes True for 1.
+        for name, size in (("num_heads", num_heads), ("key_dim", key_dim), ("value_dim", value_dim)):
+            if isinstance(size, (bool, np.bool_)):
+                raise ValueError(f"Invalid argument `{name}`: a positive integer, not a boolean. Received: {name}={size!r}")
+        check_positive_int("sliding_window", sliding_window, allow_none=True)
         check_rate("dropout", dropout)
         check_scale(scale)
-        check_bool("hard", hard)
+        for name, flag in (("hard", hard), ("use_bias", use_bias), ("use_gate", use_gate)):
+            check_bool(name, flag)
+        check_bool("flash_attention", flash_attention, allow_none=True)
+        if isinstance(attention_axes, (list, tuple)) and not attention_axes:
+            raise ValueError(
+                f"`attention_axes` must be None, an int or a non-empty sequence of ints. Received: attention_axes={attention_axes!r}"
+            )
         attention_pattern = patterns.get(attention_pattern, "attention_pattern")
         check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
         if num_key_value_heads is not None and isinstance(num_heads, int) and num_heads % num_key_value_heads:
@@ -170,11 +184,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 "`num_key_value_heads` must divide `num_heads`. Received: "
                 f"num_heads={num_heads}, num_key_value_heads={num_key_value_heads}"
             )
-        if implementation not in ATTENTION_IMPLEMENTATIONS:
-            raise ValueError(
-                f"`implementation` must be one of {ATTENTION_IMPLEMENTATIONS}. "
-                f"Received: implementation={implementation!r}"
-            )
+        check_choice("implementation", implementation, ATTENTION_IMPLEMENTATIONS)
         trailing = (output_shape,) if isinstance(output_shape, int) else output_shape
         if isinstance(trailing, (list, tuple)) and not all(isinstance(d, int) and d > 0 for d in trailing):
             raise ValueError(f"Invalid `output_shape`: its sizes must be positive ints. Received: output_shape={output_shape}")
@@ -569,6 +579,11 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             raise ValueError(
                 "A key/value cache needs `key_dim == value_dim`. Received: "
                 f"key_dim={self.key_dim}, value_dim={self.value_dim}"
+            )
+        if cache.shape[0] is not None and query.shape[0] is not None and cache.shape[0] != query.shape[0]:
+            raise ValueError(
+                "`cache` must have the batch size of `query`. "
+                f"Received: cache.shape={tuple(cache.shape)}, query.shape={tuple(query.shape)}"
             )
         if cache_update_index is None:
             projected_query = self._query_dense(query)

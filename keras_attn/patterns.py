@@ -29,7 +29,7 @@ import math
 import keras
 from keras import ops
 
-from keras_attn.utils import check_positive_int
+from keras_attn.validation import check_positive_int
 
 _PACKAGE = "keras_attn"
 

@@ -22,7 +22,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_attn.utils import check_positive_int
+from keras_attn.validation import check_positive_int
 from keras_attn.utils import float_math_dtype
 
 

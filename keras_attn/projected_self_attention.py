@@ -12,10 +12,11 @@ from keras import ops
 
 from keras_attn.softmax import zero_masked
 from keras_attn.utils import check_padding_mask
-from keras_attn.utils import check_positive_int
+from keras_attn.validation import check_positive_int
 from keras_attn.utils import check_sequence_shape
 from keras_attn.utils import clone_initializer
 from keras_attn.utils import keras_mask
+from keras_attn.validation import check_bool
 
 
 class ProjectedSelfAttention(keras.layers.Layer):
@@ -50,6 +51,7 @@ class ProjectedSelfAttention(keras.layers.Layer):
         check_positive_int("key_dim", key_dim)
         check_positive_int("value_dim", value_dim, allow_none=True)
         check_positive_int("output_dim", output_dim, allow_none=True)
+        check_bool("use_bias", use_bias)
         super().__init__(**kwargs)
         self.supports_masking = True
         self.num_heads = num_heads

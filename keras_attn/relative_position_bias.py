@@ -7,7 +7,8 @@ from keras import ops
 
 from keras_attn.position_bias import PositionBias
 from keras_attn.position_bias import relative_positions
-from keras_attn.utils import check_positive_int
+from keras_attn.validation import check_positive_int
+from keras_attn.validation import check_bool
 
 
 def relative_position_buckets(relative_position, bidirectional=True, num_buckets=32, max_distance=128):
@@ -84,7 +85,7 @@ class RelativePositionBias(PositionBias):
         embeddings_initializer="random_normal",
         **kwargs,
     ):
-        minimum = 4 if bidirectional else 2
+        minimum = 4 if check_bool("bidirectional", bidirectional) else 2
         if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < minimum:
             raise ValueError(
                 f"`num_buckets` must be an integer >= {minimum} (bidirectional={bidirectional}). "

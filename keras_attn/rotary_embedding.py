@@ -7,6 +7,7 @@ from keras_attn.sinusoidal_position_encoding import check_max_wavelength
 from keras_attn.sinusoidal_position_encoding import inverse_frequencies
 from keras_attn.utils import float_math_dtype
 from keras_attn.sinusoidal_position_encoding import positions
+from keras_attn.validation import check_number
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -42,10 +43,7 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def __init__(self, max_wavelength=10000, scaling_factor=1.0, **kwargs):
         check_max_wavelength(max_wavelength)
-        if isinstance(scaling_factor, bool) or not isinstance(scaling_factor, (int, float)) or scaling_factor <= 0:
-            raise ValueError(
-                f"`scaling_factor` must be a positive number. Received: scaling_factor={scaling_factor!r}"
-            )
+        check_number("scaling_factor", scaling_factor, above=0)
         super().__init__(**kwargs)
         self.supports_masking = True
         self.max_wavelength = max_wavelength

@@ -3,19 +3,17 @@
 import keras
 from keras import ops
 
-from keras_attn.utils import check_positive_int
-from keras_attn.utils import check_position
+from keras_attn.validation import check_positive_int
+from keras_attn.validation import check_position
 from keras_attn.utils import float_math_dtype
+from keras_attn.validation import check_number
 
 _MERGE_MODES = ("add", "concat")
 
 
 def check_max_wavelength(max_wavelength):
-    """Raises a `ValueError` unless `max_wavelength` is a number greater than 1."""
-    if isinstance(max_wavelength, bool) or not isinstance(max_wavelength, (int, float)) or max_wavelength <= 1:
-        raise ValueError(
-            f"`max_wavelength` must be a number greater than 1. Received: max_wavelength={max_wavelength!r}"
-        )
+    """Raises a `ValueError` unless `max_wavelength` is a finite number greater than 1."""
+    check_number("max_wavelength", max_wavelength, above=1)
 
 
 

@@ -44,7 +44,7 @@ def shifted_logits(logits, scale, mask=None):
     """
     fill = mask_fill(logits.dtype)
     allowed = logits if mask is None else ops.where(mask, logits, fill)
-    row_max = ops.max(allowed, axis=-1, keepdims=True)  # (..., 1)
+    row_max = ops.max(allowed, axis=-1, keepdims=True, initial=fill)  # (..., 1); `initial`: empty inputs
     row_max = ops.stop_gradient(ops.where(row_max > fill, row_max, ops.zeros_like(row_max)))
     scale = ops.convert_to_tensor(scale, dtype=logits.dtype)
     return ops.multiply(scale, logits - row_max)

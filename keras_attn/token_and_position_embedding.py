@@ -5,11 +5,12 @@ import math
 import keras
 from keras import ops
 
-from keras_attn.utils import check_positive_int
+from keras_attn.validation import check_positive_int
 from keras_attn.utils import checked_ids
 from keras_attn.utils import clone_initializer
 from keras_attn.position_embedding import PositionEmbedding
 from keras_attn.sinusoidal_position_encoding import SinusoidalPositionEncoding
+from keras_attn.validation import check_bool
 
 _POSITION_ENCODINGS = ("learned", "sinusoidal")
 PADDING_ID = 0  # the token id that `mask_zero=True` masks: every model's vocabulary reserves it
@@ -72,6 +73,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     ):
         check_positive_int("vocabulary_size", vocabulary_size)
         check_positive_int("embedding_dim", embedding_dim)
+        check_bool("mask_zero", mask_zero)
+        check_bool("scale_embeddings", scale_embeddings)
         if position_encoding not in _POSITION_ENCODINGS:
             raise ValueError(
                 f"`position_encoding` must be one of {_POSITION_ENCODINGS}. "

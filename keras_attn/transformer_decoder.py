@@ -138,7 +138,16 @@ class TransformerDecoder(TransformerBlock):
 
     def initial_self_attention_cache(self, batch_size, max_length):
         """An all-zero self-attention cache `(batch_size, 2, max_length, kv_heads, key_dim)`, or the
-        self-attention layer's empty recurrent state (whatever `max_length`)."""
+        self-attention layer's empty recurrent state (whatever `max_length`).
+
+        The cache's shape follows the width of the decoder's inputs, so the decoder must be built
+        first (called once, or `build(decoder_sequence_shape, encoder_sequence_shape)`).
+        """
+        if not self.built:
+            raise ValueError(
+                f"`initial_self_attention_cache` needs a built decoder: its cache shape follows the input width. "
+                f"Call the decoder once or `build(decoder_sequence_shape)` first. Received: decoder {self.name!r}, built=False"
+            )
         attention = self.self_attention
         if self._has_recurrent_state():
             return attention.initial_cache(batch_size)

@@ -9,11 +9,13 @@ from keras_attn import position_bias as position_biases
 from keras_attn.feed_forward import FeedForward
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.utils import check_padding_mask
-from keras_attn.utils import check_positive_int
-from keras_attn.utils import check_rate
+from keras_attn.validation import check_positive_int
+from keras_attn.validation import check_rate
 from keras_attn.utils import check_sequence_shape
 from keras_attn.utils import clone_initializer
 from keras_attn.utils import keras_mask
+from keras_attn.validation import check_bool
+from keras_attn.validation import check_number
 
 
 def head_size(hidden_dim, num_heads, key_dim):
@@ -67,6 +69,10 @@ class TransformerBlock(keras.layers.Layer):
         check_positive_int("num_heads", num_heads)
         check_positive_int("key_dim", key_dim, allow_none=True)
         check_rate("dropout", dropout)
+        check_number("layer_norm_epsilon", layer_norm_epsilon, above=0)
+        check_positive_int("sliding_window", sliding_window, allow_none=True)
+        check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
+        check_bool("norm_first", norm_first)
         if attention_dropout is not None:
             check_rate("attention_dropout", attention_dropout)
         super().__init__(**kwargs)

@@ -1,7 +1,5 @@
-"""Argument checks and small helpers shared by the keras_attn layers (not public API)."""
-
-import math
-import numbers
+"""Small helpers shared by the keras_attn layers: dtypes, masks and shape checks (not public API;
+argument checks live in `keras_attn.validation`)."""
 
 import keras
 import numpy as np
@@ -13,46 +11,14 @@ def float_math_dtype(dtype):
     return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
 
 
-def check_positive_int(name, value, allow_none=False):
-    """Raises a `ValueError` naming `name` unless `value` is a positive int (or allowed `None`)."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        expected = "a positive integer or None" if allow_none else "a positive integer"
-        raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
 
 
-def check_bool(name, value):
-    """Raises a `ValueError` naming `name` unless `value` is a Python bool."""
-    if not isinstance(value, bool):
-        raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
 
 
-def check_scale(scale):
-    """Raises a `ValueError` unless the inverse temperature `scale` is `None` or a positive finite
-    number; a tensor passes (its value is only known at run time)."""
-    if scale is None or (hasattr(scale, "dtype") and not isinstance(scale, numbers.Real)):
-        return
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
-        raise ValueError(f"`scale` must be a positive finite number or None. Received: scale={scale!r}")
 
 
-def check_rate(name, rate):
-    """Raises a `ValueError` naming `name` unless `rate` is a number in [0, 1)."""
-    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 <= rate < 1.0:
-        raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={rate!r}")
 
 
-def check_position(name, value):
-    """Raises a `ValueError` naming `name` unless the position `value` is an int >= 0 or an
-    integer tensor: a float would give fractional positions, a negative int positions before the
-    sequence."""
-    if isinstance(value, numbers.Number) or not hasattr(value, "dtype"):
-        valid = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
-    else:
-        valid = "int" in keras.backend.standardize_dtype(value.dtype)
-    if not valid:
-        raise ValueError(f"`{name}` must be an int >= 0 or an integer tensor. Received: {name}={value!r}")
 
 
 def clone_initializer(initializer):

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.utils import check_positive_int
+from keras_attn.validation import check_positive_int
 from keras_attn.utils import checked_ids
 from models.serialization import register_serializable
 from models.vocabulary import FIRST_TOKEN_ID

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_attn.utils import check_positive_int
+from keras_attn.validation import check_positive_int
 from keras_attn.utils import checked_ids
 from models.serialization import register_serializable
 

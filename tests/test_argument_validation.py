@@ -1,0 +1,168 @@
+"""Every public layer's constructor arguments, walked with NaN, infinities, 0, negatives, wrong
+types and strings: each bad value gets a `ValueError`/`TypeError` naming the argument and quoting
+the value (`keras_attn.validation`), never a layer that silently does something else.
+
+The table classifies every parameter of every public class; a new class or parameter that it does
+not classify fails `test_every_public_parameter_is_classified`, so nothing goes unwalked.
+"""
+
+import inspect
+import math
+
+import pytest
+
+import keras_attn
+
+# What each class needs to be built at all (valid values).
+MHA_REQUIRED = {"num_heads": 2, "key_dim": 4}
+REQUIRED = {
+    "ALiBi": {"num_heads": 2},
+    "CausalSelfAttention": MHA_REQUIRED,
+    "CrossAttention": MHA_REQUIRED,
+    "FeedForward": {"intermediate_dim": 4},
+    "LSHSelfAttention": MHA_REQUIRED,
+    "LinearAttention": MHA_REQUIRED,
+    "LinformerSelfAttention": {**MHA_REQUIRED, "max_length": 8, "projected_length": 4},
+    "MaskedGlobalPooling": {},
+    "MultiHeadAttention": MHA_REQUIRED,
+    "PositionEmbedding": {"sequence_length": 8},
+    "RelativePositionBias": {"num_heads": 2},
+    "RotaryEmbedding": {},
+    "SelfAttention": MHA_REQUIRED,
+    "SinusoidalPositionEncoding": {},
+    "TokenAndPositionEmbedding": {"vocabulary_size": 10, "sequence_length": 8, "embedding_dim": 4},
+    "TransformerDecoder": {"intermediate_dim": 8, "num_heads": 2},
+    "TransformerEncoder": {"intermediate_dim": 8, "num_heads": 2},
+}
+
+NAN, INF = float("nan"), float("inf")
+# The bad values of each kind of argument. Where 0 or None is a documented right answer it is not
+# listed (a rate of 0 is no dropout; None is the documented default of the `_or_none` kinds).
+BAD_VALUES = {
+    "bool": ("no", "yes", 1, 0, None),
+    "bool_or_none": ("no", 1),
+    "positive_int": (0, -1, 1.5, NAN, INF, "3", True),
+    "positive_int_or_none": (0, -1, 1.5, NAN, INF, "3", True),
+    "rate": (-0.1, 1.0, NAN, INF, "0.1", True),
+    "rate_or_none": (-0.1, 1.0, NAN, INF, "0.1"),
+    "positive_number": (0, -1.0, NAN, INF, -INF, "1", True),
+    "positive_number_or_none": (0, -1.0, NAN, INF, -INF, "1", True),
+    "number_above_1": (1, 0.5, NAN, INF, -INF, "2", True),
+    "choice": ("nonsense", True),
+    "axes": ((),),
+}
+# Parameters that are objects resolved by Keras or by our registries (initializers, regularizers,
+# constraints, activations, patterns, position biases, a layer), not numbers or flags: Keras's and
+# our `get` functions reject what they cannot resolve, and these are not walked here.
+OBJECT = "object"
+
+KINDS = {
+    "num_heads": "positive_int",
+    "key_dim": "positive_int",
+    "value_dim": "positive_int_or_none",
+    "dropout": "rate",
+    "attention_dropout": "rate_or_none",
+    "use_bias": "bool",
+    "output_shape": OBJECT,  # an int or a shape tuple, checked by Keras's layer
+    "attention_axes": "axes",
+    "sliding_window": "positive_int_or_none",
+    "flash_attention": "bool_or_none",
+    "use_gate": "bool",
+    "seed": OBJECT,  # Keras's seed argument (an int, None or a SeedGenerator)
+    "num_key_value_heads": "positive_int_or_none",
+    "implementation": "choice",
+    "scale": "positive_number_or_none",
+    "hard": "bool",
+    "attention_pattern": OBJECT,
+    "position_bias": OBJECT,
+    "self_attention": OBJECT,
+    "intermediate_dim": "positive_int",
+    "activation": OBJECT,
+    "output_dim": "positive_int_or_none",
+    "num_buckets": "positive_int",
+    "num_hashes": "positive_int",
+    "chunk_size": "positive_int",
+    "causal": "bool",
+    "feature_map": "choice",
+    "num_random_features": "positive_int_or_none",
+    "redraw_features": "bool",
+    "max_length": "positive_int",
+    "projected_length": "positive_int",
+    "share_key_value": "bool",
+    "projection_per_head": "bool",
+    "mode": "choice",
+    "merge_mode": "choice",
+    "position_encoding": "choice",
+    "sequence_length": "positive_int",
+    "max_distance": "positive_int",
+    "bidirectional": "bool",
+    "max_wavelength": "number_above_1",
+    "scaling_factor": "positive_number",
+    "encoding_dim": "positive_int_or_none",
+    "vocabulary_size": "positive_int",
+    "embedding_dim": "positive_int",
+    "mask_zero": "bool",
+    "scale_embeddings": "bool",
+    "layer_norm_epsilon": "positive_number",
+    "norm_first": "bool",
+}
+for _name in ("kernel_initializer", "bias_initializer", "kernel_regularizer", "bias_regularizer",
+              "activity_regularizer", "kernel_constraint", "bias_constraint", "initializer",
+              "embeddings_initializer", "projection_initializer"):
+    KINDS[_name] = OBJECT
+
+
+def _public_classes():
+    return sorted(name for name in keras_attn.__all__ if inspect.isclass(getattr(keras_attn, name)))
+
+
+def _parameters(class_name):
+    """The constructor's named parameters, the base class's included where it takes `**kwargs` to them."""
+    names = []
+    for klass in getattr(keras_attn, class_name).__mro__:
+        if klass.__module__.startswith("keras_attn") and "__init__" in vars(klass):
+            for parameter in list(inspect.signature(klass.__init__).parameters.values())[1:]:
+                if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL) and parameter.name not in names:
+                    names.append(parameter.name)
+    return names
+
+
+def test_every_public_parameter_is_classified():
+    assert set(_public_classes()) == set(REQUIRED), "a public class without its REQUIRED entry"
+    unclassified = {(cls, name) for cls in _public_classes() for name in _parameters(cls) if name not in KINDS}
+    assert not unclassified
+
+
+CASES = [
+    (cls, name, bad)
+    for cls in _public_classes()
+    for name in _parameters(cls)
+    if KINDS.get(name, OBJECT) != OBJECT
+    for bad in BAD_VALUES[KINDS[name]]
+]
+
+
+@pytest.mark.parametrize("class_name, name, bad", CASES, ids=[f"{c}-{n}-{b!r}" for c, n, b in CASES])
+def test_a_bad_argument_is_refused_naming_it_and_its_value(class_name, name, bad):
+    kwargs = {**REQUIRED[class_name], name: bad}
+    with pytest.raises((ValueError, TypeError)) as error:
+        getattr(keras_attn, class_name)(**kwargs)
+    message = str(error.value)
+    assert name in message, message
+    shown = "nan" if isinstance(bad, float) and math.isnan(bad) else repr(bad)
+    assert shown in message or str(bad) in message, message
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, 0.0, float("inf")])
+def test_an_eager_tensor_scale_is_checked_by_value(bad):
+    import numpy as np
+    import tensorflow as tf
+
+    x = np.ones((1, 2, 1, 4), "float32")
+    with pytest.raises(ValueError, match="scale"):
+        keras_attn.MultiHeadAttention(num_heads=1, key_dim=4, scale=tf.constant(bad))
+    with pytest.raises(ValueError, match="scale"):
+        keras_attn.scaled_dot_product_attention(x, x, x, scale=tf.constant(bad))
+    # A valid tensor scale is taken, and a symbolic one inside tf.function passes to run time.
+    keras_attn.scaled_dot_product_attention(x, x, x, scale=tf.constant(0.5))
+    tf.function(lambda s: keras_attn.scaled_dot_product_attention(x, x, x, scale=s))(tf.constant(0.5))
