@@ -9,6 +9,8 @@ String ops do not convert to ONNX, so the ONNX graph starts at token ids: input 
     tokenizer.json     standardisation rules, reserved ids, sequence length
     onnx_predictor.py  a NumPy + onnxruntime predictor applying them (a copy of
                        export/onnx_predictor.py; the bundle needs no project code)
+    export_manifest.py the integrity check it runs first (a copy of models/export_manifest.py)
+    manifest.json      SHA-256 and size of every file, model id, vocabulary size
 """
 
 import json
@@ -19,6 +21,7 @@ import tensorflow as tf
 import tf2onnx
 
 from export import onnx_predictor
+from models import export_manifest
 from models.imdb_text import tokenizer_rules
 
 OPSET = 18
@@ -35,4 +38,5 @@ def write_onnx_bundle(model, vocabulary_path, sequence_length, path):
     shutil.copyfile(vocabulary_path, path / "vocabulary.txt")
     (path / "tokenizer.json").write_text(json.dumps(tokenizer_rules(sequence_length), indent=2) + "\n")
     shutil.copyfile(onnx_predictor.__file__, path / "onnx_predictor.py")
+    shutil.copyfile(export_manifest.__file__, path / "export_manifest.py")
     return path

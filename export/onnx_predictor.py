@@ -27,6 +27,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
+try:  # in the repository
+    from models.export_manifest import check_manifest
+except ImportError:  # in an exported bundle: the copy beside this file
+    from export_manifest import check_manifest
+
+MODEL_ID = "imdb_sentiment"
+
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _ASCII_WHITESPACE = re.compile("[ \t\n\v\f\r]+")
 
@@ -40,11 +47,18 @@ class OnnxSentimentPredictor:
 
     def __init__(self, bundle_dir):
         bundle_dir = Path(bundle_dir)
+        # Every file as published (SHA-256), and a model of this kind, before anything is loaded.
+        manifest = check_manifest(bundle_dir, MODEL_ID)
         self.rules = json.loads((bundle_dir / "tokenizer.json").read_text(encoding="utf-8"))
         if self.rules.get("lowercase") != "ascii" or self.rules.get("split") != "ascii_whitespace":
             raise ValueError(f"Unsupported tokenizer rules in {bundle_dir / 'tokenizer.json'}: {self.rules}")
         tokens = (bundle_dir / "vocabulary.txt").read_text(encoding="utf-8").split("\n")[:-1]
         first = self.rules["first_token_id"]
+        if first + len(tokens) != manifest["vocabulary_sizes"]["reviews"]:
+            raise ValueError(
+                f"{bundle_dir / 'vocabulary.txt'} gives {first + len(tokens)} token ids, the exported model takes "
+                f"{manifest['vocabulary_sizes']['reviews']}: the vocabulary does not match the model"
+            )
         self.token_to_id = {token: first + index for index, token in enumerate(tokens)}
         self._strip = re.compile("[" + re.escape(self.rules["strip_characters"]) + "]")
         self.session = onnxruntime.InferenceSession(

@@ -12,6 +12,7 @@ import keras
 import tensorflow as tf
 
 from export.serving_layout import SIGNATURE
+from export.serving_layout import one_dimensional_batch
 from models.imdb_text import dense_token_ids
 from models.imdb_text import review_vectorizer
 
@@ -33,6 +34,7 @@ def write_savedmodel(model, vocabulary_path, vocabulary_size, sequence_length, p
     vectorizer(tf.constant([""]))  # builds it (the export archive tracks built layers only)
 
     def serve(reviews):
+        reviews = one_dimensional_batch(reviews)
         ids = dense_token_ids(reviews, vectorizer, sequence_length)  # (batch, width) int32
         probability = tf.reshape(model(ids, training=False), [-1])  # (batch,)
         return {"probability": probability, "label": tf.cast(probability >= 0.5, tf.int64)}

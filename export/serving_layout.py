@@ -39,6 +39,13 @@ _UNLOCKED_STALE_SECONDS = 3600
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
+def one_dimensional_batch(strings):
+    """`strings` once its run-time shape is `[batch]`: a loaded signature takes any rank (it does not
+    enforce its `TensorSpec`), and a 2-D batch would fail deep in the graph. The error names this
+    node: `Shape of tensor <input> [1,2] is not compatible with expected shape [?]`."""
+    return tf.ensure_shape(strings, [None], name="input_must_be_a_1d_batch_of_strings")
+
+
 def check_model_name(name):
     """`name`, once it is a plain directory name for `<export_dir>/<name>` (letters, digits, `_`,
     `.`, `-`; no path separator, no `..`): anything else would publish outside the layout."""

@@ -28,9 +28,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import keras_attn
+
 from export.fresh_process import ExportVerificationError
 from export.fresh_process import serve_in_fresh_process
 from export.serving_layout import SIGNATURE
+from export.serving_layout import one_dimensional_batch
 from export.serving_layout import publish
 from export.serving_layout import staging_directory
 from export.serving_layout import write_models_config
@@ -44,6 +47,8 @@ from models.decoding import decode_sentences
 from models.decoding import decoder_step
 from models.decoding import make_decoder
 from models.decoding import translate_ids
+from models.export_manifest import write_manifest
+from models.translation_text import MODEL_ID
 from models.translation_text import detokenize
 from models.translation_text import translation_vectorizer
 from models.translator_run import held_out_sources
@@ -64,6 +69,7 @@ def serving_function(model, vectorizers):
     target_tokens = tf.constant(vectorizers.target.get_vocabulary(), tf.string)
 
     def serve(source):
+        source = one_dimensional_batch(source)
         source_ids = tf.cast(source_vectorizer(source), tf.int32)  # (batch, sequence_length)
         ids = translate_ids(model, source_ids, vectorizers.start_id, vectorizers.end_id)[:, 1:]
         words = tf.ragged.boolean_mask(
@@ -275,6 +281,8 @@ def export_translator(model, vectorizers, export_dir, sentences):
         write_saved_model(model, vectorizers, str(staging))
         write_warmup_requests(staging, MODEL_NAME, SIGNATURE_INPUT, [sentences[:1], sentences[:8]])
         write_onnx(model, vectorizers, os.path.join(staging, "onnx"))
+        sizes = {"source": vectorizers.source.vocabulary_size(), "target": vectorizers.target.vocabulary_size()}
+        write_manifest(staging, MODEL_ID, "savedmodel+onnx", sizes, keras_attn.__version__, SIGNATURE_INPUT)
         report = verify_export(model, vectorizers, str(staging), sentences)
         final = publish(staging, model_dir)
     write_models_config(export_dir)

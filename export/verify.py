@@ -1,147 +1,86 @@
-"""Export with verification: nothing is published unless every export agrees with Keras.
+"""`python -m export.verify PATH`: proves published exports intact and loadable, for every model.
 
-`export_and_verify` builds the SavedModel and the ONNX bundle in staging directories, then
-compares, on the same raw reviews, the Keras model with:
+PATH is a version directory, a model directory (its newest version is checked) or an export root
+(the newest version of every model under it, the `onnx/` tree included). For each version:
 
-1. the SavedModel reloaded in a fresh Python process that imports TensorFlow only (no project
-   code: the process checks that none of its modules got imported);
-2. `saved_model_cli run` on the same SavedModel;
-3. the ONNX model in onnxruntime through the bundle's own predictor (its token ids must equal
-   the training vectoriser's exactly).
+1. its `manifest.json` (`models.export_manifest`): every file's SHA-256 and size, no file
+   missing or added, the model id;
+2. a SavedModel is loaded and serves one string in a fresh Python process with TensorFlow only
+   (no project code), as a model server would;
+3. every ONNX model in it is loaded by onnxruntime.
 
-Probabilities must agree within `atol` (1e-5) and labels exactly (away from 0.5); otherwise
-`ExportVerificationError` is raised and the staging directories are removed. Only then are
-both renamed into place (new version numbers, never overwriting) and `models.config` updated.
+Prints one line per version checked; a failure prints one line naming the file, exit status 2.
 """
 
-import subprocess
-import sys
-import tempfile
+import argparse
 from pathlib import Path
 
-import numpy as np
-import tensorflow as tf
-
-from export import onnx_export
-from export import savedmodel
-from export import serving_layout
 from export.fresh_process import ExportVerificationError
 from export.fresh_process import serve_in_fresh_process
-from export.onnx_predictor import OnnxSentimentPredictor
-from models.imdb_text import dense_token_ids
+from models.cli import add_debug_flag
+from models.cli import user_errors_exit
+from models.export_manifest import MANIFEST
+from models.export_manifest import ExportIntegrityError
+from models.export_manifest import check_manifest
 
-ATOL = 1e-5
-
-
-def verification_reviews(reviews, count=12):
-    """`count` reviews spread over the length range (shortest to longest) plus edge cases."""
-    by_length = sorted(reviews, key=len)
-    picks = [by_length[round(i * (len(by_length) - 1) / (count - 1))] for i in range(count)]
-    return picks + ["", "!!! ... ???", "<br /><br />GREAT<br />"]
+_PROBE = "A sentence to check the export with."
 
 
-def keras_reference(model, vectorizer, sequence_length, reviews):
-    """Token ids (as the training pipeline makes them) and the Keras probabilities."""
-    ids = dense_token_ids(tf.constant(reviews), vectorizer, sequence_length)
-    probability = np.asarray(model(ids, training=False)).reshape(-1)
-    return ids.numpy(), probability
+def versions_under(path):
+    """The version directories PATH names: itself, its newest version, or every model's newest."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ExportIntegrityError(f"{path} is not a directory")
+    if (path / MANIFEST).is_file():
+        return [path]
+    versions = [entry for entry in path.iterdir() if entry.name.isdigit() and entry.is_dir()]
+    if versions:
+        return [max(versions, key=lambda entry: int(entry.name))]
+    found = [version for entry in sorted(path.iterdir()) if entry.is_dir() and not entry.name.startswith(".")
+             for version in _versions_or_none(entry)]
+    if not found:
+        raise ExportIntegrityError(f"{path} holds no published export version (no {MANIFEST} below it)")
+    return found
 
 
-def run_fresh_process(saved_model_dir, reviews):
-    """Serves `reviews` from the SavedModel in a new interpreter with TensorFlow only."""
-    outputs = serve_in_fresh_process(saved_model_dir, {savedmodel.INPUT_NAME: list(reviews)})
-    return np.asarray(outputs["probability"], np.float32), np.asarray(outputs["label"])
+def _versions_or_none(path):
+    try:
+        return versions_under(path)
+    except ExportIntegrityError:
+        return []
 
 
-def run_saved_model_cli(saved_model_dir, reviews):
-    """Serves `reviews` with `saved_model_cli run` (inputs from a .npy file: reviews hold `;`)."""
-    cli = Path(sys.executable).with_name("saved_model_cli")
-    with tempfile.TemporaryDirectory() as scratch:
-        inputs = Path(scratch) / "reviews.npy"
-        np.save(inputs, np.array([review.encode("utf-8") for review in reviews], dtype=object))
-        command = [str(cli), "run", "--dir", str(saved_model_dir), "--tag_set", "serve",
-                   "--signature_def", serving_layout.SIGNATURE, "--inputs", f"{savedmodel.INPUT_NAME}={inputs}",
-                   "--outdir", str(Path(scratch) / "out")]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise ExportVerificationError(f"saved_model_cli run failed:\n{result.stderr[-4000:]}")
-        out = Path(scratch) / "out"
-        return np.load(out / "probability.npy"), np.load(out / "label.npy")
+def verify_version(version_dir):
+    """Checks one version (manifest, then loading); returns a one-line description or raises."""
+    manifest = check_manifest(version_dir)
+    if "savedmodel" in manifest["format"]:
+        try:
+            serve_in_fresh_process(version_dir, {manifest["serving_input"]: [_PROBE]})
+        except ExportVerificationError as error:
+            raise ExportIntegrityError(f"{version_dir}: the SavedModel does not serve: {error}") from None
+    onnx_models = sorted(Path(version_dir).rglob("*.onnx"))
+    if onnx_models:
+        import onnxruntime
+
+        for model in onnx_models:
+            try:
+                onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+            except Exception as error:  # onnxruntime raises its own exception types
+                raise ExportIntegrityError(f"{model} does not load in onnxruntime: {error}") from None
+    return f"ok {version_dir}: {manifest['model_id']} ({manifest['format']}), {len(manifest['files'])} files verified"
 
 
-def compare(name, probability, label, expected, atol):
-    """Max abs probability difference against `expected`; raises if above `atol` or a label differs.
-
-    Labels are compared where Keras is more than `atol` away from the 0.5 threshold (closer to
-    it, a difference within tolerance may legitimately flip the label).
-    """
-    probability = np.asarray(probability, np.float64).reshape(-1)
-    if probability.shape != expected.shape:
-        raise ExportVerificationError(f"{name}: {probability.shape[0]} outputs for {expected.shape[0]} reviews")
-    difference = float(np.max(np.abs(probability - expected)))
-    if not difference <= atol:
-        raise ExportVerificationError(f"{name}: probabilities differ from Keras by {difference:.3g} > {atol}")
-    decided = np.abs(expected - 0.5) > atol
-    if not np.array_equal(np.asarray(label).reshape(-1)[decided], (expected[decided] >= 0.5).astype(np.int64)):
-        raise ExportVerificationError(f"{name}: labels differ from Keras")
-    return difference
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m export.verify", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("path", help="an export version, a model directory or an export root")
+    add_debug_flag(parser)
+    args = parser.parse_args(argv)
+    with user_errors_exit(parser.prog, args.debug):
+        for version in versions_under(args.path):
+            print(verify_version(version))
 
 
-def verify_exports(model, vectorizer, sequence_length, saved_model_dir, onnx_dir, reviews, atol=ATOL):
-    """Compares both exports with Keras on `reviews`; returns the parity figures or raises."""
-    ids, expected = keras_reference(model, vectorizer, sequence_length, reviews)
-    expected = expected.astype(np.float64)
-    predictor = OnnxSentimentPredictor(onnx_dir)
-    onnx_ids = predictor.token_ids(reviews)
-    if not np.array_equal(onnx_ids, ids):
-        rows = [i for i in range(len(reviews)) if i >= len(onnx_ids) or not np.array_equal(onnx_ids[i], ids[i])]
-        raise ExportVerificationError(f"ONNX predictor tokenises reviews {rows} differently from training")
-    onnx_outputs = predictor.predict(reviews)
-    return {
-        "reviews": len(reviews),
-        "token_lengths": [int(n) for n in np.count_nonzero(ids, axis=1)],
-        "atol": atol,
-        "savedmodel_fresh_process_max_abs_diff": compare(
-            "SavedModel (fresh process)", *run_fresh_process(saved_model_dir, reviews), expected, atol
-        ),
-        "saved_model_cli_max_abs_diff": compare(
-            "saved_model_cli", *run_saved_model_cli(saved_model_dir, reviews), expected, atol
-        ),
-        "onnx_max_abs_diff": compare("ONNX Runtime", onnx_outputs["probability"], onnx_outputs["label"], expected, atol),
-    }
-
-
-def export_and_verify(model, vectorizer, vocabulary_path, sequence_length, reviews, export_dir,
-                      model_name="imdb_sentiment", atol=ATOL):
-    """Writes, verifies and publishes the SavedModel and the ONNX bundle.
-
-    Args:
-        model: the trained token-id classifier.
-        vectorizer: the training `TextVectorization` (the reference tokenisation).
-        vocabulary_path: its vocabulary file.
-        sequence_length: the training truncation length.
-        reviews: raw reviews to compare on (see `verification_reviews`).
-        export_dir: root of the TF Serving layout.
-        model_name: the served model's name.
-        atol: max abs probability difference allowed.
-
-    Returns:
-        `{"savedmodel": path, "onnx": path, "models_config": path, "parity": {...}}`.
-    """
-    serving_layout.check_model_name(model_name)
-    export_dir = Path(export_dir).resolve()
-    with serving_layout.staging_directory(export_dir / model_name) as saved_staging, \
-            serving_layout.staging_directory(export_dir / "onnx" / model_name) as onnx_staging:
-        savedmodel.write_savedmodel(model, vocabulary_path, vectorizer.vocabulary_size(), sequence_length, saved_staging)
-        warmup_batches = [reviews[:1], reviews[:8]]  # one review alone, then a batch
-        serving_layout.write_warmup_requests(saved_staging, model_name, savedmodel.INPUT_NAME, warmup_batches)
-        onnx_export.write_onnx_bundle(model, vocabulary_path, sequence_length, onnx_staging)
-        parity = verify_exports(model, vectorizer, sequence_length, saved_staging, onnx_staging, reviews, atol)
-        saved_path = serving_layout.publish(saved_staging, export_dir / model_name)
-        onnx_path = serving_layout.publish(onnx_staging, export_dir / "onnx" / model_name)
-    return {
-        "savedmodel": str(saved_path),
-        "onnx": str(onnx_path),
-        "models_config": str(serving_layout.write_models_config(export_dir)),
-        "parity": parity,
-    }
+if __name__ == "__main__":
+    main()

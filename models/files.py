@@ -5,20 +5,12 @@ target (so concurrent writers never share one) and is renamed over it.
 """
 
 import contextlib
-import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
 
-
-def file_sha256(path):
-    """Hex SHA-256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+from models.export_manifest import file_sha256  # noqa: F401  (one definition, re-exported)
 
 
 @contextlib.contextmanager
@@ -48,3 +40,21 @@ def write_text_atomic(path, text):
 def write_json_atomic(path, payload):
     """Writes `payload` as indented JSON with `write_text_atomic`."""
     return write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def reading(path, recovery):
+    """Turns a missing, unreadable or corrupt file read in the block (raw h5py, JSON or Keras
+    errors) into one `ValueError` naming `path` and what to do (`recovery`).
+
+    >>> with reading("run/summary.json", "train again"):
+    ...     json.loads("{")
+    Traceback (most recent call last):
+    ...
+    ValueError: run/summary.json is unreadable or corrupt (JSONDecodeError: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); train again
+    """
+    try:
+        yield
+    except (OSError, ValueError, KeyError) as error:
+        detail = " ".join(str(error).split())[:300]
+        raise ValueError(f"{path} is unreadable or corrupt ({type(error).__name__}: {detail}); {recovery}") from error

@@ -19,6 +19,9 @@ from models.vocabulary import write_vocabulary
 
 # The standardisation applied before whitespace splitting, in this order. The SavedModel runs it
 # with TF string ops; the ONNX predictor reads these rules and applies them in Python.
+# The model's identity in its published exports (`models.export_manifest`).
+MODEL_ID = "imdb_sentiment"
+
 STANDARDIZATION = {
     "lowercase": "ascii",
     "replace": [["<br />", " "]],

@@ -21,6 +21,9 @@ from models.vocabulary import PADDING_ID
 from models.vocabulary import read_vocabulary
 from models.vocabulary import write_vocabulary
 
+# The model's identity in its published exports (`models.export_manifest`).
+MODEL_ID = "translator"
+
 START_TOKEN = "[start]"
 END_TOKEN = "[end]"
 _SEPARATE_PUNCTUATION = r"([^\p{L}\p{N}\p{M}\s'])"

@@ -15,6 +15,7 @@ import numpy as np
 
 from models import translator  # noqa: F401  (registers the serialisable classes)
 from models.files import file_sha256
+from models.files import reading
 from models.files import write_json_atomic
 from models.parallel_text import orient_pairs
 from models.parallel_text import read_pairs
@@ -31,14 +32,19 @@ def read_run_config(run_dir):
     config_path = os.path.join(run_dir, RUN_CONFIG)
     if not os.path.isfile(config_path):
         raise ValueError(f"`run_dir` holds no {RUN_CONFIG}. Received: run_dir={run_dir!r}")
-    with open(config_path, encoding="utf-8") as handle:
+    with reading(config_path, _retrain(run_dir)), open(config_path, encoding="utf-8") as handle:
         return json.load(handle)
+
+
+def _retrain(run_dir):
+    return f"train the translator again into {run_dir} (python -m pipelines.train_translator --output-dir {run_dir})"
 
 
 def load_run(run_dir):
     """`(model, vectorizers, run_config)` of a finished training run."""
     run_config = read_run_config(run_dir)
-    model = keras.saving.load_model(os.path.join(run_dir, MODEL_FILE), compile=False)
+    with reading(os.path.join(run_dir, MODEL_FILE), _retrain(run_dir)):
+        model = keras.saving.load_model(os.path.join(run_dir, MODEL_FILE), compile=False)
     vectorizers = TranslationVectorizers.load(run_dir, model.sequence_length)
     return model, vectorizers, run_config
 

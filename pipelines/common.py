@@ -22,6 +22,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from models.files import reading
 from models.files import replacing
 from models.files import write_json_atomic
 
@@ -160,7 +161,8 @@ class ResumableTraining(keras.callbacks.Callback):
         weights = self.backup_dir / self.state["weights"]
         if self.model.optimizer is not None and not self.model.optimizer.built:
             self.model.optimizer.build(self.model.trainable_variables)
-        self.model.load_weights(str(weights))
+        with reading(weights, _start_over(self.output_dir)):
+            self.model.load_weights(str(weights))
         self._publish()
         self._remove_unreferenced()
         done, epochs = self.state["epochs"], self.params.get("epochs", self.state["epochs"])
@@ -260,7 +262,12 @@ def read_training_state(output_dir):
     path = Path(output_dir) / BACKUP_DIR / TRAINING_STATE
     if not path.is_file():
         return None
-    return json.loads(path.read_text())
+    with reading(path, _start_over(output_dir)):
+        return json.loads(path.read_text())
+
+
+def _start_over(output_dir):
+    return f"delete {Path(output_dir)} (or pass another --output-dir) to train from the start"
 
 
 def write_history(path, history):
@@ -277,7 +284,8 @@ def restore_best_weights(model, output_dir):
     """Loads the best checkpoint written by `training_callbacks`, if there is one."""
     path = Path(output_dir) / BEST_WEIGHTS
     if path.is_file():
-        model.load_weights(str(path))
+        with reading(path, _start_over(output_dir)):
+            model.load_weights(str(path))
     return path
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from models import imdb_text
+from models.files import reading
 from models.cli import add_debug_flag
 from models.cli import positive_int
 from models.cli import require_writable_directory
@@ -39,12 +40,15 @@ def load_classifier(run_dir):
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         raise ValueError(f"`run_dir` holds no summary.json (a finished training run). Received: run_dir={str(run_dir)!r}")
-    summary = json.loads(summary_path.read_text())
-    config = SentimentClassifierConfig.from_dict(summary["model"])
+    retrain = f"train the classifier again into {run_dir} (python -m pipelines.train_imdb --output-dir {run_dir})"
+    with reading(summary_path, retrain):
+        summary = json.loads(summary_path.read_text())
+        config = SentimentClassifierConfig.from_dict(summary["model"])
     vocabulary = read_vocabulary(run_dir / "vocabulary.txt")
     vectorizer = imdb_text.review_vectorizer(config.vocabulary_size, vocabulary=vocabulary)
     model = build_sentiment_classifier(config)
-    training_model(model).load_weights(str(run_dir / common.BEST_WEIGHTS))
+    with reading(run_dir / common.BEST_WEIGHTS, retrain):
+        training_model(model).load_weights(str(run_dir / common.BEST_WEIGHTS))
     ensemble = summary["ensemble_weights"]
     model.get_layer("ensemble").set_weights(
         [np.asarray(ensemble["kernel"], "float32").reshape(-1, 1), np.asarray([ensemble["bias"]], "float32")]
@@ -89,7 +93,8 @@ def main(argv=None):
     with user_errors_exit(parser.prog, args.debug):  # a missing run or unwritable --output: one line, exit 2
         if args.output is not None:
             require_writable_directory(Path(args.output).parent, "--output's directory")
-        text = args.review if args.review is not None else sys.stdin.read()
+        # Bytes from stdin, as the SavedModel takes them: a review need not be UTF-8.
+        text = args.review if args.review is not None else sys.stdin.buffer.read()
         model, vectorizer, config = load_classifier(args.run)
         explained = explain_review(model, vectorizer, config, text)
     print(f"p(positive) = {explained.probability:.4f}")
@@ -99,7 +104,8 @@ def main(argv=None):
     for token, weight in explained.top_tokens(args.top):
         print(f"{weight:.4f}  {token}")
     if args.output is not None:
-        print(f"wrote {write_explanation(args.output, explained, text)}")
+        shown = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+        print(f"wrote {write_explanation(args.output, explained, shown)}")
     return explained
 
 

@@ -59,6 +59,7 @@ SMOKE_MODEL = SentimentClassifierConfig(
 # after training, on that slice, so the ensemble's accuracy there cannot pick the epoch.
 MONITOR, MONITOR_MODE = "val_loss", "min"
 SMOKE_DATA = {"validation_size": 64, "max_train": 256, "max_test": 128}
+VALIDATION_SIZE = 2_500  # training reviews held out for early stopping and the ensemble fit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +88,10 @@ def parse_args(argv=None, prog=PROG):
     parser.add_argument("--cache-dir", help="decoded-data cache (default $KERAS_ATTN_CACHE or ~/.cache/keras_attn)")
     parser.add_argument("--no-download", action="store_true", help="never fall back to a TFDS download")
     parser.add_argument("--output-dir", default="runs/imdb", help="checkpoints, logs, vocabulary, summary")
-    parser.add_argument("--smoke", action="store_true", help="tiny model and a few hundred reviews (tests)")
+    parser.add_argument(
+        "--smoke", action="store_true",
+        help="tiny model and a few hundred reviews (tests); data and model flags given explicitly still win",
+    )
     parser.add_argument("--mixed-precision", choices=common.PRECISION_POLICIES[1:], help="dtype policy")
     parser.add_argument("--jit-compile", action="store_true", help="XLA-compile the train/eval steps")
     distributed.add_strategy_arguments(parser)
@@ -100,7 +104,9 @@ def parse_args(argv=None, prog=PROG):
     parser.add_argument("--weight-decay", type=non_negative_float, default=0.05)
     parser.add_argument("--warmup-fraction", type=fraction, default=0.1)
     parser.add_argument("--patience", type=non_negative_int, default=2, help="EarlyStopping patience (epochs)")
-    parser.add_argument("--validation-size", type=positive_int, default=2_500, help="training reviews held out")
+    parser.add_argument(
+        "--validation-size", type=positive_int, help=f"training reviews held out (default {VALIDATION_SIZE:,}; --smoke: 64)"
+    )
     parser.add_argument("--max-train", type=positive_int, help="cap on training reviews")
     parser.add_argument("--max-test", type=positive_int, help="cap on test reviews")
     parser.add_argument("--seed", type=non_negative_int, default=1337)
@@ -130,8 +136,8 @@ def model_config(args):
 
 
 def data_limits(args):
-    limits = dict(SMOKE_DATA) if args.smoke else {"validation_size": args.validation_size}
-    for name in ("max_train", "max_test"):
+    limits = dict(SMOKE_DATA) if args.smoke else {"validation_size": VALIDATION_SIZE}
+    for name in ("validation_size", "max_train", "max_test"):  # an explicit flag wins over --smoke
         if getattr(args, name) is not None:
             limits[name] = getattr(args, name)
     return limits

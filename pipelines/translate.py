@@ -80,8 +80,14 @@ def latest_version(export_dir):
 
 
 def translate_with_export(export_dir, sentences):
-    """Runs the SavedModel's `serving_default` signature (TensorFlow only, no project code)."""
-    serving = tf.saved_model.load(latest_version(export_dir)).signatures["serving_default"]
+    """Runs the SavedModel's `serving_default` signature (TensorFlow only, no model code), once its
+    manifest proves every file intact and the export a translator's."""
+    from models.export_manifest import check_manifest  # standard library only
+    from models.translation_text import MODEL_ID
+
+    version = latest_version(export_dir)
+    check_manifest(version, MODEL_ID)
+    serving = tf.saved_model.load(version).signatures["serving_default"]
     outputs = serving(source=tf.constant(sentences, tf.string))
     return [text.decode("utf-8") for text in np.asarray(outputs["translation"]).tolist()]
 

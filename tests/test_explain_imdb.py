@@ -1,6 +1,8 @@
 """`explain_imdb`: a run's classifier reloaded, the review's probability, tokens and attention maps."""
 
 import io
+import re
+import shutil
 from contextlib import redirect_stdout
 
 import keras
@@ -94,3 +96,36 @@ def test_bad_output_suffix_and_missing_run_are_refused(tmp_path, capsys):
     assert exit_info.value.code == 2 and "holds no summary.json" in capsys.readouterr().err
     with pytest.raises(ValueError, match="no summary.json"):
         explain_imdb.main(["--run", str(tmp_path), "--debug", "good"])
+
+
+def test_a_non_utf8_review_on_stdin_is_read_as_bytes_like_the_saved_model(run, tmp_path, monkeypatch):
+    directory, model, vectorizer, config = run
+    review = b"A wonderful \xff\xfe film, moving \xe9 and thin."  # not UTF-8
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(review)))
+    with redirect_stdout(io.StringIO()):
+        explained = explain_imdb.main(["--run", str(directory), "--output", str(tmp_path / "review.html")])
+    ids = imdb_text.dense_token_ids(tf.constant([review]), vectorizer, config.max_tokens)  # the serving path
+    assert explained.probability == pytest.approx(float(model(ids)[0, 0]), abs=1e-6)
+
+
+def test_a_corrupt_checkpoint_or_summary_is_named_with_what_to_do(run, tmp_path, capsys):
+    directory, *_ = run
+    broken = tmp_path / "run"
+    shutil.copytree(directory, broken)
+    (broken / common.BEST_WEIGHTS).write_bytes(b"not an h5 file")
+    with pytest.raises(SystemExit):
+        explain_imdb.main(["--run", str(broken), "good"])
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and str(broken / common.BEST_WEIGHTS) in error and "train the classifier again" in error
+    (broken / "summary.json").write_text("{")
+    with pytest.raises(SystemExit):
+        explain_imdb.main(["--run", str(broken), "good"])
+    assert str(broken / "summary.json") in capsys.readouterr().err
+
+
+def test_a_corrupt_training_state_is_named_with_how_to_start_over(tmp_path):
+    state = tmp_path / common.BACKUP_DIR / common.TRAINING_STATE
+    state.parent.mkdir()
+    state.write_text('{"epochs": ')
+    with pytest.raises(ValueError, match=re.escape(str(state)) + r".*delete .* to train from the start"):
+        common.read_training_state(tmp_path)

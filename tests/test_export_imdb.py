@@ -1,5 +1,7 @@
 import dataclasses
 import json
+import re
+import shutil
 import subprocess
 import sys
 
@@ -9,12 +11,16 @@ import onnx
 import pytest
 import tensorflow as tf
 
+from export import imdb_export
+from export import onnx_predictor
 from export import verify
 from export.onnx_predictor import OnnxSentimentPredictor
+from models import imdb_text
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import fit_ensemble
 from pipelines import imdb_data
+from pipelines import translate
 from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
 from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 from tests.serving_checks import warmup_requests
@@ -69,15 +75,15 @@ def trained(small_imdb_archive, imdb_cache_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def exported(trained, tmp_path_factory):
     export_dir = tmp_path_factory.mktemp("export")
-    reviews = verify.verification_reviews(trained.test_reviews)
-    result = verify.export_and_verify(
+    reviews = imdb_export.verification_reviews(trained.test_reviews)
+    result = imdb_export.export_and_verify(
         trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews, export_dir
     )
     return export_dir, reviews, result
 
 
 def keras_probabilities(trained, reviews):
-    return verify.keras_reference(trained.model, trained.vectorizer, CONFIG.max_tokens, reviews)[1]
+    return imdb_export.keras_reference(trained.model, trained.vectorizer, CONFIG.max_tokens, reviews)[1]
 
 
 def test_tf_serving_layout(exported, trained):
@@ -170,7 +176,7 @@ def test_export_never_overwrites_a_version(exported, trained):
     export_dir, reviews, _ = exported
     first = export_dir / "imdb_sentiment" / "1" / "saved_model.pb"
     before = (first.read_bytes(), first.stat().st_mtime_ns)
-    result = verify.export_and_verify(
+    result = imdb_export.export_and_verify(
         trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews[:4], export_dir
     )
     assert result["savedmodel"] == str(export_dir / "imdb_sentiment" / "2")
@@ -183,12 +189,12 @@ def test_disagreeing_export_is_refused_and_removed(exported, trained, monkeypatc
     published = sorted(p.name for p in (export_dir / "imdb_sentiment").iterdir())
     other = keras.models.clone_model(trained.model)
     other.set_weights([w * 1.01 for w in trained.model.get_weights()])
-    write_onnx = verify.onnx_export.write_onnx_bundle
+    write_onnx = imdb_export.onnx_export.write_onnx_bundle
     monkeypatch.setattr(
-        verify.onnx_export, "write_onnx_bundle", lambda model, *args: write_onnx(other, *args)
+        imdb_export.onnx_export, "write_onnx_bundle", lambda model, *args: write_onnx(other, *args)
     )
-    with pytest.raises(verify.ExportVerificationError, match="ONNX Runtime: probabilities differ"):
-        verify.export_and_verify(
+    with pytest.raises(imdb_export.ExportVerificationError, match="ONNX Runtime: probabilities differ"):
+        imdb_export.export_and_verify(
             trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews[:6], export_dir
         )
     assert sorted(p.name for p in (export_dir / "imdb_sentiment").iterdir()) == published
@@ -239,3 +245,70 @@ def test_onnx_predictor_rejects_what_is_not_text(exported, texts, named):
     predictor = OnnxSentimentPredictor(export_dir / "onnx" / "imdb_sentiment" / "1")
     with pytest.raises(TypeError, match=named.replace("[", r"\[")):
         predictor.predict(texts)
+
+
+def _published_copy(exported, tmp_path):
+    """A copy of the published export tree, to tamper with."""
+    export_dir, _, _ = exported
+    copy = tmp_path / "export"
+    shutil.copytree(export_dir, copy)
+    return copy
+
+
+def _verify_fails(path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        verify.main([str(path)])
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err.strip()
+
+
+def test_the_verify_command_proves_every_published_version(exported, capsys):
+    export_dir, _, _ = exported
+    verify.main([str(export_dir)])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.startswith("ok ") and "imdb_sentiment" in line for line in lines)
+    manifest = json.loads((export_dir / "imdb_sentiment" / "1" / "manifest.json").read_text())
+    assert manifest["vocabulary_sizes"]["reviews"] == len((export_dir / "imdb_sentiment" / "1" / "assets" / "vocabulary.txt").read_text().splitlines()) + 2
+    assert onnx_predictor.MODEL_ID == imdb_text.MODEL_ID  # the bundle's copy of the one id
+
+
+def test_a_truncated_variables_file_is_named(exported, tmp_path, capsys):
+    copy = _published_copy(exported, tmp_path)
+    (variables,) = (copy / "imdb_sentiment" / "1" / "variables").glob("variables.data-*")
+    variables.write_bytes(variables.read_bytes()[:100])
+    message = _verify_fails(copy / "imdb_sentiment" / "1", capsys)
+    assert message.count("\n") == 0 and str(variables) in message and "truncated or altered" in message
+
+
+def test_a_cut_vocabulary_or_a_changed_onnx_byte_is_refused_by_the_predictor(exported, tmp_path, capsys):
+    copy = _published_copy(exported, tmp_path)
+    bundle = copy / "onnx" / "imdb_sentiment" / "1"
+    vocabulary = bundle / "vocabulary.txt"
+    tokens = vocabulary.read_text().splitlines()
+    vocabulary.write_text("\n".join(tokens[: len(tokens) // 2]) + "\n")  # cut, as in the issue (1,000 of 20,000)
+    with pytest.raises(ValueError, match=re.escape(str(vocabulary))):
+        OnnxSentimentPredictor(bundle)
+    assert str(vocabulary) in _verify_fails(bundle, capsys)
+    shutil.copyfile(exported[0] / "onnx" / "imdb_sentiment" / "1" / "vocabulary.txt", vocabulary)
+    model = bundle / "model.onnx"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    model.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=re.escape(str(model))):
+        OnnxSentimentPredictor(bundle)
+
+
+def test_an_imdb_export_given_to_the_translator_is_refused_in_one_line(exported, capsys):
+    export_dir, _, _ = exported
+    with pytest.raises(SystemExit) as exit_info:
+        translate.main(["--export", str(export_dir / "imdb_sentiment"), "Hola."])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "is an export of imdb_sentiment, expected translator" in error
+
+
+def test_the_signature_refuses_a_two_dimensional_batch_naming_the_shape(exported):
+    export_dir, _, _ = exported
+    serve = tf.saved_model.load(str(export_dir / "imdb_sentiment" / "1")).signatures["serving_default"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"input_must_be_a_1d_batch_of_strings|not compatible with expected shape \[\?\]"):
+        serve(reviews=tf.constant([["a good film", "a bad film"]]))

@@ -142,3 +142,10 @@ def test_first_epoch_shows_its_steps_and_no_framework_warnings(small_imdb_archiv
     assert re.search(r"\b(\d+)/\1 ", printed), printed[-2000:]  # "N/N" at the end of epoch 1
     framework = [str(w.message) for w in caught if "shuffle=True" in str(w.message) or "ran out of data" in str(w.message)]
     assert framework == []
+
+
+def test_smoke_never_overrides_an_explicit_data_flag():
+    smoke = train_imdb.parse_args(["--smoke", "--validation-size", "10", "--max-train", "50"])
+    assert train_imdb.data_limits(smoke) == {**train_imdb.SMOKE_DATA, "validation_size": 10, "max_train": 50}
+    assert train_imdb.data_limits(train_imdb.parse_args(["--smoke"])) == train_imdb.SMOKE_DATA
+    assert train_imdb.data_limits(train_imdb.parse_args([])) == {"validation_size": train_imdb.VALIDATION_SIZE}

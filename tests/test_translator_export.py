@@ -1,6 +1,7 @@
 import functools
 import io
 import os
+import shutil
 import tempfile
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from export import translator_export
+from export import verify
 from models.decoding import translate_ids
 from pipelines import translate
 from models.translation_text import detokenize
@@ -124,3 +126,16 @@ def test_versions_count_up(tmp_path):
     staging = tmp_path / ".staging-translator"
     staging.mkdir()
     assert serving_layout.publish(staging, tmp_path) == tmp_path / "8"
+
+
+def test_the_verify_command_proves_the_translator_export_and_names_a_changed_file(tmp_path, capsys):
+    path, _ = _exported()
+    verify.main([path])
+    assert capsys.readouterr().out.startswith(f"ok {path}: translator (savedmodel+onnx)")
+    copy = tmp_path / "1"
+    shutil.copytree(path, copy)
+    decoder = copy / "onnx" / "decoder_step.onnx"
+    decoder.write_bytes(decoder.read_bytes()[:-10])
+    with pytest.raises(SystemExit):
+        verify.main([str(copy)])
+    assert str(decoder) in capsys.readouterr().err
