@@ -5,13 +5,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 export TF_CPP_MIN_LOG_LEVEL ?= 2
+export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: install browser main test
+.PHONY: install browser main test docs
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[apps,test]"
+	$(PY) -m pip install --quiet -e ".[apps,test,docs]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -29,3 +30,7 @@ main: install
 
 test: install browser
 	$(PY) -m pytest -n 2 --dist loadfile -q $(ARGS)
+
+# The reference site (MkDocs + mkdocstrings, from the docstrings) into site/, warnings as errors.
+docs: install
+	$(PY) -m mkdocs build --strict

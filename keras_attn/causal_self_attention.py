@@ -14,6 +14,11 @@ class CausalSelfAttention(SelfAttention):
     decoding pass a key/value `cache` of shape `(batch, 2, max_len, kv_heads, key_dim)` and
     the `cache_update_index` of the new tokens: the call returns `(output, cache)`.
 
+    Args:
+        num_heads: number of attention heads.
+        key_dim: size of each attention head for query and key.
+        **kwargs: every other constructor argument of `keras_attn.MultiHeadAttention`.
+
     Call arguments:
         inputs: `(batch, seq, features)`.
         mask: optional boolean padding mask `(batch, seq)` (or `(batch, max_len)` with a

@@ -14,6 +14,11 @@ class CrossAttention(MultiHeadAttention):
     the query's width (or `output_shape`). The constructor arguments and weights are those of
     `MultiHeadAttention`.
 
+    Args:
+        num_heads: number of attention heads.
+        key_dim: size of each attention head for query and key.
+        **kwargs: every other constructor argument of `keras_attn.MultiHeadAttention`.
+
     Call arguments:
         query: `(batch, query_len, query_features)`, e.g. decoder states.
         context: `(batch, context_len, context_features)`, e.g. encoder outputs.

@@ -172,9 +172,11 @@ class LinearAttention(ProjectedSelfAttention):
     """Multi-head linear self-attention (elu+1 or FAVOR+), time and memory linear in the length.
 
     Args:
-        num_heads, key_dim, value_dim, output_dim, use_bias, kernel_initializer,
-        bias_initializer, seed: as for every projected self-attention layer (see
-            `keras_attn.projected_self_attention.ProjectedSelfAttention`).
+        num_heads: number of attention heads.
+        key_dim: size of each head for query and key.
+        **kwargs: `value_dim`, `output_dim`, `use_bias`, `kernel_initializer`, `bias_initializer`,
+            `seed` as for every projected self-attention layer
+            (`keras_attn.projected_self_attention.ProjectedSelfAttention`), and the base `Layer`'s.
         feature_map: `"elu"` (`elu(x) + 1`, Katharopoulos et al.) or `"favor"` (FAVOR+ positive
             orthogonal random features, Performer; an estimate of softmax attention).
         num_random_features: FAVOR+ features per head; defaults to `2 * key_dim`.

@@ -52,9 +52,11 @@ class LinformerSelfAttention(ProjectedSelfAttention):
     """Multi-head self-attention over keys and values projected to `projected_length` positions.
 
     Args:
-        num_heads, key_dim, value_dim, output_dim, use_bias, kernel_initializer,
-        bias_initializer, seed: as for every projected self-attention layer (see
-            `keras_attn.projected_self_attention.ProjectedSelfAttention`).
+        num_heads: number of attention heads.
+        key_dim: size of each head for query and key.
+        **kwargs: `value_dim`, `output_dim`, `use_bias`, `kernel_initializer`, `bias_initializer`,
+            `seed` as for every projected self-attention layer
+            (`keras_attn.projected_self_attention.ProjectedSelfAttention`), and the base `Layer`'s.
         max_length: the longest sequence the layer takes; a shorter one uses the leading
             `length` rows of the length projections.
         projected_length: number of projected keys and values (Linformer's `k`).

@@ -157,10 +157,12 @@ class LSHSelfAttention(ProjectedSelfAttention):
     """Reformer's locality-sensitive-hashing self-attention, memory linear in the length.
 
     Args:
-        num_heads, key_dim, value_dim, output_dim, use_bias, kernel_initializer,
-        bias_initializer, seed: as for every projected self-attention layer (see
-            `keras_attn.projected_self_attention.ProjectedSelfAttention`); there is no key
-            projection (queries and keys are shared).
+        num_heads: number of attention heads.
+        key_dim: size of each head for query and key (queries and keys are shared: there is no
+            key projection).
+        **kwargs: `value_dim`, `output_dim`, `use_bias`, `kernel_initializer`, `bias_initializer`,
+            `seed` as for every projected self-attention layer
+            (`keras_attn.projected_self_attention.ProjectedSelfAttention`), and the base `Layer`'s.
         num_buckets: hash buckets per round, 1 or even (Reformer: about `seq / chunk_size`).
         num_hashes: hashing rounds; more rounds, fewer missed neighbours.
         chunk_size: sorted tokens per chunk; each chunk attends to itself and the previous one.

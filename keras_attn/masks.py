@@ -27,6 +27,11 @@ def causal_mask(query_len, key_len, query_offset=0):
 
     Returns:
         A boolean tensor of shape `(1, 1, query_len, key_len)`.
+
+    Example:
+
+    >>> causal_mask(3, 3)[0, 0].numpy().astype(int).tolist()
+    [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
     """
     return patterns.Causal().block_mask(query_len, key_len, query_offset)
 
@@ -39,14 +44,34 @@ def sliding_window_mask(query_len, key_len, window, query_offset=0):
     the position of the first query, as in `causal_mask`. The mask of
     `keras_attn.patterns.SlidingWindow(window)`.
 
+    Args:
+        query_len: number of queries.
+        key_len: number of keys.
+        window: positive int, the band's half-width plus one.
+        query_offset: position of the first query (an int or a scalar int tensor).
+
     Returns:
         A boolean tensor of shape `(1, 1, query_len, key_len)`.
+
+    Example:
+
+    >>> sliding_window_mask(4, 4, 2)[0, 0].numpy().astype(int).tolist()
+    [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
     """
     return patterns.SlidingWindow(window).block_mask(query_len, key_len, query_offset)
 
 
 def merge_masks(*masks):
-    """Logical AND of the masks that are not `None`; `None` when all are `None`."""
+    """Logical AND of the masks that are not `None`; `None` when all are `None`.
+
+    Args:
+        *masks: boolean masks (or `None`), broadcastable to one another.
+
+    Example:
+
+    >>> merge_masks(causal_mask(3, 3), None, sliding_window_mask(3, 3, 2))[0, 0].numpy().astype(int).tolist()
+    [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
+    """
     merged = None
     for mask in masks:
         if mask is None:

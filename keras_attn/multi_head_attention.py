@@ -59,8 +59,13 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         sliding_window: optional positive int; each query attends to keys with
             `|i - j| < sliding_window` (local/band attention).
         flash_attention: accepted for compatibility with Keras; ignored.
-        kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
-        activity_regularizer, kernel_constraint, bias_constraint: as for `Dense`.
+        kernel_initializer: initializer of the projection kernels, as for `Dense`.
+        bias_initializer: initializer of the projection biases, as for `Dense`.
+        kernel_regularizer: as for `Dense`.
+        bias_regularizer: as for `Dense`.
+        activity_regularizer: as for `Dense`.
+        kernel_constraint: as for `Dense`.
+        bias_constraint: as for `Dense`.
         use_gate: if `True`, a sigmoid gate computed from the query multiplies the
             attention output per head before the output projection (as in Keras).
         seed: seed for attention dropout.

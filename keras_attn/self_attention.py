@@ -13,6 +13,11 @@ class SelfAttention(MultiHeadAttention):
     arguments (`num_heads`, `key_dim`, `dropout`, `sliding_window`, `num_key_value_heads`, ...)
     and has the same weights.
 
+    Args:
+        num_heads: number of attention heads.
+        key_dim: size of each attention head for query and key.
+        **kwargs: every other constructor argument of `keras_attn.MultiHeadAttention`.
+
     Call arguments:
         inputs: `(batch, seq, features)`.
         mask: optional boolean padding mask `(batch, seq)`; taken from the Keras mask of

@@ -86,6 +86,13 @@ def masked_softmax(logits, mask=None):
     Args:
         logits: float logits `(batch, heads, query_len, key_len)`.
         mask: optional boolean mask broadcastable to `logits`, `True` = attend.
+
+    Example:
+
+    >>> import numpy as np
+    >>> masked_softmax(np.array([[1.0, 1.0, 5.0], [2.0, 0.0, 0.0]]),
+    ...                np.array([[True, True, False], [False, False, False]])).numpy().tolist()
+    [[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]
     """
     logits = ops.cast(logits, float_math_dtype(logits.dtype))
     if mask is None:

@@ -28,6 +28,14 @@ def _missing(reason):
 @contextlib.contextmanager
 def open_page(path):
     """A playwright page showing the file `path`; fails the test on any console error or page error."""
+    with open_url(path.resolve().as_uri()) as page:
+        yield page
+
+
+@contextlib.contextmanager
+def open_url(url):
+    """A playwright page showing `url`; fails the test on any console error or page error, on this
+    page or any other the test then opens in it."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -43,7 +51,7 @@ def open_page(path):
             page.on("console", lambda message: message.type == "error" and errors.append(message.text))
             page.on("pageerror", lambda error: errors.append(str(error)))
             page.on("requestfailed", lambda request: errors.append(f"request failed: {request.url}"))
-            page.goto(path.resolve().as_uri())
+            page.goto(url)
             yield page
         finally:
             browser.close()
