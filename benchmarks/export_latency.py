@@ -41,7 +41,9 @@ def export_classifier(config, reviews, directory):
     saved_model_dir = write_savedmodel(
         model, vocabulary_path, config.vocabulary_size, config.max_tokens, Path(directory) / "savedmodel"
     )
-    onnx_dir = write_onnx_bundle(model, vocabulary_path, config.max_tokens, Path(directory) / "onnx")
+    onnx_dir = write_onnx_bundle(
+        model, vocabulary_path, vectorizer.vocabulary_size(), config.max_tokens, Path(directory) / "onnx"
+    )
     serving = tf.saved_model.load(str(saved_model_dir)).signatures["serving_default"]
     return serving, OnnxSentimentPredictor(onnx_dir)
 

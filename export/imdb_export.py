@@ -139,10 +139,9 @@ def export_and_verify(model, vectorizer, vocabulary_path, sequence_length, revie
         savedmodel.write_savedmodel(model, vocabulary_path, vectorizer.vocabulary_size(), sequence_length, saved_staging)
         warmup_batches = [reviews[:1], reviews[:8]]  # one review alone, then a batch
         serving_layout.write_warmup_requests(saved_staging, model_name, savedmodel.INPUT_NAME, warmup_batches)
-        onnx_export.write_onnx_bundle(model, vocabulary_path, sequence_length, onnx_staging)
+        onnx_export.write_onnx_bundle(model, vocabulary_path, vectorizer.vocabulary_size(), sequence_length, onnx_staging)
         sizes = {"reviews": vectorizer.vocabulary_size()}
         write_manifest(saved_staging, MODEL_ID, "savedmodel", sizes, keras_attn.__version__, savedmodel.INPUT_NAME)
-        write_manifest(onnx_staging, MODEL_ID, "onnx", sizes, keras_attn.__version__, onnx_export.INPUT_NAME)
         parity = verify_exports(model, vectorizer, sequence_length, saved_staging, onnx_staging, reviews, atol)
         saved_path = serving_layout.publish(saved_staging, export_dir / model_name)
         onnx_path = serving_layout.publish(onnx_staging, export_dir / "onnx" / model_name)

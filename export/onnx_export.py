@@ -20,16 +20,20 @@ from pathlib import Path
 import tensorflow as tf
 import tf2onnx
 
+import keras_attn
+
 from export import onnx_predictor
 from models import export_manifest
+from models.imdb_text import MODEL_ID
 from models.imdb_text import tokenizer_rules
 
 OPSET = 18
 INPUT_NAME = "token_ids"
 
 
-def write_onnx_bundle(model, vocabulary_path, sequence_length, path):
-    """Converts `model` with tf2onnx and writes the predictor bundle into `path` (created)."""
+def write_onnx_bundle(model, vocabulary_path, vocabulary_size, sequence_length, path):
+    """Converts `model` with tf2onnx and writes the predictor bundle into `path` (created), its
+    manifest last (`vocabulary_size`: the model's, which the predictor checks the file against)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     signature = [tf.TensorSpec([None, None], tf.int32, name=INPUT_NAME)]
@@ -39,4 +43,7 @@ def write_onnx_bundle(model, vocabulary_path, sequence_length, path):
     (path / "tokenizer.json").write_text(json.dumps(tokenizer_rules(sequence_length), indent=2) + "\n")
     shutil.copyfile(onnx_predictor.__file__, path / "onnx_predictor.py")
     shutil.copyfile(export_manifest.__file__, path / "export_manifest.py")
+    export_manifest.write_manifest(
+        path, MODEL_ID, "onnx", {"reviews": vocabulary_size}, keras_attn.__version__, INPUT_NAME
+    )
     return path
