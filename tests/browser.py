@@ -50,12 +50,20 @@ def open_url(url):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.on("console", lambda message: message.type == "error" and errors.append(message.text))
             page.on("pageerror", lambda error: errors.append(str(error)))
-            page.on("requestfailed", lambda request: errors.append(f"request failed: {request.url}"))
+            page.on("requestfailed", lambda request: _network_error(request) and errors.append(
+                f"request failed: {request.url} ({request.failure})"))
             page.goto(url)
             yield page
         finally:
             browser.close()
     assert not errors, f"the page logged errors: {errors}"
+
+
+def _network_error(request):
+    """Whether a failed request is the page's fault. A request the browser itself cancelled because
+    the test moved to the next page (`net::ERR_ABORTED`, e.g. Chromium's late favicon fetch) is not;
+    a missing file is not a failed request either: it answers 404 and the console logs it."""
+    return request.failure != "net::ERR_ABORTED"
 
 
 def broken_images(page):
