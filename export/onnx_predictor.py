@@ -43,9 +43,12 @@ class OnnxSentimentPredictor:
 
     Args:
         bundle_dir: directory holding `model.onnx`, `vocabulary.txt` and `tokenizer.json`.
+        session_options: optional `onnxruntime.SessionOptions` (graph optimisation level, thread
+            counts) for the session; onnxruntime's defaults otherwise. One predictor may serve
+            concurrent threads: `predict` keeps no state between calls.
     """
 
-    def __init__(self, bundle_dir):
+    def __init__(self, bundle_dir, session_options=None):
         bundle_dir = Path(bundle_dir)
         # Every file as published (SHA-256), and a model of this kind, before anything is loaded.
         manifest = check_manifest(bundle_dir, MODEL_ID)
@@ -62,7 +65,7 @@ class OnnxSentimentPredictor:
         self.token_to_id = {token: first + index for index, token in enumerate(tokens)}
         self._strip = re.compile("[" + re.escape(self.rules["strip_characters"]) + "]")
         self.session = onnxruntime.InferenceSession(
-            str(bundle_dir / "model.onnx"), providers=["CPUExecutionProvider"]
+            str(bundle_dir / "model.onnx"), sess_options=session_options, providers=["CPUExecutionProvider"]
         )
         self.input_name = self.session.get_inputs()[0].name
 

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import attention_families_scaling
 from benchmarks import cached_decoding
-from benchmarks import export_latency
+from benchmarks import serving_latency
 from benchmarks import float32_logits
 from benchmarks import imdb_attention_families
 from benchmarks import imdb_training_throughput
@@ -27,7 +27,7 @@ SCRIPTS = {
     "memory_scaling": (memory_scaling, "memory_vs_keras"),
     "position_bias_memory": (position_bias_memory, "memory_vs_no_bias"),
     "cached_decoding": (cached_decoding, "recompute_over_cached"),
-    "export_latency": (export_latency, "onnx_over_saved_model"),
+    "serving_latency": (serving_latency, "p50_vs_keras"),
     "float32_logits": (float32_logits, "float32_over_float16"),
     "imdb_training_throughput": (imdb_training_throughput, "speedup_vs_keras"),
     "imdb_attention_families": (imdb_attention_families, "accuracy_vs_dense"),
