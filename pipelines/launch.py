@@ -99,10 +99,10 @@ def main(argv=None):
         "--grace-seconds", type=non_negative_float, default=120, help="after a failure, before killing the rest"
     )
     add_debug_flag(parser)
-    if "--" not in argv:
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])  # `--help` prints the usage here, with or without a command
+    if split == len(argv):
         parser.error("no command: give it after `--`, e.g. -- python -m pipelines.train_imdb --strategy multi_worker")
-    split = argv.index("--")
-    args = parser.parse_args(argv[:split])
     with user_errors_exit(parser.prog, args.debug):  # an empty or missing command: one line, exit 2
         return launch(argv[split + 1 :], args.workers, args.grace_seconds)
 
