@@ -3,30 +3,32 @@
 A freshly built classifier (`models.sentiment_classifier`, default configuration, untrained:
 latency does not depend on the weights) with a vocabulary adapted on real IMDB test reviews is
 exported with the project's exporters into a temporary directory and reloaded. Each runtime then
-serves requests of real reviews, end to end from raw strings, from 1 and from `--clients`
-concurrent client threads that send their requests back to back:
+serves requests of real reviews, end to end from raw strings, through a server of
+`--server-threads` worker threads (default: the machine's cores) that answer in arrival order, as
+a model server's fixed thread pool does, to 1 and to `--clients` concurrent client threads that
+send their requests back to back (a request's latency counts its wait in the queue):
 
 - Keras: the training vectoriser (eager), then `model.predict` on the token ids;
 - SavedModel: `serving_default(reviews=...)` of the reloaded SavedModel (TF string ops
   tokenise inside the graph);
 - ONNX Runtime: `OnnxSentimentPredictor.predict` of the bundle (Python tokeniser +
   onnxruntime), its session options set deliberately: every graph optimisation
-  (`ORT_ENABLE_ALL`), sequential execution, `--ort-threads` intra-op threads (default: the
-  machine's cores) that sleep rather than spin when idle.
+  (`ORT_ENABLE_ALL`), sequential execution, `--ort-threads` intra-op threads per request
+  (default 1: the server's threads already use the cores) that sleep rather than spin when idle.
 
 At batch 1 each request is one review (latency percentiles p50/p99 over every request of the
 configuration); at batch 32 each request is 32 reviews (throughput in reviews/s over the wall
-time). The configurations run one after another, each after a warm-up request per client; the
+time). The configurations run one after another, each after a warm-up request per server thread; the
 ratios compare runtimes measured in the same run.
 
-    python -m benchmarks.serving_latency [--clients 8] [--requests 400] [--ort-threads 2]
+    python -m benchmarks.serving_latency [--clients 8] [--requests 400] [--server-threads 2] [--ort-threads 1]
 """
 
+import concurrent.futures
 import itertools
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -82,50 +84,39 @@ def exported_runtimes(config, reviews, directory, ort_threads):
     }
 
 
-def serve(predict, requests, clients):
-    """Sends `requests` (lists of reviews) from `clients` threads, each its share back to back after
-    one warm-up request; returns (per-request latencies in seconds, wall seconds of the load)."""
+def serve(predict, requests, clients, server_threads):
+    """Sends `requests` (lists of reviews) from `clients` threads, each its share back to back, to a
+    server of `server_threads` worker threads that answer in arrival order (as a model server's
+    fixed thread pool does); returns (per-request latencies in seconds: from sending to the answer,
+    waiting included; wall seconds of the load). One warm-up request per worker is not counted."""
     shares = [requests[index::clients] for index in range(clients)]
     latencies = [[] for _ in range(clients)]
-    errors = []
-    start_together = threading.Barrier(clients + 1)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=server_threads) as server:
+        for warmup in [server.submit(predict, requests[0]) for _ in range(server_threads)]:
+            warmup.result()
 
-    def client(index):
-        try:
-            predict(shares[index][0])  # warm-up, not counted
-            start_together.wait()
+        def client(index):
             for batch in shares[index]:
                 start = time.perf_counter()
-                predict(batch)
+                server.submit(predict, batch).result()  # a failed request raises here, never a silent gap
                 latencies[index].append(time.perf_counter() - start)
-        except BaseException as error:  # reported in the main thread, never a silent gap
-            errors.append(error)
-            start_together.abort()
 
-    threads = [threading.Thread(target=client, args=(index,), daemon=True) for index in range(clients)]
-    for thread in threads:
-        thread.start()
-    try:
-        start_together.wait()
-    except threading.BrokenBarrierError:
-        pass
-    start = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - start
-    if errors:
-        raise errors[0]
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=clients) as senders:
+            for sent in [senders.submit(client, index) for index in range(clients)]:
+                sent.result()
+        wall = time.perf_counter() - start
     return [latency for client_latencies in latencies for latency in client_latencies], wall
 
 
-def measure(runtimes, reviews, batch_size, clients, request_count):
+def measure(runtimes, reviews, batch_size, clients, request_count, server_threads):
     """One row per runtime: p50/p99 latency and reviews/s for `request_count` requests of
     `batch_size` reviews from `clients` threads."""
     cycled = itertools.cycle(reviews)
     requests = [list(itertools.islice(cycled, batch_size)) for _ in range(max(request_count, clients))]
     rows = []
     for runtime in RUNTIMES:
-        latencies, wall = serve(runtimes[runtime], requests, clients)
+        latencies, wall = serve(runtimes[runtime], requests, clients, server_threads)
         p50, p99 = np.percentile(latencies, [50, 99])
         rows.append({
             "runtime": runtime, "batch": batch_size, "clients": clients, "requests": len(latencies),
@@ -151,7 +142,8 @@ def main(argv=None):
         batch_sizes=dict(type=int, nargs="+", default=[1, 32]),
         clients=dict(type=int, default=8, help="concurrent client threads of the loaded runs"),
         requests=dict(type=int, default=400, help="requests per configuration (at batch 32: a quarter)"),
-        ort_threads=dict(type=int, default=os.cpu_count(), help="ONNX Runtime intra-op threads"),
+        server_threads=dict(type=int, default=os.cpu_count(), help="the server's worker threads"),
+        ort_threads=dict(type=int, default=1, help="ONNX Runtime intra-op threads per request"),
         vocabulary_size=dict(type=int, default=20_000),
     )
     args = parser.parse_args(argv)
@@ -170,7 +162,7 @@ def main(argv=None):
         agreement = check_agreement(runtimes, reviews[:32])
         for batch, clients in itertools.product(args.batch_sizes, sorted({1, args.clients})):
             request_count = args.requests if batch == 1 else max(args.requests // 4, 1)
-            rows += measure(runtimes, reviews, batch, clients, request_count)
+            rows += measure(runtimes, reviews, batch, clients, request_count, args.server_threads)
     common.print_table(
         rows,
         [
