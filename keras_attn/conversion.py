@@ -68,9 +68,11 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
         model: a Functional or Sequential `keras.Model`; the Functional and Sequential models
             nested in it are converted too. A subclassed model is refused (`ValueError` listing
             its attention layers): its own code builds its layers.
-        implementation: the attention kernel of every converted layer: `"auto"` (default),
-            `"dense"`, `"chunked"` or `"blockwise"`, as for `keras_attn.MultiHeadAttention`.
-            Each computes the same outputs; they differ in speed and memory.
+        implementation: the attention kernel of every converted layer, as for
+            `keras_attn.MultiHeadAttention`: `"auto"` (default; picks per call), `"dense"`,
+            `"chunked"`, `"blockwise"` or `"strided"`. They compute the same outputs and differ
+            in speed and memory; a kernel that needs a pattern (`"chunked"`: a causal mask or a
+            sliding window) raises at a call without one, so `"auto"` suits mixed models.
         strict: if `True` (default), a `ValueError` lists every attention layer that cannot be
             converted, with its reason, and no copy is returned. If `False`, those layers are
             copied unchanged and a warning lists them.

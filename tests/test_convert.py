@@ -218,6 +218,47 @@ def test_a_subclass_keeps_its_call_and_runs_our_attention(tmp_path, monkeypatch)
     assert reloaded_layer.get_config()[conversion._CONVERTED_FROM] == "test_convert>CachedAttentionDouble"
 
 
+_RELOAD_IN_A_FRESH_PROCESS = """
+import sys
+import keras
+import numpy as np
+import tests.test_convert  # registers the subclass double, as importing KerasHub would
+from keras_attn.multi_head_attention import MultiHeadAttention
+for name in sys.argv[1:]:
+    model = keras.saving.load_model(name + ".keras")
+    kinds = [isinstance(l, MultiHeadAttention) for l in model._flatten_layers() if isinstance(l, keras.layers.MultiHeadAttention)]
+    assert kinds and all(kinds), (name, kinds)
+    inputs = np.load(name + ".npz")
+    np.save(name + ".reloaded.npy", keras.ops.convert_to_numpy(model([inputs[k] for k in sorted(inputs)])))
+"""
+
+
+def test_converted_models_reload_in_a_fresh_process(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(2, LENGTH, WIDTH)).astype("float32")
+    causal = np.tril(np.ones((LENGTH, LENGTH), bool))[None].repeat(2, axis=0)
+    inputs = keras.Input((LENGTH, WIDTH))
+    plain = keras.Model([inputs], _encoder_block(inputs, causal=True, name="plain"))
+    cases = {"plain": (plain, {"a": x}), "cached": (_cached_model(), {"a": x, "b": causal})}
+    expected = {}
+    for name, (model, arrays) in cases.items():
+        fast = keras_attn.convert(model)
+        fast.save(tmp_path / f"{name}.keras")
+        np.savez(tmp_path / f"{name}.npz", **arrays)
+        expected[name] = ops.convert_to_numpy(fast([arrays[k] for k in sorted(arrays)]))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", _RELOAD_IN_A_FRESH_PROCESS, *(str(tmp_path / name) for name in cases)],
+                            cwd=root, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in cases:
+        assert _max_difference(np.load(tmp_path / f"{name}.reloaded.npy"), expected[name]) == 0.0
+
+
 def test_gradients_equal_the_original_and_a_training_step_runs():
     model = _token_model(causal=True)
     fast = keras_attn.convert(model)
