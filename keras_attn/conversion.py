@@ -33,14 +33,21 @@ class ConversionReport:
     Attributes:
         converted: the paths (`model/.../layer`) of the attention layers replaced by ours.
         unconverted: `(path, reason)` for each attention layer kept as it was.
+        already_ours: the paths of the layers that were `keras_attn.MultiHeadAttention` already
+            (subclasses included), copied as they are, their own `implementation` kept.
     """
 
     converted: tuple = ()
     unconverted: tuple = ()
+    already_ours: tuple = ()
 
     def __str__(self):
-        lines = [f"{len(self.converted)} attention layer(s) converted, {len(self.unconverted)} not converted"]
+        lines = [
+            f"{len(self.converted)} attention layer(s) converted, {len(self.unconverted)} not converted, "
+            f"{len(self.already_ours)} already keras_attn's"
+        ]
         lines += [f"  converted: {path}" for path in self.converted]
+        lines += [f"  already keras_attn's: {path}" for path in self.already_ours]
         lines += [f"  not converted: {path}: {reason}" for path, reason in self.unconverted]
         return "\n".join(lines)
 
@@ -53,8 +60,8 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
     output where Keras gives the mean of the values). Subclasses of Keras's layer are converted
     too: the converted class derives from the subclass and from ours, so the subclass's own
     `call` (e.g. KerasHub's `CachedMultiHeadAttention`, with its cache) runs our attention
-    through Keras's `_compute_attention` hook. Layers that are already ours are rebuilt with
-    `implementation`. The copy saves and loads as `.keras` (a converted subclass reloads where
+    through Keras's `_compute_attention` hook. Layers that are already ours are copied as they
+    are (their own `implementation` kept) and listed in the report's `already_ours`. The copy saves and loads as `.keras` (a converted subclass reloads where
     the subclass itself is registered or passed in `custom_objects`, as the original needs).
     The copy is not compiled, as with `keras.models.clone_model`.
 
@@ -77,7 +84,7 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
             converted, with its reason, and no copy is returned. If `False`, those layers are
             copied unchanged and a warning lists them.
         return_report: if `True`, also return a `ConversionReport` (`converted` paths,
-            `unconverted` `(path, reason)` pairs).
+            `unconverted` `(path, reason)` pairs, `already_ours` paths).
 
     Returns:
         The converted copy; `(copy, report)` when `return_report=True`.
@@ -96,6 +103,8 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
     >>> fast, report = convert(model, implementation="chunked", return_report=True)
     >>> type(fast.get_layer("attention")).__module__, report.converted, report.unconverted
     ('keras_attn.multi_head_attention', ('encoder/attention',), ())
+    >>> convert(fast, return_report=True)[1].already_ours  # a second convert changes nothing
+    ('encoder/attention',)
     >>> x = keras.random.normal((2, 16, 32), seed=0)
     >>> bool(keras.ops.max(keras.ops.abs(fast(x) - model(x))) < 1e-5)
     True
@@ -113,15 +122,17 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
         )
 
     decisions = {}  # id(attention layer) -> its replacement's factory (only for the ones converted)
-    converted, unconverted = [], []
+    converted, unconverted, already_ours = [], [], []
     for path, layer, container in _attention_layers(model):
         reason = container or _why_not_convertible(layer)
-        if reason is None:
+        if reason is None and isinstance(layer, MultiHeadAttention):
+            already_ours.append(path)  # copied by clone_model as it is
+        elif reason is None:
             decisions[id(layer)] = lambda layer=layer: _replacement(layer, implementation)
             converted.append(path)
         else:
             unconverted.append((path, reason))
-    report = ConversionReport(tuple(converted), tuple(unconverted))
+    report = ConversionReport(tuple(converted), tuple(unconverted), tuple(already_ours))
     if unconverted and strict:
         raise ValueError(
             "`convert` cannot replace every attention layer of the model (pass strict=False to keep "
@@ -184,7 +195,7 @@ def _why_not_convertible(layer):
         return "quantized (its kernels are integers and scales): convert the model before Model.quantize"
     subclass = type(layer)
     if issubclass(subclass, MultiHeadAttention):
-        return None  # already ours: rebuilt with the requested implementation
+        return None  # already ours: nothing to replace
     overridden = _overridden_methods(subclass)
     for name in _ATTENTION_INTERNALS:
         if name in overridden:
@@ -224,8 +235,6 @@ def _replacement(layer, implementation):
     subclass = type(layer)
     if subclass is _KERAS_MHA:
         return MultiHeadAttention.from_config(config)
-    if issubclass(subclass, MultiHeadAttention):
-        return subclass.from_config(config)
     return converted_class(subclass).from_config(config)
 
 

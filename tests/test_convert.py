@@ -174,6 +174,42 @@ def test_keras_file_round_trip_of_the_converted_model(tmp_path):
     assert _max_difference(reloaded(tokens), fast(tokens)) == 0.0
 
 
+@keras.saving.register_keras_serializable(package="test_convert")
+class ScaledQueryAttention(keras.layers.MultiHeadAttention):
+    """A subclass with its own config argument whose `call` wraps Keras's through `super().call`."""
+
+    def __init__(self, *args, query_scale=2.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.query_scale = query_scale
+
+    def call(self, query, value, key=None, **kwargs):
+        return super().call(query * self.query_scale, value, key=key, **kwargs)
+
+    def get_config(self):
+        return {**super().get_config(), "query_scale": self.query_scale}
+
+
+def test_a_subclass_calling_super_call_and_layers_already_ours(tmp_path):
+    inputs = keras.Input((LENGTH, WIDTH))
+    x = ScaledQueryAttention(HEADS, WIDTH // HEADS, query_scale=0.5, name="scaled")(inputs, inputs, use_causal_mask=True)
+    x = keras_attn.MultiHeadAttention(HEADS, WIDTH // HEADS, implementation="blockwise", name="ours")(x, x)
+    model = keras.Model(inputs, x, name="model")
+    fast, report = keras_attn.convert(model, implementation="dense", return_report=True)
+
+    assert report.converted == ("model/scaled",) and report.already_ours == ("model/ours",)
+    assert "already keras_attn's: model/ours" in str(report)
+    scaled, ours = fast.get_layer("scaled"), fast.get_layer("ours")
+    assert isinstance(scaled, ScaledQueryAttention) and isinstance(scaled, keras_attn.MultiHeadAttention)
+    assert (scaled.query_scale, scaled.implementation) == (0.5, "dense")
+    assert type(ours) is keras_attn.MultiHeadAttention and ours.implementation == "blockwise"  # its own choice kept
+    x = np.random.default_rng(9).normal(size=(2, LENGTH, WIDTH)).astype("float32")
+    assert _max_difference(fast(x), model(x)) < TOLERANCE
+    fast.save(tmp_path / "scaled.keras")
+    reloaded = keras.saving.load_model(tmp_path / "scaled.keras")
+    assert reloaded.get_layer("scaled").query_scale == 0.5
+    assert _max_difference(reloaded(x), fast(x)) == 0.0
+
+
 def _cached_model():
     inputs = keras.Input((LENGTH, WIDTH))
     mask = keras.Input((LENGTH, LENGTH), dtype="bool")
