@@ -133,6 +133,18 @@ def test_functional_model_outputs_equal_the_original(implementation):
     assert [w.path for w in fast.weights] == [w.path for w in model.weights]
 
 
+def test_compiled_with_xla_equals_the_original():
+    import tensorflow as tf
+
+    model = _token_model(causal=True)
+    fast = keras_attn.convert(model)
+    tokens = _tokens(10)
+    valid = tokens != 0
+    got = tf.function(lambda t: fast(t, training=False), jit_compile=True)(tokens)
+    expected = model(tokens, training=False)
+    assert _max_difference(ops.convert_to_numpy(got)[valid], ops.convert_to_numpy(expected)[valid]) < TOLERANCE
+
+
 def test_masks_and_cross_attention_inputs_equal_the_original():
     query = keras.Input((6, WIDTH))
     memory = keras.Input((LENGTH, 8))
