@@ -61,15 +61,16 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
     too: the converted class derives from the subclass and from ours, so the subclass's own
     `call` (e.g. KerasHub's `CachedMultiHeadAttention`, with its cache) runs our attention
     through Keras's `_compute_attention` hook. Layers that are already ours are copied as they
-    are (their own `implementation` kept) and listed in the report's `already_ours`. The copy saves and loads as `.keras` (a converted subclass reloads where
-    the subclass itself is registered or passed in `custom_objects`, as the original needs).
+    are (their own `implementation` kept) and listed in the report's `already_ours`. The copy
+    saves and loads as `.keras` (a converted subclass reloads where the subclass itself is
+    registered or passed in `custom_objects`, as the original needs).
     The copy is not compiled, as with `keras.models.clone_model`.
 
     Not converted, and named with the reason: attention layers inside a custom layer or a
-    subclassed model (their own code builds them; `clone_model` cannot rebuild them), quantized
-    layers (convert before `Model.quantize`), subclasses that override the attention computation
-    (`_compute_attention`, `_masked_softmax`, `_build_attention`), and subclasses whose `call`
-    never reaches `_compute_attention`.
+    subclassed model (their own code builds them; `clone_model` cannot rebuild them), subclasses
+    that override the attention computation (`_compute_attention`, `_masked_softmax`,
+    `_build_attention`), and subclasses whose `call` never reaches `_compute_attention`. A
+    quantized model is refused: convert it before `Model.quantize`, then quantize the copy.
 
     Args:
         model: a Functional or Sequential `keras.Model`; the Functional and Sequential models
@@ -91,7 +92,7 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
 
     Raises:
         ValueError: when an argument is invalid (naming it and the value received), when `model`
-            is a subclassed model, or, with `strict=True`, when an attention layer cannot be
+            is a subclassed or a quantized model, or, with `strict=True`, when an attention layer cannot be
             converted (naming each and why).
 
     Example:
@@ -119,6 +120,13 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
         raise ValueError(
             "`convert` copies Functional and Sequential models; a subclassed model's own code builds its "
             f"layers (build it with keras_attn.MultiHeadAttention instead). Received: model={model!r}{found}"
+        )
+    quantized = [layer.path for layer in model._flatten_layers() if getattr(layer, "quantization_mode", None)]
+    if quantized:
+        raise ValueError(
+            "`convert` cannot copy a quantized model (keras.models.clone_model rebuilds quantized layers "
+            "unquantized): convert the model before Model.quantize, then quantize the copy. "
+            f"Received: model={model!r} with quantized layers {quantized}"
         )
 
     decisions = {}  # id(attention layer) -> its replacement's factory (only for the ones converted)
@@ -190,9 +198,6 @@ def _rebuildable(layer):
 
 def _why_not_convertible(layer):
     """`None` if `layer` can be replaced by ours, else the reason it cannot."""
-    projections = [getattr(layer, name, None) for name in ("_query_dense", "_key_dense", "_value_dense", "_output_dense")]
-    if any(getattr(p, "quantization_mode", None) is not None for p in projections):
-        return "quantized (its kernels are integers and scales): convert the model before Model.quantize"
     subclass = type(layer)
     if issubclass(subclass, MultiHeadAttention):
         return None  # already ours: nothing to replace

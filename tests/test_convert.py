@@ -377,8 +377,16 @@ def test_quantized_layers_and_subclassed_models_are_reported():
     inputs = keras.Input((LENGTH, WIDTH))
     model = keras.Model(inputs, keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS, name="attention")(inputs, inputs), name="q")
     model.quantize("int8")
-    with pytest.raises(ValueError, match="q/attention: quantized .* convert the model before Model.quantize"):
-        keras_attn.convert(model)
+    for strict in (True, False):  # clone_model would rebuild the layers unquantized: never a copy
+        with pytest.raises(ValueError, match=r"convert the model before Model.quantize.*quantized layers \[.*'attention/query'"):
+            keras_attn.convert(model, strict=strict)
+    # Converted first, then quantized: the copy quantizes like the original.
+    fresh = keras.Model(inputs, keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS)(inputs, inputs))
+    fast = keras_attn.convert(fresh)
+    fresh.quantize("int8")
+    fast.quantize("int8")
+    x = np.random.default_rng(11).normal(size=(2, LENGTH, WIDTH)).astype("float32")
+    assert _max_difference(fast(x), fresh(x)) < 1e-4
 
     class Subclassed(keras.Model):
         def __init__(self, **kwargs):
