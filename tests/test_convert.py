@@ -173,6 +173,20 @@ def test_sequential_model_with_a_nested_functional_block():
     assert _max_difference(fast(x), model(x)) < TOLERANCE
 
 
+def test_a_shared_layer_is_converted_once_and_stays_shared():
+    a, b = keras.Input((LENGTH, WIDTH)), keras.Input((LENGTH, WIDTH))
+    shared = keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS, name="shared")
+    model = keras.Model([a, b], shared(a, b) + shared(b, a, use_causal_mask=True), name="twice")
+    fast, report = keras_attn.convert(model, return_report=True)
+
+    assert report.converted == ("twice/shared",)
+    assert _attention_classes(fast) == [keras_attn.MultiHeadAttention]
+    assert len(fast.weights) == len(model.weights)
+    rng = np.random.default_rng(12)
+    x = [rng.normal(size=(2, LENGTH, WIDTH)).astype("float32") for _ in range(2)]
+    assert _max_difference(fast(x), model(x)) < TOLERANCE
+
+
 def test_keras_file_round_trip_of_the_converted_model(tmp_path):
     model = _token_model(causal=False)
     fast = keras_attn.convert(model, implementation="blockwise")
