@@ -9,6 +9,7 @@ from keras_attn.masks import causal_mask
 from keras_attn.masks import merge_masks
 from keras_attn.masks import sliding_window_mask
 from keras_attn.alibi import ALiBi
+from keras_attn.conversion import convert
 from keras_attn.causal_self_attention import CausalSelfAttention
 from keras_attn.cross_attention import CrossAttention
 from keras_attn.feed_forward import FeedForward
@@ -45,6 +46,7 @@ __all__ = [
     "TransformerDecoder",
     "TransformerEncoder",
     "causal_mask",
+    "convert",
     "masked_softmax",
     "merge_masks",
     "patterns",

@@ -117,6 +117,7 @@ uses = {
     "TransformerEncoder": lambda: ka.TransformerEncoder(32, 2)(x),
     "TransformerDecoder": lambda: ka.TransformerDecoder(32, 2)(x, x),
     "causal_mask": lambda: ka.causal_mask(4, 4),
+    "convert": lambda: ka.convert(keras.Model(i := keras.Input((8, 16)), keras.layers.MultiHeadAttention(2, 8)(i, i)))(x),
     "sliding_window_mask": lambda: ka.sliding_window_mask(4, 4, 2),
     "merge_masks": lambda: ka.merge_masks(ka.causal_mask(4, 4), ka.sliding_window_mask(4, 4, 2)),
     "masked_softmax": lambda: ka.masked_softmax(x, x > 0),
