@@ -33,7 +33,7 @@ def test_single_layer_matches_numpy_reference_and_leaves_outputs_unchanged():
     inputs = keras.Input((None, 8))
     mask = keras.Input((None,), dtype="bool")
     layer = keras_attn.SelfAttention(num_heads=2, key_dim=4, name="attend")
-    model = keras.Model([inputs, mask], layer(inputs, mask=mask))
+    model = keras.Model([inputs, mask], layer(inputs, query_mask=mask, value_mask=mask))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 5, 8)).astype("float32")
     padding = np.arange(5)[None] < np.array([[5], [3]])  # (batch, seq)
