@@ -28,8 +28,10 @@ def _layer(feature_map, causal, **kwargs):
     return LinearAttention(**config)
 
 
-def _reference(layer, x, mask=None):
-    """Float64 output of `layer` from its weights: projections, features, recurrence, projection."""
+def _reference(layer, x, mask=None, is_causal=None, return_weights=False):
+    """Float64 output of `layer` from its weights: projections, features, recurrence, projection (and
+    the normalised kernel weights); causal as the layer unless `is_causal` says."""
+    is_causal = layer.causal if is_causal is None else is_causal
     weights = {w.path.split("/", 1)[1]: w.numpy() for w in layer.weights}
     query, key, value = (
         reference.project_heads(x, weights[f"{name}/kernel"], weights[f"{name}/bias"])
@@ -41,8 +43,11 @@ def _reference(layer, x, mask=None):
         scale = layer.key_dim ** -0.25
         query_features = reference.favor_features(query * scale, weights["random_features"])
         key_features = reference.favor_features(key * scale, weights["random_features"])
-    attended = reference.linear_attention_recurrence(query_features, key_features, value, mask, layer.causal)
-    return reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+    attended = reference.linear_attention_recurrence(query_features, key_features, value, mask, is_causal)
+    output = reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+    if not return_weights:
+        return output
+    return output, reference.linear_attention_weights(query_features, key_features, mask, is_causal)
 
 
 def _inputs(seed=0, shape=(2, 11, 6)):

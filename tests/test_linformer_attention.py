@@ -30,8 +30,9 @@ def _inputs(seed=0, shape=(2, 9, 6)):
     return np.random.default_rng(seed).standard_normal(shape).astype("float32")
 
 
-def _reference(layer, x, mask=None):
-    """Float64: each sequence's real tokens alone, projected by the leading rows, dense attention."""
+def _reference(layer, x, mask=None, return_weights=False):
+    """Float64: each sequence's real tokens alone, projected by the leading rows, dense attention
+    (and its weights over the projected keys, `(batch, heads, seq, projected_length)`)."""
     weights = {w.path.split("/", 1)[1]: w.numpy().astype(np.float64) for w in layer.weights}
     query, key, value = (
         reference.project_heads(x, weights[f"{name}/kernel"], weights[f"{name}/bias"])
@@ -41,6 +42,7 @@ def _reference(layer, x, mask=None):
     value_projection = weights.get("value_length_projection", key_projection)
     mask = np.ones(x.shape[:2], bool) if mask is None else np.asarray(mask, bool)
     attended = np.zeros(query.shape[:3] + (value.shape[-1],))
+    scores = np.zeros((x.shape[0], layer.num_heads, x.shape[1], layer.projected_length))
     for b in range(x.shape[0]):
         real = np.flatnonzero(mask[b])
         for h in range(layer.num_heads):
@@ -48,11 +50,13 @@ def _reference(layer, x, mask=None):
             f = value_projection[h] if layer.projection_per_head else value_projection
             projected_key = e[: len(real)].T @ key[b, real, h]  # (projected_length, key_dim)
             projected_value = f[: len(real)].T @ value[b, real, h]
-            out, _ = reference.attention(
+            out, probabilities = reference.attention(
                 query[None, b, :, h, None], projected_key[None, :, None], projected_value[None, :, None]
             )
             attended[b, :, h] = out[0, :, 0] * mask[b, :, None]
-    return reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+            scores[b, h] = probabilities[0, 0] * mask[b, :, None]
+    output = reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+    return (output, scores) if return_weights else output
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

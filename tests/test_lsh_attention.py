@@ -41,12 +41,15 @@ def _projected(layer, x):
     return weights, query, value
 
 
-def _reference(layer, x, mask=None):
+def _reference(layer, x, mask=None, is_causal=None, return_weights=False):
+    """Float64 output (and weights) of `layer`; causal as the layer unless `is_causal` says."""
     weights, query, value = _projected(layer, x)
-    attended = reference.lsh_attention(
-        query, value, weights["rotations"], layer.num_buckets, layer.chunk_size, mask, layer.causal
+    attended, scores = reference.lsh_attention(
+        query, value, weights["rotations"], layer.num_buckets, layer.chunk_size, mask,
+        layer.causal if is_causal is None else is_causal, return_weights=True,
     )
-    return reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+    output = reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+    return (output, scores) if return_weights else output
 
 
 @pytest.mark.parametrize("causal", [False, True])
