@@ -7,7 +7,8 @@ none} x {float32, mixed_float16}. Each case builds the family by name, calls it 
 NumPy reference (scores over the allowed keys summing to 1, zero elsewhere, the output equal to the
 scores times the values); then puts it in `TransformerEncoder` (self) or `TransformerDecoder`
 (causal) against the float64 wiring of the block around that reference, and round-trips the block
-through a `.keras` file. Cached decoding (issue #23 item 3) is not covered here.
+through a `.keras` file; the scores also eager = graph = XLA. Cached decoding (issue #23 item 3) is not
+covered here.
 """
 
 import keras
@@ -20,6 +21,7 @@ from keras_attn.attention_families import FAMILIES
 from keras_attn.capabilities import AttentionCapabilities
 from tests import reference
 from tests.layer_checks import MIXED_PRECISION_TOLERANCES
+from tests.layer_checks import assert_jit_matches_eager
 from tests.layer_checks import assert_serialization_round_trip
 from tests.test_linear_attention import _reference as linear_reference
 from tests.test_linformer_attention import _reference as linformer_reference
@@ -146,6 +148,15 @@ def test_output_is_the_scores_times_the_values(name, causal):
     kernel = weights["attention_output/kernel"]
     expected = reference.merge_heads(attended, kernel, weights["attention_output/bias"])
     np.testing.assert_allclose(np.asarray(output), expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("name,causal", [(n, m == "causal") for n in FAMILIES for m in _modes(n) if m != "cross"])
+def test_scores_are_the_same_eager_in_a_graph_and_under_xla(name, causal):
+    x, _ = _inputs(3)
+    layer = _family(name)
+    assert_jit_matches_eager(
+        layer, x, query_mask=QUERY_PADDING, use_causal_mask=causal, return_attention_scores=True
+    )
 
 
 def _random_block(block, seed=0):
