@@ -131,8 +131,7 @@ class ProjectedSelfAttention(keras.layers.Layer):
         masks = [default if mask is None else mask for mask in (query_mask, value_mask, key_mask)]
         for name, mask in zip(("query_mask", "value_mask", "key_mask"), masks):
             check_padding_mask(name, mask, query.shape)
-        mask = merge_masks(*(None if mask is None else ops.cast(mask, "bool") for mask in masks))
-        return mask
+        return merge_masks(*(None if mask is None else ops.cast(mask, "bool") for mask in masks))
 
     def _checked_call(self, query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask):
         """`(padding mask, causal)` of a call, after refusing what the family's capabilities exclude."""
