@@ -2,6 +2,7 @@
 
 from keras_attn.version import __version__
 
+from keras_attn import attention_families
 from keras_attn import patterns
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.softmax import masked_softmax
@@ -45,6 +46,7 @@ __all__ = [
     "TokenAndPositionEmbedding",
     "TransformerDecoder",
     "TransformerEncoder",
+    "attention_families",
     "causal_mask",
     "convert",
     "masked_softmax",

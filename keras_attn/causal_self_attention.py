@@ -19,17 +19,8 @@ class CausalSelfAttention(SelfAttention):
         key_dim: size of each attention head for query and key.
         **kwargs: every other constructor argument of `keras_attn.MultiHeadAttention`.
 
-    Call arguments:
-        inputs: `(batch, seq, features)`.
-        mask: optional boolean padding mask `(batch, seq)` (or `(batch, max_len)` with a
-            cache); taken from the Keras mask of `inputs` when not given.
-        attention_mask: optional extra boolean mask broadcastable to
-            `(batch, heads, seq, seq)`.
-        attention_bias: optional additive bias broadcastable to `(batch, heads, seq, seq)`.
-        return_attention_scores: if `True`, also return the weights.
-        training: whether attention dropout is active.
-        cache: optional key/value cache (see above).
-        cache_update_index: position of the first token of `inputs` in the cache.
+    Call arguments: those of `SelfAttention` (`value=None`), always causal
+    (`use_causal_mask` need not be passed); with a cache the padding masks cover `max_len`.
 
     Example:
 

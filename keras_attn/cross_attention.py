@@ -9,8 +9,8 @@ from keras_attn.multi_head_attention import MultiHeadAttention
 class CrossAttention(MultiHeadAttention):
     """Multi-head cross-attention from a query sequence to a context sequence.
 
-    `CrossAttention(...)(query, context)` is `MultiHeadAttention(...)(query, context)`. The
-    context may have another length and another feature width than the query; the output has
+    `CrossAttention(...)(query, value)` is `MultiHeadAttention(...)(query, value)`. The
+    context (`value`) may have another length and another feature width than the query; the output has
     the query's width (or `output_shape`). The constructor arguments and weights are those of
     `MultiHeadAttention`.
 
@@ -19,21 +19,11 @@ class CrossAttention(MultiHeadAttention):
         key_dim: size of each attention head for query and key.
         **kwargs: every other constructor argument of `keras_attn.MultiHeadAttention`.
 
-    Call arguments:
-        query: `(batch, query_len, query_features)`, e.g. decoder states.
-        context: `(batch, context_len, context_features)`, e.g. encoder outputs.
-        query_mask: optional boolean `(batch, query_len)`; the Keras mask of `query` otherwise.
-        context_mask: optional boolean `(batch, context_len)`; the Keras mask of `context`
-            otherwise. Padded context positions never influence the output.
-        attention_mask: optional boolean mask broadcastable to
-            `(batch, query_len, context_len)` or `(batch, heads, query_len, context_len)`.
-        attention_bias: optional additive bias broadcastable to
-            `(batch, heads, query_len, context_len)`.
-        return_attention_scores: if `True`, also return the weights.
-        training: whether attention dropout is active.
-        cache: optional `(batch, 2, context_len, kv_heads, key_dim)` keys/values of the context
-            projected once (see `MultiHeadAttention`); `context` is then ignored and the call
-            returns `(output, cache)`.
+    Call arguments: those of `keras_attn.MultiHeadAttention`: `layer(query, value, key=None,
+    query_mask=..., value_mask=..., ...)`, `value` the context (e.g. encoder outputs) and
+    `value_mask` its padding, the Keras mask of `value` when not given. With a `cache`
+    `(batch, 2, context_len, kv_heads, key_dim)` of the context projected once, `value` is ignored
+    and the call returns `(output, cache)`.
 
     Example:
 
@@ -42,38 +32,3 @@ class CrossAttention(MultiHeadAttention):
     >>> tuple(CrossAttention(num_heads=4, key_dim=8)(decoder_states, encoder_outputs).shape)
     (2, 7, 32)
     """
-
-    def build(self, query_shape, context_shape):
-        super().build(query_shape, context_shape)
-
-    def call(
-        self,
-        query,
-        context,
-        query_mask=None,
-        context_mask=None,
-        attention_mask=None,
-        attention_bias=None,
-        return_attention_scores=False,
-        training=None,
-        cache=None,
-    ):
-        return super().call(
-            query,
-            context,
-            query_mask=query_mask,
-            value_mask=context_mask,
-            attention_mask=attention_mask,
-            attention_bias=attention_bias,
-            return_attention_scores=return_attention_scores,
-            training=training,
-            cache=cache,
-        )
-
-    def compute_output_shape(self, query_shape, context_shape):
-        return super().compute_output_shape(query_shape, context_shape)
-
-    def compute_output_spec(self, query, context, return_attention_scores=False, cache=None, **unused_masks_and_flags):
-        return super().compute_output_spec(
-            query, context, return_attention_scores=return_attention_scores, cache=cache
-        )

@@ -33,6 +33,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_attn.capabilities import AttentionCapabilities
+from keras_attn.capabilities import describe
 from keras_attn.projected_self_attention import ProjectedSelfAttention
 from keras_attn.validation import check_positive_int
 from keras_attn.utils import float_math_dtype
@@ -167,6 +169,27 @@ def causal_linear_attention(query_features, key_features, value, chunk_size, sta
     return output, final_state
 
 
+def normalised_kernel_weights(query_features, key_features, is_causal=False):
+    """The weights linear attention implies: `phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')`.
+
+    Quadratic in the length (it is what `linear_attention` never builds): for looking at the
+    attention, not for running it. A row without any key (its sum is 0) is all zero.
+
+    Args:
+        query_features, key_features: `(batch, seq, heads, features)`, non-negative (masked keys
+            already zero).
+        is_causal: if `True`, key `j` counts for query `i` only when `j <= i`.
+
+    Returns:
+        `(batch, heads, query_len, key_len)`, each row summing to 1 over its keys (or all zero).
+    """
+    scores = ops.einsum("bqhm,bkhm->bhqk", query_features, key_features)
+    if is_causal:
+        scores = scores * ops.tril(ops.ones(ops.shape(scores)[-2:], scores.dtype))
+    total = ops.sum(scores, axis=-1)  # (batch, heads, query_len)
+    return _ratio(scores, total)
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class LinearAttention(ProjectedSelfAttention):
     """Multi-head linear self-attention (elu+1 or FAVOR+), time and memory linear in the length.
@@ -188,16 +211,22 @@ class LinearAttention(ProjectedSelfAttention):
             value_dim / chunk_size` per head for the sums, `seq * chunk_size` for the in-chunk
             products).
 
-    Call arguments:
-        inputs: `(batch, seq, features)`.
-        mask: optional boolean padding mask `(batch, seq)`; taken from the Keras mask of
-            `inputs` when not given. Masked keys contribute nothing; masked positions output
-            zeros (before the output projection's bias).
+    Call arguments: Keras's convention, self-attention only (see
+    `keras_attn.projected_self_attention`):
+        query: `(batch, seq, features)`; `value` and `key` are `None` (or `query`).
+        query_mask, value_mask, key_mask: optional boolean padding masks `(batch, seq)`, the
+            Keras mask of `query` when not given; a position any of them masks is padding:
+            contributes nothing as a key, outputs zeros (before the output projection's bias).
+        use_causal_mask: if `True`, this call is causal as with `causal=True`.
+        return_attention_scores: if `True`, also return the normalised kernel weights the
+            output is made of, `phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')`,
+            `(batch, heads, seq, seq)` (lower-triangular when causal). They are quadratic in
+            the length, which the attention itself never is: for looking, not for long inputs.
+        training: whether FAVOR+ features are redrawn (with `redraw_features`).
         cache: causal only: the recurrent state `(summary, normaliser)` of the tokens decoded
             so far, `(batch, heads, features, value_dim)` and `(batch, heads, features)` float32
             (`initial_cache(batch)` gives the empty one). With a cache the call returns
-            `(output, new_cache)`.
-        training: whether FAVOR+ features are redrawn (with `redraw_features`).
+            `(output, new_cache)` (no scores: the state keeps no per-token keys).
 
     Example:
 
@@ -208,6 +237,15 @@ class LinearAttention(ProjectedSelfAttention):
     >>> cache = layer.initial_cache(2)
     >>> step, cache = layer(x[:, :1], cache=cache)  # one token at a time, constant memory
     """
+
+    capabilities = AttentionCapabilities(
+        causal=True, cross=False, padding_mask=True, attention_mask=False, cache="recurrent", scores=True, onnx=True,
+        softmax=False,
+        reasons=(
+            ("cross", "Its queries and keys are projections of the same sequence."),
+            ("attention_mask", "Keys are summed into one state per query: only padding and causality apply."),
+        ),
+    )
 
     def __init__(
         self,
@@ -245,8 +283,7 @@ class LinearAttention(ProjectedSelfAttention):
             return self.key_dim
         return self.num_random_features or 2 * self.key_dim
 
-    def build(self, inputs_shape):
-        super().build(inputs_shape)
+    def _build_rule(self, query_shape):
         if self.feature_map == "favor":
             self.random_features = self.add_weight(
                 name="random_features",
@@ -290,19 +327,22 @@ class LinearAttention(ProjectedSelfAttention):
             favor_feature_map(key * scale, projection, is_query=False),
         )
 
-    def call(self, inputs, mask=None, training=None, cache=None):
-        if cache is not None and not self.causal:
+    def _call_with_cache(self, query, mask, causal, training, cache, return_attention_scores):
+        if not causal:
             raise ValueError(
-                "A recurrent `cache` is for causal decoding: the layer has causal=False. Received a cache "
-                f"with causal={self.causal}"
+                "A recurrent `cache` is for causal decoding: the layer has causal=False and the call "
+                f"use_causal_mask=False. Received a cache with causal={self.causal}"
             )
-        if cache is not None:
-            self._check_state(cache, inputs)
-        mask = self.padding_mask(inputs, mask)
-        query, key, value = self.project(inputs, mask)
-        attended, new_cache = self._attend_with_state(query, key, value, mask, training, cache)
-        output = self.output_dense(ops.cast(attended, self.compute_dtype))
-        return output if cache is None else (output, new_cache)
+        if return_attention_scores:
+            raise ValueError(
+                "`return_attention_scores=True` with a recurrent `cache`: the state keeps no per-token keys to "
+                f"weigh. Received: return_attention_scores=True, cache shapes={describe(cache)}"
+            )
+        self._check_state(cache, query)
+        query, key, value = self.project(query, mask)
+        projection = self._feature_projection(query.dtype, training)
+        attended, new_cache = self._attend_with_state(query, key, value, mask, projection, True, cache)
+        return self._finish(attended, None, False), new_cache
 
     def _check_state(self, cache, inputs):
         """A `ValueError` unless `cache` is the `(summary, normaliser)` pair of `initial_cache` for this batch."""
@@ -320,26 +360,33 @@ class LinearAttention(ProjectedSelfAttention):
                 f"{self.num_features}), batch = {batch} (see `initial_cache`). Received: cache shapes={shapes or type(cache).__name__}"
             )
 
-    def _attend(self, query, key, value, mask, training):
-        return self._attend_with_state(query, key, value, mask, training, None)[0]
-
-    def _attend_with_state(self, query, key, value, mask, training, state):
+    def _attend(self, query, key, value, mask, training, causal, return_weights):
         projection = self._feature_projection(query.dtype, training)
+        attended, _ = self._attend_with_state(query, key, value, mask, projection, causal, None)
+        if not return_weights:
+            return attended, None
+        query_features, key_features = self._features(query, key, projection)
+        if mask is not None:
+            keep = ops.cast(mask, key_features.dtype)[:, :, None, None]
+            query_features, key_features = query_features * keep, key_features * keep  # padded rows and keys: zero
+        return attended, normalised_kernel_weights(query_features, key_features, causal)
+
+    def _attend_with_state(self, query, key, value, mask, projection, causal, state):
         keep = None if mask is None else ops.cast(mask, float_math_dtype(query.dtype))[:, :, None, None]
         length = query.shape[1]
         if length == 0:  # nothing to attend: an empty output, the state unchanged
             return ops.zeros((ops.shape(query)[0], 0, self.num_heads, self.value_dim), float_math_dtype(query.dtype)), state
-        if self.causal and length is not None and length > RECOMPUTE_SEGMENT_LENGTH:
+        if causal and length is not None and length > RECOMPUTE_SEGMENT_LENGTH:
             return self._attend_in_segments(query, key, value, keep, projection, state)
-        return self._feature_attention(query, key, value, keep, projection, state)
+        return self._feature_attention(query, key, value, keep, projection, causal, state)
 
-    def _feature_attention(self, query, key, value, keep, projection, state):
+    def _feature_attention(self, query, key, value, keep, projection, causal, state):
         """`(attended (batch, seq, heads, value_dim), state)`: features, masking, then the linear rule."""
         query_features, key_features = self._features(query, key, projection)
         value = ops.cast(value, query_features.dtype)
         if keep is not None:
             key_features = key_features * keep  # masked keys contribute nothing
-        if self.causal:
+        if causal:
             attended, state = causal_linear_attention(query_features, key_features, value, self.chunk_size, state)
         else:
             attended = linear_attention(query_features, key_features, value)
@@ -363,7 +410,7 @@ class LinearAttention(ProjectedSelfAttention):
         @tf.recompute_grad
         def segment(segment_query, segment_key, segment_value, segment_keep, summary, normaliser, *projection):
             attended, (summary, normaliser) = self._feature_attention(
-                segment_query, segment_key, segment_value, segment_keep, projection[0] if projection else None,
+                segment_query, segment_key, segment_value, segment_keep, projection[0] if projection else None, True,
                 (summary, normaliser),
             )
             # The state first: its gradient comes from the next segment, so the recomputations run one

@@ -16,6 +16,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.capabilities import AttentionCapabilities
 from keras_attn.projected_self_attention import ProjectedSelfAttention
 from keras_attn.validation import check_positive_int
 from keras_attn.validation import check_bool
@@ -66,11 +67,19 @@ class LinformerSelfAttention(ProjectedSelfAttention):
             projections; defaults to `N(0, 1 / projected_length)` (Wang et al.).
         causal: must be `False`; `True` raises a `ValueError` saying why.
 
-    Call arguments:
-        inputs: `(batch, seq, features)` with `seq <= max_length`.
-        mask: optional boolean padding mask `(batch, seq)`; taken from the Keras mask of
-            `inputs` when not given. Padded positions are removed before the projection;
-            their own outputs are zeros (before the output projection's bias).
+    Call arguments: Keras's convention, self-attention only (see
+    `keras_attn.projected_self_attention`):
+        query: `(batch, seq, features)` with `seq <= max_length`; `value` and `key` are `None`
+            (or `query`).
+        query_mask, value_mask, key_mask: optional boolean padding masks `(batch, seq)`, the
+            Keras mask of `query` when not given; a position any of them masks is padding:
+            removed before the projection, its own output zeros (before the output
+            projection's bias).
+        use_causal_mask: must be `False` (a `ValueError` says why).
+        return_attention_scores: if `True`, also return the softmax weights over the projected
+            keys, `(batch, heads, seq, projected_length)` (not over the tokens: each projected
+            key mixes them all).
+        training: unused (no dropout).
 
     Example:
 
@@ -79,6 +88,16 @@ class LinformerSelfAttention(ProjectedSelfAttention):
     >>> tuple(layer(x).shape)
     (2, 300, 32)
     """
+
+    capabilities = AttentionCapabilities(
+        causal=False, cross=False, padding_mask=True, attention_mask=False, cache=None, scores=True, onnx=True,
+        softmax=True,
+        reasons=(
+            ("causal", CAUSAL_ERROR),
+            ("cross", "Its length projections are over the positions of the query sequence itself."),
+            ("attention_mask", "A query attends to projected keys that mix every token: no per-token mask applies."),
+        ),
+    )
 
     def __init__(
         self,
@@ -107,13 +126,12 @@ class LinformerSelfAttention(ProjectedSelfAttention):
             projection_initializer or keras.initializers.RandomNormal(stddev=projected_length**-0.5, seed=self.seed)
         )
 
-    def build(self, inputs_shape):
-        length = inputs_shape[1]
+    def _build_rule(self, query_shape):
+        length = query_shape[1]
         if length is not None and length > self.max_length:
             raise ValueError(
-                f"`inputs` is longer than `max_length={self.max_length}`. Received: inputs.shape={tuple(inputs_shape)}"
+                f"`query` is longer than `max_length={self.max_length}`. Received: query.shape={tuple(query_shape)}"
             )
-        super().build(inputs_shape)
         shape = (self.max_length, self.projected_length)
         if self.projection_per_head:
             shape = (self.num_heads,) + shape
@@ -132,7 +150,7 @@ class LinformerSelfAttention(ProjectedSelfAttention):
         if tensor.shape[1] is None:  # a dynamic length, checked at run time (build checks a static one)
             check = tf.debugging.assert_less_equal(
                 length, self.max_length,
-                message=f"`inputs` is longer than `max_length={self.max_length}` of LinformerSelfAttention {self.name!r}",
+                message=f"`query` is longer than `max_length={self.max_length}` of LinformerSelfAttention {self.name!r}",
             )
             with tf.control_dependencies([check]):
                 length = tf.identity(length)
@@ -141,15 +159,24 @@ class LinformerSelfAttention(ProjectedSelfAttention):
             return ops.einsum("bthd,htk->bkhd", tensor, projection[:, :length])
         return ops.einsum("bthd,tk->bkhd", tensor, projection[:length])
 
-    def _attend(self, query, key, value, mask, training):
+    def _attend(self, query, key, value, mask, training, causal, return_weights):
+        # `causal` is always False: the constructor refuses `causal=True`, `check_call` `use_causal_mask=True`.
         if mask is not None:
             key, value = move_real_tokens_first(key, mask), move_real_tokens_first(value, mask)
         key = self._project_length(key, self.key_length_projection)  # (batch, projected_length, heads, key_dim)
         value = self._project_length(value, self.value_length_projection)  # (batch, projected_length, heads, value_dim)
-        attended = scaled_dot_product_attention(query, key, value)  # (batch, seq, heads, value_dim)
+        # (batch, seq, heads, value_dim)[, (batch, heads, seq, projected_length)]
+        attended, weights = scaled_dot_product_attention(query, key, value, return_weights=True) if return_weights else (
+            scaled_dot_product_attention(query, key, value), None
+        )
         if mask is not None:
-            attended = attended * ops.cast(mask, attended.dtype)[:, :, None, None]  # padded rows output zeros
-        return attended
+            rows = ops.cast(mask, attended.dtype)  # padded rows output zeros
+            attended = attended * rows[:, :, None, None]
+            weights = None if weights is None else weights * ops.cast(rows, weights.dtype)[:, None, :, None]
+        return attended, weights
+
+    def scores_key_length(self, query_shape):
+        return self.projected_length
 
     def get_config(self):
         config = super().get_config()

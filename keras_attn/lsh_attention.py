@@ -26,6 +26,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_attn.capabilities import AttentionCapabilities
 from keras_attn.projected_self_attention import ProjectedSelfAttention
 from keras_attn.softmax import fill_masked
 from keras_attn.softmax import zero_masked
@@ -65,7 +66,7 @@ def _with_previous_chunk(chunks):
     return ops.concatenate([previous, chunks], axis=-2)
 
 
-def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, is_causal=False):
+def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, is_causal=False, return_weights=False):
     """Reformer attention of shared query/keys; returns `(batch, seq, heads, value_dim)`.
 
     Args:
@@ -77,6 +78,13 @@ def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, i
         mask: optional boolean padding mask `(batch, seq)`.
         is_causal: if `True`, a token attends only to the `chunk_size` latest tokens of its own
             bucket up to itself.
+        return_weights: if `True`, also return the weights `(batch, heads, seq, seq)` the output
+            is made of: each round's probabilities scattered back to the key positions, weighted
+            by the round's share of the total mass (a key found by several rounds gets the sum),
+            zero for every key outside the query's buckets. Quadratic in the length.
+
+    Returns:
+        The output, and the weights when `return_weights` (`output == weights @ value`).
     """
     dtype = float_math_dtype(query.dtype)
     batch, length = ops.shape(query)[0], ops.shape(query)[1]
@@ -149,7 +157,16 @@ def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, i
     round_weights = ops.softmax(log_sum_exp, axis=2)  # (batch, heads, hashes, padded_length)
     output = ops.sum(attended * round_weights[..., None], axis=2)  # (batch, heads, padded_length, value_dim)
     output = ops.transpose(output, (0, 2, 1, 3))[:, :length]  # (batch, seq, heads, value_dim)
-    return output * ops.cast(valid[:, :length], dtype)[:, :, None, None]
+    real_rows = ops.cast(valid[:, :length], dtype)  # (batch, seq)
+    output = output * real_rows[:, :, None, None]
+    if not return_weights:
+        return output
+    # Each window weight to its key's position: (batch, heads, hashes, chunks, chunk, padded_length)
+    scattered = ops.einsum("...ce,...ej->...cj", weights, ops.one_hot(window_positions, padded_length, dtype=dtype))
+    scattered = ops.reshape(scattered, (batch, heads, hashes, padded_length, padded_length))  # sorted queries
+    scattered = ops.take_along_axis(scattered, undo[..., None], axis=3)  # queries in their own order
+    full = ops.sum(scattered * round_weights[..., None], axis=2)[:, :, :length, :length]  # (batch, heads, seq, seq)
+    return output, full * real_rows[:, None, :, None]
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -171,11 +188,19 @@ class LSHSelfAttention(ProjectedSelfAttention):
             (Reformer's plain chunk windows would let a future token, which shifts the sort,
             change which past keys a token sees).
 
-    Call arguments:
-        inputs: `(batch, seq, features)`, any `seq`.
-        mask: optional boolean padding mask `(batch, seq)`; taken from the Keras mask of
-            `inputs` when not given. Padding is never attended; padded rows output zeros
-            (before the output projection's bias).
+    Call arguments: Keras's convention, self-attention only (see
+    `keras_attn.projected_self_attention`):
+        query: `(batch, seq, features)`, any `seq`; `value` and `key` are `None` (or `query`).
+        query_mask, value_mask, key_mask: optional boolean padding masks `(batch, seq)`, the
+            Keras mask of `query` when not given; a position any of them masks is padding:
+            never attended, its row outputs zeros (before the output projection's bias).
+        use_causal_mask: if `True`, this call is causal as with `causal=True`.
+        return_attention_scores: if `True`, also return the weights `(batch, heads, seq, seq)`:
+            each round's softmax probabilities scattered back to the key positions and weighted
+            by the round's share of the mass, as the output combines them (a key two rounds find
+            gets both shares); zero outside the query's buckets; a real row sums to 1. Quadratic
+            in the length: for looking, not for long inputs.
+        training: unused (no dropout).
 
     Example:
 
@@ -186,6 +211,15 @@ class LSHSelfAttention(ProjectedSelfAttention):
     """
 
     shares_query_key = True
+    capabilities = AttentionCapabilities(
+        causal=True, cross=False, padding_mask=True, attention_mask=False, cache=None, scores=True, onnx=True,
+        softmax=True,
+        reasons=(
+            ("cross", "Queries and keys are one shared projection of the same sequence (Reformer)."),
+            ("attention_mask", "Which keys a query sees is decided by hashing, not by a mask over every pair."),
+            ("cache", "The buckets of past tokens change with every new token's sort; there is no cache."),
+        ),
+    )
 
     def __init__(self, num_heads, key_dim, num_buckets=32, num_hashes=2, chunk_size=64, causal=False, **kwargs):
         check_positive_int("num_buckets", num_buckets)
@@ -203,8 +237,7 @@ class LSHSelfAttention(ProjectedSelfAttention):
         self.chunk_size = chunk_size
         self.causal = causal
 
-    def build(self, inputs_shape):
-        super().build(inputs_shape)
+    def _build_rule(self, query_shape):
         self.rotations = self.add_weight(
             name="rotations",
             shape=(self.num_heads, self.key_dim, self.num_hashes, max(self.num_buckets // 2, 1)),
@@ -213,10 +246,12 @@ class LSHSelfAttention(ProjectedSelfAttention):
             dtype="float32",
         )
 
-    def _attend(self, query, key, value, mask, training):
-        return lsh_attention(
-            query, value, self.rotations, self.num_buckets, self.chunk_size, mask=mask, is_causal=self.causal
+    def _attend(self, query, key, value, mask, training, causal, return_weights):
+        result = lsh_attention(
+            query, value, self.rotations, self.num_buckets, self.chunk_size, mask=mask, is_causal=causal,
+            return_weights=return_weights,
         )
+        return result if return_weights else (result, None)
 
     def get_config(self):
         config = super().get_config()

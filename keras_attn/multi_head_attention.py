@@ -9,6 +9,8 @@ from keras_attn import patterns
 from keras_attn import position_bias as position_biases
 from keras_attn.attention import ATTENTION_IMPLEMENTATIONS
 from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.capabilities import AttentionCapabilities
+from keras_attn.capabilities import check_call
 from keras_attn.masks import pattern_mask
 from keras_attn.masks import merge_masks
 from keras_attn.masks import padding_mask_to_attention_mask
@@ -16,6 +18,7 @@ from keras_attn.softmax import zero_masked
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_choice
 from keras_attn.utils import check_padding_mask
+from keras_attn.utils import keras_mask
 from keras_attn.validation import check_position
 from keras_attn.validation import check_positive_int
 from keras_attn.validation import check_rate
@@ -93,12 +96,16 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             with the config.
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
 
-    Call arguments:
+    Call arguments (the one convention of every keras_attn attention family; what a family
+    supports is its `capabilities`, `keras_attn.capabilities.AttentionCapabilities`):
         query: `(batch, query_len, query_features)`.
-        value: `(batch, key_len, value_features)`.
+        value: `(batch, key_len, value_features)`; `None` (the default) for self-attention,
+            `value = query`.
         key: optional `(batch, key_len, key_features)`; defaults to `value`.
         query_mask: optional boolean `(batch, query_len)`; `False` rows get zero attention.
+            The Keras mask of `query` when not given.
         value_mask: optional boolean `(batch, key_len)`; `False` keys are never attended.
+            The Keras mask of `value` (of `query` when `value` is `None`) when not given.
         key_mask: optional boolean `(batch, key_len)`; combined with `value_mask`.
         attention_mask: optional boolean mask broadcastable to `(query_len, key_len)` or
             `(batch, query_len, key_len)` (2-D/3-D, as in Keras) or
@@ -138,6 +145,12 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     >>> tuple(output.shape), tuple(scores.shape)
     ((None, None, 64), (None, 4, None, None))
     """
+
+    capabilities = AttentionCapabilities(
+        causal=True, cross=True, padding_mask=True, attention_mask=True, cache="key_value", scores=True, onnx=True,
+        softmax=True,
+    )
+    causal = False  # a subclass with `causal = True` (`CausalSelfAttention`) is causal on every call
 
     def __init__(
         self,
@@ -267,7 +280,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         projection.supports_masking = True
         return projection
 
-    def build(self, query_shape, value_shape, key_shape=None):
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape  # self-attention
         key_shape = value_shape if key_shape is None else key_shape
         _check_input_shapes(query_shape, value_shape, key_shape)
         _check_attention_axes(self._attention_axes, query_shape)
@@ -374,7 +388,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     def call(
         self,
         query,
-        value,
+        value=None,
         key=None,
         query_mask=None,
         value_mask=None,
@@ -387,6 +401,12 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         cache=None,
         cache_update_index=None,
     ):
+        check_call(self, query, value, key)
+        use_causal_mask = use_causal_mask or self.causal
+        if value is None:  # self-attention: Keras fills the masks of two tensor arguments, not of one
+            value = query
+            query_mask = keras_mask(query) if query_mask is None else query_mask
+            value_mask = keras_mask(query) if value_mask is None else value_mask
         if key is None:
             key = value
         if not self._sequence_attention:
@@ -622,10 +642,14 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             attention_mask,
         )
 
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        """Keras's output shape; `value_shape=None` is self-attention (the query's)."""
+        return super().compute_output_shape(query_shape, query_shape if value_shape is None else value_shape, key_shape)
+
     def compute_output_spec(
         self,
         query,
-        value,
+        value=None,
         key=None,
         query_mask=None,
         value_mask=None,
@@ -639,6 +663,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         cache_update_index=None,
     ):
         """Symbolic `output[, scores][, cache]`, as `call` returns them."""
+        value = query if value is None else value
         key_shape = None if key is None else key.shape
         # Keras's shape rule, also for subclasses whose `compute_output_shape` takes other arguments.
         output_shape = keras.layers.MultiHeadAttention.compute_output_shape(self, query.shape, value.shape, key_shape)

@@ -2,14 +2,27 @@
 
 `LinearAttention`, `LinformerSelfAttention` and `LSHSelfAttention` share everything but the rule that
 mixes the heads' values: the query/key/value projections to `(batch, seq, heads, depth)`, the output
-projection, the padding mask (explicit or the Keras mask of the inputs) and the config. A subclass
-implements `_attend(query, key, value, mask, training)`; `shares_query_key = True` (Reformer) builds
-no key projection and passes the query as the key.
+projection, the padding mask (explicit or the Keras mask of the inputs), the call convention and the
+config. A subclass implements `_attend(query, key, value, mask, training, causal, return_weights)`;
+`shares_query_key = True` (Reformer) builds no key projection and passes the query as the key.
+
+The call is Keras's (`keras_attn.MultiHeadAttention`'s): `layer(query, value=None, key=None, *,
+query_mask=None, value_mask=None, key_mask=None, attention_mask=None, use_causal_mask=False,
+return_attention_scores=False, training=None, cache=None)`, `cache` only for a family whose
+capabilities declare one (it implements `_call_with_cache`). These families are self-attention only (`value` and
+`key` are `None` or `query` itself; `capabilities.cross` is `False`), and they take one padding mask:
+a position masked by any of `query_mask`, `value_mask`, `key_mask` (each the Keras mask of `query`
+when not given) is padding, never attended and with a zero attention output. What else a family
+takes is its `capabilities` (`keras_attn.capabilities.AttentionCapabilities`).
 """
 
 import keras
 from keras import ops
 
+from keras_attn.capabilities import check_call
+from keras_attn.capabilities import describe
+from keras_attn.capabilities import unsupported
+from keras_attn.masks import merge_masks
 from keras_attn.softmax import zero_masked
 from keras_attn.utils import check_padding_mask
 from keras_attn.validation import check_positive_int
@@ -34,6 +47,7 @@ class ProjectedSelfAttention(keras.layers.Layer):
     """
 
     shares_query_key = False
+    causal = False  # a family constructed causal (`causal=True`) is causal on every call
 
     def __init__(
         self,
@@ -78,19 +92,25 @@ class ProjectedSelfAttention(keras.layers.Layer):
         projection.supports_masking = True
         return projection
 
-    def build(self, inputs_shape):
-        check_sequence_shape("inputs", inputs_shape)
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        """Builds the projections from `query_shape` (`value_shape` / `key_shape`, when Keras passes them
+        for a `layer(x, x)` call, are the same sequence's)."""
+        check_sequence_shape("query", query_shape)
         heads = (None, self.num_heads)
         self.query_dense = self._projection("query", "btf,fhd->bthd", heads + (self.key_dim,), "hd")
-        self.query_dense.build(inputs_shape)
+        self.query_dense.build(query_shape)
         if not self.shares_query_key:
             self.key_dense = self._projection("key", "btf,fhd->bthd", heads + (self.key_dim,), "hd")
-            self.key_dense.build(inputs_shape)
+            self.key_dense.build(query_shape)
         self.value_dense = self._projection("value", "btf,fhd->bthd", heads + (self.value_dim,), "hd")
-        self.value_dense.build(inputs_shape)
-        output_dim = self.output_dim or inputs_shape[-1]
+        self.value_dense.build(query_shape)
+        output_dim = self.output_dim or query_shape[-1]
         self.output_dense = self._projection("attention_output", "bthd,hdo->bto", (None, output_dim), "o")
         self.output_dense.build((None, None, self.num_heads, self.value_dim))
+        self._build_rule(query_shape)
+
+    def _build_rule(self, query_shape):
+        """The attention rule's own weights (rotations, length projections, random features); none here."""
 
     def project(self, inputs, mask=None):
         """`(query, key, value)`, each `(batch, seq, heads, depth)`; the key is the query when shared.
@@ -104,27 +124,84 @@ class ProjectedSelfAttention(keras.layers.Layer):
         key = query if self.shares_query_key else self.key_dense(inputs)  # (batch, seq, heads, key_dim)
         return query, key, self.value_dense(inputs)  # value: (batch, seq, heads, value_dim)
 
-    def padding_mask(self, inputs, mask):
-        """The boolean `(batch, seq)` padding mask: `mask`, else the Keras mask of `inputs`, else `None`."""
-        mask = keras_mask(inputs) if mask is None else mask
-        check_padding_mask("mask", mask, inputs.shape)
-        return None if mask is None else ops.cast(mask, "bool")
+    def padding_mask(self, query, query_mask=None, value_mask=None, key_mask=None):
+        """The boolean `(batch, seq)` padding mask: the AND of the given masks, each the Keras mask of
+        `query` when not given; `None` when there is none."""
+        default = keras_mask(query)
+        masks = [default if mask is None else mask for mask in (query_mask, value_mask, key_mask)]
+        for name, mask in zip(("query_mask", "value_mask", "key_mask"), masks):
+            check_padding_mask(name, mask, query.shape)
+        return merge_masks(*(None if mask is None else ops.cast(mask, "bool") for mask in masks))
 
-    def call(self, inputs, mask=None, training=None):
-        mask = self.padding_mask(inputs, mask)
-        query, key, value = self.project(inputs, mask)
-        attended = self._attend(query, key, value, mask, training)  # (batch, seq, heads, value_dim)
-        return self.output_dense(ops.cast(attended, self.compute_dtype))
+    def _checked_call(self, query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask):
+        """`(padding mask, causal)` of a call, after refusing what the family's capabilities exclude."""
+        check_call(self, query, value, key, attention_mask, use_causal_mask)
+        causal = bool(use_causal_mask) or self.causal
+        return self.padding_mask(query, query_mask, value_mask, key_mask), causal
 
-    def _attend(self, query, key, value, mask, training):
-        """The attention rule: `(batch, seq, heads, value_dim)` from the projected heads and the padding mask."""
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        *,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+        cache=None,
+    ):
+        mask, causal = self._checked_call(
+            query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask
+        )
+        if cache is not None:
+            if type(self).capabilities.cache is None:
+                raise unsupported(self, "cache", f"cache={describe(cache)}")
+            return self._call_with_cache(query, mask, causal, training, cache, return_attention_scores)
+        projected = self.project(query, mask)
+        attended, weights = self._attend(*projected, mask, training, causal, return_attention_scores)
+        return self._finish(attended, weights, return_attention_scores)
+
+    def _call_with_cache(self, query, mask, causal, training, cache, return_attention_scores):
+        """`(output, new cache)` of an incremental decoding step; a family whose capabilities declare a cache implements it."""
         raise NotImplementedError
 
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape[:-1]) + (self.output_dim or inputs_shape[-1],)
+    def _finish(self, attended, weights, return_attention_scores):
+        """The output projection of `attended` `(batch, seq, heads, value_dim)`; then the weights if asked."""
+        output = self.output_dense(ops.cast(attended, self.compute_dtype))
+        return (output, ops.cast(weights, self.compute_dtype)) if return_attention_scores else output
 
-    def compute_mask(self, inputs, mask=None):
-        return mask
+    def _attend(self, query, key, value, mask, training, causal, return_weights):
+        """The attention rule: `(attended, weights or None)`.
+
+        `attended` is `(batch, seq, heads, value_dim)` from the projected heads, the padding mask
+        and whether this call is causal; `weights` (when `return_weights`) the attention weights
+        `(batch, heads, seq, key_len)` with `output == weights @ values` per head.
+        """
+        raise NotImplementedError
+
+    def scores_key_length(self, query_shape):
+        """The key axis of the attention scores for a `query_shape` input: its length (Linformer: projected)."""
+        return query_shape[1]
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
+
+    def compute_output_spec(self, query, value=None, key=None, return_attention_scores=False, cache=None, **unused):
+        """Symbolic `output[, scores][, cache]`, as `call` returns them."""
+        results = (keras.KerasTensor(self.compute_output_shape(query.shape), self.compute_dtype),)
+        if return_attention_scores:
+            scores_shape = (query.shape[0], self.num_heads, query.shape[1], self.scores_key_length(query.shape))
+            results += (keras.KerasTensor(scores_shape, self.compute_dtype),)
+        if cache is not None:
+            results += (tuple(keras.KerasTensor(part.shape, part.dtype) for part in cache),)
+        return results[0] if len(results) == 1 else results
+
+    def compute_mask(self, query, previous_mask=None):
+        return previous_mask
 
     def get_config(self):
         config = super().get_config()

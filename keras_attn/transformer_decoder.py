@@ -3,11 +3,9 @@
 import keras
 from keras import ops
 
-from keras_attn.linformer_attention import CAUSAL_ERROR as LINFORMER_CAUSAL_ERROR
-from keras_attn.linformer_attention import LinformerSelfAttention
+from keras_attn.capabilities import describe
+from keras_attn.capabilities import unsupported
 from keras_attn.transformer_encoder import TransformerBlock
-from keras_attn.transformer_encoder import describe
-from keras_attn.transformer_encoder import takes_query_and_value
 from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_sequence_shape
 from keras_attn.utils import keras_mask
@@ -43,14 +41,14 @@ class TransformerDecoder(TransformerBlock):
     cached mode `decoder_padding_mask` covers the new tokens only, so padding must come after
     the real tokens (right padding), as in generation.
 
-    Another self-attention (`self_attention=`, see `TransformerEncoder`) must be causal:
-    `LinearAttention(causal=True)`, `LSHSelfAttention(causal=True)`, `CausalSelfAttention` or a
-    `MultiHeadAttention` (causal by `use_causal_mask`); a non-causal one, or
-    `LinformerSelfAttention` (which cannot be causal), raises a `ValueError`. A layer with a
-    recurrent state (`LinearAttention(causal=True)`) decodes with that state as its cache:
-    `initial_self_attention_cache` returns it (its size does not depend on `max_length`), and
-    `self_attention_cache_update_index` is not needed (the state holds every earlier token).
-    Other self-attention-only layers have no cache (asking for one raises).
+    Another self-attention (`self_attention=`, see `TransformerEncoder`) is called like every
+    family, with `use_causal_mask=True`; a family whose `capabilities.causal` is `False`
+    (`LinformerSelfAttention`) raises a `ValueError` saying why. A family with a recurrent state
+    (`capabilities.cache == "recurrent"`, `LinearAttention`) decodes with that state as its
+    cache: `initial_self_attention_cache` returns it (its size does not depend on
+    `max_length`), and `self_attention_cache_update_index` is not needed (the state holds
+    every earlier token). A family without a cache (`capabilities.cache is None`,
+    `LSHSelfAttention`) raises when asked for one.
 
     Args:
         intermediate_dim: width of the feed-forward hidden layer.
@@ -89,7 +87,7 @@ class TransformerDecoder(TransformerBlock):
         decoder_padding_mask: optional boolean `(batch, target_len)`, `True` for real tokens.
         decoder_attention_mask: optional boolean `(batch, target_len, key_len)` (or 4-D with
             a heads axis) combined with the causal and padding masks; `key_len` is `max_len`
-            with a cache. `MultiHeadAttention` self-attention only.
+            with a cache. Only for a family whose `capabilities.attention_mask` is `True`.
         encoder_padding_mask: optional boolean `(batch, source_len)`.
         encoder_attention_mask: optional boolean `(batch, target_len, source_len)` (or 4-D).
         self_attention_cache: optional `(batch, 2, max_len, kv_heads, key_dim)`, or the
@@ -97,8 +95,8 @@ class TransformerDecoder(TransformerBlock):
         self_attention_cache_update_index: int or scalar int tensor; required with a key/value
             cache (not with a recurrent state).
         cross_attention_cache: optional `(batch, 2, source_len, kv_heads, key_dim)`.
-        use_causal_mask: whether self-attention is causal (default `True`; a given
-            self-attention-only layer is causal by construction and refuses `False`).
+        use_causal_mask: whether self-attention is causal (default `True`; a given layer built
+            causal, `causal=True`, refuses `False`).
         training: whether dropout is active.
 
     Returns:
@@ -149,7 +147,7 @@ class TransformerDecoder(TransformerBlock):
                 f"Call the decoder once or `build(decoder_sequence_shape)` first. Received: decoder {self.name!r}, built=False"
             )
         attention = self.self_attention
-        if self._has_recurrent_state():
+        if self._cache_kind() == "recurrent":
             return attention.initial_cache(batch_size)
         shape = (batch_size, 2, max_length, attention.num_key_value_heads, attention.key_dim)
         return ops.zeros(shape, self.compute_dtype)
@@ -158,30 +156,22 @@ class TransformerDecoder(TransformerBlock):
         """Projects the encoder keys/values once: `(batch, 2, source_len, kv_heads, key_dim)`."""
         return compute_cross_attention_cache(self, encoder_sequence)
 
-    def _has_recurrent_state(self):
-        """Whether the self-attention caches a recurrent state (`True`) or keys/values (`False`).
-
-        Raises a `ValueError` for a self-attention-only layer without a cache.
-        """
-        if takes_query_and_value(self.self_attention):
-            return False
-        if not hasattr(self.self_attention, "initial_cache"):
-            raise ValueError(
-                f"{type(self.self_attention).__name__} has no cache for decoding: cached decoding needs a "
-                "MultiHeadAttention self-attention (a key/value cache) or one with a recurrent state "
-                "(LinearAttention(causal=True))."
+    def _cache_kind(self):
+        """The self-attention family's declared cache, `"key_value"` or `"recurrent"`; a `ValueError` when none."""
+        kind = type(self.self_attention).capabilities.cache
+        if kind is None:
+            raise unsupported(
+                self.self_attention, "cache",
+                "a cached decoding request (`self_attention_cache` or `initial_self_attention_cache`)",
             )
-        return True
+        return kind
 
-    def _check_self_attention_options(self, use_causal_mask, decoder_attention_mask):
-        if takes_query_and_value(self.self_attention):
-            return
-        if not use_causal_mask:
+    def _check_causal_request(self, use_causal_mask):
+        if not use_causal_mask and self.self_attention.causal:
             raise ValueError(
-                f"{type(self.self_attention).__name__} is causal by construction: it cannot run without the "
+                f"{type(self.self_attention).__name__} was built causal (causal=True): it cannot run without the "
                 "causal mask. Received: use_causal_mask=False"
             )
-        self._check_self_attention_call(decoder_attention_mask=decoder_attention_mask)
 
     def _check_call(self, encoder_sequence, self_attention_cache, cross_attention_cache):
         has_cross_attention = self.cross_attention is not None
@@ -216,8 +206,8 @@ class TransformerDecoder(TransformerBlock):
         training=None,
     ):
         self._check_call(encoder_sequence, self_attention_cache, cross_attention_cache)
-        self._check_self_attention_options(use_causal_mask, decoder_attention_mask)
-        recurrent = self_attention_cache is not None and self._has_recurrent_state()
+        self._check_causal_request(use_causal_mask)
+        recurrent = self_attention_cache is not None and self._cache_kind() == "recurrent"
         if self_attention_cache is not None and not recurrent and self_attention_cache_update_index is None:
             raise ValueError(
                 "`self_attention_cache` needs `self_attention_cache_update_index`, the position of the "
@@ -233,32 +223,19 @@ class TransformerDecoder(TransformerBlock):
         )
 
         def self_attend(x):
-            if not takes_query_and_value(self.self_attention):
-                if not recurrent:
-                    return self.self_attention(x, mask=decoder_padding_mask, training=training), None
-                # (batch, target_len, hidden), the state after the new tokens
-                return self.self_attention(x, mask=decoder_padding_mask, cache=self_attention_cache, training=training)
+            options = dict(query_mask=decoder_padding_mask, use_causal_mask=use_causal_mask, training=training)
             if self_attention_cache is None:
-                output = self.self_attention(
-                    x,
-                    x,
-                    query_mask=decoder_padding_mask,
-                    value_mask=decoder_padding_mask,
-                    attention_mask=decoder_attention_mask,
-                    use_causal_mask=use_causal_mask,
-                    training=training,
-                )  # (batch, target_len, hidden)
-                return output, None
+                output = self.self_attention(x, value_mask=decoder_padding_mask, attention_mask=decoder_attention_mask, **options)
+                return output, None  # (batch, target_len, hidden)
+            if recurrent:  # (batch, target_len, hidden), the state after the new tokens
+                return self.self_attention(x, value_mask=decoder_padding_mask, cache=self_attention_cache, **options)
             return self.self_attention(
                 x,
-                x,
-                query_mask=decoder_padding_mask,
                 value_mask=_all_keys(self_attention_cache),
                 attention_mask=decoder_attention_mask,
-                use_causal_mask=use_causal_mask,
                 cache=self_attention_cache,
                 cache_update_index=self_attention_cache_update_index,
-                training=training,
+                **options,
             )  # (batch, target_len, hidden), (batch, 2, max_len, kv_heads, key_dim)
 
         x, self_attention_cache = self._residual(
@@ -298,19 +275,10 @@ class TransformerDecoder(TransformerBlock):
 
 
 def check_causal(self_attention):
-    """Raises a `ValueError` saying why unless a decoder's `self_attention` prototype can be causal."""
-    if self_attention is None or takes_query_and_value(self_attention):  # causal by `use_causal_mask`
-        return
-    if getattr(self_attention, "causal", False) is True:
-        return
-    if isinstance(self_attention, LinformerSelfAttention):
-        reason = LINFORMER_CAUSAL_ERROR
-    else:
-        reason = (
-            f"{type(self_attention).__name__} was given with causal={getattr(self_attention, 'causal', None)!r}, "
-            "so each target token would see the tokens after it; pass a causal one (causal=True)."
-        )
-    raise ValueError(f"TransformerDecoder needs causal self-attention. {reason}")
+    """Raises a `ValueError` saying why unless a decoder's `self_attention` prototype's family can be causal."""
+    if self_attention is not None and not type(self_attention).capabilities.causal:
+        error = unsupported(self_attention, "causal", "a TransformerDecoder self-attention (always causal)")
+        raise ValueError(f"TransformerDecoder needs causal self-attention. {error}")
 
 
 def compute_cross_attention_cache(decoder, encoder_sequence):

@@ -1,11 +1,10 @@
 """Transformer encoder block: self-attention and feed-forward, each with a residual and a norm."""
 
-import inspect
-
 import keras
 
 from keras_attn import patterns
 from keras_attn import position_bias as position_biases
+from keras_attn.capabilities import AttentionCapabilities
 from keras_attn.feed_forward import FeedForward
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.utils import check_padding_mask
@@ -28,16 +27,6 @@ def head_size(hidden_dim, num_heads, key_dim):
             f"hidden size={hidden_dim}, num_heads={num_heads}"
         )
     return hidden_dim // num_heads
-
-
-def takes_query_and_value(layer):
-    """Whether `layer` is called as `layer(query, value, query_mask=..., ...)` (`MultiHeadAttention`).
-
-    Otherwise it is a self-attention layer called as `layer(inputs, mask=..., training=...)`
-    (`LinearAttention`, `LinformerSelfAttention`, `LSHSelfAttention`, `SelfAttention`). Read from
-    the class, so a wrapper set on the instance's `call` (attention capture) does not change it.
-    """
-    return "value" in inspect.signature(type(layer).call).parameters
 
 
 class TransformerBlock(keras.layers.Layer):
@@ -99,10 +88,11 @@ class TransformerBlock(keras.layers.Layer):
             return None
         if isinstance(layer, dict):
             layer = keras.saving.deserialize_keras_object(layer)
-        if not isinstance(layer, keras.layers.Layer):
+        if not isinstance(layer, keras.layers.Layer) or not isinstance(getattr(type(layer), "capabilities", None), AttentionCapabilities):
             raise TypeError(
-                "`self_attention` must be a Keras layer (a prototype: each block builds its own copy from its "
-                f"config) or None. Received: self_attention={layer!r}"
+                "`self_attention` must be a keras_attn attention layer, one whose class declares its `capabilities` "
+                "(a prototype: each block builds its own copy from its config), or None. "
+                f"Received: self_attention={layer!r}"
             )
         given = {name: getattr(self, name) for name in self.default_self_attention_options}
         given = {name: value for name, value in given.items() if value is not None}
@@ -135,22 +125,9 @@ class TransformerBlock(keras.layers.Layer):
 
     def _build_self_attention(self, sequence_shape):
         self.self_attention = self._self_attention(sequence_shape[-1])
-        if takes_query_and_value(self.self_attention):
-            self.self_attention.build(sequence_shape, sequence_shape)
-        else:
-            self.self_attention.build(sequence_shape)
+        self.self_attention.build(sequence_shape)  # self-attention: `value_shape` is the query's
         self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm", sequence_shape)
         self.self_attention_dropout = self._dropout("self_attention_dropout")
-
-    def _check_self_attention_call(self, **options):
-        """Raises a `ValueError` naming the given call options a self-attention-only layer cannot take."""
-        given = {name: value for name, value in options.items() if value is not None and value is not False}
-        if given and not takes_query_and_value(self.self_attention):
-            raise ValueError(
-                f"{type(self.self_attention).__name__} takes only a padding mask: "
-                f"{', '.join(f'`{name}`' for name in given)} are for a `MultiHeadAttention` self-attention only. "
-                f"Received: {', '.join(f'{name}={describe(value)}' for name, value in given.items())}"
-            )
 
     def _attention(self, name, hidden_dim, sliding_window=None, attention_pattern=None, position_bias=None):
         """Builds an attention sublayer; a subclass overrides it to use another layer (take `**options`)."""
@@ -237,13 +214,6 @@ class TransformerBlock(keras.layers.Layer):
         return config
 
 
-def describe(value):
-    """A short description of a call argument for an error message: its shape (shapes of a tuple), else itself."""
-    if isinstance(value, (tuple, list)):
-        return tuple(describe(item) for item in value)
-    return tuple(value.shape) if hasattr(value, "shape") else value
-
-
 @keras.saving.register_keras_serializable(package="keras_attn")
 class TransformerEncoder(TransformerBlock):
     """Transformer encoder block (Vaswani et al., 2017): self-attention, then feed-forward.
@@ -280,10 +250,11 @@ class TransformerEncoder(TransformerBlock):
         self_attention: optional self-attention layer used as a prototype, as
             `keras.layers.Bidirectional` uses its `layer`: the block builds its own copy from
             the layer's config (its own weights, the block's dtype policy) and saves the config
-            with its own. Either a `MultiHeadAttention` (called `(x, x)`, every call option
-            kept) or a self-attention layer called `layer(x, mask=..., training=...)`
-            (`LinearAttention`, `LinformerSelfAttention`, `LSHSelfAttention`, `SelfAttention`),
-            which takes the padding mask only. Its number of heads must be `num_heads`;
+            with its own. Any attention family (`keras_attn.attention_families`), called the one
+            way every family is, `layer(x, query_mask=padding_mask, value_mask=padding_mask,
+            attention_mask=..., return_attention_scores=..., training=...)`; a call option the
+            family's `capabilities` exclude (e.g. `attention_mask` for `LinearAttention`) raises
+            a `ValueError` from the family naming it. Its number of heads must be `num_heads`;
             `key_dim`, `attention_dropout`, `num_key_value_heads`, `sliding_window`,
             `attention_pattern` and `position_bias` are then the layer's own business (passing them raises). A seeded prototype gives every
             block the same random draws (initial weights, random features, rotations).
@@ -297,10 +268,10 @@ class TransformerEncoder(TransformerBlock):
         padding_mask: optional boolean `(batch, seq)`, `True` for real tokens.
         attention_mask: optional boolean `(batch, seq, seq)` or `(batch, heads, seq, seq)`,
             `True` where position `i` may attend to position `j`; combined with the padding.
-            `MultiHeadAttention` self-attention only.
+            Only for a family whose `capabilities.attention_mask` is `True`.
         training: whether dropout is active.
         return_attention_scores: if `True`, also return the attention weights
-            `(batch, heads, seq, seq)`. `MultiHeadAttention` self-attention only.
+            `(batch, heads, seq, key_len)` (`key_len` is `projected_length` for Linformer).
 
     Returns:
         `(batch, seq, hidden)`, and the attention weights when `return_attention_scores`.
@@ -332,13 +303,9 @@ class TransformerEncoder(TransformerBlock):
     def call(self, inputs, padding_mask=None, attention_mask=None, training=None, return_attention_scores=False):
         padding_mask = keras_mask(inputs) if padding_mask is None else padding_mask
         check_padding_mask("padding_mask", padding_mask, inputs.shape)
-        self._check_self_attention_call(attention_mask=attention_mask, return_attention_scores=return_attention_scores)
 
         def attend(x):
-            if not takes_query_and_value(self.self_attention):
-                return self.self_attention(x, mask=padding_mask, training=training), None  # (batch, seq, hidden)
             attended = self.self_attention(
-                x,
                 x,
                 query_mask=padding_mask,
                 value_mask=padding_mask,

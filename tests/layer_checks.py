@@ -273,22 +273,22 @@ def assert_padding_invariant(layer, x, mask, appended=3, atol=1e-5):
     """Padded content and appended padding never change the real outputs; padded rows are zero.
 
     Args:
-        layer: a self-attention layer called as `layer(x, mask=mask)`, without an output bias
+        layer: a self-attention layer called as `layer(x, query_mask=mask, value_mask=mask)`, without an output bias
             (so that a zero attention output is a zero output).
         x: `(batch, seq, features)` float32 inputs.
         mask: boolean `(batch, seq)` with some padding; no sequence may be all padding.
     """
     mask = np.asarray(mask, bool)
-    output = np.asarray(layer(x, mask=mask))
+    output = np.asarray(layer(x, query_mask=mask, value_mask=mask))
     changed = np.where(mask[..., None], x, np.float32(40.0))
-    np.testing.assert_allclose(np.asarray(layer(changed, mask=mask))[mask], output[mask], atol=atol, err_msg="content")
+    np.testing.assert_allclose(np.asarray(layer(changed, query_mask=mask, value_mask=mask))[mask], output[mask], atol=atol, err_msg="content")
     batch, _, features = x.shape
     longer = np.concatenate([x, np.ones((batch, appended, features), x.dtype)], axis=1)
     longer_mask = np.concatenate([mask, np.zeros((batch, appended), bool)], axis=1)
-    longer_output = np.asarray(layer(longer, mask=longer_mask))[:, : x.shape[1]]
+    longer_output = np.asarray(layer(longer, query_mask=longer_mask, value_mask=longer_mask))[:, : x.shape[1]]
     np.testing.assert_allclose(longer_output[mask], output[mask], atol=atol, err_msg="appended padding")
     assert np.all(output[~mask] == 0), "padded rows must be zero"
-    assert np.all(np.asarray(layer(x, mask=np.zeros_like(mask))) == 0), "an all-padding sequence must give zeros"
+    assert np.all(np.asarray(layer(x, query_mask=np.zeros_like(mask), value_mask=np.zeros_like(mask))) == 0), "an all-padding sequence must give zeros"
 
 
 def _symbolic(inputs):

@@ -301,20 +301,42 @@ def linear_attention_recurrence(query_features, key_features, value, mask=None, 
     return output
 
 
-def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, is_causal=False, self_logit=-1e5):
+def linear_attention_weights(query_features, key_features, mask=None, is_causal=False):
+    """Float64 weights linear attention implies, `(batch, heads, seq, seq)`, pair by pair:
+    `phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')` over the allowed keys (`mask` removes keys
+    and zeroes queries; causal, `j <= i`); a query with no key gets zeros."""
+    query_features, key_features = np.asarray(query_features, np.float64), np.asarray(key_features, np.float64)
+    batch, length, heads, _ = query_features.shape
+    keep = np.ones((batch, length), bool) if mask is None else np.asarray(mask, bool)
+    weights = np.zeros((batch, heads, length, length))
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(length):
+                keys = [j for j in range(length) if keep[b, j] and keep[b, i] and (not is_causal or j <= i)]
+                scores = np.array([query_features[b, i, h] @ key_features[b, j, h] for j in keys])
+                if keys and scores.sum() > 0:
+                    weights[b, h, i, keys] = scores / scores.sum()
+    return weights
+
+
+def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, is_causal=False, self_logit=-1e5,
+                  return_weights=False):
     """Float64 Reformer attention, query by query: each round's window in the (bucket, position) order.
 
     `query` `(batch, seq, heads, depth)` (keys are its unit-length rows), `value` `(batch, seq,
     heads, value_dim)`, `rotations` `(heads, depth, hashes, num_buckets // 2)`. Padding is
     never attended and gets zero output; causal, a token attends to the `chunk_size` latest
     tokens of its bucket up to itself; a token's own key has logit `self_logit`; the rounds are
-    weighted by the softmax of their log-sum-exps.
+    weighted by the softmax of their log-sum-exps. With `return_weights`, also the weights
+    `(batch, heads, seq, seq)` the output is made of: each round's probabilities at their keys,
+    times the round's share (a key two rounds find gets both), zero elsewhere.
     """
     query, value = np.asarray(query, np.float64), np.asarray(value, np.float64)
     batch, length, heads, depth = query.shape
     valid = np.ones((batch, length), bool) if mask is None else np.asarray(mask, bool)
     key = query / np.maximum(np.linalg.norm(query, axis=-1, keepdims=True), 1e-6)
     output = np.zeros(value.shape)
+    weights = np.zeros((batch, heads, length, length))
     for b in range(batch):
         for h in range(heads):
             rotated = np.einsum("td,drk->rtk", key[b, :, h], np.asarray(rotations, np.float64)[h])
@@ -333,23 +355,26 @@ def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, i
                         keys = [j for j in range(i + 1) if valid[b, j] and valid[b, i] and buckets[j] == buckets[i]]
                         keys = keys[-chunk_size:]
                     if not keys:
-                        rounds.append((r, i, -np.inf, np.zeros(value.shape[-1])))
+                        rounds.append((r, i, -np.inf, np.zeros(value.shape[-1]), np.zeros(length)))
                         continue
                     logits = np.array([
                         self_logit if j == i else query[b, i, h] @ key[b, j, h] / np.sqrt(depth) for j in keys
                     ])
                     top = logits.max()
                     lse = top + np.log(np.exp(logits - top).sum())
-                    rounds.append((r, i, lse, np.exp(logits - lse) @ value[b, keys, h]))
+                    probabilities = np.zeros(length)
+                    probabilities[keys] = np.exp(logits - lse)
+                    rounds.append((r, i, lse, probabilities @ value[b, :, h], probabilities))
             for i in range(length):
-                per_round = [(lse, out) for _, q, lse, out in rounds if q == i]
-                lses = np.array([lse for lse, _ in per_round])
+                per_round = [(lse, out, p) for _, q, lse, out, p in rounds if q == i]
+                lses = np.array([lse for lse, _, _ in per_round])
                 if np.all(np.isneginf(lses)):
                     continue
                 shares = np.exp(lses - lses.max())
                 shares /= shares.sum()
-                output[b, i, h] = sum(s * out for s, (_, out) in zip(shares, per_round))
-    return output
+                output[b, i, h] = sum(s * out for s, (_, out, _) in zip(shares, per_round))
+                weights[b, h, i] = sum(s * p for s, (_, _, p) in zip(shares, per_round))
+    return (output, weights) if return_weights else output
 
 
 def alibi_slopes(num_heads):

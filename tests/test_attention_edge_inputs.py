@@ -315,21 +315,26 @@ BAD_LAYER_CALLS = [
     ("RotaryEmbedding", (_X.reshape(2, 4, 2, 4),), {"start_index": 1.5}, "start_index=1.5"),
     ("SinusoidalPositionEncoding", (_X,), {"start_index": -3}, "start_index=-3"),
     ("SinusoidalPositionEncoding", (_X,), {"start_index": 0.5}, "start_index=0.5"),
-    ("LinearAttention", (_X,), {"mask": _ONES[:, :3]}, "`mask` must have shape (batch, seq)=(2, 4) of the inputs. "
-     "Received: mask.shape=(2, 3)"),
-    ("LinearAttention", (_X,), {"mask": np.ones((2, 4, 4), bool)}, "mask.shape=(2, 4, 4)"),
-    ("LinformerSelfAttention", (_X,), {"mask": _ONES[:, :3]}, "mask.shape=(2, 3)"),
-    ("LinformerSelfAttention", (np.ones((2, 9, 8), np.float32),), {}, "`inputs` is longer than `max_length=8`"),
-    ("LSHSelfAttention", (_X,), {"mask": np.ones((3, 4), bool)}, "mask.shape=(3, 4)"),
+    ("LinearAttention", (_X,), {"query_mask": _ONES[:, :3]}, "`query_mask` must have shape (batch, seq)=(2, 4) of "
+     "the inputs. Received: query_mask.shape=(2, 3)"),
+    ("LinearAttention", (_X,), {"value_mask": np.ones((2, 4, 4), bool)}, "value_mask.shape=(2, 4, 4)"),
+    ("LinearAttention", (_X, _X[:, :3]), {}, "LinearAttention does not support cross (its capabilities declare "
+     "cross=False)."),
+    ("LinformerSelfAttention", (_X,), {"key_mask": _ONES[:, :3]}, "key_mask.shape=(2, 3)"),
+    ("LinformerSelfAttention", (np.ones((2, 9, 8), np.float32),), {}, "`query` is longer than `max_length=8`"),
+    ("LinformerSelfAttention", (_X,), {"use_causal_mask": True}, "LinformerSelfAttention does not support causal"),
+    ("LSHSelfAttention", (_X,), {"query_mask": np.ones((3, 4), bool)}, "query_mask.shape=(3, 4)"),
+    ("LSHSelfAttention", (_X,), {"attention_mask": np.ones((2, 4, 4), bool)}, "Received: attention_mask.shape=(2, 4, 4)"),
     ("TransformerEncoder", (_X,), {"padding_mask": _ONES[:, :3]}, "`padding_mask` must have shape (batch, seq)=(2, 4)"
      " of the inputs. Received: padding_mask.shape=(2, 3)"),
     ("TransformerEncoder", (_X,), {"padding_mask": np.ones((3, 4), bool)}, "padding_mask.shape=(3, 4)"),
     ("TransformerEncoder", (_X,), {"padding_mask": np.ones((2, 4, 1), bool)}, "padding_mask.shape=(2, 4, 1)"),
     ("TransformerDecoder", (_X, _X[:, :3]), {"encoder_padding_mask": _ONES}, "encoder_padding_mask.shape=(2, 4)"),
     ("TransformerDecoder", (_X,), {"decoder_padding_mask": _ONES[:, :2]}, "decoder_padding_mask.shape=(2, 2)"),
-    ("SelfAttention", (_X,), {"mask": _ONES[:, :3]}, "query_mask.shape=(2, 3)"),
+    ("SelfAttention", (_X,), {"query_mask": _ONES[:, :3]}, "query_mask.shape=(2, 3)"),
+    ("SelfAttention", (_X, _X[:, :3]), {}, "SelfAttention does not support cross"),
     ("CrossAttention", (_X, _X[:1]), {}, "`query`, `key` and `value` must have the same batch size"),
-    ("CrossAttention", (_X, _X[:, :3]), {"context_mask": _ONES}, "value_mask.shape=(2, 4)"),
+    ("CrossAttention", (_X, _X[:, :3]), {"value_mask": _ONES}, "value_mask.shape=(2, 4)"),
     ("MultiHeadAttention", (_X, _X[:1]), {}, "key.shape=(1, 4, 2, 4)"),
     ("MultiHeadAttention", (_X[:, :1], _X[:, :1]), {"cache": np.zeros((2, 2, 6, 2, 4), np.float32),
      "cache_update_index": 1.5}, "`cache_update_index` must be an int >= 0 or an integer tensor. Received: "
@@ -395,7 +400,7 @@ def test_nan_in_padded_inputs_never_reaches_real_outputs_of_projected_layers(nam
     those with zero padding (they were NaN for Linformer and LSH)."""
     real = np.arange(4)[None] < np.array([[3], [2]])  # (batch, seq)
     layer = _layers()[name]()
-    clean = np.asarray(layer(np.where(real[..., None], _X, 0.0).astype(np.float32), mask=real))
+    clean = np.asarray(layer(np.where(real[..., None], _X, 0.0).astype(np.float32), query_mask=real))
     for poison in (np.nan, np.inf):
-        poisoned = np.asarray(layer(np.where(real[..., None], _X, poison).astype(np.float32), mask=real))
+        poisoned = np.asarray(layer(np.where(real[..., None], _X, poison).astype(np.float32), query_mask=real))
         np.testing.assert_allclose(poisoned[real], clean[real], atol=1e-6)

@@ -37,7 +37,7 @@ def test_equals_causal_multi_head_attention(sliding_window):
     reference(x, x)
     reference.set_weights(layer.get_weights())
     padding = np.arange(LENGTH)[None, :] < np.array([[LENGTH], [3]])
-    output, scores = layer(x, mask=padding, return_attention_scores=True)
+    output, scores = layer(x, query_mask=padding, value_mask=padding, return_attention_scores=True)
     expected, expected_scores = reference(
         x, x, query_mask=padding, value_mask=padding, use_causal_mask=True, return_attention_scores=True
     )
@@ -80,10 +80,10 @@ def test_cached_decoding_with_a_padding_mask_over_the_cache():
     x = _inputs(3)
     layer = _layer(x)
     padding = np.arange(LENGTH)[None, :] < np.array([[LENGTH], [4]])
-    full = layer(x, mask=padding).numpy()
+    full = layer(x, query_mask=padding, value_mask=padding).numpy()
     cache = _empty_cache()
     for index in range(LENGTH):
-        output, cache = layer(x[:, index : index + 1], mask=padding, cache=cache, cache_update_index=index)
+        output, cache = layer(x[:, index : index + 1], query_mask=padding, value_mask=padding, cache=cache, cache_update_index=index)
         real = padding[:, index]
         np.testing.assert_allclose(output.numpy()[real], full[real, index : index + 1], atol=ATOL)
         # The mask covers the cache, not this step: it must not be attached to the output.

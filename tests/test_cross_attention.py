@@ -38,7 +38,7 @@ def test_equals_multi_head_attention(config):
     reference.set_weights(layer.get_weights())
     attention_mask = np.random.default_rng(1).random((BATCH, QUERY_LEN, CONTEXT_LEN)) < 0.8
     output, scores = layer(
-        query, context, query_mask=query_mask, context_mask=context_mask, attention_mask=attention_mask,
+        query, context, query_mask=query_mask, value_mask=context_mask, attention_mask=attention_mask,
         return_attention_scores=True,
     )
     expected, expected_scores = reference(
@@ -71,7 +71,7 @@ def test_keras_masks_of_both_inputs_are_used_and_the_query_mask_propagates():
     output = layer(query, context)
     np.testing.assert_array_equal(output._keras_mask, TARGET != 0)
     explicit = layer(
-        keras.ops.copy(query), keras.ops.copy(context), query_mask=TARGET != 0, context_mask=SOURCE != 0
+        keras.ops.copy(query), keras.ops.copy(context), query_mask=TARGET != 0, value_mask=SOURCE != 0
     )
     np.testing.assert_allclose(output, explicit, atol=ATOL)
     np.testing.assert_allclose(model([TARGET, SOURCE]), explicit, atol=ATOL)
@@ -80,12 +80,12 @@ def test_keras_masks_of_both_inputs_are_used_and_the_query_mask_propagates():
 def test_precomputed_context_cache_equals_the_plain_call():
     query, context, query_mask, context_mask = _inputs(2)
     layer = _layer(query, context)
-    expected = layer(query, context, query_mask=query_mask, context_mask=context_mask)
+    expected = layer(query, context, query_mask=query_mask, value_mask=context_mask)
     cache = keras.ops.stack([layer.key_dense(context), layer.value_dense(context)], axis=1)
     for step in range(QUERY_LEN):
         output, returned_cache = layer(
             query[:, step : step + 1], context, query_mask=query_mask[:, step : step + 1],
-            context_mask=context_mask, cache=cache,
+            value_mask=context_mask, cache=cache,
         )
         np.testing.assert_allclose(output, expected.numpy()[:, step : step + 1], atol=ATOL)
         np.testing.assert_array_equal(returned_cache, cache)

@@ -124,6 +124,8 @@ uses = {
     "scaled_dot_product_attention": lambda: ka.scaled_dot_product_attention(q, q, q, pattern=ka.patterns.Causal()),
     "patterns": lambda: ka.scaled_dot_product_attention(
         q, q, q, pattern=ka.patterns.SlidingWindow(3) & ka.patterns.Causal() | ka.patterns.GlobalTokens(1)),
+    "attention_families": lambda: ka.attention_families.build("linear", num_heads=2, key_dim=8)(
+        x, return_attention_scores=True),
     "__version__": lambda: ka.__version__,
 }
 unknown = sorted(set(ka.__all__) - set(uses))

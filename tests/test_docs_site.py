@@ -19,7 +19,7 @@ from tests.browser import open_url
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = [name for name in keras_attn.__all__ if not name.startswith("__")]
-MODULES = {"patterns"}  # public modules: a page of members, no signature of their own
+MODULES = {"attention_families", "patterns"}  # public modules: a page of members, no signature of their own
 
 pytestmark = pytest.mark.slow
 

@@ -28,8 +28,10 @@ def _layer(feature_map, causal, **kwargs):
     return LinearAttention(**config)
 
 
-def _reference(layer, x, mask=None):
-    """Float64 output of `layer` from its weights: projections, features, recurrence, projection."""
+def _reference(layer, x, mask=None, is_causal=None, return_weights=False):
+    """Float64 output of `layer` from its weights: projections, features, recurrence, projection (and
+    the normalised kernel weights); causal as the layer unless `is_causal` says."""
+    is_causal = layer.causal if is_causal is None else is_causal
     weights = {w.path.split("/", 1)[1]: w.numpy() for w in layer.weights}
     query, key, value = (
         reference.project_heads(x, weights[f"{name}/kernel"], weights[f"{name}/bias"])
@@ -41,8 +43,11 @@ def _reference(layer, x, mask=None):
         scale = layer.key_dim ** -0.25
         query_features = reference.favor_features(query * scale, weights["random_features"])
         key_features = reference.favor_features(key * scale, weights["random_features"])
-    attended = reference.linear_attention_recurrence(query_features, key_features, value, mask, layer.causal)
-    return reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+    attended = reference.linear_attention_recurrence(query_features, key_features, value, mask, is_causal)
+    output = reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+    if not return_weights:
+        return output
+    return output, reference.linear_attention_weights(query_features, key_features, mask, is_causal)
 
 
 def _inputs(seed=0, shape=(2, 11, 6)):
@@ -56,7 +61,7 @@ PADDING = np.arange(11)[None, :] < np.array([[11], [7]])
 def test_matches_float64_recurrence_with_padding(feature_map, causal):
     x = _inputs()
     layer = _layer(feature_map, causal)
-    output = layer(x, mask=PADDING)
+    output = layer(x, query_mask=PADDING)
     np.testing.assert_allclose(output, _reference(layer, x, PADDING), atol=ATOL, rtol=1e-4)
 
 
@@ -118,8 +123,8 @@ def _output_and_gradients(layer, x, mask, cotangent, jit_compile=None):
     def run(x):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            loss = tf.reduce_sum(layer(x, mask=mask) * cotangent)
-        return layer(x, mask=mask), tape.gradient(loss, [x] + layer.trainable_weights)
+            loss = tf.reduce_sum(layer(x, query_mask=mask) * cotangent)
+        return layer(x, query_mask=mask), tape.gradient(loss, [x] + layer.trainable_weights)
 
     return run(tf.constant(x)) if jit_compile is None else tf.function(run, jit_compile=jit_compile)(tf.constant(x))
 
@@ -134,7 +139,7 @@ def test_long_causal_inputs_in_recomputed_segments_equal_one_pass(monkeypatch, f
     monkeypatch.setattr(linear_attention, "RECOMPUTE_SEGMENT_LENGTH", 5)  # 5 segments, the last of 3 tokens
     for jit_compile in (None, False, True):
         assert_outputs_close(_output_and_gradients(layer, x, mask, cotangent, jit_compile), expected, atol=2e-6, rtol=1e-5)
-    np.testing.assert_allclose(layer(x, mask=mask), _reference(layer, x, mask), atol=ATOL, rtol=1e-4)
+    np.testing.assert_allclose(layer(x, query_mask=mask), _reference(layer, x, mask), atol=ATOL, rtol=1e-4)
 
 
 def test_redraw_changes_training_features_only():
@@ -163,13 +168,13 @@ def test_mixed_precision_close_to_float32(feature_map, causal):
 def test_jit_equals_eager(feature_map, causal):
     layer = _layer(feature_map, causal)
     layer(_inputs(12))
-    assert_jit_matches_eager(layer, _inputs(12), mask=PADDING)
+    assert_jit_matches_eager(layer, _inputs(12), query_mask=PADDING)
 
 
 @pytest.mark.parametrize("feature_map,causal", FAMILIES)
 def test_gradients_match_finite_differences(feature_map, causal):
     assert_gradients_match_finite_differences(
-        lambda: _layer(feature_map, causal), _inputs(13, (1, 6, 6)), mask=np.array([[1, 1, 1, 1, 1, 0]], bool)
+        lambda: _layer(feature_map, causal), _inputs(13, (1, 6, 6)), query_mask=np.array([[1, 1, 1, 1, 1, 0]], bool)
     )
 
 
@@ -191,7 +196,7 @@ def test_keras_mask_is_used_and_propagated():
     model = _token_model()
     output = model.layers[2](model.layers[1](tokens))
     np.testing.assert_array_equal(output._keras_mask, tokens != 0)
-    np.testing.assert_allclose(model(tokens), model.layers[2](model.layers[1](tokens), mask=tokens != 0), atol=1e-6)
+    np.testing.assert_allclose(model(tokens), model.layers[2](model.layers[1](tokens), query_mask=tokens != 0), atol=1e-6)
 
 
 def test_run_layer_test():

@@ -30,8 +30,9 @@ def _inputs(seed=0, shape=(2, 9, 6)):
     return np.random.default_rng(seed).standard_normal(shape).astype("float32")
 
 
-def _reference(layer, x, mask=None):
-    """Float64: each sequence's real tokens alone, projected by the leading rows, dense attention."""
+def _reference(layer, x, mask=None, return_weights=False):
+    """Float64: each sequence's real tokens alone, projected by the leading rows, dense attention
+    (and its weights over the projected keys, `(batch, heads, seq, projected_length)`)."""
     weights = {w.path.split("/", 1)[1]: w.numpy().astype(np.float64) for w in layer.weights}
     query, key, value = (
         reference.project_heads(x, weights[f"{name}/kernel"], weights[f"{name}/bias"])
@@ -41,6 +42,7 @@ def _reference(layer, x, mask=None):
     value_projection = weights.get("value_length_projection", key_projection)
     mask = np.ones(x.shape[:2], bool) if mask is None else np.asarray(mask, bool)
     attended = np.zeros(query.shape[:3] + (value.shape[-1],))
+    scores = np.zeros((x.shape[0], layer.num_heads, x.shape[1], layer.projected_length))
     for b in range(x.shape[0]):
         real = np.flatnonzero(mask[b])
         for h in range(layer.num_heads):
@@ -48,18 +50,20 @@ def _reference(layer, x, mask=None):
             f = value_projection[h] if layer.projection_per_head else value_projection
             projected_key = e[: len(real)].T @ key[b, real, h]  # (projected_length, key_dim)
             projected_value = f[: len(real)].T @ value[b, real, h]
-            out, _ = reference.attention(
+            out, probabilities = reference.attention(
                 query[None, b, :, h, None], projected_key[None, :, None], projected_value[None, :, None]
             )
             attended[b, :, h] = out[0, :, 0] * mask[b, :, None]
-    return reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+            scores[b, h] = probabilities[0, 0] * mask[b, :, None]
+    output = reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+    return (output, scores) if return_weights else output
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_matches_float64_reference_with_padding(variant):
     x = _inputs()
     layer = _layer(**variant)
-    np.testing.assert_allclose(layer(x, mask=PADDING), _reference(layer, x, PADDING), atol=ATOL)
+    np.testing.assert_allclose(layer(x, query_mask=PADDING), _reference(layer, x, PADDING), atol=ATOL)
 
 
 def test_weight_shapes_per_variant():
@@ -92,7 +96,7 @@ def test_padding_content_amount_and_place_never_change_real_outputs(variant):
     assert_padding_invariant(layer, x, PADDING)
     left_padded = np.concatenate([x[1:, 5:], x[1:, :5]], axis=1)  # the same 5 tokens after 4 pads
     left_mask = np.arange(9)[None, :] >= 4
-    np.testing.assert_allclose(layer(left_padded, mask=left_mask)[0, 4:], layer(x, mask=PADDING)[1, :5], atol=1e-5)
+    np.testing.assert_allclose(layer(left_padded, query_mask=left_mask)[0, 4:], layer(x, query_mask=PADDING)[1, :5], atol=1e-5)
 
 
 def test_causal_request_explains_why_it_is_refused():
@@ -119,12 +123,12 @@ def test_mixed_precision_close_to_float32():
 def test_jit_equals_eager(variant):
     layer = _layer(**variant)
     layer(_inputs(6))
-    assert_jit_matches_eager(layer, _inputs(6), mask=PADDING)
+    assert_jit_matches_eager(layer, _inputs(6), query_mask=PADDING)
 
 
 def test_gradients_match_finite_differences():
     assert_gradients_match_finite_differences(
-        lambda: _layer(projection_per_head=True), _inputs(7, (1, 6, 6)), mask=np.array([[1, 1, 0, 1, 1, 0]], bool)
+        lambda: _layer(projection_per_head=True), _inputs(7, (1, 6, 6)), query_mask=np.array([[1, 1, 0, 1, 1, 0]], bool)
     )
 
 
@@ -141,7 +145,7 @@ def test_serialization_round_trip_and_keras_mask():
     assert type(reloaded.layers[2]) is LinformerSelfAttention
     layer, embedded = reloaded.layers[2], reloaded.layers[1](tokens)
     np.testing.assert_array_equal(layer(embedded)._keras_mask, tokens != 0)
-    np.testing.assert_allclose(reloaded(tokens), layer(embedded, mask=tokens != 0), atol=1e-6)
+    np.testing.assert_allclose(reloaded(tokens), layer(embedded, query_mask=tokens != 0), atol=1e-6)
 
 
 def test_run_layer_test():

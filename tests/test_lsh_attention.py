@@ -41,12 +41,15 @@ def _projected(layer, x):
     return weights, query, value
 
 
-def _reference(layer, x, mask=None):
+def _reference(layer, x, mask=None, is_causal=None, return_weights=False):
+    """Float64 output (and weights) of `layer`; causal as the layer unless `is_causal` says."""
     weights, query, value = _projected(layer, x)
-    attended = reference.lsh_attention(
-        query, value, weights["rotations"], layer.num_buckets, layer.chunk_size, mask, layer.causal
+    attended, scores = reference.lsh_attention(
+        query, value, weights["rotations"], layer.num_buckets, layer.chunk_size, mask,
+        layer.causal if is_causal is None else is_causal, return_weights=True,
     )
-    return reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+    output = reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+    return (output, scores) if return_weights else output
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -54,14 +57,14 @@ def _reference(layer, x, mask=None):
 def test_matches_float64_reference_with_padding(causal, num_hashes):
     x = _inputs()
     layer = _layer(causal=causal, num_hashes=num_hashes)
-    np.testing.assert_allclose(layer(x, mask=PADDING), _reference(layer, x, PADDING), atol=ATOL)
+    np.testing.assert_allclose(layer(x, query_mask=PADDING), _reference(layer, x, PADDING), atol=ATOL)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_one_bucket_one_chunk_equals_dense_shared_qk_attention_without_self(causal):
     x = _inputs(1, (2, 7, 6))
     layer = _layer(num_buckets=1, num_hashes=1, chunk_size=8, causal=causal)
-    output = layer(x, mask=PADDING[:, :7])
+    output = layer(x, query_mask=PADDING[:, :7])
     weights, query, value = _projected(layer, x)
     key = query / np.linalg.norm(query, axis=-1, keepdims=True)
     others = ~np.eye(7, dtype=bool)
@@ -124,12 +127,12 @@ def test_mixed_precision_close_to_float32():
 def test_jit_equals_eager(causal):
     layer = _layer(causal=causal)
     layer(_inputs(10))
-    assert_jit_matches_eager(layer, _inputs(10), mask=PADDING)
+    assert_jit_matches_eager(layer, _inputs(10), query_mask=PADDING)
 
 
 def test_gradients_match_finite_differences():
     assert_gradients_match_finite_differences(
-        lambda: _layer(chunk_size=2), _inputs(11, (1, 6, 6)), mask=np.array([[1, 1, 1, 0, 1, 1]], bool)
+        lambda: _layer(chunk_size=2), _inputs(11, (1, 6, 6)), query_mask=np.array([[1, 1, 1, 0, 1, 1]], bool)
     )
 
 
@@ -146,7 +149,7 @@ def test_serialization_round_trip_keeps_the_rotations_and_keras_mask():
     layer, embedded = reloaded.layers[2], reloaded.layers[1](tokens)
     assert type(layer) is LSHSelfAttention
     np.testing.assert_array_equal(layer(embedded)._keras_mask, tokens != 0)
-    np.testing.assert_allclose(reloaded(tokens), layer(embedded, mask=tokens != 0), atol=1e-6)
+    np.testing.assert_allclose(reloaded(tokens), layer(embedded, query_mask=tokens != 0), atol=1e-6)
 
 
 def test_run_layer_test():

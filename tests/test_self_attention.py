@@ -42,7 +42,7 @@ def test_equals_multi_head_attention_on_the_same_tensor(with_masks):
             attention_bias=rng.standard_normal((1, 4, 6, 6)).astype("float32"),
         )
     padding = np.arange(6)[None, :] < np.array([[6], [4]])
-    output, scores = layer(x, mask=padding, return_attention_scores=True, **masks)
+    output, scores = layer(x, query_mask=padding, value_mask=padding, return_attention_scores=True, **masks)
     expected, expected_scores = reference(
         x, x, query_mask=padding, value_mask=padding, return_attention_scores=True, **masks
     )
@@ -65,7 +65,7 @@ def test_keras_mask_from_embedding_is_used_and_propagated():
     embedded = embedding(tokens)
     output = layer(embedded)
     np.testing.assert_array_equal(output._keras_mask, tokens != 0)
-    explicit = layer(tf.identity(embedded), mask=tokens != 0)  # a copy carries no Keras mask
+    explicit = layer(tf.identity(embedded), query_mask=tokens != 0, value_mask=tokens != 0)  # a copy carries no Keras mask
     np.testing.assert_allclose(output, explicit, atol=ATOL)
     np.testing.assert_allclose(model(tokens), explicit, atol=ATOL)
     unmasked = layer(tf.identity(embedded))

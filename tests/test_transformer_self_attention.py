@@ -72,7 +72,7 @@ def by_hand(block, prototype, x, padding, norm_first):
     norm1, ffn, norm2 = weights[:2], weights[2:6], weights[6:]
 
     def attend(h):
-        return np.asarray(attention(h.astype("float32"), mask=padding), np.float64)
+        return np.asarray(attention(h.astype("float32"), query_mask=padding, value_mask=padding), np.float64)
 
     h = reference.residual_block(np.asarray(x, np.float64), attend, *norm1, 1e-5, norm_first)
     return reference.residual_block(h, lambda h: reference.feed_forward(h, *ffn), *norm2, 1e-5, norm_first)
@@ -190,17 +190,17 @@ def test_multi_head_attention_prototype_keeps_every_call_option():
     layer_checks.assert_outputs_close(got, expected, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "prototype,message",
-    [
-        (lambda: linear(causal=False), "causal=False, so each target token would see the tokens after it"),
-        (linformer, "cannot be causal: each of its `projected_length` keys and values is a weighted sum"),
-        (lambda: lsh(causal=False), "LSHSelfAttention was given with causal=False"),
-    ],
-)
-def test_decoder_refuses_a_self_attention_that_is_not_causal(prototype, message):
-    with pytest.raises(ValueError, match=message):
-        TransformerDecoder(16, HEADS, self_attention=prototype())
+def test_decoder_refuses_a_family_that_cannot_be_causal_saying_why():
+    with pytest.raises(ValueError, match=r"LinformerSelfAttention does not support causal .*cannot be causal: each of its"):
+        TransformerDecoder(16, HEADS, self_attention=linformer())
+
+
+@pytest.mark.parametrize("prototype", [lambda causal: linear(causal=causal), lambda causal: lsh(causal=causal)])
+def test_decoder_makes_a_family_built_non_causal_causal_by_use_causal_mask(prototype):
+    """The decoder calls every family with `use_causal_mask=True`: one built `causal=False` runs causally."""
+    x = random_inputs(3)
+    given, built_causal = (built_block(TransformerDecoder, prototype(causal), seed=2) for causal in (False, True))
+    np.testing.assert_allclose(given(x, decoder_padding_mask=PADDING), built_causal(x, decoder_padding_mask=PADDING), atol=1e-6)
 
 
 def test_unsupported_options_raise_naming_them():
@@ -214,14 +214,12 @@ def test_unsupported_options_raise_naming_them():
     with pytest.raises(ValueError, match="`key_dim`"):
         TransformerEncoder(16, HEADS, key_dim=4, self_attention=linear())
     encoder = TransformerEncoder(16, HEADS, self_attention=linear())
-    with pytest.raises(ValueError, match=r"`attention_mask` .* Received: attention_mask=\(2, 9, 9\)"):
+    with pytest.raises(ValueError, match=r"LinearAttention does not support attention_mask .* Received: attention_mask.shape=\(2, 9, 9\)"):
         encoder(x, attention_mask=np.ones((BATCH, LENGTH, LENGTH), bool))
-    with pytest.raises(ValueError, match="return_attention_scores=True"):
-        encoder(x, return_attention_scores=True)
     decoder = TransformerDecoder(16, HEADS, self_attention=lsh(causal=True))
-    with pytest.raises(ValueError, match="causal by construction.*use_causal_mask=False"):
+    with pytest.raises(ValueError, match="LSHSelfAttention was built causal.*use_causal_mask=False"):
         decoder(x, use_causal_mask=False)
-    with pytest.raises(ValueError, match="LSHSelfAttention has no cache for decoding"):
+    with pytest.raises(ValueError, match="LSHSelfAttention does not support cache .*capabilities declare cache=None"):
         decoder.initial_self_attention_cache(BATCH, LENGTH)
 
 

@@ -1,8 +1,11 @@
 """The explorer page in a real headless Chromium, opened from disk: selectors, hover, row focus."""
 
+import keras
 import numpy as np
 
+import keras_attn
 from keras_attn.visualization import attention_maps
+from keras_attn.visualization import attention_weights
 from keras_attn.visualization import write_explorer
 from tests.browser import open_page
 
@@ -46,3 +49,26 @@ def test_explorer_switches_layer_and_head_and_shows_the_weights(tmp_path):
         assert page.locator("#head option").count() == 2 and page.locator("#focus span").count() == 0
         page.mouse.move(*_cell_centre(page, 5, 4))
         assert float(page.locator("#hover").get_attribute("data-value")) == float(weights["encoder/self_attention"][0, 0, 5, 4])
+
+
+def test_explorer_draws_a_linformer_map_over_its_projected_keys(tmp_path):
+    """A non-square map as a family returns it (queries x projected keys), captured from a model."""
+    inputs = keras.Input((None, 8))
+    layer = keras_attn.LinformerSelfAttention(2, 4, max_length=8, projected_length=3, name="linformer")
+    model = keras.Model(inputs, layer(inputs))
+    words = ["a", "film", "worth", "seeing", "twice"]
+    weights = attention_weights(model, np.random.default_rng(1).standard_normal((1, 5, 8)).astype(np.float32))
+    assert weights["linformer"].shape == (1, 2, 5, 3)
+    projected = [f"projection {k}" for k in range(3)]
+    path = write_explorer(tmp_path / "linformer.html", attention_maps(weights, words, projected), title="Linformer")
+
+    with open_page(path) as page:
+        page.select_option("#head", "1")
+        for row, column in [(0, 0), (4, 2), (2, 1)]:
+            page.mouse.move(*_cell_centre(page, row, column))
+            hover = page.locator("#hover")
+            expected = weights["linformer"][0, 1, row, column]
+            assert float(hover.get_attribute("data-value")) == float(expected)
+            assert f"\u201c{words[row]}\u201d" in hover.inner_text() and f"\u201c{projected[column]}\u201d" in hover.inner_text()
+        page.mouse.click(*_cell_centre(page, 3, 0))
+        assert page.locator("#focus span").all_inner_texts() == projected

@@ -33,7 +33,7 @@ def test_single_layer_matches_numpy_reference_and_leaves_outputs_unchanged():
     inputs = keras.Input((None, 8))
     mask = keras.Input((None,), dtype="bool")
     layer = keras_attn.SelfAttention(num_heads=2, key_dim=4, name="attend")
-    model = keras.Model([inputs, mask], layer(inputs, mask=mask))
+    model = keras.Model([inputs, mask], layer(inputs, query_mask=mask, value_mask=mask))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 5, 8)).astype("float32")
     padding = np.arange(5)[None] < np.array([[5], [3]])  # (batch, seq)
@@ -182,3 +182,31 @@ def test_library_and_capture_work_without_matplotlib_and_figures_say_what_to_ins
     )
     result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert "pip install \"keras-attn[viz]\"" in result.stdout
+
+
+@pytest.mark.parametrize("name", sorted(keras_attn.attention_families.FAMILIES))
+def test_a_model_with_each_family_is_captured_with_the_family_scores(name):
+    """Every family is found by its declared capabilities and captured; the maps are its own scores."""
+    arguments = {"lsh": dict(num_buckets=2, chunk_size=3, seed=1), "linformer": dict(max_length=8, projected_length=3)}
+    family = keras_attn.attention_families.build(name, num_heads=2, key_dim=4, **arguments.get(name, {}))
+    tokens = keras.Input((None,), dtype="int32")
+    embedded = keras.layers.Embedding(10, 8, mask_zero=True)(tokens)
+    encoded = keras_attn.TransformerEncoder(16, 2, self_attention=family, name="encoder")(embedded)
+    model = keras.Model(tokens, encoded)
+    ids = padded_token_ids(np.random.default_rng(3), [7, 4], 7, 10)
+    output = keras.ops.convert_to_numpy(model(ids))
+
+    collected = attention_weights(model, ids)
+
+    assert list(collected) == ["encoder/self_attention"]
+    weights = collected["encoder/self_attention"]
+    key_len = 3 if name == "linformer" else 7  # Linformer weighs its projected keys
+    assert weights.shape == (2, 2, 7, key_len)
+    embedded_ids = model.layers[1](ids)
+    encoder = model.get_layer("encoder")
+    _, expected = encoder(embedded_ids, return_attention_scores=True)
+    np.testing.assert_allclose(weights, keras.ops.convert_to_numpy(expected), atol=1e-6)
+    real = ids != 0
+    sums = weights.sum(-1)
+    np.testing.assert_allclose(sums[np.broadcast_to(real[:, None], sums.shape)], 1.0, atol=1e-5)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(model(ids)), output)  # the outputs are unchanged

@@ -1,23 +1,29 @@
 """Record the attention weights every keras_attn attention layer computes during a forward pass.
 
-No model is rebuilt: while an `AttentionCapture` is open, each `MultiHeadAttention` (and so each
-`SelfAttention`, `CausalSelfAttention`, `CrossAttention` and the attention inside the encoder and
-decoder blocks) found in the model is asked for its weights on every call, which are recorded
-under the layer's path and stripped from what the caller receives. Functional, sequential and
-subclassed models work alike, as long as they run eagerly.
+No model is rebuilt: while an `AttentionCapture` is open, each attention layer found in the model
+whose family declares `capabilities.scores` (every family: `MultiHeadAttention` and its named uses,
+`LSHSelfAttention`, `LinformerSelfAttention`, `LinearAttention`, and the attention inside the encoder
+and decoder blocks) is asked for its weights on every call (`return_attention_scores=True`, the one
+call convention), which are recorded under the layer's path and stripped from what the caller
+receives. Functional, sequential and subclassed models work alike, as long as they run eagerly.
 """
 
 import numpy as np
 
-from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.capabilities import AttentionCapabilities
+
+
+def _returns_scores(layer):
+    capabilities = getattr(type(layer), "capabilities", None)
+    return isinstance(capabilities, AttentionCapabilities) and capabilities.scores
 
 
 def attention_layers(model):
     """The keras_attn attention layers inside `model` (itself included), outermost first."""
-    if isinstance(model, MultiHeadAttention):
+    if _returns_scores(model):
         return [model]
     layers = model._flatten_layers(include_self=False, recursive=True)
-    return [layer for layer in layers if isinstance(layer, MultiHeadAttention)]
+    return [layer for layer in layers if _returns_scores(layer)]
 
 
 def _layer_key(layer):
@@ -42,8 +48,8 @@ class AttentionCapture:
         self.layers = attention_layers(model)
         if not self.layers:
             raise ValueError(
-                "`model` holds no keras_attn attention layer (keras_attn.MultiHeadAttention or a "
-                f"subclass). Received: model={getattr(model, 'name', model)!r} of type {type(model).__name__}"
+                "`model` holds no keras_attn attention layer (one whose class declares `capabilities` with "
+                f"scores=True, as every family does). Received: model={getattr(model, 'name', model)!r} of type {type(model).__name__}"
             )
         self.weights = {}
         self._replaced = {}
@@ -69,7 +75,7 @@ class AttentionCapture:
 
         def call(*args, return_attention_scores=False, **kwargs):
             results = original_call(*args, return_attention_scores=True, **kwargs)
-            weights = results[1]  # (batch, heads, query_len, key_len)
+            weights = results[1]  # (batch, heads, query_len, key_len); key_len is projected_length for Linformer
             if not hasattr(weights, "numpy"):
                 raise RuntimeError(
                     f"Attention weights of layer {key!r} are symbolic: run the model eagerly "

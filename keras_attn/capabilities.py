@@ -1,0 +1,87 @@
+"""What an attention family supports, declared once on its class and read by every caller.
+
+Each attention layer class carries `capabilities = AttentionCapabilities(...)`. The blocks
+(`TransformerEncoder`, `TransformerDecoder`) refuse a family that lacks what they need by reading
+it, the families refuse call arguments they cannot take through `check_call`, the family table of
+`docs/guides/attention_families.md` and the registry test (`tests/test_attention_families.py`)
+are written from it. Nothing above a family's own module tells families apart any other way.
+"""
+
+import dataclasses
+
+CACHE_KINDS = (None, "key_value", "recurrent")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCapabilities:
+    """The declared abilities of one attention family.
+
+    Attributes:
+        causal: whether `use_causal_mask=True` (or the family's own `causal=True`) is supported.
+        cross: whether `value` / `key` may be another sequence than `query` (cross-attention).
+        padding_mask: whether padding masks (`query_mask`, `value_mask`, `key_mask`, the Keras
+            mask of the inputs) are honoured.
+        attention_mask: whether an arbitrary boolean `attention_mask` is honoured.
+        cache: `None` (no incremental decoding), `"key_value"` (a `(batch, 2, max_len, heads,
+            key_dim)` cache written at `cache_update_index`) or `"recurrent"` (a state of constant
+            size, `initial_cache(batch)`).
+        scores: whether `return_attention_scores=True` returns the attention weights.
+        onnx: whether the layer exports to ONNX (tf2onnx) with matching outputs.
+        softmax: whether the scores are softmax probabilities (a row over its allowed keys sums
+            to 1); linear attention's normalised kernel weights also sum to 1 but are not softmax.
+        reasons: `(capability, why)` pairs saying why a capability is missing, quoted in errors.
+
+    Example:
+
+    >>> from keras_attn import LinformerSelfAttention
+    >>> LinformerSelfAttention.capabilities.causal
+    False
+    """
+
+    causal: bool
+    cross: bool
+    padding_mask: bool
+    attention_mask: bool
+    cache: object
+    scores: bool
+    onnx: bool
+    softmax: bool
+    reasons: tuple = ()
+
+    def __post_init__(self):
+        if self.cache not in CACHE_KINDS:
+            raise ValueError(f"`cache` must be one of {CACHE_KINDS}. Received: cache={self.cache!r}")
+
+    def why_not(self, capability):
+        """The declared reason `capability` is missing (an empty string when none is declared)."""
+        return dict(self.reasons).get(capability, "")
+
+
+def unsupported(layer, capability, received):
+    """A `ValueError` naming the family, the missing capability, why, and what was received."""
+    capabilities = type(layer).capabilities
+    why = capabilities.why_not(capability)
+    return ValueError(
+        f"{type(layer).__name__} does not support {capability} (its capabilities declare "
+        f"{capability}={getattr(capabilities, capability)!r}).{' ' + why if why else ''} Received: {received}"
+    )
+
+
+def describe(value):
+    """A short description of a call argument for an error message: its shape (shapes of a tuple), else itself."""
+    if isinstance(value, (tuple, list)):
+        return tuple(describe(item) for item in value)
+    return tuple(value.shape) if hasattr(value, "shape") else value
+
+
+def check_call(layer, query, value=None, key=None, attention_mask=None, use_causal_mask=False):
+    """Raises the `unsupported` error for the first call argument `layer`'s family cannot take."""
+    capabilities = type(layer).capabilities
+    distinct = {name: tensor for name, tensor in (("value", value), ("key", key)) if tensor is not None and tensor is not query}
+    if distinct and not capabilities.cross:
+        shapes = ", ".join(f"{name}.shape={describe(tensor)}" for name, tensor in distinct.items())
+        raise unsupported(layer, "cross", f"a `value`/`key` other than `query` ({shapes}); call it with value=None")
+    if attention_mask is not None and not capabilities.attention_mask:
+        raise unsupported(layer, "attention_mask", f"attention_mask.shape={describe(attention_mask)}")
+    if use_causal_mask and not capabilities.causal:
+        raise unsupported(layer, "causal", f"use_causal_mask={use_causal_mask!r}")
