@@ -90,7 +90,7 @@ def print_table(rows, columns):
 
 def write_results(name, payload, output=None):
     """Atomically writes `payload` (plus the machine description) as JSON; returns the path."""
-    from models.files import write_json_atomic
+    from appkit.files import write_json_atomic
 
     path = output or os.path.join(RESULTS_DIR, f"{name}.json")
     conditions = machine()

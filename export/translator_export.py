@@ -30,6 +30,10 @@ import tensorflow as tf
 
 import keras_attn
 
+from appkit.cli import add_debug_flag
+from appkit.cli import positive_int
+from appkit.cli import require_writable_directory
+from appkit.cli import user_errors_exit
 from export.fresh_process import ExportVerificationError
 from export.fresh_process import serve_in_fresh_process
 from export.serving_layout import SIGNATURE
@@ -38,10 +42,6 @@ from export.serving_layout import publish
 from export.serving_layout import staging_directory
 from export.serving_layout import write_models_config
 from export.serving_layout import write_warmup_requests
-from models.cli import add_debug_flag
-from models.cli import positive_int
-from models.cli import require_writable_directory
-from models.cli import user_errors_exit
 from models.decoding import cross_attention_caches
 from models.decoding import decode_sentences
 from models.decoding import decoder_step

@@ -9,7 +9,7 @@ Nothing here is specific to one data set. Typical use in a training CLI:
         model.compile(optimizer=adamw_with_warmup(lr, total_steps), ..., jit_compile=args.jit_compile)
     model.fit(..., callbacks=training_callbacks(output_dir, monitor="val_accuracy"))
     restore_best_weights(model, output_dir)
-    write_json_atomic(output_dir / "summary.json", summary)  # models.files
+    write_json_atomic(output_dir / "summary.json", summary)  # appkit.files
 """
 
 import csv
@@ -22,9 +22,9 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from models.files import reading
-from models.files import replacing
-from models.files import write_json_atomic
+from appkit.files import reading
+from appkit.files import replacing
+from appkit.files import write_json_atomic
 
 PRECISION_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 STRATEGIES = ("default", "mirrored")

@@ -46,7 +46,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from models.cli import positive_int
+from appkit.cli import positive_int
 from pipelines import common
 
 MULTI_WORKER = "multi_worker"

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
+from appkit.cli import add_debug_flag
+from appkit.cli import positive_int
+from appkit.cli import require_writable_directory
+from appkit.cli import user_errors_exit
+from appkit.files import reading
 from models import imdb_text
-from models.files import reading
-from models.cli import add_debug_flag
-from models.cli import positive_int
-from models.cli import require_writable_directory
-from models.cli import user_errors_exit
 from models.review_attention import explain_review
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier

@@ -16,12 +16,12 @@ import json
 import sys
 import time
 
+from appkit.cli import require_writable_directory
+from appkit.cli import user_errors_exit
+from appkit.files import write_json_atomic
 from export import serving_layout
 from export.imdb_export import export_and_verify
 from export.imdb_export import verification_reviews
-from models.cli import require_writable_directory
-from models.cli import user_errors_exit
-from models.files import write_json_atomic
 from pipelines import common
 from pipelines import imdb_report
 from pipelines import train_imdb

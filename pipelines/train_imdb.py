@@ -25,22 +25,22 @@ from pathlib import Path
 
 import keras
 
+from appkit.cli import add_debug_flag
+from appkit.cli import config_flag_type
+from appkit.cli import fraction
+from appkit.cli import non_negative_float
+from appkit.cli import non_negative_int
+from appkit.cli import positive_float
+from appkit.cli import positive_int
+from appkit.cli import require_writable_directory
+from appkit.cli import user_errors_exit
+from appkit.files import write_json_atomic
 from models import imdb_text
-from models.cli import add_debug_flag
-from models.cli import config_flag_type
-from models.cli import fraction
-from models.cli import non_negative_float
-from models.cli import non_negative_int
-from models.cli import positive_float
-from models.cli import positive_int
-from models.cli import require_writable_directory
-from models.cli import user_errors_exit
 from models.sentiment_classifier import BRANCHES
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import fit_ensemble
 from models.sentiment_classifier import training_model
-from models.files import write_json_atomic
 from pipelines import common
 from pipelines import distributed
 from pipelines import imdb_data

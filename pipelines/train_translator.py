@@ -38,15 +38,16 @@ import numpy as np
 import sacrebleu
 import tensorflow as tf
 
-from models.cli import add_debug_flag
-from models.cli import config_flag_type
-from models.cli import fraction
-from models.cli import non_negative_float
-from models.cli import non_negative_int
-from models.cli import positive_float
-from models.cli import positive_int
-from models.cli import require_writable_directory
-from models.cli import user_errors_exit
+from appkit.cli import add_debug_flag
+from appkit.cli import config_flag_type
+from appkit.cli import fraction
+from appkit.cli import non_negative_float
+from appkit.cli import non_negative_int
+from appkit.cli import positive_float
+from appkit.cli import positive_int
+from appkit.cli import require_writable_directory
+from appkit.cli import user_errors_exit
+from appkit.files import write_json_atomic
 from models.decoding import decode_sentences
 from models.decoding import make_decoder
 from models.parallel_text import orient_pairs
@@ -64,7 +65,6 @@ from models.translator_run import SPLIT_FILE
 from models.translator_run import load_run
 from models.translator_run import read_split
 from models.translator_run import write_split
-from models.files import write_json_atomic
 from pipelines import common
 from pipelines import distributed
 from pipelines import translation_data

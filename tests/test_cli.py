@@ -3,8 +3,8 @@
 
 import pytest
 
+from appkit import cli
 from export import translator_export
-from models import cli
 from pipelines import explain_imdb
 from pipelines import imdb_data
 from pipelines import launch

@@ -13,8 +13,8 @@ import tensorflow as tf
 from keras_attn.visualization import attention_weights
 from keras_attn.visualization.explorer import decode_weights
 from keras_attn.visualization.explorer import embedded_data
+from appkit.files import write_json_atomic
 from models import imdb_text
-from models.files import write_json_atomic
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import fit_ensemble

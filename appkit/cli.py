@@ -1,4 +1,4 @@
-"""Command-line conventions every CLI above `models` shares: flag types with ranges, up-front
+"""Command-line conventions every CLI of the apps shares: flag types with ranges, up-front
 checks of outputs, and one clear line (exit status 2) for a user's error.
 
     parser.add_argument("--batch-size", type=positive_int, default=32)
