@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks import measurement
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -52,7 +52,7 @@ def measure(serving, predictor, reviews, batch_size, repeats):
     batch = list(itertools.islice(itertools.cycle(reviews), batch_size))
     strings = tf.constant(batch)
     ids = predictor.token_ids(batch)
-    best = common.best_seconds_round_robin(
+    best = measurement.best_seconds_round_robin(
         {
             "saved_model": lambda: serving(reviews=strings),
             "onnx": lambda: predictor.predict(batch),
@@ -75,7 +75,7 @@ def measure(serving, predictor, reviews, batch_size, repeats):
 
 
 def main(argv=None):
-    parser = common.parse_args(
+    parser = measurement.parse_args(
         __doc__.splitlines()[0],
         batch_sizes=dict(type=int, nargs="+", default=[1, 32]),
         repeats=dict(type=int, default=20),
@@ -90,11 +90,11 @@ def main(argv=None):
             vocabulary_size=200, max_tokens=32, sequence_length=32, embedding_dim=8, num_heads=2,
             intermediate_dim=8, bigram_buckets=64,
         )
-    reviews = [text for text, _ in common.imdb_test_reviews(reviews_count)]
+    reviews = [text for text, _ in measurement.imdb_test_reviews(reviews_count)]
     with tempfile.TemporaryDirectory(prefix="export_latency_") as directory:
         serving, predictor = export_classifier(config, reviews, directory)
         rows = [measure(serving, predictor, reviews, batch, args.repeats) for batch in args.batch_sizes]
-    common.print_table(
+    measurement.print_table(
         rows,
         [
             ("batch", "batch", "{}"),
@@ -107,7 +107,7 @@ def main(argv=None):
         ],
     )
     payload = {"config": {**{k: v for k, v in vars(args).items() if k != "output"}, "model": config.to_dict()}}
-    common.write_results("export_latency" + ("_smoke" if args.smoke else ""), {**payload, "rows": rows}, args.output)
+    measurement.write_results("export_latency" + ("_smoke" if args.smoke else ""), {**payload, "rows": rows}, args.output)
     return rows
 
 

@@ -1,4 +1,5 @@
-"""Shared harness of the benchmark scripts: timing, the matmul peak, tables and JSON results.
+"""How every benchmark script measures and reports: timing (round robin, the matmul peak), memory
+(peak RSS, a watched child process per case), the machine and its load, tables and JSON results.
 
 Every script measures its peer in the same run and reports ratios, so figures from a noisy,
 shared machine stay comparable. Results go to `benchmarks/results/<name>.json` (atomic write).
