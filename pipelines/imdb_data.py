@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from models.export_manifest import file_sha256
-from pipelines.common import bucket_boundaries
+from pipelines.batching import bucket_boundaries
 
 DATA_ENV_VARS = ("KERAS_ATTN_DATA", "IMDB_DATA_DIR")
 CACHE_ENV_VAR = "KERAS_ATTN_CACHE"

@@ -22,9 +22,10 @@ from appkit.files import write_json_atomic
 from export import serving_layout
 from export.imdb_export import export_and_verify
 from export.imdb_export import verification_reviews
-from pipelines import common
 from pipelines import imdb_report
+from pipelines import resumable_training
 from pipelines import train_imdb
+from pipelines import training
 
 _VERIFICATION_POOL = 2_000  # test reviews the verification picks its varied lengths from
 PROG = "python -m pipelines.main_job"
@@ -51,7 +52,7 @@ def main(argv=None):
     started = time.perf_counter()
     export_args, train_args = parse_args(argv)
     if train_args.cpu_devices:
-        common.split_cpu(train_args.cpu_devices)  # before TensorFlow initialises its devices
+        training.split_cpu(train_args.cpu_devices)  # before TensorFlow initialises its devices
     with user_errors_exit(PROG, train_args.debug):
         # Both outputs are proved writable before hours of training, not after.
         require_writable_directory(train_args.output_dir, "--output-dir")
@@ -83,8 +84,8 @@ def main(argv=None):
     }
     report_started = time.perf_counter()
     imdb_report.write_report(
-        run.output_dir / "report.html", summary, common.read_history(run.output_dir), run.model, run.vectorizer,
-        run.config, run.splits.test,
+        run.output_dir / "report.html", summary, resumable_training.read_history(run.output_dir), run.model,
+        run.vectorizer, run.config, run.splits.test,
     )
     summary["report_seconds"] = round(time.perf_counter() - report_started, 1)
     summary["main_job_seconds"] = round(time.perf_counter() - started, 1)

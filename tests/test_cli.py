@@ -158,6 +158,7 @@ def test_debug_shows_the_error_itself(tmp_path):
         (cli.non_negative_float, {"0": 0.0, "0.05": 0.05}, ["-0.01", "nan", "inf"]),
         (cli.fraction, {"0": 0.0, "0.5": 0.5, "0.999": 0.999}, ["1", "-0.1", "nan", "2"]),
         (cli.parse_bool, {"true": True, "False": False}, ["yes", "1", ""]),
+        (cli.comma_separated, {"mean": ("mean",), "mean,max": ("mean", "max")}, []),
     ],
 )
 def test_flag_types(parse, good, bad):
