@@ -2,8 +2,8 @@
 
 A freshly built classifier (`models.sentiment_classifier`, default configuration, untrained:
 latency does not depend on the weights) with a vocabulary adapted on real IMDB reviews is
-exported with the project's exporters (`export.savedmodel.write_savedmodel`,
-`export.onnx_export.write_onnx_bundle`) into a temporary directory, reloaded, and timed on real
+exported with the project's exporters (`export.imdb.savedmodel.write_savedmodel`,
+`export.imdb.onnx_bundle.write_onnx_bundle`) into a temporary directory, reloaded, and timed on real
 reviews at batch 1 and 32 (in turn, `--repeats` times, best time each), end to end from raw
 strings:
 
@@ -25,9 +25,9 @@ from benchmarks import measurement
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from export.onnx_export import write_onnx_bundle  # noqa: E402
-from export.onnx_predictor import OnnxSentimentPredictor  # noqa: E402
-from export.savedmodel import write_savedmodel  # noqa: E402
+from export.imdb.onnx_bundle import write_onnx_bundle  # noqa: E402
+from export.imdb.onnx_predictor import OnnxSentimentPredictor  # noqa: E402
+from export.imdb.savedmodel import write_savedmodel  # noqa: E402
 from models.sentiment_classifier import SentimentClassifierConfig  # noqa: E402
 from models.sentiment_classifier import build_sentiment_classifier  # noqa: E402
 from models.imdb_text import adapt_review_vectorizer  # noqa: E402

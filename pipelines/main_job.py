@@ -4,7 +4,7 @@
 
 Trains with the default configuration on the shipped data (`pipelines.train_imdb`), evaluates on
 the official test split, exports the SavedModel (TF Serving layout) and the ONNX bundle, verifies
-both against the Keras model on real test reviews of varied lengths (`export.imdb_export`), and prints
+both against the Keras model on real test reviews of varied lengths (`export.imdb.verified_export`), and prints
 a final summary: test accuracy, training time, export paths, parity figures. The summary is also
 written to `<output-dir>/main_job.json`, beside `<output-dir>/report.html`: a self-contained page
 with those figures, the learning curves, the test confusion matrix and the attention maps of a
@@ -20,8 +20,8 @@ from appkit.cli import require_writable_directory
 from appkit.cli import user_errors_exit
 from appkit.files import write_json_atomic
 from export import serving_layout
-from export.imdb_export import export_and_verify
-from export.imdb_export import verification_reviews
+from export.imdb.verified_export import export_and_verify
+from export.imdb.verified_export import verification_reviews
 from pipelines import imdb_report
 from pipelines import resumable_training
 from pipelines import train_imdb

@@ -12,7 +12,7 @@ resumes training from the last finished epoch. After training, the best checkpoi
 the test split: token accuracy (teacher forcing) and BLEU (sacrebleu on detokenised greedy or
 beam-search translations). `<output-dir>/summary.json` holds the data counts, model, time, figures
 and example translations; `translator.keras` and `run_config.json` are what `pipelines.translate`
-and `export.translator_export` read. `--evaluate-only` re-scores a finished run (e.g. with
+and `python -m export.translator` read. `--evaluate-only` re-scores a finished run (e.g. with
 `--beam-size 4`). Training also writes `<output-dir>/report.html` (`pipelines.translator_report`):
 BLEU, curves and the cross-attention alignments of the example sentences, offline. On CPUs with bfloat16 units `--mixed-precision mixed_bfloat16` about halves the
 training time (measured 2.1x on AVX512-BF16); the saved model is float32 either way.

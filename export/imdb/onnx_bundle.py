@@ -1,4 +1,4 @@
-"""ONNX export of the token-id classifier, bundled with what a client needs to tokenise.
+"""ONNX export of the IMDB token-id classifier, bundled with what a client needs to tokenise.
 
 String ops do not convert to ONNX, so the ONNX graph starts at token ids: input `token_ids`
 (int32 `[batch, length]`, both dynamic, 0 = padding), output `probability` (float32
@@ -8,7 +8,7 @@ String ops do not convert to ONNX, so the ONNX graph starts at token ids: input 
     vocabulary.txt     the training vocabulary (line i = id 2 + i)
     tokenizer.json     standardisation rules, reserved ids, sequence length
     onnx_predictor.py  a NumPy + onnxruntime predictor applying them (a copy of
-                       export/onnx_predictor.py; the bundle needs no project code)
+                       export/imdb/onnx_predictor.py; the bundle needs no project code)
     export_manifest.py the integrity check it runs first (a copy of models/export_manifest.py)
     manifest.json      SHA-256 and size of every file, model id, vocabulary size
 """
@@ -22,7 +22,7 @@ import tf2onnx
 
 import keras_attn
 
-from export import onnx_predictor
+from export.imdb import onnx_predictor
 from models import export_manifest
 from models.imdb_text import MODEL_ID
 from models.imdb_text import tokenizer_rules
