@@ -12,11 +12,10 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from export.onnx_conversion import convert
 from models.decoding import cross_attention_caches
 from models.decoding import decoder_step
 from models.vocabulary import PADDING_ID
-
-ONNX_OPSET = 18
 
 
 def _stacked_caches(model):
@@ -84,17 +83,13 @@ def _dynamic_update_slice_to_onnx(ctx, node, name, args):
 
 
 def write_onnx(model, vectorizers, directory):
-    import tf2onnx
-
     os.makedirs(directory, exist_ok=True)
     encoder, step = onnx_functions(model)
     for name, function in (("encoder", encoder), ("decoder_step", step)):
-        tf2onnx.convert.from_function(
+        convert(
             function,
-            input_signature=function.input_signature,
-            opset=ONNX_OPSET,
+            os.path.join(directory, f"{name}.onnx"),
             custom_op_handlers={"XlaDynamicUpdateSlice": (_dynamic_update_slice_to_onnx, [])},
-            output_path=os.path.join(directory, f"{name}.onnx"),
         )
     layers, heads, head_dim = _stacked_caches(model)
     with open(os.path.join(directory, "decoding.json"), "w", encoding="utf-8") as handle:
