@@ -25,7 +25,7 @@ import argparse
 import json
 import sys
 
-from benchmarks import common
+from benchmarks import measurement
 
 LENGTHS = (1024, 4096, 16384, 65536)
 CASES = ("dense", "blockwise", "blockwise_causal", "lsh", "linformer", "linear_elu", "favor", "linear_elu_causal")
@@ -66,8 +66,8 @@ def run_child(name, mode, length, width, heads):
 
     layer, call = build_case(name, length, width, heads)
     inputs = tf.random.normal((1, length, width), seed=0)
-    seconds, baseline = common.time_one_step(layer, call, mode, inputs)
-    peak = common.peak_rss_gb()
+    seconds, baseline = measurement.time_one_step(layer, call, mode, inputs)
+    peak = measurement.peak_rss_gb()
     print(json.dumps({"seconds": seconds, "peak_rss_gb": peak, "baseline_rss_gb": baseline, "call_gb": peak - baseline}))
 
 
@@ -98,7 +98,7 @@ def measure(name, mode, length, previous, args):
         "-m", "benchmarks.attention_families_scaling", "--child", "--case", name,
         "--mode", mode, "--length", str(length), "--width", str(args.width), "--heads", str(args.heads),
     ]
-    return {**row, **common.run_watched_child(arguments, args.cap_gb, args.max_seconds)}
+    return {**row, **measurement.run_watched_child(arguments, args.cap_gb, args.max_seconds)}
 
 
 def add_ratios(rows):
@@ -126,7 +126,7 @@ def growth(rows):
 
 
 def main(argv=None):
-    parser = common.parse_args(
+    parser = measurement.parse_args(
         __doc__.splitlines()[0],
         lengths=dict(type=int, nargs="*", default=list(LENGTHS)),
         cases=dict(nargs="*", choices=CASES, default=list(DEFAULT_CASES)),
@@ -158,7 +158,7 @@ def main(argv=None):
                     break  # longer lengths will not fit either
                 previous = row if row["status"] == "ok" else previous
     add_ratios(rows)
-    common.print_table(
+    measurement.print_table(
         rows,
         [
             ("mode", "mode", "{}"),
@@ -175,7 +175,7 @@ def main(argv=None):
     )
     config = {k: v for k, v in vars(args).items() if k not in ("output", "child", "case", "mode", "length")}
     name = "attention_families_scaling" + ("_smoke" if args.smoke else "")
-    common.write_results(name, {"config": config, "rows": rows, "memory_growth": growth(rows)}, args.output)
+    measurement.write_results(name, {"config": config, "rows": rows, "memory_growth": growth(rows)}, args.output)
     return rows
 
 

@@ -24,7 +24,7 @@ the ratios come from the same run.
 import functools
 import sys
 
-from benchmarks import common
+from benchmarks import measurement
 
 import tensorflow as tf  # noqa: E402
 
@@ -109,7 +109,7 @@ def candidates_for(stack, steps, width, loop_tokens, jit_compile):
 
 def measure(stack, steps, width, repeats, loop_tokens, jit_compile):
     candidates = candidates_for(stack, steps, width, loop_tokens, jit_compile)
-    best = common.best_seconds_round_robin(candidates, repeats)
+    best = measurement.best_seconds_round_robin(candidates, repeats)
     rows = []
     for mode, tokens_per_call in (("call", 1), ("loop", loop_tokens)):
         for step in steps:
@@ -132,7 +132,7 @@ def measure(stack, steps, width, repeats, loop_tokens, jit_compile):
 
 
 def main(argv=None):
-    parser = common.parse_args(
+    parser = measurement.parse_args(
         __doc__.splitlines()[0],
         steps=dict(type=int, nargs="+", default=list(DEFAULT_STEPS)),
         layers=dict(type=int, default=4),
@@ -150,7 +150,7 @@ def main(argv=None):
     rows = []
     for jit_compile in args.jit_compile:
         rows.extend(measure(stack, args.steps, args.width, args.repeats, args.loop_tokens, bool(jit_compile)))
-    common.print_table(
+    measurement.print_table(
         rows,
         [
             ("jit_compile", "jit", "{}"),
@@ -163,7 +163,7 @@ def main(argv=None):
         ],
     )
     config = {k: v for k, v in vars(args).items() if k != "output"}
-    common.write_results("cached_decoding" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
+    measurement.write_results("cached_decoding" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
     return rows
 
 

@@ -18,9 +18,9 @@ import argparse
 import json
 import sys
 
-from benchmarks import common
+from benchmarks import measurement
 
-import keras  # noqa: E402  (after common sets the backend)
+import keras  # noqa: E402  (after measurement sets the backend)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -94,7 +94,7 @@ def run_child(args):
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")  # VmHWM := VmRSS
     before = _memory_gb("VmRSS")
-    common._materialise(step())
+    measurement._materialise(step())
     peak = _memory_gb("VmHWM")
     print(json.dumps({"peak_rss_gb": peak, "step_gb": peak - before, "rss_before_step_gb": before}))
 
@@ -106,14 +106,14 @@ def measure_length(length, args):
     candidates = models(args)
     probe = tokens[:, :-1]
     difference = float(tf.reduce_max(tf.abs(candidates["converted"](probe) - candidates["keras"](probe))))
-    best = common.best_seconds_round_robin({name: training_step(m, tokens) for name, m in candidates.items()}, args.repeats)
+    best = measurement.best_seconds_round_robin({name: training_step(m, tokens) for name, m in candidates.items()}, args.repeats)
     rows = []
     for name in MODELS:
         arguments = [
             "-m", "benchmarks.convert_speed", "--child", "--model", name, "--length", str(length),
             *(f"--{flag}={getattr(args, flag)}" for flag in ("tokens", "width", "heads", "blocks", "vocabulary", "implementation")),
         ]
-        memory = common.run_watched_child(arguments, args.cap_gb)
+        memory = measurement.run_watched_child(arguments, args.cap_gb)
         rows.append({
             "length": length, "batch": batch, "model": name, "ms_per_step": best[name] * 1e3,
             "tokens_per_s": batch * length / best[name], "max_output_difference": difference,
@@ -131,7 +131,7 @@ def measure_length(length, args):
 
 
 def main(argv=None):
-    parser = common.parse_args(
+    parser = measurement.parse_args(
         __doc__.splitlines()[0],
         lengths=dict(type=int, nargs="+", default=[512, 4096]),
         tokens=dict(type=int, default=4096, help="tokens per step; batch = tokens // length"),
@@ -154,7 +154,7 @@ def main(argv=None):
     rows = []
     for length in args.lengths:
         rows.extend(measure_length(length, args))
-    common.print_table(
+    measurement.print_table(
         rows,
         [
             ("length", "length", "{}"),
@@ -172,7 +172,7 @@ def main(argv=None):
         ],
     )
     config = {k: v for k, v in vars(args).items() if k not in ("output", "child", "model", "length")}
-    common.write_results("convert_speed" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
+    measurement.write_results("convert_speed" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
     return rows
 
 

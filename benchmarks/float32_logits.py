@@ -10,7 +10,7 @@ in float16) with Q·Kᵀ computed in float16 and cast to float32 afterwards. Bot
     python -m benchmarks.float32_logits
 """
 
-from benchmarks import common
+from benchmarks import measurement
 
 import tensorflow as tf  # noqa: E402
 
@@ -47,7 +47,7 @@ def measure(batch, lengths, heads, depth, repeats):
     for length in lengths:
         inputs = [tf.random.normal((batch, length, heads, depth), dtype=tf.float16) for _ in range(3)]
         scale = depth**-0.5
-        best = common.best_seconds_round_robin(
+        best = measurement.best_seconds_round_robin(
             {
                 "float32": train_step(keras_attn_attention, inputs, scale),
                 "float16": train_step(float16_logits_attention, inputs, scale),
@@ -64,7 +64,7 @@ def measure(batch, lengths, heads, depth, repeats):
 
 
 def main(argv=None):
-    parser = common.parse_args(
+    parser = measurement.parse_args(
         __doc__.splitlines()[0],
         lengths=dict(type=int, nargs="+", default=[256, 512, 1024]),
         batch=dict(type=int, default=8),
@@ -76,7 +76,7 @@ def main(argv=None):
     if args.smoke:
         args.lengths, args.batch, args.heads, args.depth, args.repeats = [16], 1, 2, 8, 2
     rows = measure(args.batch, args.lengths, args.heads, args.depth, args.repeats)
-    common.print_table(
+    measurement.print_table(
         rows,
         [
             ("length", "length", "{}"),
@@ -85,7 +85,7 @@ def main(argv=None):
             ("float32_over_float16", "float32 / float16", "{:.2f}"),
         ],
     )
-    common.write_results(
+    measurement.write_results(
         "float32_logits_smoke" if args.smoke else "float32_logits",
         {"config": vars(args), "rows": rows},
         args.output,

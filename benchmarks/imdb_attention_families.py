@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 
-from benchmarks import common
+from benchmarks import measurement
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -321,13 +321,13 @@ def write_table(rows, families, args):
         row["accuracy_vs_dense"] = row["test_accuracy"] / dense if dense else None
     config = {k: v for k, v in vars(args).items() if k not in ("output", "family", "row_output")}
     missing = [family for family in families if family not in {row["family"] for row in rows}]
-    common.write_results("imdb_attention_families" + ("_smoke" if args.smoke else ""),
+    measurement.write_results("imdb_attention_families" + ("_smoke" if args.smoke else ""),
                          {"config": config, "rows": rows, "families_missing": missing}, args.output)
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = common.parse_args(
+    parser = measurement.parse_args(
         __doc__.splitlines()[0],
         families=dict(default=",".join(LRA_TEXT), help="comma-separated families to run"),
         train_examples=dict(type=int, default=25_000, help="training reviews (one held out)"),
@@ -368,7 +368,7 @@ def main(argv=None):
         tokenised_reviews(args)  # once, before the families start
         rows = run_families(families, argv, args.workers, lambda done: write_table(done, families, args))
     write_table(rows, families, args)
-    common.print_table(
+    measurement.print_table(
         rows,
         [
             ("family", "family", "{}"),

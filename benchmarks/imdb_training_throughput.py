@@ -15,7 +15,7 @@ import inspect
 import sys
 import time
 
-from benchmarks import common
+from benchmarks import measurement
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -58,7 +58,7 @@ def build_models(config):
 
 
 def training_data(config, count, batch_size):
-    reviews = common.imdb_test_reviews(count)
+    reviews = measurement.imdb_test_reviews(count)
     texts = tf.constant([text for text, _ in reviews])
     labels = tf.constant([[float(label)] for _, label in reviews])
     vectorizer = adapt_review_vectorizer(tf.data.Dataset.from_tensor_slices(texts), config.vocabulary_size)
@@ -79,7 +79,7 @@ class EpochTimer(keras.callbacks.Callback):
 
 
 def main(argv=None):
-    parser = common.parse_args(
+    parser = measurement.parse_args(
         __doc__.splitlines()[0],
         examples=dict(type=int, default=512, help="real reviews per epoch"),
         batch_size=dict(type=int, default=32),
@@ -121,7 +121,7 @@ def main(argv=None):
     peer = rows[1]["examples_per_s"]
     for row in rows:
         row["speedup_vs_keras"] = row["examples_per_s"] / peer
-    common.print_table(
+    measurement.print_table(
         rows,
         [
             ("model", "model", "{}"),
@@ -136,7 +136,7 @@ def main(argv=None):
         "config": {**{k: v for k, v in vars(args).items() if k != "output"}, "model": config.to_dict()},
         "rows": rows,
     }
-    common.write_results("imdb_training_throughput" + ("_smoke" if args.smoke else ""), payload, args.output)
+    measurement.write_results("imdb_training_throughput" + ("_smoke" if args.smoke else ""), payload, args.output)
     return rows
 
 

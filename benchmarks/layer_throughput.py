@@ -14,9 +14,9 @@ with the layers at every length, so each fraction of it compares like with like.
 
 import sys
 
-from benchmarks import common
+from benchmarks import measurement
 
-import keras  # noqa: E402  (after common sets the backend)
+import keras  # noqa: E402  (after measurement sets the backend)
 import tensorflow as tf  # noqa: E402
 
 from keras_attn.multi_head_attention import MultiHeadAttention  # noqa: E402
@@ -60,14 +60,14 @@ def measure_length(length, args):
     batch = max(1, args.tokens // length)
     inputs = tf.random.normal((batch, length, args.width))
     flops = dense_work_flops(batch, length, args.width)
-    matmul, matmul_flops = common.matmul_step(256 if args.smoke else 1024)
+    matmul, matmul_flops = measurement.matmul_step(256 if args.smoke else 1024)
     steps = {("matmul peak", None): matmul}
     steps |= {
         (name, bool(jit_compile)): training_step(make_layer(), inputs, bool(args.causal), bool(jit_compile))
         for name, make_layer in layers(args.heads, args.width // args.heads, args.causal).items()
         for jit_compile in args.jit_compile
     }
-    best = common.best_seconds_round_robin(steps, args.repeats)
+    best = measurement.best_seconds_round_robin(steps, args.repeats)
     peak = matmul_flops / best.pop(("matmul peak", None)) / 1e9
     rows = [
         {
@@ -91,7 +91,7 @@ def measure_length(length, args):
 
 
 def main(argv=None):
-    parser = common.parse_args(
+    parser = measurement.parse_args(
         __doc__.splitlines()[0],
         lengths=dict(type=int, nargs="+", default=list(DEFAULT_LENGTHS)),
         tokens=dict(type=int, default=8192, help="tokens per step; batch = tokens // length"),
@@ -108,7 +108,7 @@ def main(argv=None):
     rows = []
     for length in args.lengths:
         rows.extend(measure_length(length, args))
-    common.print_table(
+    measurement.print_table(
         rows,
         [
             ("length", "length", "{}"),
@@ -124,7 +124,7 @@ def main(argv=None):
         ],
     )
     config = {k: v for k, v in vars(args).items() if k != "output"}
-    common.write_results(
+    measurement.write_results(
         "layer_throughput" + ("_smoke" if args.smoke else ""),
         {"config": config, "rows": rows},
         args.output,

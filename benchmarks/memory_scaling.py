@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from benchmarks import common
+from benchmarks import measurement
 
 FORWARD_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 BACKWARD_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -28,12 +28,12 @@ def run_child(layer_name, mode, length, width, heads):
 
     from keras_attn.multi_head_attention import MultiHeadAttention
 
-    baseline = common.peak_rss_gb()
+    baseline = measurement.peak_rss_gb()
     if layer_name == "keras":
         layer = keras.layers.MultiHeadAttention(heads, width // heads)
     else:
         layer = MultiHeadAttention(heads, width // heads)
-    common.report_causal_self_attention_call(layer, mode, length, width, baseline)
+    measurement.report_causal_self_attention_call(layer, mode, length, width, baseline)
 
 
 def measure(layer_name, mode, length, args):
@@ -43,11 +43,11 @@ def measure(layer_name, mode, length, args):
         "--layer", layer_name, "--mode", mode, "--length", str(length),
         "--width", str(args.width), "--heads", str(args.heads),
     ]
-    return {"layer": layer_name, "mode": mode, "length": length, **common.run_watched_child(arguments, args.cap_gb)}
+    return {"layer": layer_name, "mode": mode, "length": length, **measurement.run_watched_child(arguments, args.cap_gb)}
 
 
 def main(argv=None):
-    parser = common.parse_args(
+    parser = measurement.parse_args(
         __doc__.splitlines()[0],
         forward_lengths=dict(type=int, nargs="*", default=list(FORWARD_LENGTHS)),
         backward_lengths=dict(type=int, nargs="*", default=list(BACKWARD_LENGTHS)),
@@ -74,7 +74,7 @@ def main(argv=None):
                 if row["status"] != "ok":
                     break  # longer lengths will not fit either
     _add_ratios(rows)
-    common.print_table(
+    measurement.print_table(
         rows,
         [
             ("mode", "mode", "{}"),
@@ -89,7 +89,7 @@ def main(argv=None):
         ],
     )
     config = {k: v for k, v in vars(args).items() if k not in ("output", "child", "layer", "mode", "length")}
-    common.write_results("memory_scaling" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
+    measurement.write_results("memory_scaling" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
     return rows
 
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks import measurement
 from pipelines import imdb_data
 from pipelines import launch
 
@@ -73,7 +73,7 @@ def seconds_to_exit_after_a_kill(arguments, output_dir, timeout):
 
 
 def main(argv=None):
-    parser = common.parse_args(
+    parser = measurement.parse_args(
         __doc__.splitlines()[0],
         max_train=dict(type=int, default=1024, help="training reviews"),
         batch_size=dict(type=int, default=32, help="global batch"),
@@ -100,12 +100,12 @@ def main(argv=None):
         fault = training(1_000, "--checkpoint-every", "2")  # killed long before the end
         seconds, status = seconds_to_exit_after_a_kill(fault, Path(scratch) / "fault", args.collective_timeout)
     rows.append({"workers": 2, "kill_to_exit_seconds": seconds, "survivor_status": status})
-    common.print_table(rows, [("workers", "workers", "{}"), ("examples_per_second", "examples/s", "{:.1f}"),
+    measurement.print_table(rows, [("workers", "workers", "{}"), ("examples_per_second", "examples/s", "{:.1f}"),
                               ("two_over_one_worker", "2 / 1", "{:.2f}"),
                               ("kill_to_exit_seconds", "kill -> exit s", "{:.1f}"),
                               ("survivor_status", "exit status", "{}")])
     name = "multi_worker" + ("_smoke" if args.smoke else "")
-    common.write_results(name, {"settings": vars(args), "rows": rows}, args.output)
+    measurement.write_results(name, {"settings": vars(args), "rows": rows}, args.output)
     print(json.dumps(rows))
     return rows
 

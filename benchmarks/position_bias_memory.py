@@ -5,7 +5,7 @@ Batch 1, width 256, 8 heads, causal, `implementation="blockwise"`; the same
 `RelativePositionBias(8, bidirectional=False)`) and with no bias, forward and forward + backward
 (gradients of the weights, the table included, and of the input) inside `tf.function`. Each
 (bias, mode) runs in a fresh subprocess that reports its peak resident set size and the wall
-time of its one call (`benchmarks.common.run_watched_child` /
+time of its one call (`benchmarks.measurement.run_watched_child` /
 `report_causal_self_attention_call`, as `benchmarks.memory_scaling`); the ratios are to the no-bias run at the same mode and length.
 
     python -m benchmarks.position_bias_memory
@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from benchmarks import common
+from benchmarks import measurement
 
 BIASES = ("none", "alibi", "t5")
 MODES = ("forward", "forward_backward")
@@ -33,15 +33,15 @@ def run_child(bias_name, mode, length, width, heads):
     """In the child: builds the layer, traces, runs one step; prints a JSON line."""
     from keras_attn import MultiHeadAttention
 
-    baseline = common.peak_rss_gb()
+    baseline = measurement.peak_rss_gb()
     layer = MultiHeadAttention(
         heads, width // heads, implementation="blockwise", position_bias=_position_bias(bias_name, heads)
     )
-    common.report_causal_self_attention_call(layer, mode, length, width, baseline)
+    measurement.report_causal_self_attention_call(layer, mode, length, width, baseline)
 
 
 def main(argv=None):
-    parser = common.parse_args(
+    parser = measurement.parse_args(
         __doc__.splitlines()[0],
         length=dict(type=int, default=65536),
         biases=dict(nargs="*", choices=BIASES, default=["none", "alibi"]),
@@ -66,11 +66,11 @@ def main(argv=None):
                 "--mode", mode, "--length", str(args.length), "--width", str(args.width), "--heads", str(args.heads),
             ]
             row = {"bias": bias_name, "mode": mode, "length": args.length}
-            row.update(common.run_watched_child(arguments, args.cap_gb))
+            row.update(measurement.run_watched_child(arguments, args.cap_gb))
             rows.append(row)
             print(json.dumps(row), flush=True)
     _add_ratios(rows)
-    common.print_table(
+    measurement.print_table(
         rows,
         [
             ("mode", "mode", "{}"),
@@ -86,7 +86,7 @@ def main(argv=None):
     )
     config = {k: v for k, v in vars(args).items() if k not in ("output", "child", "bias", "mode")}
     name = "position_bias_memory" + ("_smoke" if args.smoke else "")
-    common.write_results(name, {"config": config, "rows": rows}, args.output)
+    measurement.write_results(name, {"config": config, "rows": rows}, args.output)
     return rows
 
 

@@ -32,15 +32,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks import measurement
 
 import numpy as np  # noqa: E402
 import onnxruntime  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from export.onnx_export import write_onnx_bundle  # noqa: E402
-from export.onnx_predictor import OnnxSentimentPredictor  # noqa: E402
-from export.savedmodel import write_savedmodel  # noqa: E402
+from export.imdb.onnx_bundle import write_onnx_bundle  # noqa: E402
+from export.imdb.onnx_predictor import OnnxSentimentPredictor  # noqa: E402
+from export.imdb.savedmodel import write_savedmodel  # noqa: E402
 from models.imdb_text import adapt_review_vectorizer  # noqa: E402
 from models.imdb_text import dense_token_ids  # noqa: E402
 from models.imdb_text import save_review_vocabulary  # noqa: E402
@@ -137,7 +137,7 @@ def check_agreement(runtimes, reviews):
 
 
 def main(argv=None):
-    parser = common.parse_args(
+    parser = measurement.parse_args(
         __doc__.splitlines()[0],
         batch_sizes=dict(type=int, nargs="+", default=[1, 32]),
         clients=dict(type=int, default=8, help="concurrent client threads of the loaded runs"),
@@ -155,7 +155,7 @@ def main(argv=None):
             vocabulary_size=200, max_tokens=32, sequence_length=32, embedding_dim=8, num_heads=2,
             intermediate_dim=8, bigram_buckets=64,
         )
-    reviews = [text for text, _ in common.imdb_test_reviews(reviews_count)]
+    reviews = [text for text, _ in measurement.imdb_test_reviews(reviews_count)]
     rows = []
     with tempfile.TemporaryDirectory(prefix="serving_latency_") as directory:
         runtimes = exported_runtimes(config, reviews, directory, args.ort_threads)
@@ -163,7 +163,7 @@ def main(argv=None):
         for batch, clients in itertools.product(args.batch_sizes, sorted({1, args.clients})):
             request_count = args.requests if batch == 1 else max(args.requests // 4, 1)
             rows += measure(runtimes, reviews, batch, clients, request_count, args.server_threads)
-    common.print_table(
+    measurement.print_table(
         rows,
         [
             ("runtime", "runtime", "{}"),
@@ -183,7 +183,7 @@ def main(argv=None):
         "config": {**{k: v for k, v in vars(args).items() if k != "output"}, "model": config.to_dict()},
         "max_abs_probability_difference": agreement,
     }
-    common.write_results("serving_latency" + ("_smoke" if args.smoke else ""), {**payload, "rows": rows}, args.output)
+    measurement.write_results("serving_latency" + ("_smoke" if args.smoke else ""), {**payload, "rows": rows}, args.output)
     return rows
 
 

@@ -26,7 +26,7 @@ import json
 import os
 import sys
 
-from benchmarks import common
+from benchmarks import measurement
 
 LENGTHS = (4096, 16384, 65536)
 CASES = ("dense_causal", "causal_strided", "block_local")
@@ -56,7 +56,7 @@ def run_child(case, mode, length, heads, depth, stride, repeats):
     from keras_attn import patterns
     from keras_attn.attention_call import AttentionCall
 
-    baseline = common.peak_rss_gb()
+    baseline = measurement.peak_rss_gb()
     arguments = case_arguments(case, stride)
     query, key, value = (tf.random.normal((1, length, heads, depth)) for _ in range(3))
     pattern = patterns.from_shorthands(arguments.get("pattern"), arguments.get("is_causal", False))
@@ -74,12 +74,12 @@ def run_child(case, mode, length, heads, depth, stride, repeats):
         return tape.gradient(loss, [query, key, value])
 
     step = tf.function(forward if mode == "forward" else forward_backward)
-    seconds = common.best_seconds_round_robin({case: lambda: step(query, key, value)}, rounds=repeats)[case]
-    print(json.dumps({"kernel": kernel, "seconds": seconds, "peak_rss_gb": common.peak_rss_gb(), "baseline_rss_gb": baseline}))
+    seconds = measurement.best_seconds_round_robin({case: lambda: step(query, key, value)}, rounds=repeats)[case]
+    print(json.dumps({"kernel": kernel, "seconds": seconds, "peak_rss_gb": measurement.peak_rss_gb(), "baseline_rss_gb": baseline}))
 
 
 def main(argv=None):
-    parser = common.parse_args(
+    parser = measurement.parse_args(
         __doc__.splitlines()[0],
         lengths=dict(type=int, nargs="*", default=list(LENGTHS)),
         cases=dict(nargs="*", choices=CASES, default=list(CASES)),
@@ -112,7 +112,7 @@ def main(argv=None):
     _add_ratios(rows)
     finished = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rows = [{**row, "run_finished_utc": finished} for row in rows]
-    common.print_table(
+    measurement.print_table(
         rows,
         [
             ("mode", "mode", "{}"),
@@ -130,8 +130,8 @@ def main(argv=None):
     name = "sparse_patterns" + ("_smoke" if args.smoke else "")
     payload = {"config": config, "rows": rows}
     if args.update:
-        payload = _updated(args.output or os.path.join(common.RESULTS_DIR, f"{name}.json"), payload, finished)
-    common.write_results(name, payload, args.output)
+        payload = _updated(args.output or os.path.join(measurement.RESULTS_DIR, f"{name}.json"), payload, finished)
+    measurement.write_results(name, payload, args.output)
     return rows
 
 
@@ -159,7 +159,7 @@ def _measure(case, mode, length, args):
         "-m", "benchmarks.sparse_patterns", "--child", "--case", case, "--mode", mode, "--length", str(length),
         "--heads", str(args.heads), "--depth", str(args.depth), "--stride", str(args.stride), "--repeats", str(repeats),
     ]
-    result = common.run_watched_child(command, args.cap_gb)
+    result = measurement.run_watched_child(command, args.cap_gb)
     if result.get("status") == "ok":
         result["attention_gb"] = result["peak_rss_gb"] - result["baseline_rss_gb"]
     return {**row, **result}

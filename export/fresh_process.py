@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-PROJECT_PACKAGES = ("keras_attn", "models", "pipelines", "export")
+PROJECT_PACKAGES = ("keras_attn", "appkit", "models", "pipelines", "export")
 
 _SERVE_SCRIPT = """
 import json, sys

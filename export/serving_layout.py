@@ -26,7 +26,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from models.files import write_text_atomic
+from appkit.files import write_text_atomic
 
 WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
 SIGNATURE = "serving_default"

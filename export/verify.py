@@ -15,10 +15,10 @@ Prints one line per version checked; a failure prints one line naming the file, 
 import argparse
 from pathlib import Path
 
+from appkit.cli import add_debug_flag
+from appkit.cli import user_errors_exit
 from export.fresh_process import ExportVerificationError
 from export.fresh_process import serve_in_fresh_process
-from models.cli import add_debug_flag
-from models.cli import user_errors_exit
 from models.export_manifest import MANIFEST
 from models.export_manifest import ExportIntegrityError
 from models.export_manifest import check_manifest

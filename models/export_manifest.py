@@ -27,7 +27,7 @@ class ExportIntegrityError(ValueError):
 
 
 def file_sha256(path):
-    """Hex SHA-256 of a file, read in 1 MiB blocks (`models.files` uses this one too)."""
+    """Hex SHA-256 of a file, read in 1 MiB blocks (the one definition: run files and data caches use it too)."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):

@@ -13,10 +13,10 @@ import os
 import keras
 import numpy as np
 
+from appkit.files import reading
+from appkit.files import write_json_atomic
 from models import translator  # noqa: F401  (registers the serialisable classes)
-from models.files import file_sha256
-from models.files import reading
-from models.files import write_json_atomic
+from models.export_manifest import file_sha256
 from models.parallel_text import orient_pairs
 from models.parallel_text import read_pairs
 from models.translation_text import TranslationVectorizers

@@ -6,7 +6,7 @@ ids are not in the file, which is the format `TextVectorization(vocabulary=path)
 """
 
 from keras_attn.token_and_position_embedding import PADDING_ID
-from models.files import write_text_atomic
+from appkit.files import write_text_atomic
 
 OOV_ID = 1
 FIRST_TOKEN_ID = 2

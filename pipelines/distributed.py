@@ -46,8 +46,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from models.cli import positive_int
-from pipelines import common
+from pipelines import resumable_training
 
 MULTI_WORKER = "multi_worker"
 TIMEOUT_SECONDS = 60
@@ -57,22 +56,6 @@ CHECKPOINTS = "checkpoints"
 
 class WorkerLostError(RuntimeError):
     """A collective did not complete: another worker died or stopped answering."""
-
-
-def add_strategy_arguments(parser):
-    """`--strategy` (`common.STRATEGIES` or `multi_worker`), `--checkpoint-every`, `--collective-timeout`."""
-    parser.add_argument(
-        "--strategy", choices=(*common.STRATEGIES, MULTI_WORKER), default="default",
-        help="multi_worker: MultiWorkerMirroredStrategy over the TF_CONFIG cluster (see pipelines.launch)",
-    )
-    parser.add_argument(
-        "--checkpoint-every", type=positive_int, default=CHECKPOINT_EVERY,
-        help="multi_worker: training steps between checkpoints (also one per epoch)",
-    )
-    parser.add_argument(
-        "--collective-timeout", type=positive_int, default=TIMEOUT_SECONDS,
-        help="multi_worker: seconds before a collective with a lost worker fails",
-    )
 
 
 def cluster_task():
@@ -436,7 +419,7 @@ def fit_distributed(
             checkpoint.restore(latest)
         with collectives():  # a lost worker: a clear error, never a hang
             trainer.check_same_step(_optimizer_step(optimizer), latest)
-            history = [row for row in common.read_history(output_dir) if row["epoch"] < int(state["epoch"])] if chief else []
+            history = [row for row in resumable_training.read_history(output_dir) if row["epoch"] < int(state["epoch"])] if chief else []
             writer = tf.summary.create_file_writer(str(write_dir / "tensorboard" / "train")) if chief else None
 
             def save():
@@ -464,12 +447,12 @@ def fit_distributed(
                     state["best"].assign(sign * logs[monitor])
                     state["stale_epochs"].assign(0)
                     if chief:
-                        model.save_weights(str(write_dir / common.BEST_WEIGHTS))
+                        model.save_weights(str(write_dir / resumable_training.BEST_WEIGHTS))
                 else:
                     state["stale_epochs"].assign_add(1)
                 if chief:
                     history.append(logs)
-                    common.write_history(write_dir / common.HISTORY_CSV, history)
+                    resumable_training.write_history(write_dir / resumable_training.HISTORY_CSV, history)
                     with writer.as_default(step=epoch):
                         for name, value in logs.items():
                             tf.summary.scalar(name, value)

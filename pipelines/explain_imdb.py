@@ -18,18 +18,18 @@ from pathlib import Path
 
 import numpy as np
 
+from appkit.cli import add_debug_flag
+from appkit.cli import positive_int
+from appkit.cli import require_writable_directory
+from appkit.cli import user_errors_exit
+from appkit.files import reading
 from models import imdb_text
-from models.files import reading
-from models.cli import add_debug_flag
-from models.cli import positive_int
-from models.cli import require_writable_directory
-from models.cli import user_errors_exit
 from models.review_attention import explain_review
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import training_model
 from models.vocabulary import read_vocabulary
-from pipelines import common
+from pipelines import resumable_training
 
 OUTPUT_SUFFIXES = (".html", ".png")
 
@@ -47,8 +47,8 @@ def load_classifier(run_dir):
     vocabulary = read_vocabulary(run_dir / "vocabulary.txt")
     vectorizer = imdb_text.review_vectorizer(config.vocabulary_size, vocabulary=vocabulary)
     model = build_sentiment_classifier(config)
-    with reading(run_dir / common.BEST_WEIGHTS, retrain):
-        training_model(model).load_weights(str(run_dir / common.BEST_WEIGHTS))
+    with reading(run_dir / resumable_training.BEST_WEIGHTS, retrain):
+        training_model(model).load_weights(str(run_dir / resumable_training.BEST_WEIGHTS))
     ensemble = summary["ensemble_weights"]
     model.get_layer("ensemble").set_weights(
         [np.asarray(ensemble["kernel"], "float32").reshape(-1, 1), np.asarray([ensemble["bias"]], "float32")]

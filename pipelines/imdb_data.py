@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from models.files import file_sha256
-from pipelines.common import bucket_boundaries
+from models.export_manifest import file_sha256
+from pipelines.batching import bucket_boundaries
 
 DATA_ENV_VARS = ("KERAS_ATTN_DATA", "IMDB_DATA_DIR")
 CACHE_ENV_VAR = "KERAS_ATTN_CACHE"

@@ -14,7 +14,7 @@ import numpy as np
 from keras_attn.visualization import explorer_html
 from keras_attn.visualization import figure_data_uri
 from keras_attn.visualization import token_highlight_html
-from models.files import write_text_atomic
+from appkit.files import write_text_atomic
 from models.review_attention import explain_review
 from pipelines import imdb_data
 from pipelines.run_report import image_html

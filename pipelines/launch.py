@@ -18,10 +18,10 @@ import sys
 import threading
 import time
 
-from models.cli import add_debug_flag
-from models.cli import non_negative_float
-from models.cli import positive_int
-from models.cli import user_errors_exit
+from appkit.cli import add_debug_flag
+from appkit.cli import non_negative_float
+from appkit.cli import positive_int
+from appkit.cli import user_errors_exit
 
 
 def free_ports(count):

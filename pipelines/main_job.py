@@ -4,7 +4,7 @@
 
 Trains with the default configuration on the shipped data (`pipelines.train_imdb`), evaluates on
 the official test split, exports the SavedModel (TF Serving layout) and the ONNX bundle, verifies
-both against the Keras model on real test reviews of varied lengths (`export.imdb_export`), and prints
+both against the Keras model on real test reviews of varied lengths (`export.imdb.verified_export`), and prints
 a final summary: test accuracy, training time, export paths, parity figures. The summary is also
 written to `<output-dir>/main_job.json`, beside `<output-dir>/report.html`: a self-contained page
 with those figures, the learning curves, the test confusion matrix and the attention maps of a
@@ -16,15 +16,16 @@ import json
 import sys
 import time
 
+from appkit.cli import require_writable_directory
+from appkit.cli import user_errors_exit
+from appkit.files import write_json_atomic
 from export import serving_layout
-from export.imdb_export import export_and_verify
-from export.imdb_export import verification_reviews
-from models.cli import require_writable_directory
-from models.cli import user_errors_exit
-from models.files import write_json_atomic
-from pipelines import common
+from export.imdb.verified_export import export_and_verify
+from export.imdb.verified_export import verification_reviews
 from pipelines import imdb_report
+from pipelines import resumable_training
 from pipelines import train_imdb
+from pipelines import training
 
 _VERIFICATION_POOL = 2_000  # test reviews the verification picks its varied lengths from
 PROG = "python -m pipelines.main_job"
@@ -51,7 +52,7 @@ def main(argv=None):
     started = time.perf_counter()
     export_args, train_args = parse_args(argv)
     if train_args.cpu_devices:
-        common.split_cpu(train_args.cpu_devices)  # before TensorFlow initialises its devices
+        training.split_cpu(train_args.cpu_devices)  # before TensorFlow initialises its devices
     with user_errors_exit(PROG, train_args.debug):
         # Both outputs are proved writable before hours of training, not after.
         require_writable_directory(train_args.output_dir, "--output-dir")
@@ -83,8 +84,8 @@ def main(argv=None):
     }
     report_started = time.perf_counter()
     imdb_report.write_report(
-        run.output_dir / "report.html", summary, common.read_history(run.output_dir), run.model, run.vectorizer,
-        run.config, run.splits.test,
+        run.output_dir / "report.html", summary, resumable_training.read_history(run.output_dir), run.model,
+        run.vectorizer, run.config, run.splits.test,
     )
     summary["report_seconds"] = round(time.perf_counter() - report_started, 1)
     summary["main_job_seconds"] = round(time.perf_counter() - started, 1)

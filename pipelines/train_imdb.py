@@ -25,25 +25,20 @@ from pathlib import Path
 
 import keras
 
+from appkit.cli import positive_int
+from appkit.cli import require_writable_directory
+from appkit.cli import user_errors_exit
+from appkit.files import write_json_atomic
 from models import imdb_text
-from models.cli import add_debug_flag
-from models.cli import config_flag_type
-from models.cli import fraction
-from models.cli import non_negative_float
-from models.cli import non_negative_int
-from models.cli import positive_float
-from models.cli import positive_int
-from models.cli import require_writable_directory
-from models.cli import user_errors_exit
 from models.sentiment_classifier import BRANCHES
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import fit_ensemble
 from models.sentiment_classifier import training_model
-from models.files import write_json_atomic
-from pipelines import common
 from pipelines import distributed
 from pipelines import imdb_data
+from pipelines import training
+from pipelines.batching import with_counted_batches
 
 SMOKE_MODEL = SentimentClassifierConfig(
     vocabulary_size=2_000,
@@ -82,42 +77,28 @@ PROG = "python -m pipelines.train_imdb"
 
 def parse_args(argv=None, prog=PROG):
     """The flags, each checked against its range: a bad value exits 2 with one line, before any work."""
-    defaults = SentimentClassifierConfig()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--data", help="IMDB archive or a directory holding it (see pipelines/imdb_data.py)")
     parser.add_argument("--cache-dir", help="decoded-data cache (default $KERAS_ATTN_CACHE or ~/.cache/keras_attn)")
     parser.add_argument("--no-download", action="store_true", help="never fall back to a TFDS download")
-    parser.add_argument("--output-dir", default="runs/imdb", help="checkpoints, logs, vocabulary, summary")
     parser.add_argument(
         "--smoke", action="store_true",
         help="tiny model and a few hundred reviews (tests); data and model flags given explicitly still win",
     )
-    parser.add_argument("--mixed-precision", choices=common.PRECISION_POLICIES[1:], help="dtype policy")
-    parser.add_argument("--jit-compile", action="store_true", help="XLA-compile the train/eval steps")
-    distributed.add_strategy_arguments(parser)
+    training.add_training_arguments(
+        parser, output_dir="runs/imdb", epochs=2, learning_rate=2e-3, weight_decay=0.05, warmup_fraction=0.1,
+        patience=2, jit_compile_help="XLA-compile the train/eval steps",
+    )
     parser.add_argument(
         "--cpu-devices", type=positive_int, help="split the CPU into N logical devices (mirrored training without GPUs)"
     )
-    parser.add_argument("--epochs", type=positive_int, default=2)
     parser.add_argument("--batch-size", type=positive_int, default=32)
-    parser.add_argument("--learning-rate", type=positive_float, default=2e-3)
-    parser.add_argument("--weight-decay", type=non_negative_float, default=0.05)
-    parser.add_argument("--warmup-fraction", type=fraction, default=0.1)
-    parser.add_argument("--patience", type=non_negative_int, default=2, help="EarlyStopping patience (epochs)")
     parser.add_argument(
         "--validation-size", type=positive_int, help=f"training reviews held out (default {VALIDATION_SIZE:,}; --smoke: 64)"
     )
     parser.add_argument("--max-train", type=positive_int, help="cap on training reviews")
     parser.add_argument("--max-test", type=positive_int, help="cap on test reviews")
-    parser.add_argument("--seed", type=non_negative_int, default=1337)
-    add_debug_flag(parser)
-    for field in dataclasses.fields(SentimentClassifierConfig):
-        flag = "--" + field.name.replace("_", "-")
-        if field.name == "pooling":
-            parser.add_argument(flag, help=f"comma-separated modes (default {','.join(defaults.pooling)})")
-        else:
-            default = getattr(defaults, field.name)
-            parser.add_argument(flag, type=config_flag_type(field.name, default), help=f"default {default}")
+    training.add_config_arguments(parser, SentimentClassifierConfig())
     args = parser.parse_args(argv)
     with user_errors_exit(prog, args.debug):
         model_config(args)  # the flags' combination (e.g. --sequence-length above --max-tokens)
@@ -126,13 +107,7 @@ def parse_args(argv=None, prog=PROG):
 
 def model_config(args):
     """The default (or smoke) configuration, overridden by the model flags given."""
-    base = SMOKE_MODEL if args.smoke else SentimentClassifierConfig()
-    overrides = {}
-    for field in dataclasses.fields(SentimentClassifierConfig):
-        value = getattr(args, field.name)
-        if value is not None:
-            overrides[field.name] = tuple(value.split(",")) if field.name == "pooling" else value
-    return dataclasses.replace(base, **overrides)
+    return training.configured(SMOKE_MODEL if args.smoke else SentimentClassifierConfig(), args)
 
 
 def data_limits(args):
@@ -145,16 +120,13 @@ def data_limits(args):
 
 def train(args):
     """Runs data -> vectoriser -> fit -> best weights -> evaluation; returns a `TrainingRun`."""
-    multi_worker = args.strategy == distributed.MULTI_WORKER
     # Only the chief writes the run's directory; other workers write into a temporary one.
-    output_dir = distributed.worker_output_dir(args.output_dir) if multi_worker else Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    keras.utils.set_random_seed(args.seed)
-    policy = common.set_precision(args.mixed_precision)
-    if multi_worker:
-        strategy = distributed.multi_worker_strategy(args.collective_timeout)
+    if args.strategy == distributed.MULTI_WORKER:
+        output_dir = distributed.worker_output_dir(args.output_dir)
     else:
-        strategy = common.make_strategy(args.strategy)
+        output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    policy, strategy = training.set_up(args)
     config = model_config(args)
 
     cache = imdb_data.load_cache(args.data, args.cache_dir, allow_download=not args.no_download)
@@ -171,10 +143,10 @@ def train(args):
 
     # Tokenised once and cached: the idf adaptation and every training epoch read the same ids.
     train_ids = imdb_data.token_ids(splits.train, vectorizer, config.max_tokens)
-    train_batches = common.with_counted_batches(batches(train_ids, shuffle=True, seed=args.seed, drop_remainder=True))
+    train_batches = with_counted_batches(batches(train_ids, shuffle=True, seed=args.seed, drop_remainder=True))
     # Counted once: Keras shows the steps from the first epoch and warns of no "ran out of data".
     validation_batches, test_batches = (
-        common.with_counted_batches(batches(imdb_data.token_ids(split, vectorizer, config.max_tokens)))
+        with_counted_batches(batches(imdb_data.token_ids(split, vectorizer, config.max_tokens)))
         for split in (splits.validation, splits.test)
     )
     total_steps = args.epochs * int(train_batches.cardinality())
@@ -190,7 +162,7 @@ def train(args):
         # Each branch learns from its own loss; the accuracy followed is the ensemble's.
         trainer = training_model(model)
         trainer.compile(
-            optimizer=common.adamw_with_warmup(
+            optimizer=training.adamw_with_warmup(
                 args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay
             ),
             loss={branch: keras.losses.BinaryCrossentropy() for branch in BRANCHES},
@@ -199,69 +171,42 @@ def train(args):
             },
             jit_compile=args.jit_compile,
         )
-    if multi_worker:
-        # model.fit fails under MultiWorkerMirroredStrategy (keras#20585): our own step.
-        with strategy.scope():
-            optimizer = distributed.loss_scaled(
-                common.adamw_with_warmup(args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay), policy
-            )
-        fitted = distributed.fit_distributed(
-            strategy,
-            trainer,
-            optimizer,
-            distributed.unreduced({branch: keras.losses.BinaryCrossentropy() for branch in BRANCHES}),
-            {f"{name}_accuracy": distributed.accuracy(name) for name in (*BRANCHES, "probability")},
-            lambda epoch: batches(train_ids, shuffle=True, seed=args.seed + epoch, drop_remainder=True).map(every_output),
-            validation_batches.map(every_output),
-            epochs=args.epochs,
-            output_dir=args.output_dir,
-            monitor=MONITOR,
-            mode=MONITOR_MODE,
-            patience=args.patience,
-            checkpoint_every=args.checkpoint_every,
-            jit_compile=args.jit_compile,
-        )
-        epochs, epochs_this_invocation = fitted.history, fitted.epochs_this_invocation
-        resumed_from = fitted.first_epoch or None  # the history is the chief's only
-        common.restore_best_weights(trainer, args.output_dir)  # the chief's, on every worker
-        with strategy.scope():
-            ensemble = fit_ensemble(model, validation_batches)
-        validation = {"accuracy": fitted.trainer.evaluate(validation_batches.map(every_output))["probability_accuracy"]}
-        test = fitted.trainer.evaluate(test_batches.map(every_output))
+    fitted = training.fit(
+        args,
+        strategy,
+        policy,
+        trainer,
+        total_steps,
+        train_batches.map(every_output),
+        validation_batches.map(every_output),
+        monitor=MONITOR,
+        mode=MONITOR_MODE,
+        losses={branch: keras.losses.BinaryCrossentropy() for branch in BRANCHES},
+        metrics={f"{name}_accuracy": distributed.accuracy(name) for name in (*BRANCHES, "probability")},
+        epoch_batches=lambda epoch: batches(
+            train_ids, shuffle=True, seed=args.seed + epoch, drop_remainder=True
+        ).map(every_output),
+    )
+    with strategy.scope():
+        ensemble = fit_ensemble(model, validation_batches)
+    if fitted.distributed_trainer is not None:  # global figures: every worker evaluates its share
+        validation = {
+            "accuracy": fitted.distributed_trainer.evaluate(validation_batches.map(every_output))["probability_accuracy"]
+        }
+        test = fitted.distributed_trainer.evaluate(test_batches.map(every_output))
     else:
-        callbacks = common.training_callbacks(output_dir, monitor=MONITOR, mode=MONITOR_MODE, patience=args.patience)
-        history = trainer.fit(
-            train_batches.map(every_output),
-            validation_data=validation_batches.map(every_output),
-            epochs=args.epochs,
-            callbacks=callbacks,
-            shuffle=False,  # the dataset shuffles itself (Keras would warn each epoch)
-        )
-        epochs_this_invocation = len(history.epoch)
-        common.restore_best_weights(trainer, output_dir)
-        with strategy.scope():
-            ensemble = fit_ensemble(model, validation_batches)
         validation = model.evaluate(validation_batches, return_dict=True, verbose=0)
         test = trainer.evaluate(test_batches.map(every_output), return_dict=True, verbose=0)
-        epochs = common.read_history(output_dir)
-        resumed_from = common.resumed_from_epoch(len(epochs), epochs_this_invocation)
+    epochs = fitted.history
     training_seconds = sum(epoch["epoch_seconds"] for epoch in epochs)
     summary = {
         "data": {"source": splits.source, "cache": str(cache.directory), **splits.counts},
         "model": config.to_dict(),
         "parameters": model.count_params(),
         "vocabulary": str(vocabulary_path),
-        "precision": policy,
-        "jit_compile": args.jit_compile,
-        "strategy": args.strategy,
-        "replicas": strategy.num_replicas_in_sync,
+        **training.run_summary(args, policy, strategy, fitted),
         "batch_size": args.batch_size,
-        "learning_rate": args.learning_rate,
         "weight_decay": args.weight_decay,
-        "epochs_run": len(epochs),
-        "epochs_this_invocation": epochs_this_invocation,
-        "resumed_from_epoch": resumed_from,
-        "best_epoch": _best_epoch(epochs),
         "training_seconds": round(training_seconds, 1),
         "train_examples_per_second": round(splits.counts["train"] * len(epochs) / max(training_seconds, 1e-9), 1),
         "ensemble_weights": ensemble,
@@ -275,17 +220,10 @@ def train(args):
     return TrainingRun(model, trainer, vectorizer, config, splits, summary, output_dir, chief)
 
 
-def _best_epoch(epochs):
-    """1-based number of the epoch with the lowest validation loss (the weights kept)."""
-    if not epochs:
-        return None
-    return int(min(epochs, key=lambda row: row[MONITOR])["epoch"]) + 1
-
-
 def main(argv=None):
     args = parse_args(argv)
     if args.cpu_devices:
-        common.split_cpu(args.cpu_devices)  # before TensorFlow initialises its devices
+        training.split_cpu(args.cpu_devices)  # before TensorFlow initialises its devices
     with user_errors_exit(PROG, args.debug):
         require_writable_directory(args.output_dir, "--output-dir")
         run = train(args)

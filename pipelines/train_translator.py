@@ -12,7 +12,7 @@ resumes training from the last finished epoch. After training, the best checkpoi
 the test split: token accuracy (teacher forcing) and BLEU (sacrebleu on detokenised greedy or
 beam-search translations). `<output-dir>/summary.json` holds the data counts, model, time, figures
 and example translations; `translator.keras` and `run_config.json` are what `pipelines.translate`
-and `export.translator_export` read. `--evaluate-only` re-scores a finished run (e.g. with
+and `python -m export.translator` read. `--evaluate-only` re-scores a finished run (e.g. with
 `--beam-size 4`). Training also writes `<output-dir>/report.html` (`pipelines.translator_report`):
 BLEU, curves and the cross-attention alignments of the example sentences, offline. On CPUs with bfloat16 units `--mixed-precision mixed_bfloat16` about halves the
 training time (measured 2.1x on AVX512-BF16); the saved model is float32 either way.
@@ -33,20 +33,15 @@ import os
 import time
 from pathlib import Path
 
-import keras
 import numpy as np
 import sacrebleu
 import tensorflow as tf
 
-from models.cli import add_debug_flag
-from models.cli import config_flag_type
-from models.cli import fraction
-from models.cli import non_negative_float
-from models.cli import non_negative_int
-from models.cli import positive_float
-from models.cli import positive_int
-from models.cli import require_writable_directory
-from models.cli import user_errors_exit
+from appkit.cli import fraction
+from appkit.cli import positive_int
+from appkit.cli import require_writable_directory
+from appkit.cli import user_errors_exit
+from appkit.files import write_json_atomic
 from models.decoding import decode_sentences
 from models.decoding import make_decoder
 from models.parallel_text import orient_pairs
@@ -64,11 +59,11 @@ from models.translator_run import SPLIT_FILE
 from models.translator_run import load_run
 from models.translator_run import read_split
 from models.translator_run import write_split
-from models.files import write_json_atomic
-from pipelines import common
 from pipelines import distributed
+from pipelines import training
 from pipelines import translation_data
 from pipelines import translator_report
+from pipelines.batching import with_counted_batches
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spa-eng" / "spa-eng.zip"
 SMOKE_MODEL = TranslatorConfig(
@@ -90,7 +85,7 @@ def compile_translator(
 ):
     """AdamW with linear warm-up then cosine decay, the padding-aware loss and token accuracy."""
     model.compile(
-        optimizer=common.adamw_with_warmup(learning_rate, total_steps, warmup_fraction, weight_decay),
+        optimizer=training.adamw_with_warmup(learning_rate, total_steps, warmup_fraction, weight_decay),
         loss=translation_loss(),
         metrics=[TokenAccuracy()],
         jit_compile=jit_compile,
@@ -103,23 +98,17 @@ PROG = "python -m pipelines.train_translator"
 
 def parse_args(argv=None):
     """The flags, each checked against its range: a bad value exits 2 with one line, before any work."""
-    defaults = TranslatorConfig()
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="tab-separated pairs (.txt or .zip)")
     parser.add_argument("--columns", help="language codes of the two columns (default en,<other>)")
     parser.add_argument("--source", default="es", help="source language code")
     parser.add_argument("--target", default="en", help="target language code")
-    parser.add_argument("--output-dir", default="runs/translator", help="checkpoints, logs, vocabularies, summary")
     parser.add_argument("--smoke", action="store_true", help="tiny model and ~1,500 pairs (tests)")
-    parser.add_argument("--mixed-precision", choices=common.PRECISION_POLICIES[1:], help="dtype policy")
-    parser.add_argument("--jit-compile", action="store_true", help="XLA-compile training and decoding")
-    distributed.add_strategy_arguments(parser)
-    parser.add_argument("--epochs", type=positive_int, default=4)
+    training.add_training_arguments(
+        parser, output_dir="runs/translator", epochs=4, learning_rate=1.5e-3, weight_decay=0.01, warmup_fraction=0.05,
+        patience=3, jit_compile_help="XLA-compile training and decoding",
+    )
     parser.add_argument("--tokens-per-batch", type=positive_int, default=2048, help="padded source tokens per batch")
-    parser.add_argument("--learning-rate", type=positive_float, default=1.5e-3)
-    parser.add_argument("--weight-decay", type=non_negative_float, default=0.01)
-    parser.add_argument("--warmup-fraction", type=fraction, default=0.05)
-    parser.add_argument("--patience", type=non_negative_int, default=3, help="EarlyStopping patience (epochs)")
     parser.add_argument("--validation-fraction", type=fraction, default=0.05)
     parser.add_argument("--test-fraction", type=fraction, default=0.1)
     parser.add_argument("--max-pairs", type=positive_int, help="use only the first N pairs of the file")
@@ -130,24 +119,13 @@ def parse_args(argv=None):
         action="store_true",
         help="score the finished run in --output-dir again (e.g. with --beam-size 4); no training",
     )
-    parser.add_argument("--seed", type=non_negative_int, default=1337)
-    add_debug_flag(parser)
-    for field in dataclasses.fields(TranslatorConfig):
-        flag = "--" + field.name.replace("_", "-")
-        default = getattr(defaults, field.name)
-        parser.add_argument(flag, type=config_flag_type(field.name, default), help=f"default {default}")
+    training.add_config_arguments(parser, TranslatorConfig())
     return parser.parse_args(argv)
 
 
 def model_config(args):
     """The default (or smoke) configuration, overridden by the model flags given."""
-    base = SMOKE_MODEL if args.smoke else TranslatorConfig()
-    overrides = {
-        field.name: getattr(args, field.name)
-        for field in dataclasses.fields(TranslatorConfig)
-        if getattr(args, field.name) is not None
-    }
-    return dataclasses.replace(base, **overrides)
+    return training.configured(SMOKE_MODEL if args.smoke else TranslatorConfig(), args)
 
 
 def pair_columns(args):
@@ -217,13 +195,8 @@ def train(args):
 def _train(args, output_dir):
     multi_worker = args.strategy == distributed.MULTI_WORKER
     if args.strategy == "mirrored":
-        common.split_cpu(2)
-    keras.utils.set_random_seed(args.seed)
-    policy = common.set_precision(args.mixed_precision)
-    if multi_worker:
-        strategy = distributed.multi_worker_strategy(args.collective_timeout)
-    else:
-        strategy = common.make_strategy(args.strategy)
+        training.split_cpu(2)
+    policy, strategy = training.set_up(args)
     if args.jit_compile and args.strategy == "mirrored" and not tf.config.list_logical_devices("GPU"):
         raise ValueError(
             "XLA cannot run a MirroredStrategy over logical CPU devices (a variable lives on another "
@@ -248,66 +221,42 @@ def _train(args, output_dir):
         )
 
     # Counted once: Keras shows the steps from the first epoch and warns of no "ran out of data".
-    validation_batches = common.with_counted_batches(batches("validation"))
-    test_batches = common.with_counted_batches(batches("test", drop_long=False))
-    train_batches = common.with_counted_batches(batches("train", shuffle=True))
+    validation_batches = with_counted_batches(batches("validation"))
+    test_batches = with_counted_batches(batches("test", drop_long=False))
+    train_batches = with_counted_batches(batches("train", shuffle=True))
     total_steps = args.epochs * int(train_batches.cardinality())
 
+    with strategy.scope():
+        model = build_translator(config)
+        compile_translator(
+            model, args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay, args.jit_compile
+        )
     started = time.perf_counter()
-    if multi_worker:
-        # model.fit fails under MultiWorkerMirroredStrategy (keras#20585): our own step. Each
-        # epoch's order is seeded by the epoch, so that a rerun skips the very batches trained.
-        with strategy.scope():
-            model = build_translator(config)
-            optimizer = distributed.loss_scaled(
-                common.adamw_with_warmup(args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay),
-                policy,
-            )
-        fitted = distributed.fit_distributed(
-            strategy,
-            model,
-            optimizer,
-            distributed.unreduced(translation_loss()),
-            {"token_accuracy": distributed.token_accuracy()},
-            lambda epoch: batches("train", seed=args.seed + epoch, shuffle=True),
-            validation_batches,
-            epochs=args.epochs,
-            output_dir=args.output_dir,
-            counted=distributed.real_tokens(PADDING_ID),
-            jit_compile=args.jit_compile,
-            monitor="val_token_accuracy",
-            mode="max",
-            patience=args.patience,
-            checkpoint_every=args.checkpoint_every,
-        )
-        epochs_this_invocation = fitted.epochs_this_invocation
-        training_seconds = time.perf_counter() - started
-        common.restore_best_weights(model, args.output_dir)  # the chief's, on every worker
-        test = fitted.trainer.evaluate(test_batches)  # global: every worker scores its share
-    else:
-        with strategy.scope():
-            model = build_translator(config)
-            compile_translator(
-                model, args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay, args.jit_compile
-            )
-        callbacks = common.training_callbacks(output_dir, monitor="val_token_accuracy", patience=args.patience)
-        history = model.fit(  # shuffle=False: the dataset shuffles itself (Keras would warn each epoch)
-            train_batches, validation_data=validation_batches, epochs=args.epochs, callbacks=callbacks, shuffle=False
-        )
-        epochs_this_invocation = len(history.epoch)
-        training_seconds = time.perf_counter() - started
-        common.restore_best_weights(model, output_dir)
+    fitted = training.fit(
+        args,
+        strategy,
+        policy,
+        model,
+        total_steps,
+        train_batches,
+        validation_batches,
+        monitor="val_token_accuracy",
+        mode="max",
+        losses=translation_loss(),
+        metrics={"token_accuracy": distributed.token_accuracy()},
+        epoch_batches=lambda epoch: batches("train", seed=args.seed + epoch, shuffle=True),
+        counted=distributed.real_tokens(PADDING_ID),
+    )
+    training_seconds = time.perf_counter() - started
 
+    if fitted.distributed_trainer is not None:  # global: every worker scores its share
+        test = fitted.distributed_trainer.evaluate(test_batches)
     other_worker = output_dir != Path(args.output_dir)  # a multi-worker run's non-chief: the chief writes
     if not other_worker:
         model = scoring_translator(model, config, args.learning_rate, total_steps)
-    if not multi_worker:
+    if fitted.distributed_trainer is None:
         test = model.evaluate(test_batches, return_dict=True, verbose=0)
-    epochs = common.read_history(output_dir)
-    if multi_worker:
-        resumed_from = fitted.first_epoch or None
-    else:
-        resumed_from = common.resumed_from_epoch(len(epochs), epochs_this_invocation)
+    epochs = fitted.history
     summary = {
         "data": {
             "path": str(args.data),
@@ -317,16 +266,8 @@ def _train(args, output_dir):
         },
         "model": config.to_dict(),
         "parameters": model.count_params(),
-        "precision": policy,
-        "jit_compile": args.jit_compile,
-        "strategy": args.strategy,
-        "replicas": strategy.num_replicas_in_sync,
+        **training.run_summary(args, policy, strategy, fitted),
         "tokens_per_batch": args.tokens_per_batch,
-        "learning_rate": args.learning_rate,
-        "epochs_run": len(epochs),
-        "epochs_this_invocation": epochs_this_invocation,
-        "resumed_from_epoch": resumed_from,
-        "best_epoch": _best_epoch(epochs),
         "training_seconds": round(training_seconds, 1),
         "training_seconds_all_epochs": round(
             sum(row.get("epoch_seconds", 0.0) for row in epochs), 1
@@ -380,7 +321,7 @@ def scoring_translator(model, config, learning_rate, total_steps):
     """The trained weights in a plain float32 model, outside any distribution strategy: what is
     saved, scored and exported, whatever the training precision and strategy (mixed-precision
     variables are float32 already, so the copy is exact)."""
-    common.set_precision("float32")
+    training.set_precision("float32")
     scoring = build_translator(config)
     scoring.set_weights(model.get_weights())
     return compile_translator(scoring, learning_rate, total_steps)
@@ -414,13 +355,6 @@ def evaluate_bleu(model, vectorizers, sources, references, args):
 def _spread(items, count=NUM_EXAMPLES):
     """`count` evenly spaced items (short to long sentences)."""
     return [items[i] for i in np.linspace(0, len(items) - 1, min(count, len(items))).astype(int)]
-
-
-def _best_epoch(epochs):
-    history = [row for row in epochs if "val_token_accuracy" in row]
-    if not history:
-        return None
-    return int(max(history, key=lambda row: row["val_token_accuracy"])["epoch"]) + 1
 
 
 def evaluate_run(args):

@@ -20,9 +20,9 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from models.cli import add_debug_flag  # standard library only: --export still runs no model code
-from models.cli import positive_int
-from models.cli import user_errors_exit
+from appkit.cli import add_debug_flag  # standard library only: --export still runs no model code
+from appkit.cli import positive_int
+from appkit.cli import user_errors_exit
 
 
 ATTENTION_SUFFIXES = (".html", ".png")

@@ -11,7 +11,7 @@ import tensorflow as tf
 from models.translation_text import END_TOKEN
 from models.translation_text import START_TOKEN
 from models.translation_text import translation_vectorizer
-from pipelines.common import bucket_boundaries
+from pipelines.batching import bucket_boundaries
 
 
 def split_indices(num_pairs, seed, validation_fraction=0.1, test_fraction=0.1):

@@ -9,8 +9,8 @@ import html
 
 from keras_attn.visualization import explorer_html
 from keras_attn.visualization import figure_data_uri
+from appkit.files import write_text_atomic
 from models.decoding import make_decoder
-from models.files import write_text_atomic
 from models.translator_attention import alignment_maps
 from pipelines.run_report import image_html
 from pipelines.run_report import learning_curves_figure

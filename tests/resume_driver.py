@@ -1,4 +1,4 @@
-"""Tiny training runs under `pipelines.common.training_callbacks`, each killed with SIGKILL at a
+"""Tiny training runs under `pipelines.resumable_training.training_callbacks`, each killed with SIGKILL at a
 chosen step of an epoch: the subprocess of the kill tests (tests/test_resume.py).
 
     python -m tests.resume_driver SCENARIOS.json
@@ -25,7 +25,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from pipelines import common
+from pipelines import resumable_training
 
 STEPS_PER_EPOCH = 4
 
@@ -60,21 +60,21 @@ class Snapshot(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self.snapshot_dir.mkdir(parents=True)
-        for name in (common.HISTORY_CSV, common.BEST_WEIGHTS):
+        for name in (resumable_training.HISTORY_CSV, resumable_training.BEST_WEIGHTS):
             if (self.output_dir / name).is_file():
                 shutil.copyfile(self.output_dir / name, self.snapshot_dir / name)
 
 
 def kill_at(kill):
     """Makes `ResumableTraining` SIGKILL its process right after step `kill = (step, epoch)`."""
-    original = common.ResumableTraining._reached
+    original = resumable_training.ResumableTraining._reached
 
     def reached(self, step, epoch):
         original(self, step, epoch)
         if (step, epoch) == kill:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    common.ResumableTraining._reached = reached
+    resumable_training.ResumableTraining._reached = reached
 
 
 def build_model():
@@ -92,16 +92,16 @@ def train(scenario, kill, attempt):
     features = np.random.default_rng(0).normal(size=(8 * STEPS_PER_EPOCH, 3)).astype("float32")
     targets = features @ np.array([[1.0], [-2.0], [0.5]], "float32")
     model = build_model()
-    callbacks = common.training_callbacks(output_dir, monitor="val_loss", mode="min", patience=scenario["patience"])
+    callbacks = resumable_training.training_callbacks(output_dir, monitor="val_loss", mode="min", patience=scenario["patience"])
     monitor = ScriptedMonitor(scenario["val_losses"], output_dir.parent / "record", kill)
     callbacks.insert(-1, monitor)  # before ResumableTraining: it commits the scripted value
     callbacks.append(Snapshot(output_dir, output_dir.parent / "snapshots" / f"attempt-{attempt}"))
     history = model.fit(features, targets, batch_size=8, epochs=scenario["epochs"], callbacks=callbacks, verbose=0)
-    epochs = common.read_history(output_dir)
+    epochs = resumable_training.read_history(output_dir)
     return {
         "epochs_run": len(epochs),
         "epochs_this_invocation": len(history.epoch),
-        "resumed_from_epoch": common.resumed_from_epoch(len(epochs), len(history.epoch)),
+        "resumed_from_epoch": resumable_training.resumed_from_epoch(len(epochs), len(history.epoch)),
         "optimizer_iterations": int(model.optimizer.iterations.numpy()),
     }
 

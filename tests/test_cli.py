@@ -3,8 +3,8 @@
 
 import pytest
 
-from export import translator_export
-from models import cli
+from appkit import cli
+from export.translator import verified_export
 from pipelines import explain_imdb
 from pipelines import imdb_data
 from pipelines import launch
@@ -18,7 +18,7 @@ CLIS = {
     "main_job": main_job.main,
     "train_translator": train_translator.main,
     "translate": translate.main,
-    "translator_export": translator_export.main,
+    "export.translator": verified_export.main,
     "explain_imdb": explain_imdb.main,
     "launch": launch.main,
 }
@@ -64,8 +64,8 @@ BAD_FLAGS = [
     ("train_translator", ["--num-heads", "0"], "--num-heads: must be a positive integer, got '0'"),
     ("train_translator", ["--tie-embeddings", "maybe"], "--tie-embeddings: expected true or false, got 'maybe'"),
     ("translate", ["--run", "x", "--beam-size", "0", "hola"], "--beam-size: must be a positive integer, got '0'"),
-    ("translator_export", ["--verify-sentences", "0"], "--verify-sentences: must be a positive integer, got '0'"),
-    ("translator_export", ["--verify-sentences", "x"], "--verify-sentences: expected an integer, got 'x'"),
+    ("export.translator", ["--verify-sentences", "0"], "--verify-sentences: must be a positive integer, got '0'"),
+    ("export.translator", ["--verify-sentences", "x"], "--verify-sentences: expected an integer, got 'x'"),
     ("main_job", ["--model-name", "../escape"], "--model-name: `model_name` must be a directory name"),
     ("main_job", ["--model-name", "a/b"], "model_name='a/b'"),
     ("main_job", ["--model-name", ""], "model_name=''"),
@@ -99,7 +99,7 @@ def test_bad_flag_exits_2_naming_flag_and_value(name, argv, expected, capsys, mo
         CLIS[name](argv)
     assert exit_info.value.code == 2
     line = _error_line(capsys)
-    assert line.startswith(f"python -m {'export' if name == 'translator_export' else 'pipelines'}.{name}: error:")
+    assert line.startswith(f"python -m {name if '.' in name else f'pipelines.{name}'}: error:")
     assert expected in line
     assert list(tmp_path.iterdir()) == []  # checked before any work
 
@@ -122,8 +122,8 @@ def _bad_inputs(tmp_path):
          f"path={str(tmp_path / 'absent.txt')!r}"),
         ("train_translator", ["--smoke", "--output-dir", str(a_file / "t")], f"--output-dir '{a_file / 't'}' is not a"),
         ("translate", ["--export", str(tmp_path / "no_export"), "hola"], "holds no SavedModel version"),
-        ("translator_export", ["--run", str(tmp_path / "no_run"), "--export-dir", str(tmp_path / "e")], "no_run"),
-        ("translator_export", ["--run", str(tmp_path), "--export-dir", str(a_file / "e")],
+        ("export.translator", ["--run", str(tmp_path / "no_run"), "--export-dir", str(tmp_path / "e")], "no_run"),
+        ("export.translator", ["--run", str(tmp_path), "--export-dir", str(a_file / "e")],
          f"--export-dir '{a_file / 'e'}' is not a writable directory"),
         ("explain_imdb", ["--run", str(tmp_path / "no_run"), "good"], "holds no summary.json"),
         ("explain_imdb", ["--run", str(tmp_path / "no_run"), "--output", str(a_file / "x.html"), "good"],
@@ -158,6 +158,7 @@ def test_debug_shows_the_error_itself(tmp_path):
         (cli.non_negative_float, {"0": 0.0, "0.05": 0.05}, ["-0.01", "nan", "inf"]),
         (cli.fraction, {"0": 0.0, "0.5": 0.5, "0.999": 0.999}, ["1", "-0.1", "nan", "2"]),
         (cli.parse_bool, {"true": True, "False": False}, ["yes", "1", ""]),
+        (cli.comma_separated, {"mean": ("mean",), "mean,max": ("mean", "max")}, []),
     ],
 )
 def test_flag_types(parse, good, bad):

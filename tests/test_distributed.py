@@ -255,7 +255,7 @@ def test_main_job_on_two_workers_exports_from_the_chief(small_imdb_archive, imdb
 def test_translator_on_two_workers_exports_from_the_chief_like_one_machine(tmp_path):
     from contextlib import redirect_stdout
 
-    from export import translator_export
+    from export.translator import verified_export
     from tests.translation_fixtures import require_data
 
     run_dir = tmp_path / "run"
@@ -274,7 +274,7 @@ def test_translator_on_two_workers_exports_from_the_chief_like_one_machine(tmp_p
     # The same verification as a one-machine run: a fresh-process SavedModel reload and ONNX, token for token.
     printed = io.StringIO()
     with redirect_stdout(printed):
-        translator_export.main(["--run", str(run_dir), "--export-dir", str(tmp_path / "export"), "--verify-sentences", "16"])
+        verified_export.main(["--run", str(run_dir), "--export-dir", str(tmp_path / "export"), "--verify-sentences", "16"])
     report = json.loads(printed.getvalue())
     assert report == {"export": str(tmp_path / "export" / "translator" / "1"), "sentences": 16,
                       "saved_model_matches": True, "onnx_matches": True}

@@ -1,7 +1,7 @@
 """The published distribution, as a user gets it: `python -m build`, then the wheel alone.
 
 Three rules of a layer library: the wheel holds `keras_attn` and nothing else (never the
-repository's generic `models`/`pipelines`/`export`), it requires only tensorflow, keras and numpy
+repository's `appkit`/`models`/`pipelines`/`export`), it requires only tensorflow, keras and numpy
 (everything else is an extra), and importing it and using every public name loads nothing optional
 beyond what `import keras, tensorflow` already loaded. The version is written once.
 """
@@ -24,7 +24,7 @@ LIGHT_REQUIREMENTS = {"tensorflow", "keras", "numpy"}
 EXTRAS = {"viz", "export", "data", "apps", "docs", "test", "all", "gpu"}
 OPTIONAL_MODULES = (
     "onnx", "tf2onnx", "onnxruntime", "tensorflow_datasets", "matplotlib", "sacrebleu", "playwright",
-    "tensorflow_serving", "models", "pipelines", "export",
+    "tensorflow_serving", "appkit", "models", "pipelines", "export",
 )
 
 pytestmark = pytest.mark.slow
@@ -81,7 +81,7 @@ def test_sdist_carries_the_tests_license_and_changelog(dist):
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     assert {"LICENSE", "CHANGELOG.md", "tests/test_distribution.py", "tests/reference.py"} <= names
     assert "Apache License" in (REPO_ROOT / "LICENSE").read_text()
-    assert not any(name.startswith(("models/", "pipelines/", "export/")) for name in names)
+    assert not any(name.startswith(("appkit/", "models/", "pipelines/", "export/")) for name in names)
 
 
 # Run in a fresh interpreter whose first path entry is the unpacked wheel and whose working

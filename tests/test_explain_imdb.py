@@ -13,14 +13,14 @@ import tensorflow as tf
 from keras_attn.visualization import attention_weights
 from keras_attn.visualization.explorer import decode_weights
 from keras_attn.visualization.explorer import embedded_data
+from appkit.files import write_json_atomic
 from models import imdb_text
-from models.files import write_json_atomic
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import fit_ensemble
 from models.sentiment_classifier import training_model
-from pipelines import common
 from pipelines import explain_imdb
+from pipelines import resumable_training
 from tests.test_visualization_figures import assert_png
 
 TEXTS = [
@@ -47,7 +47,7 @@ def run(tmp_path_factory):
     model.get_layer("ngram_tfidf").adapt(np.asarray(ids))
     ensemble = fit_ensemble(model, tf.data.Dataset.from_tensor_slices((ids, [1, 0, 1, 0])).batch(4))
     imdb_text.save_review_vocabulary(vectorizer, directory / "vocabulary.txt")
-    training_model(model).save_weights(str(directory / common.BEST_WEIGHTS))
+    training_model(model).save_weights(str(directory / resumable_training.BEST_WEIGHTS))
     write_json_atomic(directory / "summary.json", {"model": config.to_dict(), "ensemble_weights": ensemble})
     return directory, model, vectorizer, config
 
@@ -112,11 +112,11 @@ def test_a_corrupt_checkpoint_or_summary_is_named_with_what_to_do(run, tmp_path,
     directory, *_ = run
     broken = tmp_path / "run"
     shutil.copytree(directory, broken)
-    (broken / common.BEST_WEIGHTS).write_bytes(b"not an h5 file")
+    (broken / resumable_training.BEST_WEIGHTS).write_bytes(b"not an h5 file")
     with pytest.raises(SystemExit):
         explain_imdb.main(["--run", str(broken), "good"])
     error = capsys.readouterr().err.strip()
-    assert error.count("\n") == 0 and str(broken / common.BEST_WEIGHTS) in error and "train the classifier again" in error
+    assert error.count("\n") == 0 and str(broken / resumable_training.BEST_WEIGHTS) in error and "train the classifier again" in error
     (broken / "summary.json").write_text("{")
     with pytest.raises(SystemExit):
         explain_imdb.main(["--run", str(broken), "good"])
@@ -124,8 +124,8 @@ def test_a_corrupt_checkpoint_or_summary_is_named_with_what_to_do(run, tmp_path,
 
 
 def test_a_corrupt_training_state_is_named_with_how_to_start_over(tmp_path):
-    state = tmp_path / common.BACKUP_DIR / common.TRAINING_STATE
+    state = tmp_path / resumable_training.BACKUP_DIR / resumable_training.TRAINING_STATE
     state.parent.mkdir()
     state.write_text('{"epochs": ')
     with pytest.raises(ValueError, match=re.escape(str(state)) + r".*delete .* to train from the start"):
-        common.read_training_state(tmp_path)
+        resumable_training.read_training_state(tmp_path)

@@ -11,10 +11,10 @@ import onnx
 import pytest
 import tensorflow as tf
 
-from export import imdb_export
-from export import onnx_predictor
+from export.imdb import onnx_predictor
+from export.imdb import verified_export
 from export import verify
-from export.onnx_predictor import OnnxSentimentPredictor
+from export.imdb.onnx_predictor import OnnxSentimentPredictor
 from models import imdb_text
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
@@ -75,15 +75,15 @@ def trained(small_imdb_archive, imdb_cache_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def exported(trained, tmp_path_factory):
     export_dir = tmp_path_factory.mktemp("export")
-    reviews = imdb_export.verification_reviews(trained.test_reviews)
-    result = imdb_export.export_and_verify(
+    reviews = verified_export.verification_reviews(trained.test_reviews)
+    result = verified_export.export_and_verify(
         trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews, export_dir
     )
     return export_dir, reviews, result
 
 
 def keras_probabilities(trained, reviews):
-    return imdb_export.keras_reference(trained.model, trained.vectorizer, CONFIG.max_tokens, reviews)[1]
+    return verified_export.keras_reference(trained.model, trained.vectorizer, CONFIG.max_tokens, reviews)[1]
 
 
 def test_tf_serving_layout(exported, trained):
@@ -176,7 +176,7 @@ def test_export_never_overwrites_a_version(exported, trained):
     export_dir, reviews, _ = exported
     first = export_dir / "imdb_sentiment" / "1" / "saved_model.pb"
     before = (first.read_bytes(), first.stat().st_mtime_ns)
-    result = imdb_export.export_and_verify(
+    result = verified_export.export_and_verify(
         trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews[:4], export_dir
     )
     assert result["savedmodel"] == str(export_dir / "imdb_sentiment" / "2")
@@ -189,12 +189,12 @@ def test_disagreeing_export_is_refused_and_removed(exported, trained, monkeypatc
     published = sorted(p.name for p in (export_dir / "imdb_sentiment").iterdir())
     other = keras.models.clone_model(trained.model)
     other.set_weights([w * 1.01 for w in trained.model.get_weights()])
-    write_onnx = imdb_export.onnx_export.write_onnx_bundle
+    write_onnx = verified_export.onnx_bundle.write_onnx_bundle
     monkeypatch.setattr(
-        imdb_export.onnx_export, "write_onnx_bundle", lambda model, *args: write_onnx(other, *args)
+        verified_export.onnx_bundle, "write_onnx_bundle", lambda model, *args: write_onnx(other, *args)
     )
-    with pytest.raises(imdb_export.ExportVerificationError, match="ONNX Runtime: probabilities differ"):
-        imdb_export.export_and_verify(
+    with pytest.raises(verified_export.ExportVerificationError, match="ONNX Runtime: probabilities differ"):
+        verified_export.export_and_verify(
             trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews[:6], export_dir
         )
     assert sorted(p.name for p in (export_dir / "imdb_sentiment").iterdir()) == published

@@ -1,8 +1,9 @@
 """The project's imports only look down, and no module imports itself back through others.
 
-    keras_attn  <-  models  <-  pipelines, export  <-  pipelines.main_job
+    keras_attn, appkit  <-  models  <-  pipelines, export  <-  pipelines.main_job
 
-`pipelines` and `export` are siblings that never import each other; only the main job, the
+`appkit` (CLI conventions, atomic files) imports nothing from the project; every app layer may use
+it. `pipelines` and `export` are siblings that never import each other; only the main job, the
 composition root, uses both. Imports are read with `ast` from every module (imports inside
 functions included), so the rule holds for what the code does, not for what happens to run.
 """
@@ -13,13 +14,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("keras_attn", "models", "pipelines", "export")
+PACKAGES = ("keras_attn", "appkit", "models", "pipelines", "export")
 # What each package may import from the project, besides itself.
 ALLOWED = {
     "keras_attn": set(),
-    "models": {"keras_attn"},
-    "pipelines": {"keras_attn", "models"},
-    "export": {"keras_attn", "models"},
+    "appkit": set(),
+    "models": {"keras_attn", "appkit"},
+    "pipelines": {"keras_attn", "appkit", "models"},
+    "export": {"keras_attn", "appkit", "models"},
 }
 COMPOSITION_ROOT = "pipelines.main_job"
 
@@ -135,6 +137,9 @@ def test_no_import_cycles():
         ({"export.a": {"pipelines.b"}, "pipelines.b": set()}, [("export.a", "pipelines.b")]),
         ({"pipelines.b": {"export.a"}, "export.a": set()}, [("pipelines.b", "export.a")]),
         ({"keras_attn.a": {"models.b"}, "models.b": set()}, [("keras_attn.a", "models.b")]),
+        ({"appkit.a": {"models.b"}, "models.b": set()}, [("appkit.a", "models.b")]),
+        ({"keras_attn.a": {"appkit.b"}, "appkit.b": set()}, [("keras_attn.a", "appkit.b")]),
+        ({"models.a": {"appkit.b"}, "export.c": {"appkit.b"}, "appkit.b": set()}, []),
         ({"pipelines.main_job": {"export.a", "models.b"}, "export.a": set(), "models.b": set()}, []),
     ],
 )
@@ -153,6 +158,6 @@ def test_function_level_and_relative_imports_are_read(tmp_path, monkeypatch):
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "b.py").write_text("")
-    (package / "a.py").write_text("def f():\n    from pipelines.common import x\n    from . import b\n")
-    known = {"models", "models.a", "models.b", "pipelines.common"}
-    assert imported_modules("models.a", package / "a.py", known) == {"pipelines.common", "models.b", "models"}
+    (package / "a.py").write_text("def f():\n    from pipelines.resumable_training import x\n    from . import b\n")
+    known = {"models", "models.a", "models.b", "pipelines.resumable_training"}
+    assert imported_modules("models.a", package / "a.py", known) == {"pipelines.resumable_training", "models.b", "models"}

@@ -707,7 +707,7 @@ def test_onnx_export_of_hard_patterned_attention_equals_keras(tmp_path):
     import onnxruntime  # noqa: PLC0415 (only this test needs the export stack)
     import tf2onnx  # noqa: PLC0415
 
-    from export.onnx_export import OPSET  # noqa: PLC0415 (the project's opset)
+    from export.onnx_conversion import OPSET  # noqa: PLC0415 (the project's opset)
 
     inputs, mask = keras.Input((None, 8)), keras.Input((None,), dtype="bool")
     layer = MultiHeadAttention(num_heads=2, key_dim=4, hard=True, scale=0.9,

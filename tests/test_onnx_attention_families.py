@@ -1,6 +1,6 @@
 """ONNX export of models using LSH, Linformer and linear (elu+1, FAVOR+) attention, run with onnxruntime.
 
-Converted as the project converts (`tf2onnx`, `export.onnx_export.OPSET`), with a dynamic batch
+Converted as the project converts (`tf2onnx`, `export.onnx_conversion.OPSET`), with a dynamic batch
 and length; the ONNX outputs must equal Keras's on padded batches of lengths that are not a
 multiple of the chunk size (the internal padding is then taken).
 """
@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 import tf2onnx
 
-from export.onnx_export import OPSET
+from export.onnx_conversion import OPSET
 from keras_attn import LinearAttention
 from keras_attn import LinformerSelfAttention
 from keras_attn import LSHSelfAttention

@@ -366,7 +366,7 @@ def test_onnx_export_matches_keras_on_the_dense_and_blockwise_kernels(bias_name,
     import onnxruntime
     import tf2onnx
 
-    from export.onnx_export import OPSET
+    from export.onnx_conversion import OPSET
 
     inputs = keras.Input((None, WIDTH))
     position_bias = _biases()[bias_name]

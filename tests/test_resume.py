@@ -1,4 +1,4 @@
-"""Kill tests of the one-machine training loop (`pipelines.common.training_callbacks`): a training
+"""Kill tests of the one-machine training loop (`pipelines.resumable_training.training_callbacks`): a training
 process is SIGKILLed at several points of the epoch loop, the same command is rerun, and the run
 must come out as if nothing happened: one history row per epoch, none twice, `epochs_run` and
 `resumed_from_epoch` right, the optimizer's step count that of the epochs trained once each,
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import common
+from pipelines import resumable_training
 from tests import resume_driver
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -97,13 +97,13 @@ def _check_resumed_run(output_dir, reports, scenario, epochs_run, best_epoch):
             assert said[0].startswith(f"Resuming {output_dir}: {done} epochs done ({best_text}); ")
         if done:  # what the rerun republished before training: the committed epochs and their best
             snapshot = output_dir.parent / "snapshots" / f"attempt-{attempt}"
-            assert [int(row["epoch"]) for row in common.read_history(snapshot)] == list(range(done))
-            _check_best_weights(snapshot / common.BEST_WEIGHTS, output_dir.parent / "record",
+            assert [int(row["epoch"]) for row in resumable_training.read_history(snapshot)] == list(range(done))
+            _check_best_weights(snapshot / resumable_training.BEST_WEIGHTS, output_dir.parent / "record",
                                 _best(scenario["val_losses"][:done]))
-    history = common.read_history(output_dir)
+    history = resumable_training.read_history(output_dir)
     assert [int(row["epoch"]) for row in history] == list(range(epochs_run))  # one row each, none twice
     assert [row["val_loss"] for row in history] == scenario["val_losses"][:epochs_run]
-    _check_best_weights(output_dir / common.BEST_WEIGHTS, output_dir.parent / "record", best_epoch)
+    _check_best_weights(output_dir / resumable_training.BEST_WEIGHTS, output_dir.parent / "record", best_epoch)
     hidden = [path.name for path in output_dir.rglob(".*")]
     assert hidden == []  # no temporary file left behind
 
@@ -117,7 +117,7 @@ def test_every_kill_point_resumes_without_losing_or_repeating_an_epoch(runs):
         "epochs_run": 7, "epochs_this_invocation": 1, "resumed_from_epoch": 6,
         "optimizer_iterations": 7 * resume_driver.STEPS_PER_EPOCH,  # each epoch trained once into the weights
     }
-    state = common.read_training_state(output_dir)
+    state = resumable_training.read_training_state(output_dir)
     assert state["epochs"] == 7 and state["best_epoch"] == 5
     assert sorted(path.name for path in (output_dir / "backup").iterdir()) == [
         "epoch-6.weights.h5", "epoch-7.weights.h5", "training_state.json"

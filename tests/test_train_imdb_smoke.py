@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipelines import common
 from pipelines import imdb_data
 from pipelines import main_job
+from pipelines import resumable_training
 from pipelines import train_imdb
 from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
 from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
@@ -69,7 +69,7 @@ def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsy
 
 def backed_up_optimizer_steps(output_dir):
     """The optimizer's iteration count in the last committed backup."""
-    backup = output_dir / common.BACKUP_DIR / common.read_training_state(output_dir)["weights"]
+    backup = output_dir / resumable_training.BACKUP_DIR / resumable_training.read_training_state(output_dir)["weights"]
     with h5py.File(backup, "r") as weights:
         return int(weights["optimizer/vars/0"][()])
 
@@ -86,19 +86,19 @@ class _InterruptAfterFirstEpoch(keras.callbacks.Callback):
 
 def test_rerunning_an_interrupted_run_resumes_it(small_imdb_archive, imdb_cache_dir, tmp_path, monkeypatch, capsys):
     args = smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "2")
-    make_callbacks = common.training_callbacks
+    make_callbacks = resumable_training.training_callbacks
     monkeypatch.setattr(
-        common, "training_callbacks", lambda *a, **k: make_callbacks(*a, **k) + [_InterruptAfterFirstEpoch()]
+        resumable_training, "training_callbacks", lambda *a, **k: make_callbacks(*a, **k) + [_InterruptAfterFirstEpoch()]
     )
     with pytest.raises(_Interrupt):
         train_imdb.main(args)
-    assert [row["epoch"] for row in common.read_history(tmp_path)] == [0]
+    assert [row["epoch"] for row in resumable_training.read_history(tmp_path)] == [0]
     steps_after_first_epoch = backed_up_optimizer_steps(tmp_path)
     monkeypatch.undo()
     capsys.readouterr()
 
     run = train_imdb.main(args)  # the same command again
-    assert [row["epoch"] for row in common.read_history(tmp_path)] == [0, 1]
+    assert [row["epoch"] for row in resumable_training.read_history(tmp_path)] == [0, 1]
     assert run.summary["epochs_this_invocation"] == 1 and run.summary["epochs_run"] == 2
     assert run.summary["resumed_from_epoch"] == 1
     assert f"Resuming {tmp_path}: 1 epochs done" in capsys.readouterr().out
@@ -114,7 +114,7 @@ def test_mixed_precision_with_xla(small_imdb_archive, imdb_cache_dir, tmp_path, 
     assert run.summary["precision"] == policy and run.summary["jit_compile"] is True
     assert run.model.get_layer("token_and_position_embedding").dtype_policy.name == policy
     assert run.model.get_layer("probability").compute_dtype == "float32"
-    losses = [row["loss"] for row in common.read_history(tmp_path)]
+    losses = [row["loss"] for row in resumable_training.read_history(tmp_path)]
     assert np.all(np.isfinite(losses)) and np.isfinite(run.summary["test_loss"])
 
 

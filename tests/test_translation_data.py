@@ -13,7 +13,7 @@ from tests.translation_fixtures import tiny_vectorizers
 from models import parallel_text
 from models import translation_text
 from models import translator_run
-from pipelines.common import bucket_boundaries
+from pipelines.batching import bucket_boundaries
 
 
 def _write_pairs(path, lines):

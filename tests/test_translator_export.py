@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export import translator_export
+from export.translator import verified_export
 from export import verify
 from models.decoding import translate_ids
 from pipelines import translate
@@ -34,7 +34,7 @@ def _exported():
     """One verified export of the tiny translator, shared by the tests of this module."""
     model, vectorizers = tiny_translator()
     export_dir = tempfile.mkdtemp(prefix="translator-export-")
-    path, report = translator_export.export_translator(model, vectorizers, export_dir, _sentences())
+    path, report = verified_export.export_translator(model, vectorizers, export_dir, _sentences())
     return path, report
 
 
@@ -67,7 +67,7 @@ def test_export_lists_the_model_in_models_config_and_ships_warmup_requests():
 def test_saved_model_in_a_fresh_process_translates_like_keras():
     path, _ = _exported()
     sentences = spanish_english_slice()[0][100:108] + EXTRA_SENTENCES
-    assert translator_export.reload_translations(path, sentences) == _keras_translations(sentences)
+    assert verified_export.reload_translations(path, sentences) == _keras_translations(sentences)
 
 
 def test_onnx_greedy_decoder_matches_the_tf_decoder_for_any_batch_and_length():
@@ -76,7 +76,7 @@ def test_onnx_greedy_decoder_matches_the_tf_decoder_for_any_batch_and_length():
     for begin, batch, width in ((200, 1, 16), (210, 5, 9), (220, 7, 12)):
         source_ids = vectorizers.source_ids(spanish_english_slice()[0][begin : begin + batch]).numpy()[:, :width]
         expected = translate_ids(model, source_ids, vectorizers.start_id, vectorizers.end_id).numpy()
-        np.testing.assert_array_equal(translator_export.onnx_greedy_decode(os.path.join(path, "onnx"), source_ids), expected)
+        np.testing.assert_array_equal(verified_export.onnx_greedy_decode(os.path.join(path, "onnx"), source_ids), expected)
 
 
 def test_translate_command_reads_the_export():
@@ -97,8 +97,8 @@ def test_verification_fails_loudly_when_the_model_disagrees():
     changed[vectorizers.end_id] += 50.0  # now every translation ends at once
     bias.assign(changed)
     try:
-        with pytest.raises(translator_export.ExportVerificationError, match="SavedModel"):
-            translator_export.verify_export(model, vectorizers, path, _sentences()[:4])
+        with pytest.raises(verified_export.ExportVerificationError, match="SavedModel"):
+            verified_export.verify_export(model, vectorizers, path, _sentences()[:4])
     finally:
         bias.assign(original)
 
@@ -109,12 +109,12 @@ def test_a_failed_export_publishes_nothing(tmp_path, monkeypatch):
     def wrong_onnx(directory, source_ids):
         return np.zeros((len(source_ids), vectorizers.sequence_length), np.int32)
 
-    monkeypatch.setattr(translator_export, "write_onnx", lambda *args: None)
-    monkeypatch.setattr(translator_export, "onnx_greedy_decode", wrong_onnx)
-    monkeypatch.setattr(translator_export, "reload_translations", lambda path, sentences: _keras_translations(sentences))
-    monkeypatch.setattr(translator_export, "write_saved_model", lambda *args: None)
-    with pytest.raises(translator_export.ExportVerificationError, match="ONNX"):
-        translator_export.export_translator(model, vectorizers, str(tmp_path), _sentences()[:4])
+    monkeypatch.setattr(verified_export, "write_onnx", lambda *args: None)
+    monkeypatch.setattr(verified_export, "onnx_greedy_decode", wrong_onnx)
+    monkeypatch.setattr(verified_export, "reload_translations", lambda path, sentences: _keras_translations(sentences))
+    monkeypatch.setattr(verified_export, "write_saved_model", lambda *args: None)
+    with pytest.raises(verified_export.ExportVerificationError, match="ONNX"):
+        verified_export.export_translator(model, vectorizers, str(tmp_path), _sentences()[:4])
     assert os.listdir(tmp_path / "translator") == []
 
 

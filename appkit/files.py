@@ -1,4 +1,5 @@
-"""Files written whole or not at all, and file hashes: the I/O every layer above `models` shares.
+"""Files written whole or not at all, and reads that fail in one clear line: the I/O every app shares
+(`models`, `pipelines`, `export`, `benchmarks`).
 
 A reader never sees a half-written file: text goes to a uniquely named temporary file beside the
 target (so concurrent writers never share one) and is renamed over it.
@@ -9,8 +10,6 @@ import json
 import os
 import tempfile
 from pathlib import Path
-
-from models.export_manifest import file_sha256  # noqa: F401  (one definition, re-exported)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Shared harness of the benchmark scripts: timing, the matmul peak, tables and JSON results.
+"""How every benchmark script measures and reports: timing (round robin, the matmul peak), memory
+(peak RSS, a watched child process per case), the machine and its load, tables and JSON results.
 
 Every script measures its peer in the same run and reports ratios, so figures from a noisy,
 shared machine stay comparable. Results go to `benchmarks/results/<name>.json` (atomic write).
@@ -90,7 +91,7 @@ def print_table(rows, columns):
 
 def write_results(name, payload, output=None):
     """Atomically writes `payload` (plus the machine description) as JSON; returns the path."""
-    from models.files import write_json_atomic
+    from appkit.files import write_json_atomic
 
     path = output or os.path.join(RESULTS_DIR, f"{name}.json")
     conditions = machine()

@@ -1,15 +1,10 @@
-"""Training helpers shared by the pipelines: precision, strategy, callbacks, schedules, summaries.
+"""One-machine training that survives a kill: the callbacks of `model.fit` and the run's files.
 
-Nothing here is specific to one data set. Typical use in a training CLI:
-
-    set_precision(args.mixed_precision)
-    strategy = make_strategy(args.strategy)
-    with strategy.scope():
-        model = build(...)
-        model.compile(optimizer=adamw_with_warmup(lr, total_steps), ..., jit_compile=args.jit_compile)
-    model.fit(..., callbacks=training_callbacks(output_dir, monitor="val_accuracy"))
-    restore_best_weights(model, output_dir)
-    write_json_atomic(output_dir / "summary.json", summary)  # models.files
+`training_callbacks` gives `fit` an epoch timer, TensorBoard and `ResumableTraining` (backup,
+best checkpoint, early stopping and CSV history, committed once per epoch), so rerunning the same
+command resumes; `read_history`, `restore_best_weights` and `read_training_state` read back what
+a run left in its directory (`pipelines.distributed` writes the same `history.csv` and
+`best.weights.h5` for a multi-worker run). `pipelines.training.fit` uses them.
 """
 
 import csv
@@ -20,60 +15,15 @@ import time
 from pathlib import Path
 
 import keras
-import tensorflow as tf
 
-from models.files import reading
-from models.files import replacing
-from models.files import write_json_atomic
+from appkit.files import reading
+from appkit.files import replacing
+from appkit.files import write_json_atomic
 
-PRECISION_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
-STRATEGIES = ("default", "mirrored")
 BEST_WEIGHTS = "best.weights.h5"
 HISTORY_CSV = "history.csv"
 BACKUP_DIR = "backup"
 TRAINING_STATE = "training_state.json"
-
-
-def set_precision(policy):
-    """Sets the global Keras dtype policy (`None` = float32)."""
-    policy = policy or "float32"
-    if policy not in PRECISION_POLICIES:
-        raise ValueError(f"`mixed_precision` must be one of {PRECISION_POLICIES}. Received: {policy!r}")
-    keras.config.set_dtype_policy(policy)
-    return policy
-
-
-def make_strategy(name):
-    """`"default"` (the current device) or `"mirrored"` (`MirroredStrategy` over all devices).
-
-    For a mirrored run on CPU, configure several logical CPU devices first (before TensorFlow
-    initialises), e.g. with `split_cpu(2)`; every GPU is used when there are GPUs.
-    """
-    if name not in STRATEGIES:
-        raise ValueError(f"`strategy` must be one of {STRATEGIES}. Received: strategy={name!r}")
-    if name == "default":
-        return tf.distribute.get_strategy()
-    gpus = tf.config.list_logical_devices("GPU")
-    devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
-    return tf.distribute.MirroredStrategy(devices=devices)
-
-
-def split_cpu(count):
-    """Splits the physical CPU into `count` logical devices; call before TensorFlow initialises."""
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
-
-
-def adamw_with_warmup(learning_rate, total_steps, warmup_fraction=0.1, weight_decay=0.01):
-    """AdamW whose learning rate rises linearly for `warmup_fraction` of the steps, then cosine-decays."""
-    warmup_steps = max(1, int(total_steps * warmup_fraction))
-    schedule = keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0,
-        decay_steps=max(1, total_steps - warmup_steps),
-        warmup_target=learning_rate,
-        warmup_steps=warmup_steps,
-    )
-    return keras.optimizers.AdamW(learning_rate=schedule, weight_decay=weight_decay)
 
 
 def read_history(output_dir):
@@ -287,24 +237,3 @@ def restore_best_weights(model, output_dir):
         with reading(path, _start_over(output_dir)):
             model.load_weights(str(path))
     return path
-
-
-def with_counted_batches(dataset):
-    """`dataset` with its number of batches counted once (one pass) and declared as its cardinality.
-
-    Keras then shows the steps in the first epoch's progress bar (`1/Unknown` otherwise, until
-    epoch 2). Safe for shuffled, length-bucketed batches: each bucket batches its own elements, so
-    the count does not depend on the order; `assert_cardinality` fails loudly if it ever did.
-    """
-    count = int(dataset.reduce(0, lambda count, _: count + 1))
-    return dataset.apply(tf.data.experimental.assert_cardinality(count))
-
-
-def bucket_boundaries(sequence_length, width):
-    """`bucket_by_sequence_length` boundaries padding batches to multiples of `width`, at most `sequence_length`.
-
-    A length `n` goes to the first bucket whose boundary exceeds it, so the boundaries are the
-    padded lengths `width, 2 * width, ..., sequence_length` plus one.
-    """
-    lengths = list(range(width, sequence_length, width)) + [sequence_length]
-    return [length + 1 for length in lengths]

@@ -1,4 +1,4 @@
-"""Export with verification: nothing is published unless every export agrees with Keras.
+"""The IMDB classifier's export with verification: nothing is published unless every export agrees with Keras.
 
 `export_and_verify` builds the SavedModel and the ONNX bundle in staging directories, then
 compares, on the same raw reviews, the Keras model with:
@@ -24,12 +24,12 @@ import tensorflow as tf
 
 import keras_attn
 
-from export import onnx_export
-from export import savedmodel
 from export import serving_layout
 from export.fresh_process import ExportVerificationError
 from export.fresh_process import serve_in_fresh_process
-from export.onnx_predictor import OnnxSentimentPredictor
+from export.imdb import onnx_bundle
+from export.imdb import savedmodel
+from export.imdb.onnx_predictor import OnnxSentimentPredictor
 from models.export_manifest import write_manifest
 from models.imdb_text import MODEL_ID
 from models.imdb_text import dense_token_ids
@@ -139,7 +139,7 @@ def export_and_verify(model, vectorizer, vocabulary_path, sequence_length, revie
         savedmodel.write_savedmodel(model, vocabulary_path, vectorizer.vocabulary_size(), sequence_length, saved_staging)
         warmup_batches = [reviews[:1], reviews[:8]]  # one review alone, then a batch
         serving_layout.write_warmup_requests(saved_staging, model_name, savedmodel.INPUT_NAME, warmup_batches)
-        onnx_export.write_onnx_bundle(model, vocabulary_path, vectorizer.vocabulary_size(), sequence_length, onnx_staging)
+        onnx_bundle.write_onnx_bundle(model, vocabulary_path, vectorizer.vocabulary_size(), sequence_length, onnx_staging)
         sizes = {"reviews": vectorizer.vocabulary_size()}
         write_manifest(saved_staging, MODEL_ID, "savedmodel", sizes, keras_attn.__version__, savedmodel.INPUT_NAME)
         parity = verify_exports(model, vectorizer, sequence_length, saved_staging, onnx_staging, reviews, atol)

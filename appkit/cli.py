@@ -1,4 +1,4 @@
-"""Command-line conventions every CLI above `models` shares: flag types with ranges, up-front
+"""Command-line conventions every CLI of the apps shares: flag types with ranges, up-front
 checks of outputs, and one clear line (exit status 2) for a user's error.
 
     parser.add_argument("--batch-size", type=positive_int, default=32)
@@ -54,11 +54,19 @@ def parse_bool(text):
     return text.lower() == "true"
 
 
+def comma_separated(text):
+    """`"mean,max"` -> `("mean", "max")`."""
+    return tuple(text.split(","))
+
+
 def config_flag_type(name, default):
     """The flag type of a config field from its default: booleans true/false, sizes positive
-    integers, rates (`*dropout`, `*fraction`) in [0, 1), other numbers positive, strings as given."""
+    integers, rates (`*dropout`, `*fraction`) in [0, 1), other numbers positive, tuples
+    comma-separated, strings as given."""
     if isinstance(default, bool):
         return parse_bool
+    if isinstance(default, tuple):
+        return comma_separated
     if isinstance(default, int):
         return positive_int
     if isinstance(default, float):

@@ -1,14 +1,14 @@
-"""ONNX export of the token-id classifier, bundled with what a client needs to tokenise.
+"""ONNX export of the IMDB token-id classifier, bundled with what a client needs to tokenise.
 
 String ops do not convert to ONNX, so the ONNX graph starts at token ids: input `token_ids`
 (int32 `[batch, length]`, both dynamic, 0 = padding), output `probability` (float32
 `[batch, 1]`). The bundle directory holds:
 
-    model.onnx         tf2onnx conversion (opset <= 18)
+    model.onnx         tf2onnx conversion (`export.onnx_conversion`)
     vocabulary.txt     the training vocabulary (line i = id 2 + i)
     tokenizer.json     standardisation rules, reserved ids, sequence length
     onnx_predictor.py  a NumPy + onnxruntime predictor applying them (a copy of
-                       export/onnx_predictor.py; the bundle needs no project code)
+                       export/imdb/onnx_predictor.py; the bundle needs no project code)
     export_manifest.py the integrity check it runs first (a copy of models/export_manifest.py)
     manifest.json      SHA-256 and size of every file, model id, vocabulary size
 """
@@ -18,16 +18,15 @@ import shutil
 from pathlib import Path
 
 import tensorflow as tf
-import tf2onnx
 
 import keras_attn
 
-from export import onnx_predictor
+from export.imdb import onnx_predictor
+from export.onnx_conversion import convert
 from models import export_manifest
 from models.imdb_text import MODEL_ID
 from models.imdb_text import tokenizer_rules
 
-OPSET = 18
 INPUT_NAME = "token_ids"
 
 
@@ -38,7 +37,7 @@ def write_onnx_bundle(model, vocabulary_path, vocabulary_size, sequence_length, 
     path.mkdir(parents=True, exist_ok=True)
     signature = [tf.TensorSpec([None, None], tf.int32, name=INPUT_NAME)]
     predict = tf.function(lambda token_ids: model(token_ids, training=False), input_signature=signature)
-    tf2onnx.convert.from_function(predict, input_signature=signature, opset=OPSET, output_path=str(path / "model.onnx"))
+    convert(predict, path / "model.onnx")
     shutil.copyfile(vocabulary_path, path / "vocabulary.txt")
     (path / "tokenizer.json").write_text(json.dumps(tokenizer_rules(sequence_length), indent=2) + "\n")
     shutil.copyfile(onnx_predictor.__file__, path / "onnx_predictor.py")

@@ -1,0 +1,5 @@
+"""`python -m export.translator`: exports a trained translator, verified (`export.translator.verified_export`)."""
+
+from export.translator.verified_export import main
+
+main()

@@ -1,0 +1,147 @@
+"""The translator as two ONNX graphs, and the greedy decoding loop that runs them in onnxruntime.
+
+`encoder.onnx` (source ids -> the decoder's cross-attention keys/values, projected once) and
+`decoder_step.onnx` (one token + the self-attention cache -> logits + the updated cache), with
+dynamic batch and lengths, written with the vocabularies and `decoding.json` (start, end and
+padding ids, length, cache shape); `onnx_greedy_decode` drives them with onnxruntime only.
+"""
+
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from export.onnx_conversion import convert
+from models.decoding import cross_attention_caches
+from models.decoding import decoder_step
+from models.vocabulary import PADDING_ID
+
+
+def _stacked_caches(model):
+    """`(layers, heads, head_dim)`: the static sizes of the stacked caches `(layers, 2, length, heads, head_dim)`."""
+    return len(model.decoder_layers), model.num_heads, model.embedding_dim // model.num_heads
+
+
+def onnx_functions(model):
+    """The encoder and one cached decoder step as `tf.function`s with dynamic batch and lengths."""
+    layers, heads, head_dim = _stacked_caches(model)
+    cache_spec = (None, layers, 2, None, heads, head_dim)
+
+    @tf.function(input_signature=[tf.TensorSpec((None, None), tf.int32, name="source_ids")])
+    def encoder(source_ids):
+        caches = cross_attention_caches(model, model.encode(source_ids))
+        return {"cross_cache": tf.stack(caches, axis=1)}  # (batch, layers, 2, source_len, heads, head_dim)
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec((None, 1), tf.int32, name="token"),
+            tf.TensorSpec((), tf.int32, name="index"),
+            tf.TensorSpec(cache_spec, tf.float32, name="self_cache"),
+            tf.TensorSpec(cache_spec, tf.float32, name="cross_cache"),
+            tf.TensorSpec((None, None), tf.int32, name="source_ids"),
+        ]
+    )
+    def step(token, index, self_cache, cross_cache, source_ids):
+        logits, updated = decoder_step(
+            model,
+            token,
+            tf.unstack(self_cache, layers, axis=1),
+            tf.unstack(cross_cache, layers, axis=1),
+            model.source_padding_mask(source_ids),
+            index,
+        )
+        return {"logits": logits, "updated_self_cache": tf.stack(updated, axis=1)}
+
+    return encoder, step
+
+
+def _dynamic_update_slice_to_onnx(ctx, node, name, args):
+    """tf2onnx handler: `XlaDynamicUpdateSlice(operand, update, starts)` (the key/value cache write
+    of `keras.ops.slice_update`), which tf2onnx lacks, as
+    `Where(Pad(ones_like(update)), Pad(update), operand)` with pads `starts` and
+    `shape(operand) - starts - shape(update)`."""
+    import onnx
+    from onnx import numpy_helper
+
+    operand, update, starts = node.input
+    operand_shape = ctx.make_node("Shape", [operand]).output[0]
+    update_shape = ctx.make_node("Shape", [update]).output[0]
+    before = ctx.make_node("Cast", [starts], attr={"to": onnx.TensorProto.INT64}).output[0]
+    room = ctx.make_node("Sub", [operand_shape, before]).output[0]
+    after = ctx.make_node("Sub", [room, update_shape]).output[0]
+    pads = ctx.make_node("Concat", [before, after], attr={"axis": 0}).output[0]
+    padded_update = ctx.make_node("Pad", [update, pads]).output[0]
+    ones = ctx.make_node(
+        "ConstantOfShape", [update_shape], attr={"value": numpy_helper.from_array(np.ones(1, np.float32))}
+    ).output[0]
+    written = ctx.make_node("Pad", [ones, pads]).output[0]
+    where_written = ctx.make_node("Cast", [written], attr={"to": onnx.TensorProto.BOOL}).output[0]
+    node.type = "Where"
+    ctx.replace_inputs(node, [where_written, padded_update, operand])
+    return node
+
+
+def write_onnx(model, vectorizers, directory):
+    os.makedirs(directory, exist_ok=True)
+    encoder, step = onnx_functions(model)
+    for name, function in (("encoder", encoder), ("decoder_step", step)):
+        convert(
+            function,
+            os.path.join(directory, f"{name}.onnx"),
+            custom_op_handlers={"XlaDynamicUpdateSlice": (_dynamic_update_slice_to_onnx, [])},
+        )
+    layers, heads, head_dim = _stacked_caches(model)
+    with open(os.path.join(directory, "decoding.json"), "w", encoding="utf-8") as handle:
+        json.dump(
+            {
+                "start_id": vectorizers.start_id,
+                "end_id": vectorizers.end_id,
+                "padding_id": PADDING_ID,
+                "max_length": vectorizers.sequence_length,
+                "cache_shape": [layers, 2, heads, head_dim],
+            },
+            handle,
+            indent=1,
+        )
+    vectorizers.save(directory)
+
+
+def onnx_greedy_decode(directory, source_ids):
+    """Greedy decoding with onnxruntime only: `(batch, max_length)` ids like `translate_ids`."""
+    import onnxruntime
+
+    with open(os.path.join(directory, "decoding.json"), encoding="utf-8") as handle:
+        decoding = json.load(handle)
+    options = {"providers": ["CPUExecutionProvider"]}
+    encoder = onnxruntime.InferenceSession(os.path.join(directory, "encoder.onnx"), **options)
+    step = onnxruntime.InferenceSession(os.path.join(directory, "decoder_step.onnx"), **options)
+    source_ids = np.asarray(source_ids, np.int32)
+    batch, max_length = source_ids.shape[0], decoding["max_length"]
+    (cross_cache,) = encoder.run(None, {"source_ids": source_ids})
+    layers, pair, heads, head_dim = decoding["cache_shape"]
+    self_cache = np.zeros((batch, layers, pair, max_length, heads, head_dim), np.float32)
+    tokens = np.full((batch, max_length), decoding["padding_id"], np.int32)
+    tokens[:, 0] = decoding["start_id"]
+    finished = np.zeros(batch, bool)
+    output_names = [output.name for output in step.get_outputs()]
+    for index in range(max_length - 1):
+        outputs = step.run(
+            None,
+            {
+                "token": tokens[:, index : index + 1],
+                "index": np.asarray(index, np.int32),
+                "self_cache": self_cache,
+                "cross_cache": cross_cache,
+                "source_ids": source_ids,
+            },
+        )
+        outputs = dict(zip(output_names, outputs))
+        self_cache = outputs["updated_self_cache"]
+        next_ids = np.argmax(outputs["logits"], axis=-1).astype(np.int32)
+        next_ids[finished] = decoding["padding_id"]
+        tokens[:, index + 1] = next_ids
+        finished |= next_ids == decoding["end_id"]
+        if finished.all():
+            break
+    return tokens

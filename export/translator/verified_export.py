@@ -1,0 +1,131 @@
+"""Exports a trained translator as a TF Serving SavedModel and as ONNX graphs, verified.
+
+    python -m export.translator --run runs/translator --export-dir artifacts/export
+
+Writes `<export-dir>/translator/<version>/` (TF Serving's layout; the version is one more than
+the highest present; `<export-dir>/models.config` lists it) holding:
+
+- the SavedModel (`export.translator.savedmodel`), raw source strings in, translations out;
+  `assets.extra/tf_serving_warmup_requests` holds two `source` batches;
+- `onnx/encoder.onnx` and `onnx/decoder_step.onnx` with the vocabularies and
+  `onnx/decoding.json` (`export.translator.onnx_graphs`).
+
+Before the version directory appears (an atomic rename of a temporary directory), the export is
+checked on test sentences: the SavedModel reloaded in a fresh Python process with no project code
+must give the Keras model's translations, and the ONNX greedy decoder the Keras decoder's tokens.
+Any disagreement raises `ExportVerificationError` and publishes nothing.
+"""
+
+import argparse
+import json
+import os
+
+import numpy as np
+
+import keras_attn
+
+from appkit.cli import add_debug_flag
+from appkit.cli import positive_int
+from appkit.cli import require_writable_directory
+from appkit.cli import user_errors_exit
+from export.fresh_process import ExportVerificationError
+from export.fresh_process import serve_in_fresh_process
+from export.serving_layout import publish
+from export.serving_layout import staging_directory
+from export.serving_layout import write_models_config
+from export.serving_layout import write_warmup_requests
+from export.translator.onnx_graphs import onnx_greedy_decode
+from export.translator.onnx_graphs import write_onnx
+from export.translator.savedmodel import SIGNATURE_INPUT
+from export.translator.savedmodel import SIGNATURE_OUTPUT
+from export.translator.savedmodel import write_saved_model
+from models.decoding import decode_sentences
+from models.decoding import make_decoder
+from models.export_manifest import write_manifest
+from models.translation_text import MODEL_ID
+from models.translation_text import detokenize
+from models.translator_run import held_out_sources
+from models.translator_run import load_run
+
+MODEL_NAME = "translator"
+
+
+def reload_translations(saved_model_dir, sentences):
+    """Translations from the SavedModel, loaded in a fresh process without project code."""
+    return serve_in_fresh_process(saved_model_dir, {SIGNATURE_INPUT: list(sentences)})[SIGNATURE_OUTPUT]
+
+
+def _first_mismatch(expected, received):
+    for position, (wanted, got) in enumerate(zip(expected, received)):
+        if not np.array_equal(wanted, got):
+            return position, wanted, got
+    return None
+
+
+def verify_export(model, vectorizers, version_dir, sentences):
+    """Raises `ExportVerificationError` unless the SavedModel and ONNX agree with Keras."""
+    decoder = make_decoder(model, vectorizers)
+    expected_ids = np.concatenate(
+        [decoder(vectorizers.source_ids(sentences[i : i + 256])).numpy() for i in range(0, len(sentences), 256)]
+    )
+    expected_text = detokenize(decode_sentences(decoder, vectorizers, sentences))
+    reloaded = reload_translations(version_dir, sentences)
+    mismatch = _first_mismatch(expected_text, reloaded)
+    if mismatch or len(reloaded) != len(expected_text):
+        raise ExportVerificationError(
+            f"SavedModel translation differs from Keras at sentence {mismatch}: {sentences[mismatch[0]]!r}"
+            if mismatch
+            else f"SavedModel returned {len(reloaded)} translations for {len(expected_text)} sentences"
+        )
+    onnx_ids = np.concatenate(
+        [
+            onnx_greedy_decode(os.path.join(version_dir, "onnx"), vectorizers.source_ids(sentences[i : i + 256]))
+            for i in range(0, len(sentences), 256)
+        ]
+    )
+    mismatch = _first_mismatch(expected_ids, onnx_ids)
+    if mismatch:
+        raise ExportVerificationError(
+            f"ONNX greedy tokens differ from the TF decoder at sentence {mismatch[0]} "
+            f"({sentences[mismatch[0]]!r}): TF {mismatch[1].tolist()} vs ONNX {mismatch[2].tolist()}"
+        )
+    return {"sentences": len(sentences), "saved_model_matches": True, "onnx_matches": True}
+
+
+def export_translator(model, vectorizers, export_dir, sentences):
+    """Writes, verifies and atomically publishes `<export_dir>/translator/<version>`.
+
+    The same TF Serving layout as the IMDB export (`export.serving_layout`): built in a readable
+    hidden directory beside the versions with warmup requests (one sentence, then a batch of up
+    to 8), renamed to the next free version only once verified, then listed in `models.config`.
+    """
+    model_dir = os.path.join(export_dir, MODEL_NAME)
+    with staging_directory(model_dir) as staging:
+        write_saved_model(model, vectorizers, str(staging))
+        write_warmup_requests(staging, MODEL_NAME, SIGNATURE_INPUT, [sentences[:1], sentences[:8]])
+        write_onnx(model, vectorizers, os.path.join(staging, "onnx"))
+        sizes = {"source": vectorizers.source.vocabulary_size(), "target": vectorizers.target.vocabulary_size()}
+        write_manifest(staging, MODEL_ID, "savedmodel+onnx", sizes, keras_attn.__version__, SIGNATURE_INPUT)
+        report = verify_export(model, vectorizers, str(staging), sentences)
+        final = publish(staging, model_dir)
+    write_models_config(export_dir)
+    return str(final), report
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m export.translator", description=__doc__.split("\n")[0])
+    parser.add_argument("--run", default="runs/translator", help="training output directory")
+    parser.add_argument("--export-dir", default="artifacts/export", help="TF Serving base directory")
+    parser.add_argument("--verify-sentences", type=positive_int, default=200, help="test sentences checked")
+    add_debug_flag(parser)
+    args = parser.parse_args(argv)
+    with user_errors_exit(parser.prog, args.debug):
+        require_writable_directory(args.export_dir, "--export-dir")
+        model, vectorizers, _ = load_run(args.run)
+        sentences = held_out_sources(args.run, args.verify_sentences)
+        path, report = export_translator(model, vectorizers, args.export_dir, sentences)
+    print(json.dumps({"export": path, **report}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
