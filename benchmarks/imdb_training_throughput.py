@@ -28,13 +28,31 @@ from models.imdb_text import dense_token_ids  # noqa: E402
 _KERAS_MHA_ARGUMENTS = set(inspect.signature(keras.layers.MultiHeadAttention.__init__).parameters)
 
 
+class KerasSelfAttention(keras.layers.MultiHeadAttention):
+    """Keras's layer, unchanged, called the way the blocks call every attention layer: `value=None`
+    is self-attention (Keras's own `call` requires `value`)."""
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        super().build(query_shape, query_shape if value_shape is None else value_shape, key_shape)
+
+    def call(
+        self, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None,
+        attention_mask=None, return_attention_scores=False, training=None, use_causal_mask=False,
+    ):
+        return super().call(
+            query, query if value is None else value, key, query_mask=query_mask, value_mask=value_mask,
+            key_mask=key_mask, attention_mask=attention_mask, return_attention_scores=return_attention_scores,
+            training=training, use_causal_mask=use_causal_mask,
+        )
+
+
 class KerasAttentionEncoder(TransformerEncoder):
     """`TransformerEncoder` whose self-attention is `keras.layers.MultiHeadAttention` (the peer)."""
 
     def _attention(self, name, hidden_dim, **options):
         ours = super()._attention(name, hidden_dim, **options)
         config = {key: value for key, value in ours.get_config().items() if key in _KERAS_MHA_ARGUMENTS}
-        return keras.layers.MultiHeadAttention(**config)
+        return KerasSelfAttention(**config)
 
 
 @contextlib.contextmanager
