@@ -39,25 +39,23 @@ def _model_name(text):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog=PROG, add_help=False)
-    parser.add_argument("--export-dir", default="artifacts/export", help="root of the TF Serving layout")
-    parser.add_argument("--model-name", type=_model_name, default="imdb_sentiment")
-    known, rest = parser.parse_known_args(argv)
-    if "-h" in rest or "--help" in rest:
-        print(__doc__)
-    return known, train_imdb.parse_args(rest, prog=PROG)
+    """The export's flags and every `pipelines.train_imdb` flag, in one namespace."""
+    export_flags = argparse.ArgumentParser(add_help=False)
+    export_flags.add_argument("--export-dir", default="artifacts/export", help="root of the TF Serving layout")
+    export_flags.add_argument("--model-name", type=_model_name, default="imdb_sentiment")
+    return train_imdb.parse_args(argv, prog=PROG, parents=[export_flags], description=__doc__.split("\n")[0])
 
 
 def main(argv=None):
     started = time.perf_counter()
-    export_args, train_args = parse_args(argv)
-    if train_args.cpu_devices:
-        training.split_cpu(train_args.cpu_devices)  # before TensorFlow initialises its devices
-    with user_errors_exit(PROG, train_args.debug):
+    args = parse_args(argv)
+    if args.cpu_devices:
+        training.split_cpu(args.cpu_devices)  # before TensorFlow initialises its devices
+    with user_errors_exit(PROG, args.debug):
         # Both outputs are proved writable before hours of training, not after.
-        require_writable_directory(train_args.output_dir, "--output-dir")
-        require_writable_directory(export_args.export_dir, "--export-dir")
-        run = train_imdb.train(train_args)
+        require_writable_directory(args.output_dir, "--output-dir")
+        require_writable_directory(args.export_dir, "--export-dir")
+        run = train_imdb.train(args)
         if not run.chief:  # another worker of a multi-worker run: the chief exports
             return run.summary
         pool = [text.decode("utf-8") for text, _ in run.splits.test.take(_VERIFICATION_POOL).as_numpy_iterator()]
@@ -67,8 +65,8 @@ def main(argv=None):
             run.summary["vocabulary"],
             run.config.max_tokens,
             verification_reviews(pool),
-            export_args.export_dir,
-            export_args.model_name,
+            args.export_dir,
+            args.model_name,
         )
     summary = {
         "test_accuracy": run.summary["test_accuracy"],

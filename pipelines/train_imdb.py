@@ -75,9 +75,13 @@ class TrainingRun:
 PROG = "python -m pipelines.train_imdb"
 
 
-def parse_args(argv=None, prog=PROG):
-    """The flags, each checked against its range: a bad value exits 2 with one line, before any work."""
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+def parse_args(argv=None, prog=PROG, parents=(), description=__doc__.split("\n")[0]):
+    """The flags, each checked against its range: a bad value exits 2 with one line, before any work.
+
+    A command that trains the classifier and does more (the main job) passes its own flags as
+    `parents` (argparse parsers made with `add_help=False`), so `--help` lists them all.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description, parents=parents)
     parser.add_argument("--data", help="IMDB archive or a directory holding it (see pipelines/imdb_data.py)")
     parser.add_argument("--cache-dir", help="decoded-data cache (default $KERAS_ATTN_CACHE or ~/.cache/keras_attn)")
     parser.add_argument("--no-download", action="store_true", help="never fall back to a TFDS download")

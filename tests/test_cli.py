@@ -1,6 +1,9 @@
 """Every CLI's bad input ends before any work with one `<prog>: error: ...` line naming the flag
 (or the file) and the value received, exit status 2, no traceback; `--debug` shows the error."""
 
+import importlib
+from pathlib import Path
+
 import pytest
 
 from appkit import cli
@@ -169,3 +172,31 @@ def test_flag_types(parse, good, bad):
     for text in bad:
         with pytest.raises(argparse.ArgumentTypeError, match=repr(text)):
             parse(text)
+
+
+def _commands():
+    """`{command: module}` for every `python -m` entry point of the apps: the modules of pipelines/
+    and export/ that run as a script (a package's `__main__` is the package's command)."""
+    root = Path(__file__).resolve().parents[1]
+    commands = {}
+    for package in ("pipelines", "export"):
+        for path in (root / package).rglob("*.py"):
+            if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8"):
+                module = ".".join(path.relative_to(root).with_suffix("").parts)
+                commands[module.removesuffix(".__main__")] = module
+    return commands
+
+
+def test_the_apps_have_command_line_entry_points():
+    assert {"export.verify", "export.translator", "pipelines.main_job", "pipelines.train_imdb"} <= set(_commands())
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_every_cli_prints_its_usage_on_help(command, capsys):
+    module = importlib.import_module(_commands()[command])
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: python -m {command} ")
+    assert "--debug" in out  # and the options below it

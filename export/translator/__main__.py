@@ -2,4 +2,5 @@
 
 from export.translator.verified_export import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -126,6 +126,3 @@ def main(argv=None):
         path, report = export_translator(model, vectorizers, args.export_dir, sentences)
     print(json.dumps({"export": path, **report}, indent=2))
 
-
-if __name__ == "__main__":
-    main()
