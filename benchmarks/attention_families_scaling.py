@@ -27,6 +27,8 @@ import sys
 
 from benchmarks import measurement
 
+PEER_RATIO = "time_vs_peer"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+
 LENGTHS = (1024, 4096, 16384, 65536)
 CASES = ("dense", "blockwise", "blockwise_causal", "lsh", "linformer", "linear_elu", "favor", "linear_elu_causal")
 # The issue's families and peers; `blockwise_causal` (the causal peer) runs when asked with --cases.

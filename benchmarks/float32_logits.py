@@ -18,6 +18,8 @@ from keras_attn import scaled_dot_product_attention  # noqa: E402
 from keras_attn.masks import causal_mask  # noqa: E402
 from keras_attn.softmax import masked_softmax  # noqa: E402
 
+PEER_RATIO = "float32_over_float16"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+
 
 def float16_logits_attention(query, key, value, scale):
     """The peer: logits in the inputs' float16, then the same float32 masked softmax."""

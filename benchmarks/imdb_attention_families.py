@@ -49,6 +49,8 @@ from pipelines.imdb_data import default_cache_dir  # noqa: E402
 from pipelines.imdb_data import load_cache  # noqa: E402
 from pipelines.imdb_data import split_reviews  # noqa: E402
 
+PEER_RATIO = "accuracy_vs_dense"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+
 # Long Range Arena, Text task (Tay et al. 2020, table 1), by the family's model there.
 LRA_TEXT = {
     "dense": ("Transformer", 64.27),

@@ -25,6 +25,8 @@ from keras_attn import TransformerEncoder  # noqa: E402
 from models.imdb_text import adapt_review_vectorizer  # noqa: E402
 from models.imdb_text import dense_token_ids  # noqa: E402
 
+PEER_RATIO = "speedup_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+
 _KERAS_MHA_ARGUMENTS = set(inspect.signature(keras.layers.MultiHeadAttention.__init__).parameters)
 
 

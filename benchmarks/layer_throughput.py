@@ -21,6 +21,8 @@ import tensorflow as tf  # noqa: E402
 
 from keras_attn.multi_head_attention import MultiHeadAttention  # noqa: E402
 
+PEER_RATIO = "speedup_vs_keras_best"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 
 

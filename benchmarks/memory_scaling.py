@@ -17,6 +17,8 @@ import sys
 
 from benchmarks import measurement
 
+PEER_RATIO = "memory_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+
 FORWARD_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 BACKWARD_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 LAYERS = ("keras", "keras_attn")

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 from benchmarks import measurement
+
+PEER_RATIO = "two_over_one_worker"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 from pipelines import imdb_data
 from pipelines import launch
 

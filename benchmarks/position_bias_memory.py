@@ -18,6 +18,8 @@ import sys
 
 from benchmarks import measurement
 
+PEER_RATIO = "memory_vs_no_bias"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+
 BIASES = ("none", "alibi", "t5")
 MODES = ("forward", "forward_backward")
 

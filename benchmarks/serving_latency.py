@@ -47,6 +47,8 @@ from models.imdb_text import save_review_vocabulary  # noqa: E402
 from models.sentiment_classifier import SentimentClassifierConfig  # noqa: E402
 from models.sentiment_classifier import build_sentiment_classifier  # noqa: E402
 
+PEER_RATIO = "p50_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+
 RUNTIMES = ("keras", "saved_model", "onnx_runtime")
 
 

@@ -28,6 +28,8 @@ import sys
 
 from benchmarks import measurement
 
+PEER_RATIO = "speedup_vs_dense_causal"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+
 LENGTHS = (4096, 16384, 65536)
 CASES = ("dense_causal", "causal_strided", "block_local")
 MODES = ("forward", "forward_backward")

@@ -4,35 +4,26 @@ These check that the scripts run and write their JSON with the peer measured; th
 themselves are not tested (no timed tests): see BENCHMARKS.md.
 """
 
+import importlib
 import json
+from pathlib import Path
 
 import pytest
 
-from benchmarks import attention_families_scaling
-from benchmarks import cached_decoding
-from benchmarks import serving_latency
-from benchmarks import float32_logits
-from benchmarks import imdb_attention_families
-from benchmarks import imdb_training_throughput
-from benchmarks import layer_throughput
-from benchmarks import memory_scaling
-from benchmarks import position_bias_memory
 from benchmarks import sparse_patterns
 from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
 from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 
-SCRIPTS = {
-    "attention_families_scaling": (attention_families_scaling, "time_vs_peer"),
-    "layer_throughput": (layer_throughput, "speedup_vs_keras_best"),
-    "memory_scaling": (memory_scaling, "memory_vs_keras"),
-    "position_bias_memory": (position_bias_memory, "memory_vs_no_bias"),
-    "cached_decoding": (cached_decoding, "recompute_over_cached"),
-    "serving_latency": (serving_latency, "p50_vs_keras"),
-    "float32_logits": (float32_logits, "float32_over_float16"),
-    "imdb_training_throughput": (imdb_training_throughput, "speedup_vs_keras"),
-    "imdb_attention_families": (imdb_attention_families, "accuracy_vs_dense"),
-    "sparse_patterns": (sparse_patterns, "speedup_vs_dense_causal"),
-}
+BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+# Every script of benchmarks/ (a module that runs as `python -m benchmarks.<name>`): a new
+# benchmark is one module, declaring its `PEER_RATIO`, and is smoke-run here without an edit.
+SCRIPTS = sorted(
+    path.stem for path in BENCHMARKS_DIR.glob("*.py") if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8")
+)
+
+
+def test_the_benchmark_scripts_are_found():
+    assert {"layer_throughput", "serving_latency", "convert_speed", "multi_worker"} <= set(SCRIPTS)
 
 
 @pytest.mark.slow
@@ -41,7 +32,8 @@ def test_smoke_run_writes_rows_with_the_peer_ratio(name, tmp_path, monkeypatch, 
     # The IMDB benchmarks read the small test archive through the pipelines' cache.
     monkeypatch.setenv("KERAS_ATTN_DATA", str(small_imdb_archive))
     monkeypatch.setenv("KERAS_ATTN_CACHE", str(imdb_cache_dir))
-    module, ratio = SCRIPTS[name]
+    module = importlib.import_module(f"benchmarks.{name}")
+    ratio = module.PEER_RATIO  # the row key of the ratio to the peer measured in the same run
     output = tmp_path / f"{name}.json"
     rows = module.main(["--smoke", "--output", str(output)])
     written = json.loads(output.read_text())

@@ -5,7 +5,6 @@ within float32 rounding), reloaded from `.keras` and checked again; every attent
 cannot be converted must be named with its reason.
 """
 
-import json
 import re
 
 import keras
@@ -437,14 +436,3 @@ def test_a_layer_is_not_a_model():
     with pytest.raises(ValueError, match=r"`model` must be a keras.Model .* Received: model=<MultiHeadAttention"):
         keras_attn.convert(layer)
 
-
-def test_benchmark_smoke_run_writes_the_ratios(tmp_path, capsys):
-    from benchmarks import convert_speed
-
-    output = tmp_path / "convert_speed.json"
-    rows = convert_speed.main(["--smoke", "--output", str(output)])
-    written = json.loads(output.read_text())
-    assert written["benchmark"] == "convert_speed_smoke"
-    assert written["rows"] == json.loads(json.dumps(rows))
-    assert all(row["time_vs_keras"] > 0 for row in rows if row["model"] == "converted")
-    assert "load average" in capsys.readouterr().out
