@@ -167,13 +167,16 @@ def verify_int8_accuracy(model, vectorizer, sequence_length, onnx_dir, reviews, 
     reviews, labels = _labelled(reviews, labels)
     tolerance = _check_tolerance(tolerance)
     predictor = OnnxSentimentPredictor(onnx_dir, quantized=True)
-    float_labels, int8_labels = [], []
-    for start in range(0, len(reviews), _ACCURACY_BATCH):
-        batch = reviews[start : start + _ACCURACY_BATCH]
-        float_labels.append(keras_reference(model, vectorizer, sequence_length, batch)[1] >= 0.5)
-        int8_labels.append(predictor.predict(batch)["label"])
-    float_accuracy = float(np.mean(np.concatenate(float_labels) == labels))
-    int8_accuracy = float(np.mean(np.concatenate(int8_labels) == labels))
+    # Batches of reviews of similar length: a batch is padded to its longest review (2,500
+    # validation reviews: about 20 s on 2 busy cores, against 70 s in their stored order).
+    order = sorted(range(len(reviews)), key=lambda index: len(reviews[index]))
+    float_correct = int8_correct = 0
+    for start in range(0, len(order), _ACCURACY_BATCH):
+        batch = [reviews[index] for index in order[start : start + _ACCURACY_BATCH]]
+        expected = labels[order[start : start + _ACCURACY_BATCH]]
+        float_correct += int(np.sum((keras_reference(model, vectorizer, sequence_length, batch)[1] >= 0.5) == expected))
+        int8_correct += int(np.sum(predictor.predict(batch)["label"] == expected))
+    float_accuracy, int8_accuracy = float_correct / len(reviews), int8_correct / len(reviews)
     points_lost = 100 * (float_accuracy - int8_accuracy)
     float_path = Path(onnx_dir) / onnx_bundle.MODEL_FILES[False]
     if points_lost > tolerance:
