@@ -14,6 +14,7 @@ from benchmarks import serving_latency
 from benchmarks import float32_logits
 from benchmarks import imdb_attention_families
 from benchmarks import imdb_training_throughput
+from benchmarks import int8_quantization
 from benchmarks import layer_throughput
 from benchmarks import memory_scaling
 from benchmarks import position_bias_memory
@@ -31,6 +32,7 @@ SCRIPTS = {
     "float32_logits": (float32_logits, "float32_over_float16"),
     "imdb_training_throughput": (imdb_training_throughput, "speedup_vs_keras"),
     "imdb_attention_families": (imdb_attention_families, "accuracy_vs_dense"),
+    "int8_quantization": (int8_quantization, "batch32_vs_float"),
     "sparse_patterns": (sparse_patterns, "speedup_vs_dense_causal"),
 }
 
