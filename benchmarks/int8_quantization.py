@@ -16,8 +16,9 @@ difference from `keras_float` in points, the labels it shares with `keras_float`
 batch-32 latency as a ratio to its float peer of the same runtime (all four in turn, best of
 `--rounds`), and the size of its weights (Keras: the `.weights.h5` file; ONNX: the model file) as a
 ratio to its float peer. Both runtimes take token ids (the tokeniser is timed by neither); ONNX
-Runtime runs with its default session options. `--smoke` uses a freshly built, untrained tiny
-classifier with a vocabulary adapted on the reviews, for the tests.
+Runtime runs with its default session options. `--smoke` uses a freshly built, untrained
+classifier of the training smoke configuration (`pipelines.train_imdb.SMOKE_MODEL`) with a
+vocabulary adapted on the reviews, for the tests.
 
     python -m benchmarks.int8_quantization [--run runs/imdb] [--max-test 25000] [--rounds 20]
 """
@@ -32,23 +33,21 @@ from benchmarks import measurement
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from appkit.cli import positive_int  # noqa: E402
 from export.imdb.onnx_bundle import write_onnx_bundle  # noqa: E402
+from export.imdb.onnx_predictor import MODEL_FILES  # noqa: E402
 from export.imdb.onnx_predictor import OnnxSentimentPredictor  # noqa: E402
 from models.imdb_text import adapt_review_vectorizer  # noqa: E402
 from models.imdb_text import dense_token_ids  # noqa: E402
 from models.imdb_text import save_review_vocabulary  # noqa: E402
-from models.sentiment_classifier import SentimentClassifierConfig  # noqa: E402
 from models.sentiment_classifier import build_sentiment_classifier  # noqa: E402
 from pipelines.explain_imdb import load_classifier  # noqa: E402
+from pipelines.train_imdb import SMOKE_MODEL  # noqa: E402
 
 MODELS = ("keras_float", "keras_int8", "onnx_float", "onnx_int8")
 FLOAT_PEER = {"keras_float": "keras_float", "keras_int8": "keras_float", "onnx_float": "onnx_float", "onnx_int8": "onnx_float"}
 TEST_REVIEWS = 25_000
 _BATCH = 64  # reviews per call while measuring accuracy
-SMOKE_MODEL = SentimentClassifierConfig(
-    vocabulary_size=200, max_tokens=32, sequence_length=32, embedding_dim=8, num_heads=2, intermediate_dim=8,
-    bigram_buckets=64,
-)
 
 
 def keras_int8_copy(model, config):
@@ -58,6 +57,7 @@ def keras_int8_copy(model, config):
     with warnings.catch_warnings():  # Keras warns once per layer it has no int8 form for: listed below instead
         warnings.simplefilter("ignore")
         quantized.quantize("int8")
+    # Keras's own walk over nested layers (custom layers' sublayers are attributes, not `.layers`).
     leaves = [layer for layer in quantized._flatten_layers(include_self=False) if not list(layer._flatten_layers(include_self=False))]
     left_in_float = [f"{layer.name} ({type(layer).__name__})" for layer in leaves
                      if layer.weights and layer.dtype_policy.quantization_mode is None]
@@ -86,13 +86,10 @@ def main(argv=None):
     parser = measurement.parse_args(
         __doc__.splitlines()[0],
         run=dict(default="runs/imdb", help="a trained IMDB run directory (default runs/imdb, the main job's)"),
-        max_test=dict(type=int, default=TEST_REVIEWS, help=f"test reviews scored (default all {TEST_REVIEWS:,})"),
-        rounds=dict(type=int, default=20, help="timing rounds per batch size (best of them is kept)"),
+        max_test=dict(type=positive_int, default=TEST_REVIEWS, help=f"test reviews scored (default all {TEST_REVIEWS:,})"),
+        rounds=dict(type=positive_int, default=20, help="timing rounds per batch size (best of them is kept)"),
     )
     args = parser.parse_args(argv)
-    for flag in ("max_test", "rounds"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     if args.smoke:
         args.max_test, args.rounds = min(args.max_test, 48), 2
     labelled = measurement.imdb_test_reviews(args.max_test)
@@ -125,8 +122,8 @@ def main(argv=None):
         sizes = {
             "keras_float": weights_bytes(model, directory / "float.weights.h5"),
             "keras_int8": weights_bytes(int8_model, directory / "int8.weights.h5"),
-            "onnx_float": OnnxSentimentPredictor(bundle).model_path.stat().st_size,
-            "onnx_int8": OnnxSentimentPredictor(bundle, quantized=True).model_path.stat().st_size,
+            "onnx_float": (bundle / MODEL_FILES[False]).stat().st_size,
+            "onnx_int8": (bundle / MODEL_FILES[True]).stat().st_size,
         }
         predicted = {name: np.concatenate([run(ids) for ids in id_batches]) >= 0.5 for name, run in predict.items()}
         # Batch 1: the review of median length; batch 32: the first 32 in the stored (shuffled) order.

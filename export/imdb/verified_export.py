@@ -35,6 +35,7 @@ from export.fresh_process import ExportVerificationError
 from export.fresh_process import serve_in_fresh_process
 from export.imdb import onnx_bundle
 from export.imdb import savedmodel
+from export.imdb.onnx_predictor import MODEL_FILES
 from export.imdb.onnx_predictor import OnnxSentimentPredictor
 from models.export_manifest import write_manifest
 from models.imdb_text import MODEL_ID
@@ -178,7 +179,7 @@ def verify_int8_accuracy(model, vectorizer, sequence_length, onnx_dir, reviews, 
         int8_correct += int(np.sum(predictor.predict(batch)["label"] == expected))
     float_accuracy, int8_accuracy = float_correct / len(reviews), int8_correct / len(reviews)
     points_lost = 100 * (float_accuracy - int8_accuracy)
-    float_path = Path(onnx_dir) / onnx_bundle.MODEL_FILES[False]
+    float_path = Path(onnx_dir) / MODEL_FILES[False]
     if points_lost > tolerance:
         raise ExportVerificationError(
             f"{predictor.model_path}: int8 ONNX accuracy {int8_accuracy:.2%} on {len(reviews)} labelled reviews is "
