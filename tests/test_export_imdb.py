@@ -399,7 +399,7 @@ def test_an_int8_model_below_the_tolerance_is_refused_and_nothing_published(expo
         ({"accuracy_labels": [1, 0]}, "accuracy_labels=[1, 0]"),
         ({"accuracy_labels": [2, 0, 1]}, "accuracy_labels=[2, 0, 1]"),
         ({"accuracy_reviews": []}, "accuracy_reviews=[]"),
-        ({"accuracy_reviews": ["good", b"bad", "ok"]}, "accuracy_reviews=['good', b'bad', 'ok']"),
+        ({"accuracy_reviews": ["good", b"bad", "ok"]}, "accuracy_reviews[1]=b'bad' (bytes)"),
     ],
 )
 def test_bad_int8_check_arguments_are_named_before_anything_is_written(trained, tmp_path, arguments, named):

@@ -128,11 +128,14 @@ def _labelled(reviews, labels):
     """`(reviews as a list, labels as an int64 array)` once they are a non-empty list of strings
     and as many 0/1 labels; else a `ValueError` naming the argument and the value."""
     reviews = list(reviews)
-    if not reviews or not all(isinstance(review, str) for review in reviews):
-        raise ValueError(
-            f"`accuracy_reviews` must be a non-empty list of str. Received: accuracy_reviews={reviews[:3]!r}"
-            + (f" (and {len(reviews) - 3} more)" if len(reviews) > 3 else "")
-        )
+    if not reviews:
+        raise ValueError(f"`accuracy_reviews` must be a non-empty list of str. Received: accuracy_reviews={reviews!r}")
+    for index, review in enumerate(reviews):
+        if not isinstance(review, str):
+            raise ValueError(
+                f"`accuracy_reviews` must be a list of str. Received: accuracy_reviews[{index}]={review!r} "
+                f"({type(review).__name__})"
+            )
     array = np.asarray(labels)
     if array.shape != (len(reviews),) or not np.isin(array, (0, 1)).all():
         raise ValueError(
@@ -169,7 +172,7 @@ def verify_int8_accuracy(model, vectorizer, sequence_length, onnx_dir, reviews, 
     tolerance = _check_tolerance(tolerance)
     predictor = OnnxSentimentPredictor(onnx_dir, quantized=True)
     # Batches of reviews of similar length: a batch is padded to its longest review (2,500
-    # validation reviews: about 20 s on 2 busy cores, against 70 s in their stored order).
+    # validation reviews: 28 s on 2 busy cores, against 70 s in their stored order).
     order = sorted(range(len(reviews)), key=lambda index: len(reviews[index]))
     float_correct = int8_correct = 0
     for start in range(0, len(order), _ACCURACY_BATCH):
@@ -178,7 +181,7 @@ def verify_int8_accuracy(model, vectorizer, sequence_length, onnx_dir, reviews, 
         float_correct += int(np.sum((keras_reference(model, vectorizer, sequence_length, batch)[1] >= 0.5) == expected))
         int8_correct += int(np.sum(predictor.predict(batch)["label"] == expected))
     float_accuracy, int8_accuracy = float_correct / len(reviews), int8_correct / len(reviews)
-    points_lost = 100 * (float_accuracy - int8_accuracy)
+    points_lost = 100 * (float_correct - int8_correct) / len(reviews)  # from counts: a loss at the tolerance passes
     float_path = Path(onnx_dir) / MODEL_FILES[False]
     if points_lost > tolerance:
         raise ExportVerificationError(
