@@ -16,13 +16,16 @@ difference from `keras_float` in points, the labels it shares with `keras_float`
 batch-32 latency as a ratio to its float peer of the same runtime (all four in turn, best of
 `--rounds`), and the size of its weights (Keras: the `.weights.h5` file; ONNX: the model file) as a
 ratio to its float peer. Both runtimes take token ids (the tokeniser is timed by neither); ONNX
-Runtime runs with its default session options. `--smoke` uses a freshly built, untrained
+Runtime runs with `benchmarks.serving_latency`'s session options, one intra-op thread per core that
+sleeps when idle (with onnxruntime's defaults, threads that spin after a call, one run on 2 cores
+gave the int8 model 2.13x the float model's time at batch 32; with these the next gave 0.99x). `--smoke` uses a freshly built, untrained
 classifier of the training smoke configuration (`pipelines.train_imdb.SMOKE_MODEL`) with a
 vocabulary adapted on the reviews, for the tests.
 
     python -m benchmarks.int8_quantization [--run runs/imdb] [--max-test 25000] [--rounds 20]
 """
 
+import os
 import sys
 import tempfile
 import warnings
@@ -34,6 +37,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from appkit.cli import positive_int  # noqa: E402
+from benchmarks.serving_latency import ort_session_options  # noqa: E402
 from export.imdb.onnx_bundle import write_onnx_bundle  # noqa: E402
 from export.imdb.onnx_predictor import MODEL_FILES  # noqa: E402
 from export.imdb.onnx_predictor import OnnxSentimentPredictor  # noqa: E402
@@ -72,7 +76,7 @@ def keras_predictor(model):
 
 def onnx_session(bundle, quantized):
     """Token ids -> probabilities of the bundle's float or int8 model, straight through its ONNX Runtime session."""
-    session = OnnxSentimentPredictor(bundle, quantized=quantized).session
+    session = OnnxSentimentPredictor(bundle, ort_session_options(os.cpu_count()), quantized=quantized).session
     name = session.get_inputs()[0].name
     return lambda ids: session.run(None, {name: ids})[0].reshape(-1)
 
