@@ -390,6 +390,24 @@ def test_an_int8_model_below_the_tolerance_is_refused_and_nothing_published(expo
     assert not [path for path in export_dir.rglob("*") if path.is_file() or path.name.isdigit()]
 
 
+def test_a_loss_exactly_at_the_tolerance_passes(exported, trained):
+    # One batch of the check (64 reviews): the int8 model's activation scales are computed per batch,
+    # so its labels depend on the batch a review is in; predicted here in the same one.
+    reviews = trained.test_reviews[:64]
+    labels = (keras_probabilities(trained, reviews) >= 0.5).astype(int)  # float Keras: 100 %
+    int8_labels = OnnxSentimentPredictor(_bundle(exported), quantized=True).predict(reviews)["label"]
+    lost = 100 * int(np.sum(int8_labels != labels)) / len(reviews)
+    figures = verified_export.verify_int8_accuracy(
+        trained.model, trained.vectorizer, CONFIG.max_tokens, _bundle(exported), reviews, labels, tolerance=lost
+    )
+    assert figures["points_lost"] == lost and figures["float_keras_accuracy"] == 1.0
+    with pytest.raises(verified_export.ExportVerificationError, match="model.int8.onnx"):
+        verified_export.verify_int8_accuracy(
+            trained.model, trained.vectorizer, CONFIG.max_tokens, _bundle(exported), reviews, labels,
+            tolerance=lost - 0.01,
+        )
+
+
 @pytest.mark.parametrize(
     "arguments, named",
     [

@@ -160,6 +160,8 @@ def verify_int8_accuracy(model, vectorizer, sequence_length, onnx_dir, reviews, 
     `reviews` (raw strings, labelled by `labels`, 0/1) about as well. Its accuracy there, in
     points (percent), may be at most `tolerance` below the Keras model's on the same reviews
     (a negative `tolerance` demands a gain); both label a review positive at probability >= 0.5.
+    The reviews go in batches of 64 of similar length: the int8 model's activation scales are
+    computed per batch, so its figure is that of batches like a server's, not of one review alone.
 
     Returns:
         `{"reviews", "tolerance_points", "float_keras_accuracy", "int8_onnx_accuracy",
