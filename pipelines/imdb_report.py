@@ -1,6 +1,6 @@
 """`runs/imdb/report.html`: one self-contained page per main-job run.
 
-The headline figures (test accuracy per branch, timing, export parity), the learning curves of
+The headline figures (test accuracy per branch, timing, export parity, the int8 model's accuracy check), the learning curves of
 the training history, the confusion matrix on the test split, and what the attention branch
 looked at in a few test reviews, right and wrong: their tokens shaded by the attention received,
 and the explorer (every review, block and head). Figures are inline PNGs, data and script inline.
@@ -89,6 +89,21 @@ def report_html(summary, history, matrix, examples):
         "<h2>Export parity (max abs difference of the probability)</h2>",
         table_html(parity_rows, ("export", f"on {parity.get('reviews', 0)} test reviews")) if parity_rows else "<p>no export in this run</p>",
     ]
+    int8 = summary.get("exports", {}).get("int8")
+    if int8:  # checked by accuracy: its rounded weights cannot keep the parity above
+        sections += [
+            "<h2>int8 ONNX model (checked by accuracy, not parity)</h2>",
+            table_html(
+                [
+                    ("float Keras model accuracy", f"{int8['float_keras_accuracy']:.4f}"),
+                    ("int8 ONNX model accuracy", f"{int8['int8_onnx_accuracy']:.4f}"),
+                    ("points lost", f"{int8['points_lost']:.2f} (at most {int8['tolerance_points']:g})"),
+                    ("float ONNX bytes", f"{int8['float_onnx_bytes']:,}"),
+                    ("int8 ONNX bytes", f"{int8['int8_onnx_bytes']:,} ({int8['size_ratio']:.2f}x)"),
+                ],
+                ("", f"on {int8['reviews']:,} validation reviews"),
+            ),
+        ]
     if history:
         sections += ["<h2>Learning curves</h2>", image_html(figure_data_uri(learning_curves_figure(history)), "learning curves")]
     sections += [

@@ -4,8 +4,9 @@
 
 Trains with the default configuration on the shipped data (`pipelines.train_imdb`), evaluates on
 the official test split, exports the SavedModel (TF Serving layout) and the ONNX bundle, verifies
-both against the Keras model on real test reviews of varied lengths (`export.imdb.verified_export`), and prints
-a final summary: test accuracy, training time, export paths, parity figures. The summary is also
+both against the Keras model on real test reviews of varied lengths (`export.imdb.verified_export`), checks the
+bundle's int8 model by its accuracy on the validation slice against the Keras model's, and prints
+a final summary: test accuracy, training time, export paths, parity figures, the int8 check. The summary is also
 written to `<output-dir>/main_job.json`, beside `<output-dir>/report.html`: a self-contained page
 with those figures, the learning curves, the test confusion matrix and the attention maps of a
 few test reviews, right and wrong (`pipelines.imdb_report`).
@@ -59,6 +60,8 @@ def main(argv=None):
         if not run.chief:  # another worker of a multi-worker run: the chief exports
             return run.summary
         pool = [text.decode("utf-8") for text, _ in run.splits.test.take(_VERIFICATION_POOL).as_numpy_iterator()]
+        # The int8 model's accuracy check runs on held-out training reviews: the test split stays for the final figure.
+        validation = [(text.decode("utf-8"), int(label)) for text, label in run.splits.validation.as_numpy_iterator()]
         exports = export_and_verify(
             run.model,
             run.vectorizer,
@@ -67,6 +70,8 @@ def main(argv=None):
             verification_reviews(pool),
             args.export_dir,
             args.model_name,
+            accuracy_reviews=[text for text, _ in validation],
+            accuracy_labels=[label for _, label in validation],
         )
     summary = {
         "test_accuracy": run.summary["test_accuracy"],

@@ -52,6 +52,12 @@ class Trained:
     vectorizer: keras.layers.TextVectorization
     vocabulary: object
     test_reviews: list
+    validation: tuple  # (reviews, labels): the int8 model's accuracy check
+
+
+def accuracy_check(trained):
+    """The int8 accuracy check's arguments, as the main job passes them (the validation slice)."""
+    return {"accuracy_reviews": trained.validation[0], "accuracy_labels": trained.validation[1]}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +75,8 @@ def trained(small_imdb_archive, imdb_cache_dir, tmp_path_factory):
     model.fit(batches, epochs=1, verbose=0)
     fit_ensemble(model, batches.take(2))  # weights other than the initial mean
     test_reviews = [text.decode("utf-8") for text, _ in splits.test.as_numpy_iterator()]
-    return Trained(model, vectorizer, vocabulary, test_reviews)
+    validation = [(text.decode("utf-8"), int(label)) for text, label in splits.validation.as_numpy_iterator()]
+    return Trained(model, vectorizer, vocabulary, test_reviews, tuple(map(list, zip(*validation))))
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +84,9 @@ def exported(trained, tmp_path_factory):
     export_dir = tmp_path_factory.mktemp("export")
     reviews = verified_export.verification_reviews(trained.test_reviews)
     result = verified_export.export_and_verify(
-        trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews, export_dir
+        trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews, export_dir,
+        int8_tolerance=100.0,  # a few steps of training: the check's figures are tested, not the tiny model's loss
+        **accuracy_check(trained),
     )
     return export_dir, reviews, result
 
@@ -177,7 +186,8 @@ def test_export_never_overwrites_a_version(exported, trained):
     first = export_dir / "imdb_sentiment" / "1" / "saved_model.pb"
     before = (first.read_bytes(), first.stat().st_mtime_ns)
     result = verified_export.export_and_verify(
-        trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews[:4], export_dir
+        trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews[:4], export_dir,
+        int8_tolerance=100.0, **accuracy_check(trained),
     )
     assert result["savedmodel"] == str(export_dir / "imdb_sentiment" / "2")
     assert result["onnx"] == str(export_dir / "onnx" / "imdb_sentiment" / "2")
@@ -195,7 +205,8 @@ def test_disagreeing_export_is_refused_and_removed(exported, trained, monkeypatc
     )
     with pytest.raises(verified_export.ExportVerificationError, match="ONNX Runtime: probabilities differ"):
         verified_export.export_and_verify(
-            trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews[:6], export_dir
+            trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews[:6], export_dir,
+            **accuracy_check(trained),
         )
     assert sorted(p.name for p in (export_dir / "imdb_sentiment").iterdir()) == published
     assert not list(export_dir.rglob(".staging-*"))
@@ -312,3 +323,138 @@ def test_the_signature_refuses_a_two_dimensional_batch_naming_the_shape(exported
     serve = tf.saved_model.load(str(export_dir / "imdb_sentiment" / "1")).signatures["serving_default"]
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"input_must_be_a_1d_batch_of_strings|not compatible with expected shape \[\?\]"):
         serve(reviews=tf.constant([["a good film", "a bad film"]]))
+
+
+def _bundle(exported):
+    return exported[0] / "onnx" / "imdb_sentiment" / "1"
+
+
+def test_the_bundle_holds_the_int8_model_in_its_manifest(exported):
+    bundle = _bundle(exported)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert {"model.onnx", "model.int8.onnx"} <= set(manifest["files"])
+    float_model, int8_model = (onnx.load(str(bundle / name)) for name in ("model.onnx", "model.int8.onnx"))
+    # ONNX Runtime's dynamic quantisation: 8-bit weights (MatMul: int8; Gather: uint8) and the
+    # integer MatMuls that take them; the float model has neither.
+    eight_bit = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
+    assert not [tensor for tensor in float_model.graph.initializer if tensor.data_type in eight_bit]
+    assert any(tensor.data_type == onnx.TensorProto.INT8 for tensor in int8_model.graph.initializer)
+    assert any(node.op_type == "MatMulInteger" for node in int8_model.graph.node)
+
+    def weight_bytes(model):
+        return sum(onnx.numpy_helper.to_array(tensor).nbytes for tensor in model.graph.initializer)
+
+    # A quarter and a little (scales, zero points, the position table left in float32); the files
+    # of this tiny model are mostly graph, so their ratio is nearer 1 than a real model's (0.27).
+    assert weight_bytes(int8_model) < 0.4 * weight_bytes(float_model)
+    figures = exported[2]["int8"]
+    assert figures["int8_onnx_bytes"] == manifest["files"]["model.int8.onnx"]["bytes"]
+    assert figures["float_onnx_bytes"] == manifest["files"]["model.onnx"]["bytes"]
+    assert figures["size_ratio"] == figures["int8_onnx_bytes"] / figures["float_onnx_bytes"] < 1
+
+
+def test_the_int8_predictor_labels_real_reviews_as_the_float_model_does(exported, trained):
+    bundle = _bundle(exported)
+    reviews = trained.test_reviews + trained.validation[0]
+    float_outputs = OnnxSentimentPredictor(bundle).predict(reviews)
+    int8_predictor = OnnxSentimentPredictor(bundle, quantized=True)
+    assert int8_predictor.model_path == bundle / "model.int8.onnx"
+    int8_outputs = int8_predictor.predict(reviews)
+    # An accuracy-level check against the float model as the oracle, not parity: the weights are rounded.
+    assert np.mean(int8_outputs["label"] == float_outputs["label"]) >= 0.95
+    assert 0 < np.max(np.abs(int8_outputs["probability"] - float_outputs["probability"])) < 0.1
+
+
+def test_the_int8_check_reports_both_accuracies_on_the_callers_reviews(exported, trained):
+    figures = exported[2]["int8"]
+    reviews, labels = trained.validation
+    assert figures["reviews"] == len(reviews) and figures["tolerance_points"] == 100.0
+    float_labels = keras_probabilities(trained, reviews) >= 0.5
+    int8_labels = OnnxSentimentPredictor(_bundle(exported), quantized=True).predict(reviews)["label"]
+    assert figures["float_keras_accuracy"] == pytest.approx(np.mean(float_labels == np.asarray(labels)))
+    assert figures["int8_onnx_accuracy"] == pytest.approx(np.mean(int8_labels == np.asarray(labels)))
+    assert figures["points_lost"] == pytest.approx(100 * (figures["float_keras_accuracy"] - figures["int8_onnx_accuracy"]))
+
+
+def test_an_int8_model_below_the_tolerance_is_refused_and_nothing_published(exported, trained, tmp_path):
+    reviews = trained.validation[0]
+    # The float model's own labels: it scores 100 %, so a tolerance of -1 point cannot be met.
+    labels = (keras_probabilities(trained, reviews) >= 0.5).astype(int)
+    export_dir = tmp_path / "export"
+    pattern = r"model\.int8\.onnx: int8 ONNX accuracy .*% on \d+ labelled reviews .* float Keras model's 100\.00% \(tolerance -1 points\)"
+    with pytest.raises(verified_export.ExportVerificationError, match=pattern):
+        verified_export.export_and_verify(
+            trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, exported[1][:4], export_dir,
+            accuracy_reviews=reviews, accuracy_labels=labels, int8_tolerance=-1,
+        )
+    assert not [path for path in export_dir.rglob("*") if path.is_file() or path.name.isdigit()]
+
+
+def test_a_loss_exactly_at_the_tolerance_passes(exported, trained):
+    # One batch of the check (64 reviews): the int8 model's activation scales are computed per batch,
+    # so its labels depend on the batch a review is in; predicted here in the same one.
+    reviews = trained.test_reviews[:64]
+    labels = (keras_probabilities(trained, reviews) >= 0.5).astype(int)  # float Keras: 100 %
+    int8_labels = OnnxSentimentPredictor(_bundle(exported), quantized=True).predict(reviews)["label"]
+    lost = 100 * int(np.sum(int8_labels != labels)) / len(reviews)
+    figures = verified_export.verify_int8_accuracy(
+        trained.model, trained.vectorizer, CONFIG.max_tokens, _bundle(exported), reviews, labels, tolerance=lost
+    )
+    assert figures["points_lost"] == lost and figures["float_keras_accuracy"] == 1.0
+    with pytest.raises(verified_export.ExportVerificationError, match="model.int8.onnx"):
+        verified_export.verify_int8_accuracy(
+            trained.model, trained.vectorizer, CONFIG.max_tokens, _bundle(exported), reviews, labels,
+            tolerance=lost - 0.01,
+        )
+
+
+@pytest.mark.parametrize(
+    "arguments, named",
+    [
+        ({"int8_tolerance": float("nan")}, "int8_tolerance=nan"),
+        ({"int8_tolerance": "0.3"}, "int8_tolerance='0.3'"),
+        ({"int8_tolerance": True}, "int8_tolerance=True"),
+        ({"accuracy_labels": [1, 0]}, "accuracy_labels=[1, 0]"),
+        ({"accuracy_labels": [2, 0, 1]}, "accuracy_labels=[2, 0, 1]"),
+        ({"accuracy_reviews": []}, "accuracy_reviews=[]"),
+        ({"accuracy_reviews": ["good", b"bad", "ok"]}, "accuracy_reviews[1]=b'bad' (bytes)"),
+    ],
+)
+def test_bad_int8_check_arguments_are_named_before_anything_is_written(trained, tmp_path, arguments, named):
+    check = {"accuracy_reviews": ["good", "bad", "ok"], "accuracy_labels": [1, 0, 1], **arguments}
+    if "accuracy_reviews" in arguments:
+        check["accuracy_labels"] = [1] * len(arguments["accuracy_reviews"])
+    with pytest.raises(ValueError, match=re.escape(named)):
+        verified_export.export_and_verify(
+            trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, ["a review"], tmp_path / "export",
+            **check,
+        )
+    assert not (tmp_path / "export").exists()
+
+
+@pytest.mark.parametrize("quantized", ["yes", 1, None])
+def test_the_predictor_names_a_bad_quantized_flag(exported, quantized):
+    with pytest.raises(TypeError, match=re.escape(f"quantized={quantized!r}")):
+        OnnxSentimentPredictor(_bundle(exported), quantized=quantized)
+
+
+def test_a_bundle_without_the_int8_model_says_so(exported, tmp_path):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(_bundle(exported), bundle)
+    (bundle / "model.int8.onnx").unlink()
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    del manifest["files"]["model.int8.onnx"]  # a bundle published before int8 models
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    OnnxSentimentPredictor(bundle)
+    with pytest.raises(FileNotFoundError, match=re.escape(str(bundle / "model.int8.onnx")) + ".*quantized=False"):
+        OnnxSentimentPredictor(bundle, quantized=True)
+
+
+def test_the_verify_command_names_a_changed_int8_model(exported, tmp_path, capsys):
+    bundle = _published_copy(exported, tmp_path) / "onnx" / "imdb_sentiment" / "1"
+    model = bundle / "model.int8.onnx"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    model.write_bytes(bytes(data))
+    message = _verify_fails(bundle, capsys)
+    assert str(model) in message and "truncated or altered" in message

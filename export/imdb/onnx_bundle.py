@@ -5,6 +5,9 @@ String ops do not convert to ONNX, so the ONNX graph starts at token ids: input 
 `[batch, 1]`). The bundle directory holds:
 
     model.onnx         tf2onnx conversion (`export.onnx_conversion`)
+    model.int8.onnx    model.onnx with int8 weights: ONNX Runtime's dynamic quantisation (the
+                       MatMul and Gather weights stored as int8, activations quantised at run
+                       time); checked by accuracy, not parity (`verified_export.verify_int8_accuracy`)
     vocabulary.txt     the training vocabulary (line i = id 2 + i)
     tokenizer.json     standardisation rules, reserved ids, sequence length
     onnx_predictor.py  a NumPy + onnxruntime predictor applying them (a copy of
@@ -22,6 +25,7 @@ import tensorflow as tf
 import keras_attn
 
 from export.imdb import onnx_predictor
+from export.imdb.onnx_predictor import MODEL_FILES
 from export.onnx_conversion import convert
 from models import export_manifest
 from models.imdb_text import MODEL_ID
@@ -30,14 +34,26 @@ from models.imdb_text import tokenizer_rules
 INPUT_NAME = "token_ids"
 
 
+def write_int8_model(float_model, int8_model):
+    """Writes `int8_model`, the ONNX file `float_model` with int8 weights (ONNX Runtime's dynamic
+    quantisation, signed int8 weights: what it quantises in our graph is the MatMul and Gather weights)."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization import quantize_dynamic
+
+    quantize_dynamic(float_model, int8_model, weight_type=QuantType.QInt8)
+    return Path(int8_model)
+
+
 def write_onnx_bundle(model, vocabulary_path, vocabulary_size, sequence_length, path):
-    """Converts `model` with tf2onnx and writes the predictor bundle into `path` (created), its
-    manifest last (`vocabulary_size`: the model's, which the predictor checks the file against)."""
+    """Converts `model` with tf2onnx, quantises it, and writes the predictor bundle into `path`
+    (created), its manifest last (`vocabulary_size`: the model's, which the predictor checks the
+    file against)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     signature = [tf.TensorSpec([None, None], tf.int32, name=INPUT_NAME)]
     predict = tf.function(lambda token_ids: model(token_ids, training=False), input_signature=signature)
-    convert(predict, path / "model.onnx")
+    convert(predict, path / MODEL_FILES[False])
+    write_int8_model(path / MODEL_FILES[False], path / MODEL_FILES[True])
     shutil.copyfile(vocabulary_path, path / "vocabulary.txt")
     (path / "tokenizer.json").write_text(json.dumps(tokenizer_rules(sequence_length), indent=2) + "\n")
     shutil.copyfile(onnx_predictor.__file__, path / "onnx_predictor.py")
