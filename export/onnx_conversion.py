@@ -4,6 +4,9 @@
 convertible is what the exports use.
 """
 
+from appkit.logs import TF_TABLE_INITIALIZER
+from appkit.logs import dropping_log_messages
+
 OPSET = 18
 
 
@@ -12,6 +15,7 @@ def convert(function, path, **options):
     `options` go to `tf2onnx.convert.from_function` (e.g. `custom_op_handlers`)."""
     import tf2onnx  # the `export` extra
 
-    tf2onnx.convert.from_function(
-        function, input_signature=function.input_signature, opset=OPSET, output_path=str(path), **options
-    )
+    with dropping_log_messages(*TF_TABLE_INITIALIZER):
+        tf2onnx.convert.from_function(
+            function, input_signature=function.input_signature, opset=OPSET, output_path=str(path), **options
+        )

@@ -27,6 +27,8 @@ from pathlib import Path
 import tensorflow as tf
 
 from appkit.files import write_text_atomic
+from appkit.logs import TF_TABLE_INITIALIZER
+from appkit.logs import dropping_log_messages
 
 WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
 SIGNATURE = "serving_default"
@@ -139,6 +141,13 @@ def staging_directory(model_dir):
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+
+
+def write_archive(archive, path):
+    """Writes the `keras.export.ExportArchive` `archive` as a SavedModel at `path`, without
+    TensorFlow's harmless table-initializer warning (`appkit.logs.TF_TABLE_INITIALIZER`)."""
+    with dropping_log_messages(*TF_TABLE_INITIALIZER):
+        archive.write_out(str(path), verbose=False)
 
 
 def write_warmup_requests(path, model_name, input_name, batches):

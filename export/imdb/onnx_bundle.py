@@ -23,7 +23,8 @@ from pathlib import Path
 import tensorflow as tf
 
 import keras_attn
-
+from appkit.logs import ORT_QUANTIZATION_PREPROCESSING
+from appkit.logs import dropping_log_messages
 from export.imdb import onnx_predictor
 from export.imdb.onnx_predictor import MODEL_FILES
 from export.onnx_conversion import convert
@@ -40,7 +41,8 @@ def write_int8_model(float_model, int8_model):
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization import quantize_dynamic
 
-    quantize_dynamic(float_model, int8_model, weight_type=QuantType.QInt8)
+    with dropping_log_messages(*ORT_QUANTIZATION_PREPROCESSING):  # its advice changed nothing here
+        quantize_dynamic(float_model, int8_model, weight_type=QuantType.QInt8)
     return Path(int8_model)
 
 

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from export.serving_layout import SIGNATURE
 from export.serving_layout import one_dimensional_batch
+from export.serving_layout import write_archive
 from models.imdb_text import dense_token_ids
 from models.imdb_text import review_vectorizer
 
@@ -43,5 +44,5 @@ def write_savedmodel(model, vocabulary_path, vocabulary_size, sequence_length, p
     archive.track(model)
     archive.track(vectorizer)
     archive.add_endpoint(SIGNATURE, serve, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_NAME)])
-    archive.write_out(str(path), verbose=False)
+    write_archive(archive, path)
     return Path(path)

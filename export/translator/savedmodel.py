@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from export.serving_layout import SIGNATURE
 from export.serving_layout import one_dimensional_batch
+from export.serving_layout import write_archive
 from models.decoding import translate_ids
 from models.translation_text import detokenize
 from models.translation_text import translation_vectorizer
@@ -51,4 +52,4 @@ def write_saved_model(model, vectorizers, path):
         fn=serve,
         input_signature=[tf.TensorSpec((None,), tf.string, name=SIGNATURE_INPUT)],
     )
-    archive.write_out(str(path), verbose=False)
+    write_archive(archive, path)
