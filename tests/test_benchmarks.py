@@ -1,48 +1,34 @@
 """Each benchmark script's `main` runs end to end with `--smoke` (tiny sizes), so none can rot.
 
-These check that the scripts run and write their JSON with the peer measured; the figures
-themselves are not tested (no timed tests): see BENCHMARKS.md.
+Every script of benchmarks/ is found here (a new benchmark is one module, declaring its
+`PEER_RATIO`, smoke-run without an edit), except the multi-worker one, whose worker clusters
+must not run beside the distributed tests' (a port freed by one can be taken by the other):
+tests/test_distributed.py smoke-runs it, in the same file, so one after the other.
 """
 
-import importlib
 import json
-from pathlib import Path
 
 import pytest
 
 from benchmarks import sparse_patterns
+from tests.benchmark_smoke import assert_smoke_run
+from tests.benchmark_smoke import benchmark_scripts
 from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
 from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 
-BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-# Every script of benchmarks/ (a module that runs as `python -m benchmarks.<name>`): a new
-# benchmark is one module, declaring its `PEER_RATIO`, and is smoke-run here without an edit.
-SCRIPTS = sorted(
-    path.stem for path in BENCHMARKS_DIR.glob("*.py") if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8")
-)
+SMOKE_RUN_BESIDE_THE_DISTRIBUTED_TESTS = "multi_worker"  # tests/test_distributed.py
 
 
 def test_the_benchmark_scripts_are_found():
-    assert {"layer_throughput", "serving_latency", "convert_speed", "multi_worker"} <= set(SCRIPTS)
+    assert {"layer_throughput", "serving_latency", "convert_speed", SMOKE_RUN_BESIDE_THE_DISTRIBUTED_TESTS} <= set(
+        benchmark_scripts()
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
+@pytest.mark.parametrize("name", [name for name in benchmark_scripts() if name != SMOKE_RUN_BESIDE_THE_DISTRIBUTED_TESTS])
 def test_smoke_run_writes_rows_with_the_peer_ratio(name, tmp_path, monkeypatch, capsys, small_imdb_archive, imdb_cache_dir):
-    # The IMDB benchmarks read the small test archive through the pipelines' cache.
-    monkeypatch.setenv("KERAS_ATTN_DATA", str(small_imdb_archive))
-    monkeypatch.setenv("KERAS_ATTN_CACHE", str(imdb_cache_dir))
-    module = importlib.import_module(f"benchmarks.{name}")
-    ratio = module.PEER_RATIO  # the row key of the ratio to the peer measured in the same run
-    output = tmp_path / f"{name}.json"
-    rows = module.main(["--smoke", "--output", str(output)])
-    written = json.loads(output.read_text())
-    assert written["benchmark"] == f"{name}_smoke"
-    assert written["rows"] == json.loads(json.dumps(rows))
-    assert any(row.get(ratio) is not None and row[ratio] > 0 for row in rows)
-    # The conditions are the machine's load on its cores, printed and recorded.
-    cpus, load = written["machine"]["cpus"], written["machine"]["load_average"]
-    assert f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1, 5, 15 min) on {cpus} cores" in capsys.readouterr().out
+    assert_smoke_run(name, tmp_path, capsys, monkeypatch, small_imdb_archive, imdb_cache_dir)
 
 
 def test_sparse_patterns_update_replaces_only_the_points_run(tmp_path):

@@ -26,6 +26,7 @@ from pipelines import imdb_data
 from pipelines import launch
 from pipelines import train_imdb
 from tests import distributed_worker
+from tests.benchmark_smoke import assert_smoke_run
 from tests.reference import log_softmax as reference_log_softmax
 from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
 from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
@@ -278,3 +279,9 @@ def test_translator_on_two_workers_exports_from_the_chief_like_one_machine(tmp_p
     report = json.loads(printed.getvalue())
     assert report == {"export": str(tmp_path / "export" / "translator" / "1"), "sentences": 16,
                       "saved_model_matches": True, "onnx_matches": True}
+
+
+@pytest.mark.slow
+def test_the_multi_worker_benchmark_smoke_run(tmp_path, monkeypatch, capsys, small_imdb_archive, imdb_cache_dir):
+    # Here, not in tests/test_benchmarks.py: its clusters run one after the other with the ones above.
+    assert_smoke_run("multi_worker", tmp_path, capsys, monkeypatch, small_imdb_archive, imdb_cache_dir)
