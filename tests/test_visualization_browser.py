@@ -10,6 +10,17 @@ from keras_attn.visualization import write_explorer
 from tests.browser import open_page
 
 
+def _hover(page, row, column, expected, query_word, key_word):
+    """Moves the mouse over cell (`row`, `column`), checks the exact weight and both words the
+    hover box shows; returns its text."""
+    page.mouse.move(*_cell_centre(page, row, column))
+    hover = page.locator("#hover")
+    assert float(hover.get_attribute("data-value")) == float(expected)
+    text = hover.inner_text()
+    assert f"\u201c{query_word}\u201d" in text and f"\u201c{key_word}\u201d" in text
+    return text
+
+
 def _cell_centre(page, row, column):
     box = page.locator("#map").bounding_box()
     cell = page.evaluate("state.cell")
@@ -32,12 +43,9 @@ def test_explorer_switches_layer_and_head_and_shows_the_weights(tmp_path):
         assert page.locator("#head option").count() == 3
         page.select_option("#head", "2")
         for row, column in [(0, 0), (3, 5), (1, 2)]:
-            page.mouse.move(*_cell_centre(page, row, column))
-            hover = page.locator("#hover")
             expected = weights["decoder/cross_attention"][0, 2, row, column]
-            assert float(hover.get_attribute("data-value")) == float(expected)
-            assert hover.inner_text().endswith(f"\u201c{source[column]}\u201d: {expected:.4f}")
-            assert f"\u201c{target[row]}\u201d" in hover.inner_text()
+            hover = _hover(page, row, column, expected, target[row], source[column])
+            assert hover.endswith(f"\u201c{source[column]}\u201d: {expected:.4f}")
         page.mouse.click(*_cell_centre(page, 1, 0))
         spans = page.locator("#focus span")
         assert spans.all_inner_texts() == source
@@ -65,10 +73,6 @@ def test_explorer_draws_a_linformer_map_over_its_projected_keys(tmp_path):
     with open_page(path) as page:
         page.select_option("#head", "1")
         for row, column in [(0, 0), (4, 2), (2, 1)]:
-            page.mouse.move(*_cell_centre(page, row, column))
-            hover = page.locator("#hover")
-            expected = weights["linformer"][0, 1, row, column]
-            assert float(hover.get_attribute("data-value")) == float(expected)
-            assert f"\u201c{words[row]}\u201d" in hover.inner_text() and f"\u201c{projected[column]}\u201d" in hover.inner_text()
+            _hover(page, row, column, weights["linformer"][0, 1, row, column], words[row], projected[column])
         page.mouse.click(*_cell_centre(page, 3, 0))
         assert page.locator("#focus span").all_inner_texts() == projected
