@@ -21,10 +21,10 @@ Peak memory is `O(batch * heads * (length * depth + query_block_size * key_block
 Loops are `tf.while_loop`s over static block sizes: they work eagerly, in `tf.function` and under
 `jit_compile=True`, and long lengths never unroll.
 
-Masked logits are the core's fill (`fill_masked`: the dtype's lowest finite value, below every
-allowed logit): masked weights are exactly 0 at any logit scale, and a row that never meets an
-allowed key keeps the fill as its maximum and is zeroed, as in the dense path. Logits are float32
-whatever the compute dtype.
+The online softmax is `keras_attn.streaming_softmax`'s: the inverse temperature multiplies logits
+shifted by the row's running maximum (exact up to the float32 limit), masked keys have weight
+exactly 0, and a row that never meets an allowed key gets a zero output, as in the dense path.
+Logits are float32 whatever the compute dtype.
 """
 
 import dataclasses
@@ -33,18 +33,16 @@ import keras
 import tensorflow as tf
 
 from keras_attn import patterns
+from keras_attn import streaming_softmax
 from keras_attn.attention_call import why_not_tensorflow_streaming
 from keras_attn.masks import merge_masks
 from keras_attn.masks import pattern_mask
-from keras_attn.position_bias import add_block_bias
 from keras_attn.position_bias import add_gradients
 from keras_attn.position_bias import bias_parameter_gradients
 from keras_attn.position_bias import block_positions
 from keras_attn.position_bias import check_position_bias
 from keras_attn.position_bias import read_bias_parameters
 from keras_attn.position_bias import split_inputs
-from keras_attn.softmax import fill_masked
-from keras_attn.softmax import mask_fill
 from keras_attn.utils import float_math_dtype
 
 # Default block sizes grow with the length (about 16 blocks per axis) between these bounds:
@@ -84,6 +82,11 @@ class _Plan:
     dropout_rate: float
     position_bias: object = None
     has_bias: bool = False
+
+    @property
+    def has_any_bias(self):
+        """Whether the logits get an additive bias (`bias=` or a position bias)."""
+        return self.has_bias or self.position_bias is not None
 
     def positions(self, query_block, key_block):
         """The query and key positions of block `(query_block, key_block)`, for its position bias."""
@@ -226,7 +229,8 @@ def blockwise_attention(
         seed = keras.random.randint((2,), 0, 2**31 - 1, dtype="int32", seed=seed_generator)
     # Logits in float32 whatever the compute dtype: float16 products overflow at 65,504.
     dtype = float_math_dtype(query.dtype)
-    query = tf.cast(query, dtype) * tf.convert_to_tensor(scale, dtype)  # (batch, query_len, heads, depth)
+    query, scale = streaming_softmax.fold_scale(tf.cast(query, dtype), scale)  # (batch, len, heads, depth)
+    scale = None if scale is None else tf.convert_to_tensor(scale, dtype)
     key = tf.cast(key, dtype)
     # (batch, heads, padded_len, depth): one transpose per tensor, the blocks are then contiguous.
     query = _to_blocks_layout(query, plan.padded_query_len - query_len)
@@ -236,8 +240,15 @@ def blockwise_attention(
     inputs = (query, key, value)
     if bias is not None:
         inputs += (_pad_pairwise(tf.cast(bias, float_math_dtype(query.dtype)), plan, 0),)
-    parameters = read_bias_parameters(position_bias)
-    output = _attend_with_recompute(plan, mask, seed, *inputs, *parameters)
+    inputs += read_bias_parameters(position_bias)
+    output = streaming_softmax.custom_gradient(  # the gradient recomputes blocks
+        lambda scale, *inputs: _forward(plan, mask, seed, scale, *split_inputs(inputs, plan.has_bias)),
+        lambda scale, inputs, output, statistics, output_gradient: _backward(
+            plan, mask, seed, scale, inputs, output, statistics, output_gradient
+        ),
+        scale,
+        inputs,
+    )
     output = tf.transpose(output[:, :, :query_len], (0, 2, 1, 3))  # (batch, query_len, heads, dv)
     return tf.cast(output, value.dtype)
 
@@ -308,8 +319,8 @@ def _block_mask(plan, mask, query_block, key_block):
     return block_mask
 
 
-def _fill_masked_block(plan, mask, query_block, key_block, logits):
-    """The core's `fill_masked` on one block's logits, skipped where no mask reaches.
+def _exclude_masked_block(plan, mask, query_block, key_block, logits):
+    """`streaming_softmax.exclude` on one block's raw logits, skipped where no mask reaches.
 
     Blocks the pattern fully allows (most of them at long lengths) need no masking; they
     are told apart at run time, so only the diagonal and edge blocks pay for it.
@@ -318,21 +329,26 @@ def _fill_masked_block(plan, mask, query_block, key_block, logits):
         return logits
 
     def masked():
-        return fill_masked(logits, _block_mask(plan, mask, query_block, key_block))
+        return streaming_softmax.exclude(logits, _block_mask(plan, mask, query_block, key_block))
 
     if mask is not None:
         return masked()
     return tf.cond(plan.block_unmasked(query_block, key_block), lambda: logits, masked)
 
 
-def _block_logits(plan, mask, bias, parameters, query_block, key_block, query, key):
-    """Mask-filled logits `(batch, heads, q_block, k_block)` of one block."""
-    logits = tf.matmul(query, key, transpose_b=True)  # (batch, heads, q_block, k_block)
-    logits = tf.cast(logits, float_math_dtype(logits.dtype))
-    if bias is not None:
-        logits = logits + _pairwise_block(bias, plan, query_block, key_block)
-    logits = add_block_bias(logits, plan.position_bias, parameters, *plan.positions(query_block, key_block))
-    return _fill_masked_block(plan, mask, query_block, key_block, logits)
+def _block_logits(plan, mask, query_block, key_block, query, key):
+    """Raw logits `(batch, heads, q_block, k_block)` of one block, `-inf` where masked."""
+    logits = streaming_softmax.raw_logits(query, key)  # (batch, heads, q_block, k_block)
+    return _exclude_masked_block(plan, mask, query_block, key_block, logits)
+
+
+def _block_bias(plan, bias, parameters, query_block, key_block):
+    """The additive bias of one block (`bias=` and the position bias), or `None` without one."""
+    total = None if bias is None else _pairwise_block(bias, plan, query_block, key_block)
+    if plan.position_bias is not None:
+        position = plan.position_bias.block_bias(parameters, *plan.positions(query_block, key_block))  # (1, h, q, k)
+        total = position if total is None else total + tf.cast(position, total.dtype)
+    return total
 
 
 def _dropout_keep_scale(plan, seed, query_block, key_block, shape, dtype):
@@ -344,82 +360,68 @@ def _dropout_keep_scale(plan, seed, query_block, key_block, shape, dtype):
     return tf.cast(keep, dtype) / (1.0 - plan.dropout_rate)
 
 
-def _attend_with_recompute(plan, mask, seed, *inputs):
-    """Attention of `(batch, heads, padded_len, depth)` query, key, value[, bias][, bias parameters]
-    whose gradient recomputes blocks."""
-
-    @tf.custom_gradient
-    def attend(*inputs):
-        output, log_sum_exp = _forward(plan, mask, seed, *split_inputs(inputs, plan.has_bias))
-
-        def gradient(output_gradient):
-            return _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient)
-
-        return output, gradient
-
-    return attend(*inputs)
-
-
-def _forward(plan, mask, seed, query, key, value, bias, parameters):
-    """Output `(batch, heads, padded_q, value_depth)` and log-sum-exp `(batch, heads, padded_q, 1)`."""
+def _forward(plan, mask, seed, scale, query, key, value, bias, parameters):
+    """Output `(batch, heads, padded_q, value_depth)` and each row's softmax statistics
+    `(batch, heads, padded_q, 2)`: its largest raw logit `M` and log-normaliser `L`."""
     dtype = float_math_dtype(query.dtype)
 
-    def query_chunk(query_block, outputs, log_sum_exps):
+    def query_chunk(query_block, outputs, row_statistics):
         chunk = _rows(query, query_block, plan.query_block)  # (batch, heads, q_block, depth)
         batch, heads = keras.ops.shape(query)[:2]
 
-        def key_step(key_block, row_max, row_sum, accumulator):
-            logits = _block_logits(
-                plan, mask, bias, parameters, query_block, key_block, chunk, _rows(key, key_block, plan.key_block)
-            )  # (batch, heads, q_block, k_block)
-            new_max = tf.maximum(row_max, tf.reduce_max(logits, -1, keepdims=True))
-            # Masked entries hold the dtype's lowest value, so they are exactly 0 once the row has
-            # met an allowed key; until then they are exp(0) = 1, and the first allowed key's
-            # `correction` (exp(lowest - max) = 0) erases them.
-            weights = tf.exp(logits - new_max)  # (batch, heads, q_block, k_block)
-            correction = tf.exp(row_max - new_max)  # (batch, heads, q_block, 1)
-            row_sum = correction * row_sum + tf.reduce_sum(weights, -1, keepdims=True)
+        def key_step(key_block, accumulator, *statistics):
+            logits = _block_logits(plan, mask, query_block, key_block, chunk, _rows(key, key_block, plan.key_block))
+            block_bias = _block_bias(plan, bias, parameters, query_block, key_block)
+            statistics, weights, factor = streaming_softmax.update(
+                _statistics(statistics), logits, scale, block_bias
+            )  # weights: (batch, heads, q_block, k_block)
             if plan.dropout_rate > 0.0:
                 weights *= _dropout_keep_scale(plan, seed, query_block, key_block, tf.shape(weights), dtype)
             values = _rows(value, key_block, plan.key_block)  # (batch, heads, k_block, value_depth)
             update = tf.matmul(tf.cast(weights, value.dtype), values)  # (batch, heads, q_block, dv)
-            accumulator = correction * accumulator + tf.cast(update, dtype)
-            return key_block + 1, new_max, row_sum, accumulator
+            accumulator = factor * accumulator + tf.cast(update, dtype)
+            return key_block + 1, accumulator, *_loop_state(statistics)
 
         start, stop = plan.key_blocks_for(query_block)
-        row_max = tf.fill(tf.stack([batch, heads, plan.query_block, 1]), tf.constant(-float("inf"), dtype))
-        row_sum = tf.zeros_like(row_max)  # (batch, heads, q_block, 1)
+        empty = streaming_softmax.RowStatistics.empty(tf.stack([batch, heads, plan.query_block, 1]), dtype, plan.has_any_bias)
         accumulator = tf.zeros(tf.stack([batch, heads, plan.query_block, value.shape[-1]]), dtype)
-        _, row_max, row_sum, accumulator = tf.while_loop(
+        _, accumulator, *statistics = tf.while_loop(
             lambda key_block, *_: key_block < stop,
             key_step,
-            (start, row_max, row_sum, accumulator),
+            (start, accumulator, *_loop_state(empty)),
             parallel_iterations=_PARALLEL_ITERATIONS,
         )
-        # A row that never met an allowed key kept the fill as its maximum: output 0, like the dense path.
-        attended = row_max > mask_fill(dtype) / 2
-        safe_sum = tf.where(attended, row_sum, tf.ones_like(row_sum))
-        output = tf.where(attended, accumulator / safe_sum, tf.zeros_like(accumulator))
-        log_sum_exp = tf.where(attended, row_max + tf.math.log(safe_sum), tf.zeros_like(row_sum))
-        return (
-            query_block + 1,
-            outputs.write(query_block, output),
-            log_sum_exps.write(query_block, log_sum_exp),
-        )
+        statistics = _statistics(statistics)
+        output = streaming_softmax.normalised(statistics, accumulator)  # rows without keys: 0
+        stored = tf.concat([statistics.row_max, statistics.log_normaliser()], -1)  # (batch, heads, q_block, 2)
+        return query_block + 1, outputs.write(query_block, output), row_statistics.write(query_block, stored)
 
     outputs = _block_array(dtype, plan.num_query_blocks, query, plan.query_block, value.shape[-1])
-    log_sum_exps = _block_array(dtype, plan.num_query_blocks, query, plan.query_block, 1)
-    _, outputs, log_sum_exps = tf.while_loop(
+    row_statistics = _block_array(dtype, plan.num_query_blocks, query, plan.query_block, 2)
+    _, outputs, row_statistics = tf.while_loop(
         lambda query_block, *_: query_block < plan.num_query_blocks,
         query_chunk,
-        (0, outputs, log_sum_exps),
+        (0, outputs, row_statistics),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )
-    return _unblock(outputs.stack()), _unblock(log_sum_exps.stack())
+    return _unblock(outputs.stack()), _unblock(row_statistics.stack())
 
 
-def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
-    """Gradients of `inputs` (query, key, value[, bias][, bias parameters]) recomputed block by block."""
+def _loop_state(statistics):
+    """`RowStatistics` as `tf.while_loop` variables (its `shift` only with a bias)."""
+    return tuple(t for t in (statistics.row_max, statistics.total, statistics.shift) if t is not None)
+
+
+def _statistics(loop_state):
+    """The inverse of `_loop_state`."""
+    row_max, total, *shift = loop_state
+    return streaming_softmax.RowStatistics(row_max, shift[0] if shift else None, total)
+
+
+def _backward(plan, mask, seed, scale, inputs, output, row_statistics, output_gradient):
+    """Gradients of [`scale` and] `inputs` (query, key, value[, bias][, bias parameters]) recomputed
+    block by block: the logits `z = scale * (Q K^T - M) + bias` get `dZ`, the raw logits `scale * dZ`
+    (`scale=None`: folded into the query, whose gradient carries it outside)."""
     query, key, value, bias, parameters = split_inputs(inputs, plan.has_bias)
     dtype = float_math_dtype(query.dtype)
     output_gradient = tf.cast(output_gradient, dtype)  # (batch, heads, padded_q, value_depth)
@@ -427,17 +429,18 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
     delta = tf.reduce_sum(output_gradient * output, -1, keepdims=True)  # (batch, heads, padded_q, 1)
     query_f, key_f, value_f = (tf.cast(t, dtype) for t in (query, key, value))
 
-    def key_block_step(key_block, key_grads, value_grads, query_grads, bias_grads, parameter_grads):
+    def key_block_step(key_block, key_grads, value_grads, query_grads, bias_grads, scale_grad, parameter_grads):
         keys = _rows(key_f, key_block, plan.key_block)  # (batch, heads, k_block, depth)
         values = _rows(value_f, key_block, plan.key_block)  # (batch, heads, k_block, value_depth)
 
-        def query_step(query_block, key_grad, value_grad, query_grads, bias_grads, parameter_grads):
+        def query_step(query_block, key_grad, value_grad, query_grads, bias_grads, scale_grad, parameter_grads):
             chunk = _rows(query_f, query_block, plan.query_block)  # (batch, heads, q_block, depth)
             chunk_grad = _rows(output_gradient, query_block, plan.query_block)  # (b, h, q_block, dv)
-            logits = _block_logits(plan, mask, bias, parameters, query_block, key_block, chunk, keys)
-            lse = _rows(log_sum_exp, query_block, plan.query_block)  # (batch, heads, q_block, 1)
-            # Masked entries are exp(lowest - lse) = 0 (lse is 0 in a row without keys).
-            weights = tf.exp(logits - lse)  # (batch, heads, q_block, k_block), normalised
+            logits = _block_logits(plan, mask, query_block, key_block, chunk, keys)
+            stored = _rows(row_statistics, query_block, plan.query_block)  # (batch, heads, q_block, 2)
+            weights = streaming_softmax.weights(
+                logits, scale, stored[..., :1], stored[..., 1:], _block_bias(plan, bias, parameters, query_block, key_block)
+            )  # (batch, heads, q_block, k_block), normalised; 0 where masked
             weights_grad = tf.matmul(chunk_grad, values, transpose_b=True)  # (b, h, q_block, k_block)
             dropped = weights
             if plan.dropout_rate > 0.0:
@@ -447,11 +450,13 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
                 dropped, weights_grad = weights * keep_scale, weights_grad * keep_scale
             value_grad += tf.matmul(dropped, chunk_grad, transpose_a=True)  # (b, h, k_block, dv)
             row_delta = _rows(delta, query_block, plan.query_block)  # (batch, heads, q_block, 1)
-            logits_grad = weights * (weights_grad - row_delta)  # (batch, heads, q_block, k_block)
-            key_grad += tf.matmul(logits_grad, chunk, transpose_a=True)  # (b, h, k_block, depth)
-            query_grads = query_grads.write(
-                query_block, query_grads.read(query_block) + tf.matmul(logits_grad, keys)
-            )
+            logits_grad = streaming_softmax.logits_gradient(weights, weights_grad, row_delta)  # dZ: (b, h, q, k)
+            key_grad += streaming_softmax.times_scale(scale, tf.matmul(logits_grad, chunk, transpose_a=True))  # (b, h, k, d)
+            query_side = tf.matmul(logits_grad, keys)  # dZ K: (batch, heads, q_block, depth)
+            if scale is not None:
+                scale_grad += streaming_softmax.scale_gradient(chunk, query_side)
+            query_grad = query_grads.read(query_block) + streaming_softmax.times_scale(scale, query_side)
+            query_grads = query_grads.write(query_block, query_grad)
             if bias is not None:
                 bias_grads = _accumulate_bias_grad(plan, bias, bias_grads, query_block, key_block, logits_grad)
             parameter_grads = add_gradients(
@@ -460,13 +465,13 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
                     plan.position_bias, parameters, *plan.positions(query_block, key_block), logits_grad
                 ),
             )
-            return query_block + 1, key_grad, value_grad, query_grads, bias_grads, parameter_grads
+            return query_block + 1, key_grad, value_grad, query_grads, bias_grads, scale_grad, parameter_grads
 
         start, stop = plan.query_blocks_for(key_block)
-        _, key_grad, value_grad, query_grads, bias_grads, parameter_grads = tf.while_loop(
+        _, key_grad, value_grad, query_grads, bias_grads, scale_grad, parameter_grads = tf.while_loop(
             lambda query_block, *_: query_block < stop,
             query_step,
-            (start, tf.zeros_like(keys), tf.zeros_like(values), query_grads, bias_grads, parameter_grads),
+            (start, tf.zeros_like(keys), tf.zeros_like(values), query_grads, bias_grads, scale_grad, parameter_grads),
             parallel_iterations=_PARALLEL_ITERATIONS,
         )
         return (
@@ -475,6 +480,7 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
             value_grads.write(key_block, value_grad),
             query_grads,
             bias_grads,
+            scale_grad,
             parameter_grads,
         )
 
@@ -483,13 +489,14 @@ def _backward(plan, mask, seed, inputs, output, log_sum_exp, output_gradient):
     key_grads = _block_array(dtype, plan.num_key_blocks, key, plan.key_block, key.shape[-1])
     value_grads = _block_array(dtype, plan.num_key_blocks, key, plan.key_block, value.shape[-1])
     parameter_grads = tuple(tf.zeros_like(parameter) for parameter in parameters)
-    _, key_grads, value_grads, query_grads, bias_grads, parameter_grads = tf.while_loop(
+    _, key_grads, value_grads, query_grads, bias_grads, scale_grad, parameter_grads = tf.while_loop(
         lambda key_block, *_: key_block < plan.num_key_blocks,
         key_block_step,
-        (0, key_grads, value_grads, query_grads, bias_grads, parameter_grads),
+        (0, key_grads, value_grads, query_grads, bias_grads, tf.zeros((), dtype), parameter_grads),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )
-    grads = [
+    grads = [] if scale is None else [scale_grad]
+    grads += [
         tf.cast(_unblock(query_grads.stack()), query.dtype),
         tf.cast(_unblock(key_grads.stack()), key.dtype),
         tf.cast(_unblock(value_grads.stack()), value.dtype),

@@ -17,8 +17,11 @@ A position bias (`keras_attn.position_bias`: ALiBi, T5's relative bias) is compu
 from the chunk's positions, and its parameters get their gradient from each chunk's logits
 gradient.
 
-The numerics are the core's (`masked_softmax`, `fill_masked`, float32 softmax): they live in
-`keras_attn.softmax` only.
+Each chunk holds whole rows. An inverse temperature of at most 1 is folded into the query
+(`keras_attn.streaming_softmax.fold_scale`) and the chunk's softmax is the core's
+(`keras_attn.softmax`: finite fill, one fused softmax); a larger or tensor one multiplies logits
+already shifted by their row maximum (`keras_attn.streaming_softmax.softmax`, exact up to the
+float32 limit). Either way masked keys have weight exactly 0 and rows without keys a zero output.
 """
 
 import dataclasses
@@ -30,7 +33,7 @@ from keras_attn import patterns
 from keras_attn.attention_call import why_not_tensorflow_streaming
 from keras_attn.masks import may_empty_rows
 from keras_attn.masks import pattern_mask
-from keras_attn.position_bias import add_block_bias
+from keras_attn import streaming_softmax
 from keras_attn.position_bias import add_gradients
 from keras_attn.position_bias import bias_parameter_gradients
 from keras_attn.position_bias import block_positions
@@ -163,18 +166,25 @@ def chunked_attention(
     ]
     # Logits in float32 whatever the compute dtype: float16 products overflow at 65,504.
     dtype = float_math_dtype(query.dtype)
-    scaled_query = tf.cast(query, dtype) * tf.convert_to_tensor(scale, dtype)
-    key = tf.cast(key, dtype)
-    scaled_query = tf.transpose(scaled_query, (0, 2, 1, 3))  # (batch, heads, query_len, depth)
-    key, value = (tf.transpose(t, (0, 2, 1, 3)) for t in (key, value))  # (batch, heads, k, depth)
+    query, scale = streaming_softmax.fold_scale(tf.cast(query, dtype), scale)
+    scale = None if scale is None else tf.convert_to_tensor(scale, dtype)
+    query, key = (tf.transpose(tf.cast(t, dtype), (0, 2, 1, 3)) for t in (query, key))  # (batch, heads, len, depth)
+    value = tf.transpose(value, (0, 2, 1, 3))  # (batch, heads, key_len, value_depth)
     plan = _ChunkPlan(
-        chunks, chunk_masks, _keep_scales(chunks, scaled_query, dropout_rate, seed_generator),
+        chunks, chunk_masks, _keep_scales(chunks, query, dropout_rate, seed_generator),
         rows_may_be_empty=may_empty_rows(mask, pattern), key_len=key_len, has_bias=bias is not None,
         position_bias=position_bias, query_offset=query_offset,
     )
-    inputs = (scaled_query, key, value) + (() if bias is None else (tf.convert_to_tensor(bias),))
-    parameters = read_bias_parameters(position_bias)
-    output = _attend(plan, *inputs, *parameters)  # (batch, heads, query_len, value_depth)
+    inputs = (query, key, value) + (() if bias is None else (tf.convert_to_tensor(bias),))
+    inputs += read_bias_parameters(position_bias)
+    output = streaming_softmax.custom_gradient(  # (batch, heads, query_len, value_depth)
+        lambda scale, *inputs: _forward(plan, scale, *split_inputs(inputs, plan.has_bias)),
+        lambda scale, inputs, output, weights, output_gradient: _backward(
+            plan, scale, inputs, output, weights, output_gradient
+        ),
+        scale,
+        inputs,
+    )
     return tf.transpose(output, (0, 2, 1, 3))  # (batch, query_len, heads, value_depth)
 
 
@@ -234,36 +244,31 @@ def _keep_scales(chunks, query, dropout_rate, seed_generator):
     return [keep_scale(chunk) if chunk.has_keys else None for chunk in chunks]
 
 
-def _attend(plan, *inputs):
-    """`(batch, heads, q, depth)` scaled query, key, value[, bias][, bias parameters] -> output, with a custom gradient."""
-
-    @tf.custom_gradient
-    def attend(*inputs):
-        output, weights = _forward(plan, *split_inputs(inputs, plan.has_bias))
-
-        def gradient(output_gradient):
-            return _backward(plan, inputs, output, weights, output_gradient)
-
-        return output, gradient
-
-    return attend(*inputs)
+def _chunk_bias(plan, chunk, bias, parameters):
+    """The additive bias `(batch | 1, heads, chunk_len | 1, chunk_keys | 1)` of a chunk: `bias` and the position bias, or `None`."""
+    total = None if bias is None else tf.cast(_pairwise_slice(bias, chunk), float_math_dtype(bias.dtype))
+    if plan.position_bias is not None:
+        position = tf.cast(plan.position_bias.block_bias(parameters, *plan.positions(chunk)), plan.position_bias.bias_dtype)
+        total = position if total is None else total + tf.cast(position, total.dtype)
+    return total
 
 
-def _chunk_weights(plan, index, query, key, bias, parameters):
-    """Normalised float32 weights `(batch, heads, chunk_len, chunk_keys)` of chunk `index`."""
+def _chunk_weights(plan, index, scale, query, key, bias, parameters):
+    """Normalised float32 weights `(batch, heads, chunk_len, chunk_keys)` of chunk `index`; a row
+    without keys (every chunk has a pattern mask) gets zero weights, so a zero output and gradient."""
     chunk, mask = plan.chunks[index], plan.masks[index]
-    logits = tf.matmul(_queries(query, chunk), _keys(key, chunk), transpose_b=True)  # (b, h, chunk_len, chunk_keys)
-    logits = tf.cast(logits, float_math_dtype(logits.dtype))
-    if bias is not None:
-        logits += tf.cast(_pairwise_slice(bias, chunk), logits.dtype)
-    logits = add_block_bias(logits, plan.position_bias, parameters, *plan.positions(chunk))
-    # Every chunk has a pattern mask. A row without keys gets zero weights, so a zero output and gradient.
+    logits = streaming_softmax.raw_logits(_queries(query, chunk), _keys(key, chunk))  # (b, h, chunk_len, chunk_keys)
+    bias = _chunk_bias(plan, chunk, bias, parameters)
+    bias = None if bias is None else tf.cast(bias, logits.dtype)
+    if scale is not None:  # shift, then scale
+        return streaming_softmax.softmax(streaming_softmax.exclude(logits, mask), scale, bias)[0]
+    logits = logits if bias is None else logits + bias  # the scale is in the query
     if plan.rows_may_be_empty:
-        return masked_softmax(logits, mask)  # (batch, heads, chunk_len, chunk_keys)
+        return masked_softmax(logits, mask)
     return tf.nn.softmax(fill_masked(logits, mask))
 
 
-def _forward(plan, query, key, value, bias, parameters):
+def _forward(plan, scale, query, key, value, bias, parameters):
     """Output `(batch, heads, query_len, value_depth)` and each chunk's weights (`None`: no keys)."""
     outputs, chunk_weights = [], []
     batch, heads = tf.shape(query)[0], tf.shape(query)[1]
@@ -273,15 +278,17 @@ def _forward(plan, query, key, value, bias, parameters):
             outputs.append(tf.zeros(shape, value.dtype))
             chunk_weights.append(None)
             continue
-        weights = _chunk_weights(plan, index, query, key, bias, parameters)
+        weights = _chunk_weights(plan, index, scale, query, key, bias, parameters)
         dropped = weights if plan.keep_scales[index] is None else weights * plan.keep_scales[index]
         outputs.append(tf.matmul(tf.cast(dropped, value.dtype), _keys(value, chunk)))  # (b, h, chunk_len, dv)
         chunk_weights.append(weights)
     return tf.concat(outputs, axis=2), chunk_weights  # (batch, heads, query_len, value_depth)
 
 
-def _backward(plan, inputs, output, chunk_weights, output_gradient):
-    """Gradients of (query, key, value[, bias][, bias parameters]) from each chunk's stored weights."""
+def _backward(plan, scale, inputs, output, chunk_weights, output_gradient):
+    """Gradients of ([scale,] query, key, value[, bias][, bias parameters]) from each chunk's stored
+    weights: the logits `z = scale * (Q K^T - M) + bias` get `dZ`, the raw logits `scale * dZ`
+    (`scale=None`: folded into the query, whose gradient carries it outside)."""
     query, key, value, bias, parameters = split_inputs(inputs, plan.has_bias)
     parameter_grads = tuple(tf.zeros_like(parameter) for parameter in parameters)
     dtype = float_math_dtype(query.dtype)
@@ -294,7 +301,7 @@ def _backward(plan, inputs, output, chunk_weights, output_gradient):
         # taking a pass over the weights (with dropout, dP is rescaled first and cannot).
         shifted_grad = tf.concat([output_gradient, -delta], -1)  # (batch, heads, q, value_depth + 1)
         shifted_values = tf.concat([value_f, tf.ones_like(value_f[..., :1])], -1)  # (batch, heads, k, dv + 1)
-    query_grads, key_grads, value_grads, bias_grads = [], [], [], []
+    query_grads, key_grads, value_grads, bias_grads, scale_grads = [], [], [], [], []
     for index, chunk in enumerate(plan.chunks):
         weights, keep_scale = chunk_weights[index], plan.keep_scales[index]
         if weights is None:
@@ -311,15 +318,19 @@ def _backward(plan, inputs, output, chunk_weights, output_gradient):
             weights_grad = tf.matmul(chunk_grad, _keys(value_f, chunk), transpose_b=True) * keep_scale
             logits_grad = weights * (weights_grad - _queries(delta, chunk))  # (b, h, chunk_len, chunk_keys)
         value_grads.append(_pad_keys(tf.matmul(dropped, chunk_grad, transpose_a=True), chunk, plan.key_len))
-        query_grads.append(tf.matmul(logits_grad, _keys(key_f, chunk)))  # (batch, heads, chunk_len, depth)
+        query_side = tf.matmul(logits_grad, _keys(key_f, chunk))  # dZ K: (batch, heads, chunk_len, depth)
+        if scale is not None:
+            scale_grads.append(streaming_softmax.scale_gradient(_queries(query_f, chunk), query_side))
+        query_grads.append(streaming_softmax.times_scale(scale, query_side))
         key_grad = tf.matmul(logits_grad, _queries(query_f, chunk), transpose_a=True)  # (b, h, chunk_keys, depth)
-        key_grads.append(_pad_keys(key_grad, chunk, plan.key_len))
+        key_grads.append(_pad_keys(streaming_softmax.times_scale(scale, key_grad), chunk, plan.key_len))
         bias_grads.append(logits_grad)
         parameter_grads = add_gradients(
             parameter_grads,
             bias_parameter_gradients(plan.position_bias, parameters, *plan.positions(chunk), logits_grad),
         )
-    grads = [
+    grads = [] if scale is None else [tf.add_n(scale_grads) if scale_grads else tf.zeros_like(scale)]
+    grads += [
         tf.cast(tf.concat(query_grads, axis=2), query.dtype),
         tf.cast(tf.add_n(key_grads), key.dtype),
         tf.cast(tf.add_n(value_grads), value.dtype),

@@ -14,9 +14,10 @@ triangle for it. This kernel does only the pattern's work, in the two parts that
   attends to the keys of its own column that the pattern allows.
 
 A key is in exactly one part, and the parts' softmax statistics (each row's log-sum-exp) merge
-into ONE softmax over their union. A query computes `band_width + key_len / stride` keys instead
+into ONE softmax over their union (`keras_attn.streaming_softmax.merge`; the inverse temperature
+multiplies logits shifted by the row maximum, exact up to the float32 limit). A query computes `band_width + key_len / stride` keys instead
 of up to `key_len`; memory is linear in the length: the backward pass (a `tf.custom_gradient`)
-recomputes each part's weights from the merged log-sum-exp, as `keras_attn.blockwise_attention`
+recomputes each part's weights from the merged statistics, as `keras_attn.blockwise_attention`
 does. The band's query gradient comes chunk by chunk of queries; its key and value gradients come
 chunk by chunk of keys (each over one slice of `band_query_width` queries holding
 `band.query_range`), so that every chunk writes its own rows once: summing the overlapping key
@@ -38,8 +39,8 @@ import keras
 import tensorflow as tf
 
 from keras_attn import patterns
+from keras_attn import streaming_softmax
 from keras_attn.attention_call import why_not_tensorflow_streaming
-from keras_attn.softmax import mask_fill
 from keras_attn.utils import float_math_dtype
 
 # Queries per chunk of the band part (a chunk of 128 under a window of 256 computes 383 keys).
@@ -130,11 +131,18 @@ def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0
         raise ValueError(f"`strided_attention` needs {reason}")
     plan = _plan(pattern, query.shape[1], key.shape[1], query_offset)
     output_dtype, dtype = value.dtype, float_math_dtype(query.dtype)
-    scale = tf.cast(scale, dtype) if tf.is_tensor(scale) else tf.constant(scale, dtype)
-    query = tf.cast(query, dtype) * scale  # logits in float32 whatever the compute dtype
+    query, scale = streaming_softmax.fold_scale(tf.cast(query, dtype), scale)  # logits in float32 whatever the dtype
+    scale = None if scale is None else tf.convert_to_tensor(scale, dtype)
     query, key, value = (tf.transpose(tf.cast(t, dtype), (0, 2, 1, 3)) for t in (query, key, value))  # (b, h, len, d)
     masks = _Masks(None, None) if mask is None else _Masks.of(tf.cast(mask, tf.bool), plan)
-    output = _attend(plan, masks, query, key, value)  # (batch, heads, query_len, value_depth)
+    output = streaming_softmax.custom_gradient(  # (batch, heads, query_len, value_depth); the gradient recomputes
+        lambda scale, *inputs: _forward(plan, masks, scale, *inputs),
+        lambda scale, inputs, output, statistics, output_gradient: _backward(
+            plan, masks, scale, inputs, output, statistics, output_gradient
+        ),
+        scale,
+        (query, key, value),
+    )
     return tf.cast(tf.transpose(output, (0, 2, 1, 3)), output_dtype)
 
 
@@ -339,110 +347,93 @@ def _grid_block(plan, masks, step, query_grid, key_grid):
     return queries, keys, logits, allowed
 
 
-def _partial_softmax(logits, allowed, values):
-    """Normalised output `(..., rows, dv)` and log-sum-exp `(..., rows, 1)` over the allowed keys only.
-
-    Masked logits hold the dtype's lowest finite value (`mask_fill`), below every allowed logit. A
-    row without allowed keys has output 0 and log-sum-exp `mask_fill`, which merges as weight 0.
-    """
-    filled = tf.where(allowed, logits, mask_fill(logits.dtype))
-    row_max = tf.reduce_max(filled, -1, keepdims=True)  # (..., rows, 1)
-    weights = tf.where(allowed, tf.exp(filled - row_max), tf.zeros_like(filled))  # (..., rows, keys)
-    total = tf.reduce_sum(weights, -1, keepdims=True)
-    attended = total > 0
-    safe_total = tf.where(attended, total, tf.ones_like(total))
-    output = tf.matmul(weights, values) / safe_total  # (..., rows, dv)
-    log_sum_exp = tf.where(attended, row_max + tf.math.log(safe_total), tf.fill(tf.shape(total), mask_fill(total.dtype)))
-    return output, log_sum_exp
+def _partial_softmax(logits, allowed, values, scale):
+    """Normalised output `(..., rows, dv)` over the allowed keys only, and the rows' statistics
+    `(..., rows, 2)`: largest raw logit `M` and log-normaliser `L` (`-inf`, `-inf` without allowed keys,
+    which merges as weight 0)."""
+    weights, (row_max, log_normaliser) = streaming_softmax.softmax(streaming_softmax.exclude(logits, allowed), scale)
+    return tf.matmul(weights, values), tf.concat([row_max, log_normaliser], -1)
 
 
-def _weights(logits, allowed, log_sum_exp):
-    """The merged softmax's weights of one block, recomputed from the rows' log-sum-exp."""
-    return tf.where(allowed, tf.exp(tf.where(allowed, logits, log_sum_exp) - log_sum_exp), tf.zeros_like(logits))
+def _weights(logits, allowed, statistics, scale):
+    """The merged softmax's weights of one block, recomputed from the rows' statistics `(M, L)`."""
+    logits = streaming_softmax.exclude(logits, allowed)
+    return streaming_softmax.weights(logits, scale, statistics[..., :1], statistics[..., 1:])
 
 
-def _attend(plan, masks, query, key, value):
-    """`(batch, heads, len, d)` scaled query, key, value -> output, with a recomputing gradient."""
-
-    @tf.custom_gradient
-    def attend(query, key, value):
-        output, log_sum_exp = _forward(plan, masks, query, key, value)
-
-        def gradient(output_gradient):
-            return _backward(plan, masks, (query, key, value), output, log_sum_exp, output_gradient)
-
-        return output, gradient
-
-    return attend(query, key, value)
-
-
-def _forward(plan, masks, query, key, value):
-    """Output `(batch, heads, query_len, dv)` and the merged log-sum-exp `(batch, heads, query_len, 1)`."""
-    output, log_sum_exp = _strided_forward(plan, masks, query, key, value)
+def _forward(plan, masks, scale, query, key, value):
+    """Output `(batch, heads, query_len, dv)` and the merged statistics `(batch, heads, query_len, 2)`."""
+    output, statistics = _strided_forward(plan, masks, scale, query, key, value)
     if plan.band_width == 0:
-        return output, log_sum_exp
-    band_output, band_log_sum_exp = _band_forward(plan, masks, query, key, value)
-    merged = tf.reduce_logsumexp(tf.stack([log_sum_exp, band_log_sum_exp]), axis=0)  # (batch, heads, q, 1)
-    output = output * tf.exp(log_sum_exp - merged) + band_output * tf.exp(band_log_sum_exp - merged)
-    return output, merged
+        return output, statistics
+    band_output, band_statistics = _band_forward(plan, masks, scale, query, key, value)
+    parts = [(part, stats[..., :1], stats[..., 1:]) for part, stats in ((output, statistics), (band_output, band_statistics))]
+    output, row_max, log_normaliser = streaming_softmax.merge(parts, scale)
+    return output, tf.concat([row_max, log_normaliser], -1)
 
 
-def _band_forward(plan, masks, query, key, value):
+def _band_forward(plan, masks, scale, query, key, value):
     query = _pad_chunks(plan, query)
 
-    def step(index, outputs, log_sum_exps):
+    def step(index, outputs, statistics):
         _, start, logits, allowed = _band_block(plan, masks, index, query, key)
-        output, log_sum_exp = _partial_softmax(logits, allowed, _rows(value, start, plan.band_width))
-        return index + 1, outputs.write(index, output), log_sum_exps.write(index, log_sum_exp)
+        output, chunk_statistics = _partial_softmax(logits, allowed, _rows(value, start, plan.band_width), scale)
+        return index + 1, outputs.write(index, output), statistics.write(index, chunk_statistics)
 
-    outputs, log_sum_exps = tf.while_loop(
+    outputs, statistics = tf.while_loop(
         lambda index, *_: index < plan.num_chunks,
         step,
-        (0, _array(query, plan.num_chunks, plan.chunk, value.shape[-1]), _array(query, plan.num_chunks, plan.chunk, 1)),
+        (0, _array(query, plan.num_chunks, plan.chunk, value.shape[-1]), _array(query, plan.num_chunks, plan.chunk, 2)),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )[1:]
-    return (_unstack_steps(array.stack())[:, :, : plan.query_len] for array in (outputs, log_sum_exps))
+    return (_unstack_steps(array.stack())[:, :, : plan.query_len] for array in (outputs, statistics))
 
 
-def _strided_forward(plan, masks, query, key, value):
+def _strided_forward(plan, masks, scale, query, key, value):
     query_grid = _to_grid(query, plan.front, plan.query_rows, plan.stride)  # (batch, heads, stride, u, depth)
     key_grid, value_grid = (_to_grid(t, 0, plan.key_rows, plan.stride) for t in (key, value))  # (b, h, s, m, d)
 
-    def step(index, outputs, log_sum_exps):
+    def step(index, outputs, statistics):
         _, _, logits, allowed = _grid_block(plan, masks, index, query_grid, key_grid)
         values = _rows(value_grid, index * plan.residues_per_step, plan.residues_per_step)
-        output, log_sum_exp = _partial_softmax(logits, allowed, values)
-        return index + 1, outputs.write(index, output), log_sum_exps.write(index, log_sum_exp)
+        output, step_statistics = _partial_softmax(logits, allowed, values, scale)
+        return index + 1, outputs.write(index, output), statistics.write(index, step_statistics)
 
-    outputs, log_sum_exps = tf.while_loop(
+    outputs, statistics = tf.while_loop(
         lambda index, *_: index < plan.num_steps,
         step,
-        (0, *(_array(query, plan.num_steps, plan.residues_per_step, plan.query_rows, depth) for depth in (value.shape[-1], 1))),
+        (0, *(_array(query, plan.num_steps, plan.residues_per_step, plan.query_rows, depth) for depth in (value.shape[-1], 2))),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )[1:]
-    return (_from_grid(_unstack_steps(array.stack()), plan.front, plan.query_len) for array in (outputs, log_sum_exps))
+    return (_from_grid(_unstack_steps(array.stack()), plan.front, plan.query_len) for array in (outputs, statistics))
 
 
-def _backward(plan, masks, inputs, output, log_sum_exp, output_gradient):
-    """Gradients of the scaled query, key and value, both parts recomputed from the merged log-sum-exp."""
+def _backward(plan, masks, scale, inputs, output, statistics, output_gradient):
+    """Gradients of [`scale`,] query, key and value, both parts recomputed from the merged statistics.
+
+    The parts give `dZ K`, `dZ^T Q` and `P^T dO` of the logits `z = scale * (Q K^T - M)`; the raw
+    logits get `scale * dZ` (`scale=None`: folded into the query, whose gradient carries it outside).
+    """
     output_gradient = tf.cast(output_gradient, output.dtype)
     # rowsum(dO * O) = sum_k P_k dP_k, the subtracted term of the softmax gradient.
     delta = tf.reduce_sum(output_gradient * output, -1, keepdims=True)  # (batch, heads, query_len, 1)
-    rows = (output_gradient, delta, log_sum_exp)
-    grads = _strided_backward(plan, masks, inputs, rows)
+    rows = (output_gradient, delta, statistics)
+    grads = _strided_backward(plan, masks, scale, inputs, rows)
     if plan.band_width:
-        grads = [a + b for a, b in zip(grads, _band_backward(plan, masks, inputs, rows))]
-    return grads
+        grads = [a + b for a, b in zip(grads, _band_backward(plan, masks, scale, inputs, rows))]
+    query_side, key_side, value_grad = grads
+    scaled = [streaming_softmax.times_scale(scale, query_side), streaming_softmax.times_scale(scale, key_side), value_grad]
+    return scaled if scale is None else [streaming_softmax.scale_gradient(inputs[0], query_side), *scaled]
 
 
 def _logits_gradient(weights, values, output_gradient, delta):
-    """The gradient of one block's (scaled) logits `(..., rows, keys)` from its weights."""
+    """`dZ`, the gradient of one block's logits `z` `(..., rows, keys)`, from its weights."""
     weights_grad = tf.matmul(output_gradient, values, transpose_b=True)  # (..., rows, keys)
-    return weights * (weights_grad - delta)  # (..., rows, keys)
+    return streaming_softmax.logits_gradient(weights, weights_grad, delta)  # (..., rows, keys)
 
 
 def _block_gradients(weights, logits_inputs, values, output_gradient, delta):
-    """`(d queries, d keys, d values)` of one block from its weights `(..., rows, keys)`."""
+    """`(dZ K, dZ^T Q, P^T dO)` of one block from its weights `(..., rows, keys)`."""
     queries, keys = logits_inputs
     logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (..., rows, keys)
     return (
@@ -452,22 +443,22 @@ def _block_gradients(weights, logits_inputs, values, output_gradient, delta):
     )
 
 
-def _band_backward(plan, masks, inputs, rows):
+def _band_backward(plan, masks, scale, inputs, rows):
     query, key, value = inputs
     query = _pad_chunks(plan, query)
-    rows = [_pad_chunks(plan, t) for t in rows]  # output gradient, delta, log-sum-exp
+    rows = [_pad_chunks(plan, t) for t in rows]  # output gradient, delta, statistics
     inputs = (query, key, value)
-    return [_band_query_gradient(plan, masks, inputs, rows), *_band_key_gradients(plan, masks, inputs, rows)]
+    return [_band_query_gradient(plan, masks, scale, inputs, rows), *_band_key_gradients(plan, masks, scale, inputs, rows)]
 
 
-def _band_query_gradient(plan, masks, inputs, rows):
-    """The band part's query gradient, chunk by chunk of queries: `(batch, heads, query_len, depth)`."""
+def _band_query_gradient(plan, masks, scale, inputs, rows):
+    """The band part's `dZ K`, chunk by chunk of queries: `(batch, heads, query_len, depth)`."""
     query, key, value = inputs
 
     def step(index, query_grads):
         queries, start, logits, allowed = _band_block(plan, masks, index, query, key)
-        output_gradient, delta, log_sum_exp = (_rows(t, index * plan.chunk, plan.chunk) for t in rows)
-        weights = _weights(logits, allowed, log_sum_exp)  # (batch, heads, chunk, width)
+        output_gradient, delta, statistics = (_rows(t, index * plan.chunk, plan.chunk) for t in rows)
+        weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, chunk, width)
         keys, values = (_rows(t, start, plan.band_width) for t in (key, value))
         logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (batch, heads, chunk, width)
         return index + 1, query_grads.write(index, tf.matmul(logits_grad, keys))  # (b, h, chunk, depth)
@@ -481,8 +472,8 @@ def _band_query_gradient(plan, masks, inputs, rows):
     return _unstack_steps(query_grads.stack())[:, :, : plan.query_len]
 
 
-def _band_key_gradients(plan, masks, inputs, rows):
-    """The band part's key and value gradients, chunk by chunk of keys, each over its slice of
+def _band_key_gradients(plan, masks, scale, inputs, rows):
+    """The band part's `dZ^T Q` and value gradient, chunk by chunk of keys, each over its slice of
     `band_query_width` queries (chunk-padded): `(batch, heads, key_len, d)` each."""
     query, key, value = inputs
     key, value = (_pad_key_chunks(plan, t) for t in (key, value))
@@ -493,10 +484,10 @@ def _band_key_gradients(plan, masks, inputs, rows):
         first_key = index * plan.key_chunk
         keys, values = (_rows(t, first_key, plan.key_chunk) for t in (key, value))  # (b, h, key_chunk, d)
         queries = _rows(query, start, width)  # (batch, heads, width, depth)
-        output_gradient, delta, log_sum_exp = (_rows(t, start, width) for t in rows)
+        output_gradient, delta, statistics = (_rows(t, start, width) for t in rows)
         logits = tf.matmul(queries, keys, transpose_b=True)  # (batch, heads, width, key_chunk)
         allowed = _band_allowed(plan, masks, start, width, first_key, plan.key_chunk)
-        weights = _weights(logits, allowed, log_sum_exp)  # (batch, heads, width, key_chunk)
+        weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, width, key_chunk)
         logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (batch, heads, width, key_chunk)
         return (
             index + 1,
@@ -517,7 +508,7 @@ def _band_key_gradients(plan, masks, inputs, rows):
     return [_unstack_steps(array.stack())[:, :, : plan.key_len] for array in arrays]
 
 
-def _strided_backward(plan, masks, inputs, rows):
+def _strided_backward(plan, masks, scale, inputs, rows):
     query, key, value = inputs
     query_grid = _to_grid(query, plan.front, plan.query_rows, plan.stride)  # (batch, heads, stride, u, depth)
     key_grid, value_grid = (_to_grid(t, 0, plan.key_rows, plan.stride) for t in (key, value))  # (b, h, s, m, d)
@@ -526,8 +517,8 @@ def _strided_backward(plan, masks, inputs, rows):
     def step(index, query_grads, key_grads, value_grads):
         queries, keys, logits, allowed = _grid_block(plan, masks, index, query_grid, key_grid)
         first = index * plan.residues_per_step
-        output_gradient, delta, log_sum_exp = (_rows(t, first, plan.residues_per_step) for t in row_grids)
-        weights = _weights(logits, allowed, log_sum_exp)  # (batch, heads, per_step, u, m)
+        output_gradient, delta, statistics = (_rows(t, first, plan.residues_per_step) for t in row_grids)
+        weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, per_step, u, m)
         values = _rows(value_grid, first, plan.residues_per_step)
         grads = _block_gradients(weights, (queries, keys), values, output_gradient, delta)
         arrays = (query_grads, key_grads, value_grads)
