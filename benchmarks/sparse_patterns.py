@@ -56,7 +56,7 @@ def run_child(case, mode, length, heads, depth, stride, repeats):
 
     from keras_attn import attention
     from keras_attn import patterns
-    from keras_attn.attention_call import AttentionCall
+    from keras_attn.kernels.call import AttentionCall
 
     baseline = measurement.peak_rss_gb()
     arguments = case_arguments(case, stride)

@@ -4,9 +4,9 @@ Every attention family in keras_attn reaches the softmax through this module. A 
 a boolean mask (padding, causal, band, strided, ...), an additive bias, a position bias computed
 per block from positions (`keras_attn.position_bias`: ALiBi, T5's relative positions), or several;
 this module validates the call, turns the shorthands into one `keras_attn.patterns`
-pattern, resolves the scale, and hands an `AttentionCall` to a kernel: `dense_attention`,
-`chunked_attention` or `blockwise_attention`, each of which says itself which calls it takes
-(`why_unsupported`). The numerics every kernel shares live in `keras_attn.softmax`:
+pattern, resolves the scale, and hands an `AttentionCall` to a kernel of the registry
+(`keras_attn.kernels.KERNELS`: dense, chunked, blockwise, strided), each of which says itself which
+calls it takes (`why_unsupported`). The numerics every kernel shares live in `keras_attn.softmax`:
 
 - logits and softmax in float32 whatever the compute dtype;
 - masked logits are filled with a finite value, never `-inf`;
@@ -23,12 +23,11 @@ import math
 import keras
 from keras import ops
 
-from keras_attn import blockwise_attention
-from keras_attn import chunked_attention
-from keras_attn import dense_attention
 from keras_attn import patterns
-from keras_attn import strided_attention
-from keras_attn.attention_call import AttentionCall
+from keras_attn.kernels import KERNELS
+from keras_attn.kernels import chunked
+from keras_attn.kernels import strided
+from keras_attn.kernels.call import AttentionCall
 from keras_attn.masks import merge_masks
 from keras_attn.position_bias import check_position_bias
 from keras_attn.softmax import bias_mask
@@ -38,14 +37,6 @@ from keras_attn.validation import check_scale
 from keras_attn.validation import check_rate
 
 _MASK_RANK = 4
-# The kernels by name: each module answers `why_unsupported(call)` and `attend(call)` for an
-# `AttentionCall` (see `keras_attn.attention_call`); a new kernel plugs in here.
-KERNELS = {
-    "dense": dense_attention,
-    "chunked": chunked_attention,
-    "blockwise": blockwise_attention,
-    "strided": strided_attention,
-}
 ATTENTION_IMPLEMENTATIONS = ("auto", *KERNELS)
 # `implementation="auto"` switches to blockwise attention (memory linear in the length) from
 # `query_len * key_len` this large. Below the banded threshold the chunked path takes causal/band
@@ -197,16 +188,16 @@ def scaled_dot_product_attention(
         implementation: `"dense"` materialises the `(query_len, key_len)` weights (the
             reference); `"chunked"` (TensorFlow backend; a pattern, static lengths, an int
             `query_offset`, and a mask/bias with static query and key dimensions) uses
-            `keras_attn.chunked_attention`: queries in chunks of
-            `keras_attn.chunked_attention.QUERY_CHUNK_SIZE`, each over
+            `keras_attn.kernels.chunked`: queries in chunks of
+            `keras_attn.kernels.chunked.QUERY_CHUNK_SIZE`, each over
             only the keys the pattern lets it reach (about half the work of `"dense"` under a
             causal mask), with a written-out gradient, same numerics;
             `"blockwise"` (TensorFlow backend) uses
-            `keras_attn.blockwise_attention`, memory linear in the length, skipping the key
+            `keras_attn.kernels.blockwise`, memory linear in the length, skipping the key
             blocks the pattern excludes, same numerics;
             `"strided"` (TensorFlow backend; a pattern with a strided part, e.g.
             `Causal() & (SlidingWindow(s) | Strided(s))`, static lengths, an int `query_offset`,
-            no bias, no dropout) uses `keras_attn.strided_attention`: each query computes only
+            no bias, no dropout) uses `keras_attn.kernels.strided`: each query computes only
             a band of keys and its residue class `(i - j) % s == 0`, memory linear in the length;
             `"auto"` picks the first kernel that takes the call among: strided from
             `STRIDED_MIN_QUERY_LEN` queries when it computes at most
@@ -309,8 +300,8 @@ def _auto_preference(call):
         return ("dense",)
     if (
         query_len >= STRIDED_MIN_QUERY_LEN
-        and not strided_attention.why_unsupported(call)
-        and strided_attention.keys_per_query(call) <= STRIDED_MAX_KEY_FRACTION * key_len
+        and not strided.why_unsupported(call)
+        and strided.keys_per_query(call) <= STRIDED_MAX_KEY_FRACTION * key_len
     ):
         return ("strided", *_size_preference(call, query_len, key_len))
     return _size_preference(call, query_len, key_len)
@@ -320,6 +311,6 @@ def _size_preference(call, query_len, key_len):
     threshold = BLOCKWISE_MIN_BANDED_ATTENTION_SIZE if call.pattern is not None else BLOCKWISE_MIN_ATTENTION_SIZE
     if query_len * key_len >= threshold:
         return ("blockwise", "dense")
-    if query_len >= 2 * chunked_attention.QUERY_CHUNK_SIZE:
+    if query_len >= 2 * chunked.QUERY_CHUNK_SIZE:
         return ("chunked", "dense")
     return ("dense",)

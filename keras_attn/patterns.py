@@ -52,7 +52,7 @@ class Pattern:
         `key_range` bounds the keys it reaches, or has `(i - j) % stride == 0` (`Strided(stride)`).
 
         `band=None`: no band part; `stride=None`: no strided part. A pattern is its own band; the
-        strided kernel (`keras_attn.strided_attention`) computes `band.key_range` and the keys of
+        strided kernel (`keras_attn.kernels.strided`) computes `band.key_range` and the keys of
         each query's residue class instead of every key a strided pattern's `key_range` spans.
         """
         return self, None

@@ -2,6 +2,7 @@
 
 import functools
 import re
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -12,9 +13,11 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+import keras_attn
 from keras_attn import attention as attention_module
-from keras_attn import chunked_attention
-from keras_attn.attention_call import AttentionCall
+from keras_attn.kernels import chunked
+from keras_attn.kernels import kernels_table
+from keras_attn.kernels.call import AttentionCall
 from keras_attn.masks import causal_mask
 from keras_attn.masks import merge_masks
 from keras_attn.masks import padding_mask_to_attention_mask
@@ -63,7 +66,7 @@ def _random_mask(rng, layout, batch, heads, query_len, key_len):
 @pytest.fixture
 def small_query_chunks(monkeypatch):
     """Query chunks of 2 rows, so that the chunked path splits the short test sequences."""
-    monkeypatch.setattr(chunked_attention, "QUERY_CHUNK_SIZE", 2)
+    monkeypatch.setattr(chunked, "QUERY_CHUNK_SIZE", 2)
 
 
 def _assert_matches_reference(actual, weights, expected, expected_weights, atol=FLOAT32_ATOL):
@@ -371,3 +374,8 @@ def _bad_call(**overrides):
 def test_bad_inputs_raise_value_errors_naming_argument_and_value(overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         _bad_call(**overrides)()
+
+
+def test_the_families_guide_lists_every_kernel_of_the_registry():
+    guide = Path(keras_attn.__file__).parents[1] / "docs" / "guides" / "attention_families.md"
+    assert kernels_table() in guide.read_text(encoding="utf-8")

@@ -9,7 +9,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.patterns import Causal
 from tests import reference
+from tests.kernel_registry import kernels_taking
+
+# Every kernel that takes a bias under a causal pattern.
+BIASED_CAUSAL_KERNELS = kernels_taking(with_bias=True, pattern=Causal())
 
 _Q = np.zeros((1, 3, 2, 4), np.float32)
 
@@ -56,7 +61,7 @@ def test_accepted_scales_match_the_reference():
 @given(
     lengths=st.lists(st.integers(1, 9), min_size=2, max_size=2),
     poison=st.sampled_from([np.nan, np.inf, -np.inf, 1e30]),
-    implementation=st.sampled_from(["dense", "chunked", "blockwise"]),
+    implementation=st.sampled_from(BIASED_CAUSAL_KERNELS),
     is_causal=st.booleans(),
     seed=st.integers(0, 2**16),
 )
@@ -202,7 +207,7 @@ def _check_against_reference(output, grads, output_gradient, q, k, v, bias, mask
 
 
 @pytest.mark.parametrize("mode", ["eager", "function", "xla"])
-@pytest.mark.parametrize("implementation", ["dense", "chunked", "blockwise"])
+@pytest.mark.parametrize("implementation", BIASED_CAUSAL_KERNELS)
 def test_minus_inf_bias_acts_as_a_mask_on_every_kernel(implementation, mode):
     """`-inf` bias entries (scattered, a whole row, a row with padding) give the float64 reference's
     outputs and gradients (zero bias gradient there), finite everywhere, zero rows without keys."""
@@ -218,7 +223,7 @@ def test_minus_inf_bias_acts_as_a_mask_on_every_kernel(implementation, mode):
 @given(
     length=st.integers(1, 9),
     inf_fraction=st.sampled_from([0.0, 0.3, 0.8, 1.0]),
-    implementation=st.sampled_from(["dense", "chunked", "blockwise"]),
+    implementation=st.sampled_from(BIASED_CAUSAL_KERNELS),
     is_causal=st.booleans(),
     padded=st.booleans(),
     seed=st.integers(0, 2**16),

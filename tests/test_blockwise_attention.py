@@ -14,8 +14,8 @@ from keras_attn import attention
 from keras_attn import softmax
 from keras_attn import masks
 from keras_attn.attention import scaled_dot_product_attention
-from keras_attn import blockwise_attention as blockwise_module
-from keras_attn.blockwise_attention import blockwise_attention
+from keras_attn.kernels import blockwise as blockwise_module
+from keras_attn.kernels.blockwise import blockwise_attention
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.patterns import Causal
 from tests import reference

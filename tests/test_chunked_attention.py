@@ -13,8 +13,8 @@ import tensorflow as tf
 from keras_attn import softmax
 from keras_attn import masks
 from keras_attn.attention import scaled_dot_product_attention
-from keras_attn.chunked_attention import pattern_query_chunks
-from keras_attn.chunked_attention import chunked_attention
+from keras_attn.kernels.chunked import pattern_query_chunks
+from keras_attn.kernels.chunked import chunked_attention
 from keras_attn.patterns import from_shorthands
 from tests import reference
 from tests.layer_checks import output_gradients

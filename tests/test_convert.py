@@ -14,6 +14,8 @@ from keras import ops
 
 import keras_attn
 from keras_attn import conversion
+from keras_attn.patterns import Causal
+from tests.kernel_registry import kernels_taking
 
 LENGTH, WIDTH, HEADS = 12, 16, 4
 TOLERANCE = 1e-5
@@ -113,7 +115,7 @@ class BlockLayer(keras.layers.Layer):
         return x + self.attention(x, x)
 
 
-@pytest.mark.parametrize("implementation", ["auto", "dense", "chunked", "blockwise"])
+@pytest.mark.parametrize("implementation", ["auto", *kernels_taking(pattern=Causal())])
 def test_functional_model_outputs_equal_the_original(implementation):
     model = _token_model(causal=True)
     fast, report = keras_attn.convert(model, implementation=implementation, return_report=True)

@@ -9,10 +9,11 @@ import tensorflow as tf
 
 from keras_attn import attention as attention_module
 from keras_attn.attention import scaled_dot_product_attention
-from keras_attn.attention_call import AttentionCall
+from keras_attn.kernels.call import AttentionCall
 from keras_attn.patterns import Causal
 from tests import reference
 from tests.layer_checks import assert_jit_matches_eager
+from tests.kernel_registry import kernels_refusing
 from tests.layer_checks import output_gradients
 
 BATCH, QUERY_LEN, KEY_LEN, HEADS, DEPTH = 2, 5, 6, 3, 4
@@ -141,7 +142,7 @@ def test_mixed_precision_hard_attention_is_finite_and_picks_the_float32_argmax(d
     np.testing.assert_allclose(output[rows], expected[rows], atol=atol)
 
 
-@pytest.mark.parametrize("implementation", ["chunked", "blockwise"])
+@pytest.mark.parametrize("implementation", kernels_refusing(pattern=Causal(), hard=True))
 def test_streaming_kernels_refuse_hard_attention_naming_it(implementation):
     query, key, value = _qkv(np.random.default_rng(5), "float32")
     message = f"`implementation={implementation!r}` needs `hard=False`"

@@ -108,9 +108,11 @@ def import_cycles(graph):
 
 
 def package_level(graph):
-    """The graph with each module's package `__init__` edges dropped (`a/__init__` re-exporting `a.b`)."""
+    """The graph with each package `__init__`'s edges to its own modules dropped (`a/__init__`
+    re-exporting `a.b`, `keras_attn/kernels/__init__` registering `keras_attn.kernels.dense`)."""
+    packages = {name for name, path in project_modules().items() if path.name == "__init__.py"}
     return {
-        importer: {target for target in imported if not (importer == target.rpartition(".")[0] and importer in PACKAGES)}
+        importer: {target for target in imported if not (importer == target.rpartition(".")[0] and importer in packages)}
         for importer, imported in graph.items()
     }
 

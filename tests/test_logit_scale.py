@@ -14,8 +14,8 @@ import tensorflow as tf
 from keras_attn import MultiHeadAttention
 from keras_attn import patterns
 from keras_attn import scaled_dot_product_attention
-from keras_attn.attention import KERNELS
-from keras_attn.attention_call import AttentionCall
+from keras_attn.kernels import KERNELS
+from keras_attn.kernels.call import AttentionCall
 from tests import reference
 
 LENGTH = 16

@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from keras_attn import patterns
 from keras_attn.attention import scaled_dot_product_attention
-from keras_attn.blockwise_attention import blockwise_attention
-from keras_attn.chunked_attention import chunked_attention
+from keras_attn.kernels.blockwise import blockwise_attention
+from keras_attn.kernels.chunked import chunked_attention
 from keras_attn.patterns import BlockLocal
 from keras_attn.patterns import Causal
 from keras_attn.patterns import GlobalTokens

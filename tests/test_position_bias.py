@@ -17,8 +17,8 @@ from keras_attn import RelativePositionBias
 from keras_attn import TransformerDecoder
 from keras_attn import TransformerEncoder
 from keras_attn.attention import scaled_dot_product_attention
-from keras_attn.blockwise_attention import blockwise_attention
-from keras_attn.chunked_attention import chunked_attention
+from keras_attn.kernels.blockwise import blockwise_attention
+from keras_attn.kernels.chunked import chunked_attention
 from keras_attn.patterns import Causal
 from keras_attn.patterns import SlidingWindow
 from keras_attn.patterns import Strided
@@ -27,16 +27,22 @@ from tests import reference
 from tests.layer_checks import assert_jit_matches_eager
 from tests.layer_checks import assert_mixed_precision_close
 from tests.layer_checks import assert_serialization_round_trip
+from tests.kernel_registry import kernels_taking
 from tests.layer_checks import run_layer_test
 
 BATCH, HEADS, DEPTH = 2, 3, 4
 FLOAT32_ATOL = 2e-5
 
+# Every kernel of the registry that takes a position bias, with blocks small enough that the test
+# lengths span several (`test_every_kernel_taking_a_position_bias_is_here` keeps it complete).
 KERNELS = {
     "dense": lambda *args, **kwargs: scaled_dot_product_attention(*args, implementation="dense", **kwargs),
     "chunked": lambda *args, **kwargs: chunked_attention(*args, chunk_size=3, **kwargs),
     "blockwise": lambda *args, **kwargs: blockwise_attention(*args, query_block_size=4, key_block_size=3, **kwargs),
 }
+
+POSITION_BIAS_KERNELS = kernels_taking(pattern=Causal(), position_bias=ALiBi(2))
+STREAMING_POSITION_BIAS_KERNELS = [name for name in POSITION_BIAS_KERNELS if name != "dense"]
 
 PATTERNS = {
     "causal": (Causal(), ("causal",)),
@@ -46,6 +52,10 @@ PATTERNS = {
     ),
     "window": (SlidingWindow(4), ("window", 4)),
 }
+
+
+def test_every_kernel_taking_a_position_bias_is_here():
+    assert sorted(KERNELS) == sorted(POSITION_BIAS_KERNELS)
 
 
 def _biases():
@@ -222,20 +232,20 @@ def test_multi_head_attention_matches_reference_and_trains_the_table_on_every_pa
         bias=_numpy_bias(position_bias, positions, positions), is_causal=True,
     )
     table_grads = {}
-    for implementation in ("dense", "chunked", "blockwise"):
+    for implementation in POSITION_BIAS_KERNELS:
         layer.implementation = implementation
         with tf.GradientTape() as tape:
             output = layer(x, x, query_mask=padding, value_mask=padding, use_causal_mask=True)
             loss = tf.reduce_sum(output * tf.cos(tf.range(WIDTH, dtype="float32")))
         np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL, err_msg=implementation)
         table_grads[implementation] = [tf.convert_to_tensor(g) for g in tape.gradient(loss, position_bias.weights)]
-    for implementation in ("chunked", "blockwise"):
+    for implementation in STREAMING_POSITION_BIAS_KERNELS:
         for got, want in zip(table_grads[implementation], table_grads["dense"]):
             np.testing.assert_allclose(got, want, atol=1e-5, err_msg=implementation)
     assert len(table_grads["dense"]) == len(position_bias.weights)
 
 
-@pytest.mark.parametrize("implementation", ["dense", "chunked", "blockwise"])
+@pytest.mark.parametrize("implementation", POSITION_BIAS_KERNELS)
 @pytest.mark.parametrize("bias_name", ["alibi", "t5_causal"])
 def test_cached_decoding_equals_full_decoding(implementation, bias_name):
     layer = MultiHeadAttention(HEADS, KEY_DIM, position_bias=_biases()[bias_name], implementation=implementation)
@@ -284,7 +294,7 @@ def test_multi_head_attention_layer_contract(position_bias, trainable):
     assert type(layer.position_bias) is type(position_bias)
 
 
-@pytest.mark.parametrize("implementation", ["chunked", "blockwise"])
+@pytest.mark.parametrize("implementation", STREAMING_POSITION_BIAS_KERNELS)
 def test_streaming_kernels_with_a_bias_are_mixed_precision_and_xla_safe(implementation):
     x = np.random.default_rng(14).standard_normal((2, 9, WIDTH)).astype("float32")
     config = keras.saving.serialize_keras_object(RelativePositionBias(2, num_buckets=8, max_distance=10))

@@ -1,4 +1,4 @@
-"""keras_attn.strided_attention against float64 attention under the Sparse Transformer's patterns.
+"""keras_attn.kernels.strided against float64 attention under the Sparse Transformer's patterns.
 
 Oracle: `reference.attention` (NumPy float64) under the mask `reference.pattern_allowed` builds
 from the patterns' definitions, merged with the caller's mask; gradients against
@@ -12,15 +12,15 @@ import pytest
 import tensorflow as tf
 
 from keras_attn import attention as attention_module
-from keras_attn import strided_attention as strided_module
+from keras_attn.kernels import strided as strided_module
 from keras_attn.attention import scaled_dot_product_attention
-from keras_attn.attention_call import AttentionCall
+from keras_attn.kernels.call import AttentionCall
 from keras_attn.patterns import BlockLocal
 from keras_attn.patterns import Causal
 from keras_attn.patterns import GlobalTokens
 from keras_attn.patterns import SlidingWindow
 from keras_attn.patterns import Strided
-from keras_attn.strided_attention import strided_attention
+from keras_attn.kernels.strided import strided_attention
 from tests import reference
 from tests.layer_checks import assert_jit_matches_eager
 

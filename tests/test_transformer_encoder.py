@@ -168,16 +168,16 @@ def test_bad_arguments_name_the_value():
 @pytest.mark.parametrize("return_attention_scores", [False, True])
 def test_long_inputs_take_blockwise_attention_unless_scores_are_asked(monkeypatch, return_attention_scores):
     import keras_attn.attention
-    import keras_attn.blockwise_attention
+    import keras_attn.kernels.blockwise
 
     calls = []
-    blockwise = keras_attn.blockwise_attention.blockwise_attention
+    blockwise = keras_attn.kernels.blockwise.blockwise_attention
 
     def spy(*args, **kwargs):
         calls.append(1)
         return blockwise(*args, **kwargs)
 
-    monkeypatch.setattr(keras_attn.blockwise_attention, "blockwise_attention", spy)  # the name its `attend` calls
+    monkeypatch.setattr(keras_attn.kernels.blockwise, "blockwise_attention", spy)  # the name its `attend` calls
     monkeypatch.setattr(keras_attn.attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 16 * 16)
     encoder = TransformerEncoder(intermediate_dim=8, num_heads=2)
     inputs = np.random.default_rng(0).normal(size=(1, 16, 4)).astype("float32")

@@ -14,10 +14,10 @@ triangle for it. This kernel does only the pattern's work, in the two parts that
   attends to the keys of its own column that the pattern allows.
 
 A key is in exactly one part, and the parts' softmax statistics (each row's log-sum-exp) merge
-into ONE softmax over their union (`keras_attn.streaming_softmax.merge`; the inverse temperature
+into ONE softmax over their union (`keras_attn.kernels.streaming_softmax.merge`; the inverse temperature
 multiplies logits shifted by the row maximum, exact up to the float32 limit). A query computes `band_width + key_len / stride` keys instead
 of up to `key_len`; memory is linear in the length: the backward pass (a `tf.custom_gradient`)
-recomputes each part's weights from the merged statistics, as `keras_attn.blockwise_attention`
+recomputes each part's weights from the merged statistics, as `keras_attn.kernels.blockwise`
 does. The band's query gradient comes chunk by chunk of queries; its key and value gradients come
 chunk by chunk of keys (each over one slice of `band_query_width` queries holding
 `band.query_range`), so that every chunk writes its own rows once: summing the overlapping key
@@ -39,8 +39,8 @@ import keras
 import tensorflow as tf
 
 from keras_attn import patterns
-from keras_attn import streaming_softmax
-from keras_attn.attention_call import why_not_tensorflow_streaming
+from keras_attn.kernels import streaming_softmax
+from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.utils import float_math_dtype
 
 # Queries per chunk of the band part (a chunk of 128 under a window of 256 computes 383 keys).

@@ -11,16 +11,16 @@ softmax: each chunk keeps its weights from the forward pass, and the softmax gra
 `rowsum(dO * O)` (FlashAttention's `delta`, a pass over the output) rather than reducing the
 product of the weights and their gradient. Those passes over the weights are what the step is
 made of at depth 32 (benchmarks/layer_throughput.py). Memory is that of the dense weights,
-inside the band; long sequences go to `keras_attn.blockwise_attention` (linear memory).
+inside the band; long sequences go to `keras_attn.kernels.blockwise` (linear memory).
 
 A position bias (`keras_attn.position_bias`: ALiBi, T5's relative bias) is computed per chunk
 from the chunk's positions, and its parameters get their gradient from each chunk's logits
 gradient.
 
 Each chunk holds whole rows. An inverse temperature of at most 1 is folded into the query
-(`keras_attn.streaming_softmax.fold_scale`) and the chunk's softmax is the core's
+(`keras_attn.kernels.streaming_softmax.fold_scale`) and the chunk's softmax is the core's
 (`keras_attn.softmax`: finite fill, one fused softmax); a larger or tensor one multiplies logits
-already shifted by their row maximum (`keras_attn.streaming_softmax.softmax`, exact up to the
+already shifted by their row maximum (`keras_attn.kernels.streaming_softmax.softmax`, exact up to the
 float32 limit). Either way masked keys have weight exactly 0 and rows without keys a zero output.
 """
 
@@ -30,10 +30,10 @@ import keras
 import tensorflow as tf
 
 from keras_attn import patterns
-from keras_attn.attention_call import why_not_tensorflow_streaming
+from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.masks import may_empty_rows
 from keras_attn.masks import pattern_mask
-from keras_attn import streaming_softmax
+from keras_attn.kernels import streaming_softmax
 from keras_attn.position_bias import add_gradients
 from keras_attn.position_bias import bias_parameter_gradients
 from keras_attn.position_bias import block_positions

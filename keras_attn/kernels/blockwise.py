@@ -21,7 +21,7 @@ Peak memory is `O(batch * heads * (length * depth + query_block_size * key_block
 Loops are `tf.while_loop`s over static block sizes: they work eagerly, in `tf.function` and under
 `jit_compile=True`, and long lengths never unroll.
 
-The online softmax is `keras_attn.streaming_softmax`'s: the inverse temperature multiplies logits
+The online softmax is `keras_attn.kernels.streaming_softmax`'s: the inverse temperature multiplies logits
 shifted by the row's running maximum (exact up to the float32 limit), masked keys have weight
 exactly 0, and a row that never meets an allowed key gets a zero output, as in the dense path.
 Logits are float32 whatever the compute dtype.
@@ -33,8 +33,8 @@ import keras
 import tensorflow as tf
 
 from keras_attn import patterns
-from keras_attn import streaming_softmax
-from keras_attn.attention_call import why_not_tensorflow_streaming
+from keras_attn.kernels import streaming_softmax
+from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.masks import merge_masks
 from keras_attn.masks import pattern_mask
 from keras_attn.position_bias import add_gradients

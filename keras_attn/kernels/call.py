@@ -2,9 +2,9 @@
 
 `keras_attn.attention.scaled_dot_product_attention` validates its arguments, resolves the
 shorthands into one pattern, the scale and the effective dropout rate, repeats grouped key/value
-heads, and then asks each kernel module (`dense_attention`, `chunked_attention`,
-`blockwise_attention`) two questions about this record: `why_unsupported(call)` (a message, or
-`None` when the kernel can take the call) and `attend(call)` (the result). A new kernel plugs in by
+heads, and then asks each kernel module of `keras_attn.kernels.KERNELS` two questions about this
+record: `why_unsupported(call)` (a message, or `None` when the kernel can take the call) and
+`attend(call)` (the result). A new kernel plugs in by
 answering both; a new input is one new field here that the kernels which cannot take it refuse.
 """
 
