@@ -33,6 +33,7 @@ import keras
 import tensorflow as tf
 
 from keras_attn import patterns
+from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.masks import merge_masks
@@ -281,12 +282,6 @@ def _pad_pairwise(tensor, plan, value):
     return tf.pad(tensor, [[0, 0], [0, 0], [0, query_pad], [0, key_pad]], constant_values=value)
 
 
-def _rows(tensor, block, size):
-    """Rows `[block * size, (block + 1) * size)` of a `(batch, heads, seq, ...)` tensor."""
-    begin = tf.stack([0, 0, block * size] + [0] * (len(tensor.shape) - 3))
-    return tf.slice(tensor, begin, [-1, -1, size] + [-1] * (len(tensor.shape) - 3))
-
-
 def _pairwise_block(tensor, plan, query_block, key_block):
     """Block `(query_block, key_block)` of a `(batch?, heads?, q?, k?)` mask or bias."""
     query_full, key_full = tensor.shape[2] != 1, tensor.shape[3] != 1
@@ -366,18 +361,19 @@ def _forward(plan, mask, seed, scale, query, key, value, bias, parameters):
     dtype = float_math_dtype(query.dtype)
 
     def query_chunk(query_block, outputs, row_statistics):
-        chunk = _rows(query, query_block, plan.query_block)  # (batch, heads, q_block, depth)
+        chunk = steps.block_rows(query, query_block, plan.query_block)  # (batch, heads, q_block, depth)
         batch, heads = keras.ops.shape(query)[:2]
 
         def key_step(key_block, accumulator, *statistics):
-            logits = _block_logits(plan, mask, query_block, key_block, chunk, _rows(key, key_block, plan.key_block))
+            keys = steps.block_rows(key, key_block, plan.key_block)  # (batch, heads, k_block, depth)
+            logits = _block_logits(plan, mask, query_block, key_block, chunk, keys)
             block_bias = _block_bias(plan, bias, parameters, query_block, key_block)
             statistics, weights, factor = streaming_softmax.update(
                 _statistics(statistics), logits, scale, block_bias
             )  # weights: (batch, heads, q_block, k_block)
             if plan.dropout_rate > 0.0:
                 weights *= _dropout_keep_scale(plan, seed, query_block, key_block, tf.shape(weights), dtype)
-            values = _rows(value, key_block, plan.key_block)  # (batch, heads, k_block, value_depth)
+            values = steps.block_rows(value, key_block, plan.key_block)  # (batch, heads, k_block, value_depth)
             update = tf.matmul(tf.cast(weights, value.dtype), values)  # (batch, heads, q_block, dv)
             accumulator = factor * accumulator + tf.cast(update, dtype)
             return key_block + 1, accumulator, *_loop_state(statistics)
@@ -396,15 +392,15 @@ def _forward(plan, mask, seed, scale, query, key, value, bias, parameters):
         stored = tf.concat([statistics.row_max, statistics.log_normaliser()], -1)  # (batch, heads, q_block, 2)
         return query_block + 1, outputs.write(query_block, output), row_statistics.write(query_block, stored)
 
-    outputs = _block_array(dtype, plan.num_query_blocks, query, plan.query_block, value.shape[-1])
-    row_statistics = _block_array(dtype, plan.num_query_blocks, query, plan.query_block, 2)
+    outputs = steps.step_array(query, plan.num_query_blocks, plan.query_block, value.shape[-1], dtype=dtype)
+    row_statistics = steps.step_array(query, plan.num_query_blocks, plan.query_block, 2, dtype=dtype)
     _, outputs, row_statistics = tf.while_loop(
         lambda query_block, *_: query_block < plan.num_query_blocks,
         query_chunk,
         (0, outputs, row_statistics),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )
-    return _unblock(outputs.stack()), _unblock(row_statistics.stack())
+    return steps.unstack_steps(outputs.stack()), steps.unstack_steps(row_statistics.stack())
 
 
 def _loop_state(statistics):
@@ -430,14 +426,14 @@ def _backward(plan, mask, seed, scale, inputs, output, row_statistics, output_gr
     query_f, key_f, value_f = (tf.cast(t, dtype) for t in (query, key, value))
 
     def key_block_step(key_block, key_grads, value_grads, query_grads, bias_grads, scale_grad, parameter_grads):
-        keys = _rows(key_f, key_block, plan.key_block)  # (batch, heads, k_block, depth)
-        values = _rows(value_f, key_block, plan.key_block)  # (batch, heads, k_block, value_depth)
+        keys = steps.block_rows(key_f, key_block, plan.key_block)  # (batch, heads, k_block, depth)
+        values = steps.block_rows(value_f, key_block, plan.key_block)  # (batch, heads, k_block, value_depth)
 
         def query_step(query_block, key_grad, value_grad, query_grads, bias_grads, scale_grad, parameter_grads):
-            chunk = _rows(query_f, query_block, plan.query_block)  # (batch, heads, q_block, depth)
-            chunk_grad = _rows(output_gradient, query_block, plan.query_block)  # (b, h, q_block, dv)
+            chunk = steps.block_rows(query_f, query_block, plan.query_block)  # (batch, heads, q_block, depth)
+            chunk_grad = steps.block_rows(output_gradient, query_block, plan.query_block)  # (b, h, q_block, dv)
             logits = _block_logits(plan, mask, query_block, key_block, chunk, keys)
-            stored = _rows(row_statistics, query_block, plan.query_block)  # (batch, heads, q_block, 2)
+            stored = steps.block_rows(row_statistics, query_block, plan.query_block)  # (batch, heads, q_block, 2)
             weights = streaming_softmax.weights(
                 logits, scale, stored[..., :1], stored[..., 1:], _block_bias(plan, bias, parameters, query_block, key_block)
             )  # (batch, heads, q_block, k_block), normalised; 0 where masked
@@ -449,7 +445,7 @@ def _backward(plan, mask, seed, scale, inputs, output, row_statistics, output_gr
                 )
                 dropped, weights_grad = weights * keep_scale, weights_grad * keep_scale
             value_grad += tf.matmul(dropped, chunk_grad, transpose_a=True)  # (b, h, k_block, dv)
-            row_delta = _rows(delta, query_block, plan.query_block)  # (batch, heads, q_block, 1)
+            row_delta = steps.block_rows(delta, query_block, plan.query_block)  # (batch, heads, q_block, 1)
             logits_grad = streaming_softmax.logits_gradient(weights, weights_grad, row_delta)  # dZ: (b, h, q, k)
             key_grad += streaming_softmax.times_scale(scale, tf.matmul(logits_grad, chunk, transpose_a=True))  # (b, h, k, d)
             query_side = tf.matmul(logits_grad, keys)  # dZ K: (batch, heads, q_block, depth)
@@ -484,10 +480,10 @@ def _backward(plan, mask, seed, scale, inputs, output, row_statistics, output_gr
             parameter_grads,
         )
 
-    query_grads = _zero_blocks(query_f, plan.num_query_blocks, plan.query_block)
+    query_grads = steps.zero_step_array(query_f, plan.num_query_blocks, plan.query_block)
     bias_grads = _zero_bias_grad_blocks(plan, bias) if bias is not None else tf.zeros(())
-    key_grads = _block_array(dtype, plan.num_key_blocks, key, plan.key_block, key.shape[-1])
-    value_grads = _block_array(dtype, plan.num_key_blocks, key, plan.key_block, value.shape[-1])
+    key_grads = steps.step_array(key, plan.num_key_blocks, plan.key_block, key.shape[-1], dtype=dtype)
+    value_grads = steps.step_array(key, plan.num_key_blocks, plan.key_block, value.shape[-1], dtype=dtype)
     parameter_grads = tuple(tf.zeros_like(parameter) for parameter in parameters)
     _, key_grads, value_grads, query_grads, bias_grads, scale_grad, parameter_grads = tf.while_loop(
         lambda key_block, *_: key_block < plan.num_key_blocks,
@@ -497,33 +493,13 @@ def _backward(plan, mask, seed, scale, inputs, output, row_statistics, output_gr
     )
     grads = [] if scale is None else [scale_grad]
     grads += [
-        tf.cast(_unblock(query_grads.stack()), query.dtype),
-        tf.cast(_unblock(key_grads.stack()), key.dtype),
-        tf.cast(_unblock(value_grads.stack()), value.dtype),
+        tf.cast(steps.unstack_steps(query_grads.stack()), query.dtype),
+        tf.cast(steps.unstack_steps(key_grads.stack()), key.dtype),
+        tf.cast(steps.unstack_steps(value_grads.stack()), value.dtype),
     ]
     if bias is not None:
         grads.append(tf.cast(_unblock_bias_grad(plan, bias, bias_grads.stack()), bias.dtype))
     return grads + list(parameter_grads)
-
-
-def _block_array(dtype, num_blocks, like, block, depth):
-    """An empty TensorArray of `num_blocks` blocks `(batch, heads, block, depth)` of `like`."""
-    element_shape = tf.TensorShape([like.shape[0], like.shape[1], block, depth])
-    return tf.TensorArray(dtype, size=num_blocks, element_shape=element_shape)
-
-
-def _unblock(blocks):
-    """`(num_blocks, batch, heads, block, depth)` -> `(batch, heads, num_blocks * block, depth)`."""
-    blocks = tf.transpose(blocks, (1, 2, 0, 3, 4))  # (batch, heads, num_blocks, block, depth)
-    batch, heads, num_blocks, block, depth = keras.ops.shape(blocks)
-    return tf.reshape(blocks, tf.stack([batch, heads, num_blocks * block, depth]))
-
-
-def _zero_blocks(tensor, num_blocks, block):
-    """A TensorArray of `num_blocks` zero `(batch, heads, block, depth)` blocks shaped like `tensor`."""
-    batch, heads, _, depth = keras.ops.shape(tensor)
-    zeros = tf.zeros(tf.stack([num_blocks, batch, heads, block, depth]), tensor.dtype)
-    return _block_array(tensor.dtype, num_blocks, tensor, block, tensor.shape[3]).unstack(zeros)
 
 
 def _bias_grid(plan, bias):
@@ -542,8 +518,7 @@ def _zero_bias_grad_blocks(plan, bias):
     rows, cols, block_rows, block_cols = _bias_grid(plan, bias)
     batch, heads = keras.ops.shape(bias)[:2]
     zeros = tf.zeros(tf.stack([rows * cols, batch, heads, block_rows, block_cols]), bias.dtype)
-    element_shape = tf.TensorShape([bias.shape[0], bias.shape[1], block_rows, block_cols])
-    return tf.TensorArray(bias.dtype, size=rows * cols, element_shape=element_shape).unstack(zeros)
+    return steps.step_array(bias, rows * cols, block_rows, block_cols).unstack(zeros)
 
 
 def _accumulate_bias_grad(plan, bias, bias_grads, query_block, key_block, logits_grad):

@@ -39,6 +39,7 @@ import keras
 import tensorflow as tf
 
 from keras_attn import patterns
+from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.utils import float_math_dtype
@@ -269,15 +270,6 @@ def _grid_mask(mask, plan):
     return tf.squeeze(mask, -1)  # (b, h, r | 1, u | 1, 1)
 
 
-def _rows(tensor, start, size, axis=2):
-    """`size` entries of `tensor` from `start` along `axis`."""
-    begin = [0] * len(tensor.shape)
-    begin[axis] = start
-    sizes = [-1] * len(tensor.shape)
-    sizes[axis] = size
-    return tf.slice(tensor, tf.stack(begin), sizes)
-
-
 def _to_grid(tensor, front, rows, stride):
     """`(batch, heads, length, d)` -> `(batch, heads, stride, rows, d)`: index `t` at `[(front + t) % stride, (front + t) // stride]`."""
     batch, heads, length, depth = keras.ops.shape(tensor)
@@ -293,18 +285,11 @@ def _from_grid(grid, front, length):
     return tensor[:, :, front : front + length]
 
 
-def _unstack_steps(stacked):
-    """`(steps, batch, heads, per_step, ...)` -> `(batch, heads, steps * per_step, ...)`."""
-    steps, batch, heads, per_step, *rest = keras.ops.shape(stacked)
-    stacked = tf.transpose(stacked, [1, 2, 0] + list(range(3, len(stacked.shape))))  # (b, h, steps, per_step, ...)
-    return tf.reshape(stacked, tf.stack([batch, heads, steps * per_step, *rest]))
-
-
 def _band_block(plan, masks, index, query, key):
     """Query chunk `index`: its queries, key-slice start, logits `(b, h, chunk, width)` and allowed pairs."""
     start = tf.gather(tf.constant(plan.band_starts, tf.int32), index)
-    queries = _rows(query, index * plan.chunk, plan.chunk)  # (batch, heads, chunk, depth)
-    logits = tf.matmul(queries, _rows(key, start, plan.band_width), transpose_b=True)  # (b, h, chunk, width)
+    queries = steps.rows(query, index * plan.chunk, plan.chunk)  # (batch, heads, chunk, depth)
+    logits = tf.matmul(queries, steps.rows(key, start, plan.band_width), transpose_b=True)  # (b, h, chunk, width)
     allowed = _band_allowed(plan, masks, index * plan.chunk, plan.chunk, start, plan.band_width)
     return queries, start, logits, allowed
 
@@ -322,8 +307,8 @@ def _band_allowed(plan, masks, first_query, num_queries, first_key, num_keys):
     allowed = allowed[None, None]  # (1, 1, num_queries, num_keys)
     if masks.band is not None:
         query_full, key_full = masks.band.shape[2] != 1, masks.band.shape[3] != 1
-        block = _rows(masks.band, first_query, num_queries) if query_full else masks.band
-        block = _rows(block, first_key, num_keys, axis=3) if key_full else block
+        block = steps.rows(masks.band, first_query, num_queries) if query_full else masks.band
+        block = steps.rows(block, first_key, num_keys, axis=3) if key_full else block
         allowed = tf.logical_and(allowed, block)  # (batch | 1, heads | 1, num_queries, num_keys)
     return allowed
 
@@ -332,8 +317,8 @@ def _grid_block(plan, masks, step, query_grid, key_grid):
     """Residues of `step`: their query and key columns, logits `(b, h, r, u, m)` and allowed pairs."""
     per_step = plan.residues_per_step
     first = step * per_step
-    queries = _rows(query_grid, first, per_step)  # (batch, heads, per_step, query_rows, depth)
-    keys = _rows(key_grid, first, per_step)  # (batch, heads, per_step, key_rows, depth)
+    queries = steps.rows(query_grid, first, per_step)  # (batch, heads, per_step, query_rows, depth)
+    keys = steps.rows(key_grid, first, per_step)  # (batch, heads, per_step, key_rows, depth)
     logits = tf.matmul(queries, keys, transpose_b=True)  # (batch, heads, per_step, query_rows, key_rows)
     residues = first + tf.range(per_step)[:, None, None]  # (per_step, 1, 1)
     positions = plan.query_offset - plan.front + tf.range(plan.query_rows)[:, None] * plan.stride + residues
@@ -342,7 +327,7 @@ def _grid_block(plan, masks, step, query_grid, key_grid):
     allowed = tf.logical_and(plan.pattern.allows(positions, cols), tf.logical_and(real_query, cols < plan.key_len))
     allowed = allowed[None, None]  # (1, 1, per_step, query_rows, key_rows)
     if masks.grid is not None:
-        block = _rows(masks.grid, first, per_step) if masks.grid.shape[2] != 1 else masks.grid
+        block = steps.rows(masks.grid, first, per_step) if masks.grid.shape[2] != 1 else masks.grid
         allowed = tf.logical_and(allowed, block)  # (batch | 1, heads | 1, per_step, query_rows, key_rows)
     return queries, keys, logits, allowed
 
@@ -377,16 +362,16 @@ def _band_forward(plan, masks, scale, query, key, value):
 
     def step(index, outputs, statistics):
         _, start, logits, allowed = _band_block(plan, masks, index, query, key)
-        output, chunk_statistics = _partial_softmax(logits, allowed, _rows(value, start, plan.band_width), scale)
+        output, chunk_statistics = _partial_softmax(logits, allowed, steps.rows(value, start, plan.band_width), scale)
         return index + 1, outputs.write(index, output), statistics.write(index, chunk_statistics)
 
     outputs, statistics = tf.while_loop(
         lambda index, *_: index < plan.num_chunks,
         step,
-        (0, _array(query, plan.num_chunks, plan.chunk, value.shape[-1]), _array(query, plan.num_chunks, plan.chunk, 2)),
+        (0, steps.step_array(query, plan.num_chunks, plan.chunk, value.shape[-1]), steps.step_array(query, plan.num_chunks, plan.chunk, 2)),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )[1:]
-    return (_unstack_steps(array.stack())[:, :, : plan.query_len] for array in (outputs, statistics))
+    return (steps.unstack_steps(array.stack())[:, :, : plan.query_len] for array in (outputs, statistics))
 
 
 def _strided_forward(plan, masks, scale, query, key, value):
@@ -395,17 +380,17 @@ def _strided_forward(plan, masks, scale, query, key, value):
 
     def step(index, outputs, statistics):
         _, _, logits, allowed = _grid_block(plan, masks, index, query_grid, key_grid)
-        values = _rows(value_grid, index * plan.residues_per_step, plan.residues_per_step)
+        values = steps.rows(value_grid, index * plan.residues_per_step, plan.residues_per_step)
         output, step_statistics = _partial_softmax(logits, allowed, values, scale)
         return index + 1, outputs.write(index, output), statistics.write(index, step_statistics)
 
     outputs, statistics = tf.while_loop(
         lambda index, *_: index < plan.num_steps,
         step,
-        (0, *(_array(query, plan.num_steps, plan.residues_per_step, plan.query_rows, depth) for depth in (value.shape[-1], 2))),
+        (0, *(steps.step_array(query, plan.num_steps, plan.residues_per_step, plan.query_rows, depth) for depth in (value.shape[-1], 2))),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )[1:]
-    return (_from_grid(_unstack_steps(array.stack()), plan.front, plan.query_len) for array in (outputs, statistics))
+    return (_from_grid(steps.unstack_steps(array.stack()), plan.front, plan.query_len) for array in (outputs, statistics))
 
 
 def _backward(plan, masks, scale, inputs, output, statistics, output_gradient):
@@ -457,19 +442,19 @@ def _band_query_gradient(plan, masks, scale, inputs, rows):
 
     def step(index, query_grads):
         queries, start, logits, allowed = _band_block(plan, masks, index, query, key)
-        output_gradient, delta, statistics = (_rows(t, index * plan.chunk, plan.chunk) for t in rows)
+        output_gradient, delta, statistics = (steps.rows(t, index * plan.chunk, plan.chunk) for t in rows)
         weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, chunk, width)
-        keys, values = (_rows(t, start, plan.band_width) for t in (key, value))
+        keys, values = (steps.rows(t, start, plan.band_width) for t in (key, value))
         logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (batch, heads, chunk, width)
         return index + 1, query_grads.write(index, tf.matmul(logits_grad, keys))  # (b, h, chunk, depth)
 
     query_grads = tf.while_loop(
         lambda index, *_: index < plan.num_chunks,
         step,
-        (0, _array(query, plan.num_chunks, plan.chunk, query.shape[-1])),
+        (0, steps.step_array(query, plan.num_chunks, plan.chunk, query.shape[-1])),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )[1]
-    return _unstack_steps(query_grads.stack())[:, :, : plan.query_len]
+    return steps.unstack_steps(query_grads.stack())[:, :, : plan.query_len]
 
 
 def _band_key_gradients(plan, masks, scale, inputs, rows):
@@ -482,9 +467,9 @@ def _band_key_gradients(plan, masks, scale, inputs, rows):
         start = tf.gather(tf.constant(plan.band_query_starts, tf.int32), index)
         width = plan.band_query_width
         first_key = index * plan.key_chunk
-        keys, values = (_rows(t, first_key, plan.key_chunk) for t in (key, value))  # (b, h, key_chunk, d)
-        queries = _rows(query, start, width)  # (batch, heads, width, depth)
-        output_gradient, delta, statistics = (_rows(t, start, width) for t in rows)
+        keys, values = (steps.rows(t, first_key, plan.key_chunk) for t in (key, value))  # (b, h, key_chunk, d)
+        queries = steps.rows(query, start, width)  # (batch, heads, width, depth)
+        output_gradient, delta, statistics = (steps.rows(t, start, width) for t in rows)
         logits = tf.matmul(queries, keys, transpose_b=True)  # (batch, heads, width, key_chunk)
         allowed = _band_allowed(plan, masks, start, width, first_key, plan.key_chunk)
         weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, width, key_chunk)
@@ -500,12 +485,12 @@ def _band_key_gradients(plan, masks, scale, inputs, rows):
         step,
         (
             0,
-            _array(query, plan.num_key_chunks, plan.key_chunk, key.shape[-1]),
-            _array(query, plan.num_key_chunks, plan.key_chunk, value.shape[-1]),
+            steps.step_array(query, plan.num_key_chunks, plan.key_chunk, key.shape[-1]),
+            steps.step_array(query, plan.num_key_chunks, plan.key_chunk, value.shape[-1]),
         ),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )[1:]
-    return [_unstack_steps(array.stack())[:, :, : plan.key_len] for array in arrays]
+    return [steps.unstack_steps(array.stack())[:, :, : plan.key_len] for array in arrays]
 
 
 def _strided_backward(plan, masks, scale, inputs, rows):
@@ -517,9 +502,9 @@ def _strided_backward(plan, masks, scale, inputs, rows):
     def step(index, query_grads, key_grads, value_grads):
         queries, keys, logits, allowed = _grid_block(plan, masks, index, query_grid, key_grid)
         first = index * plan.residues_per_step
-        output_gradient, delta, statistics = (_rows(t, first, plan.residues_per_step) for t in row_grids)
+        output_gradient, delta, statistics = (steps.rows(t, first, plan.residues_per_step) for t in row_grids)
         weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, per_step, u, m)
-        values = _rows(value_grid, first, plan.residues_per_step)
+        values = steps.rows(value_grid, first, plan.residues_per_step)
         grads = _block_gradients(weights, (queries, keys), values, output_gradient, delta)
         arrays = (query_grads, key_grads, value_grads)
         return (index + 1, *(array.write(index, grad) for array, grad in zip(arrays, grads)))
@@ -529,13 +514,13 @@ def _strided_backward(plan, masks, scale, inputs, rows):
         step,
         (
             0,
-            _array(query, plan.num_steps, plan.residues_per_step, plan.query_rows, query.shape[-1]),
-            _array(query, plan.num_steps, plan.residues_per_step, plan.key_rows, key.shape[-1]),
-            _array(query, plan.num_steps, plan.residues_per_step, plan.key_rows, value.shape[-1]),
+            steps.step_array(query, plan.num_steps, plan.residues_per_step, plan.query_rows, query.shape[-1]),
+            steps.step_array(query, plan.num_steps, plan.residues_per_step, plan.key_rows, key.shape[-1]),
+            steps.step_array(query, plan.num_steps, plan.residues_per_step, plan.key_rows, value.shape[-1]),
         ),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )[1:]
-    query_grad, key_grad, value_grad = (_unstack_steps(array.stack()) for array in arrays)
+    query_grad, key_grad, value_grad = (steps.unstack_steps(array.stack()) for array in arrays)
     return [
         _from_grid(query_grad, plan.front, plan.query_len),
         _from_grid(key_grad, 0, plan.key_len),
@@ -551,8 +536,3 @@ def _pad_chunks(plan, tensor):
 def _pad_key_chunks(plan, tensor):
     """`(batch, heads, key_len, d)` padded with zeros to whole key chunks."""
     return tf.pad(tensor, [[0, 0], [0, 0], [0, plan.num_key_chunks * plan.key_chunk - plan.key_len], [0, 0]])
-
-
-def _array(like, size, *step_shape):
-    """An empty TensorArray of `size` steps `(batch, heads, *step_shape)` of `like`'s batch, heads and dtype."""
-    return tf.TensorArray(like.dtype, size=size, element_shape=tf.TensorShape([*like.shape[:2], *step_shape]))
