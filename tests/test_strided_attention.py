@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from keras_attn import attention as attention_module
-from keras_attn.kernels import strided as strided_module
+from keras_attn.kernels import strided_layout
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.kernels.call import AttentionCall
 from keras_attn.patterns import BlockLocal
@@ -45,8 +45,8 @@ PATTERNS = {
 @pytest.fixture
 def small_steps(monkeypatch):
     """Band chunks of 4 queries and one residue per strided step."""
-    monkeypatch.setattr(strided_module, "BAND_CHUNK_SIZE", 4)
-    monkeypatch.setattr(strided_module, "STRIDED_STEP_SIZE", 1)
+    monkeypatch.setattr(strided_layout, "BAND_CHUNK_SIZE", 4)
+    monkeypatch.setattr(strided_layout, "STRIDED_STEP_SIZE", 1)
 
 
 def _inputs(rng, query_len, key_len, dtype="float64"):

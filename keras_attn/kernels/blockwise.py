@@ -27,30 +27,21 @@ exactly 0, and a row that never meets an allowed key gets a zero output, as in t
 Logits are float32 whatever the compute dtype.
 """
 
-import dataclasses
-
 import keras
 import tensorflow as tf
 
 from keras_attn import patterns
+from keras_attn.kernels import blockwise_plan
 from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels.call import why_not_tensorflow_streaming
-from keras_attn.masks import merge_masks
-from keras_attn.masks import pattern_mask
 from keras_attn.position_bias import add_gradients
 from keras_attn.position_bias import bias_parameter_gradients
-from keras_attn.position_bias import block_positions
 from keras_attn.position_bias import check_position_bias
 from keras_attn.position_bias import read_bias_parameters
 from keras_attn.position_bias import split_inputs
 from keras_attn.utils import float_math_dtype
 
-# Default block sizes grow with the length (about 16 blocks per axis) between these bounds:
-# small blocks skip more of a causal matrix at short lengths (128 was fastest at length 512 in
-# benchmarks/layer_throughput.py); large ones keep the per-block loop overhead low at long lengths.
-MIN_DEFAULT_BLOCK_SIZE = 128
-MAX_DEFAULT_BLOCK_SIZE = 1024
 # Loop iterations run one at a time: TensorFlow would otherwise run up to 10 iterations of each
 # nested loop ahead (100 blocks' temporaries at once), and peak memory would grow with length.
 _PARALLEL_ITERATIONS = 1
@@ -68,85 +59,6 @@ def attend(call):
         query_offset=call.query_offset, scale=call.scale, dropout_rate=call.dropout_rate,
         training=call.dropout_rate > 0.0, seed_generator=call.seed_generator, position_bias=call.position_bias,
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """Static blocking of one attention call; lengths may be tensors when shapes are dynamic."""
-
-    query_len: object
-    key_len: object
-    query_block: int
-    key_block: int
-    pattern: object
-    query_offset: object
-    dropout_rate: float
-    position_bias: object = None
-    has_bias: bool = False
-
-    @property
-    def has_any_bias(self):
-        """Whether the logits get an additive bias (`bias=` or a position bias)."""
-        return self.has_bias or self.position_bias is not None
-
-    def positions(self, query_block, key_block):
-        """The query and key positions of block `(query_block, key_block)`, for its position bias."""
-        return (
-            block_positions(self.query_offset + query_block * self.query_block, self.query_block),
-            block_positions(key_block * self.key_block, self.key_block),
-        )
-
-    @property
-    def num_query_blocks(self):
-        return (self.query_len + self.query_block - 1) // self.query_block
-
-    @property
-    def num_key_blocks(self):
-        return (self.key_len + self.key_block - 1) // self.key_block
-
-    @property
-    def padded_query_len(self):
-        return self.num_query_blocks * self.query_block
-
-    @property
-    def padded_key_len(self):
-        return self.num_key_blocks * self.key_block
-
-    @property
-    def pads_keys(self):
-        return not isinstance(self.key_len, int) or self.key_len % self.key_block != 0
-
-    def block_unmasked(self, query_block, key_block):
-        """Whether neither the pattern nor key padding masks any pair of block `(query_block, key_block)`."""
-        first_row = self.query_offset + query_block * self.query_block
-        last_row = first_row + self.query_block - 1
-        first_col = key_block * self.key_block
-        last_col = first_col + self.key_block - 1
-        unmasked = tf.constant(True)
-        if self.pads_keys:
-            unmasked = tf.logical_and(unmasked, last_col < self.key_len)
-        if self.pattern is not None:
-            unmasked = tf.logical_and(unmasked, self.pattern.block_full(first_row, last_row, first_col, last_col))
-        return unmasked
-
-    def key_blocks_for(self, query_block):
-        """`[start, stop)` of the key blocks query chunk `query_block` can attend to."""
-        if self.pattern is None:
-            return 0, self.num_key_blocks
-        first_row = self.query_offset + query_block * self.query_block
-        start, stop = self.pattern.key_range(first_row, first_row + self.query_block - 1, self.padded_key_len)
-        return start // self.key_block, (stop + self.key_block - 1) // self.key_block
-
-    def query_blocks_for(self, key_block):
-        """`[start, stop)` of the query chunks that can attend to key block `key_block`."""
-        if self.pattern is None:
-            return 0, self.num_query_blocks
-        first_col = key_block * self.key_block
-        first_query = self.query_offset
-        start, stop = self.pattern.query_range(
-            first_col, first_col + self.key_block - 1, first_query, first_query + self.padded_query_len
-        )
-        return (start - first_query) // self.query_block, (stop - first_query + self.query_block - 1) // self.query_block
 
 
 def blockwise_attention(
@@ -190,7 +102,8 @@ def blockwise_attention(
         training: whether dropout is active.
         seed_generator: a `keras.random.SeedGenerator` for dropout.
         query_block_size: queries per chunk (static int); by default about `query_len / 16`,
-            a power of two between `MIN_DEFAULT_BLOCK_SIZE` and `MAX_DEFAULT_BLOCK_SIZE`.
+            a power of two between `blockwise_plan.MIN_DEFAULT_BLOCK_SIZE` and
+            `blockwise_plan.MAX_DEFAULT_BLOCK_SIZE`.
         key_block_size: keys per block (static int); the same default over `key_len`.
         position_bias: optional `keras_attn.position_bias.PositionBias` for the query heads;
             its bias is computed per block from positions (query `i` at `i + query_offset`).
@@ -211,14 +124,14 @@ def blockwise_attention(
     for name, size in (("query_block_size", query_block_size), ("key_block_size", key_block_size)):
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
             raise ValueError(f"`{name}` must be None or a positive integer. Received: {name}={size!r}")
-    query_len, key_len = _length(query), _length(key)
-    query_block_size = query_block_size or _default_block_size(query_len)
-    key_block_size = key_block_size or _default_block_size(key_len)
-    plan = _Plan(
+    query_len, key_len = blockwise_plan.length(query), blockwise_plan.length(key)
+    query_block_size = query_block_size or blockwise_plan.default_block_size(query_len)
+    key_block_size = key_block_size or blockwise_plan.default_block_size(key_len)
+    plan = blockwise_plan.BlockPlan(
         query_len=query_len,
         key_len=key_len,
-        query_block=_clamp_block(query_block_size, query_len),
-        key_block=_clamp_block(key_block_size, key_len),
+        query_block=blockwise_plan.clamp_block(query_block_size, query_len),
+        key_block=blockwise_plan.clamp_block(key_block_size, key_len),
         pattern=pattern,
         query_offset=query_offset if isinstance(query_offset, int) else tf.cast(query_offset, "int32"),
         dropout_rate=dropout_rate if training else 0.0,
@@ -234,13 +147,13 @@ def blockwise_attention(
     scale = None if scale is None else tf.convert_to_tensor(scale, dtype)
     key = tf.cast(key, dtype)
     # (batch, heads, padded_len, depth): one transpose per tensor, the blocks are then contiguous.
-    query = _to_blocks_layout(query, plan.padded_query_len - query_len)
-    key = _to_blocks_layout(key, plan.padded_key_len - key_len)
-    value = _to_blocks_layout(value, plan.padded_key_len - key_len)
-    mask = None if mask is None else _pad_pairwise(tf.cast(mask, "bool"), plan, False)
+    query = blockwise_plan.to_blocks_layout(query, plan.padded_query_len - query_len)
+    key = blockwise_plan.to_blocks_layout(key, plan.padded_key_len - key_len)
+    value = blockwise_plan.to_blocks_layout(value, plan.padded_key_len - key_len)
+    mask = None if mask is None else blockwise_plan.pad_pairwise(tf.cast(mask, "bool"), plan, False)
     inputs = (query, key, value)
     if bias is not None:
-        inputs += (_pad_pairwise(tf.cast(bias, float_math_dtype(query.dtype)), plan, 0),)
+        inputs += (blockwise_plan.pad_pairwise(tf.cast(bias, float_math_dtype(query.dtype)), plan, 0),)
     inputs += read_bias_parameters(position_bias)
     output = streaming_softmax.custom_gradient(  # the gradient recomputes blocks
         lambda scale, *inputs: _forward(plan, mask, seed, scale, *split_inputs(inputs, plan.has_bias)),
@@ -254,66 +167,6 @@ def blockwise_attention(
     return tf.cast(output, value.dtype)
 
 
-def _length(tensor):
-    static = tensor.shape[1]
-    return static if static is not None else tf.shape(tensor)[1]
-
-
-def _default_block_size(length):
-    if not isinstance(length, int):
-        return MIN_DEFAULT_BLOCK_SIZE
-    target = 2 ** max(0, (length // 16 - 1).bit_length())  # power of two >= length / 16
-    return min(MAX_DEFAULT_BLOCK_SIZE, max(MIN_DEFAULT_BLOCK_SIZE, target))
-
-
-def _clamp_block(block, length):
-    return min(block, length) if isinstance(length, int) and length > 0 else block
-
-
-def _to_blocks_layout(tensor, padding):
-    tensor = tf.transpose(tensor, (0, 2, 1, 3))  # (batch, heads, seq, depth)
-    return tf.pad(tensor, [[0, 0], [0, 0], [0, padding], [0, 0]])  # (batch, heads, padded, depth)
-
-
-def _pad_pairwise(tensor, plan, value):
-    """Pads the non-broadcast query/key axes of a `(batch?, heads?, q?, k?)` tensor to whole blocks."""
-    query_pad = 0 if tensor.shape[2] == 1 else plan.padded_query_len - plan.query_len
-    key_pad = 0 if tensor.shape[3] == 1 else plan.padded_key_len - plan.key_len
-    return tf.pad(tensor, [[0, 0], [0, 0], [0, query_pad], [0, key_pad]], constant_values=value)
-
-
-def _pairwise_block(tensor, plan, query_block, key_block):
-    """Block `(query_block, key_block)` of a `(batch?, heads?, q?, k?)` mask or bias."""
-    query_full, key_full = tensor.shape[2] != 1, tensor.shape[3] != 1
-    begin = tf.stack(
-        [
-            0,
-            0,
-            query_block * plan.query_block if query_full else 0,
-            key_block * plan.key_block if key_full else 0,
-        ]
-    )
-    size = [-1, -1, plan.query_block if query_full else 1, plan.key_block if key_full else 1]
-    return tf.slice(tensor, begin, size)
-
-
-def _block_mask(plan, mask, query_block, key_block):
-    """Boolean `(batch?, heads?, query_block, key_block)` mask of one block (some mask reaches it)."""
-    first_col = key_block * plan.key_block
-    block_mask = pattern_mask(
-        None if mask is None else _pairwise_block(mask, plan, query_block, key_block),
-        plan.pattern,
-        plan.query_block,
-        plan.key_block,
-        query_offset=plan.query_offset + query_block * plan.query_block,
-        key_offset=first_col,
-    )
-    if plan.pads_keys:
-        cols = first_col + tf.range(plan.key_block)  # (key_block,)
-        block_mask = merge_masks(block_mask, tf.reshape(cols < plan.key_len, (1, 1, 1, plan.key_block)))
-    return block_mask
-
-
 def _exclude_masked_block(plan, mask, query_block, key_block, logits):
     """`streaming_softmax.exclude` on one block's raw logits, skipped where no mask reaches.
 
@@ -324,7 +177,7 @@ def _exclude_masked_block(plan, mask, query_block, key_block, logits):
         return logits
 
     def masked():
-        return streaming_softmax.exclude(logits, _block_mask(plan, mask, query_block, key_block))
+        return streaming_softmax.exclude(logits, blockwise_plan.block_mask(plan, mask, query_block, key_block))
 
     if mask is not None:
         return masked()
@@ -339,7 +192,7 @@ def _block_logits(plan, mask, query_block, key_block, query, key):
 
 def _block_bias(plan, bias, parameters, query_block, key_block):
     """The additive bias of one block (`bias=` and the position bias), or `None` without one."""
-    total = None if bias is None else _pairwise_block(bias, plan, query_block, key_block)
+    total = None if bias is None else blockwise_plan.pairwise_block(bias, plan, query_block, key_block)
     if plan.position_bias is not None:
         position = plan.position_bias.block_bias(parameters, *plan.positions(query_block, key_block))  # (1, h, q, k)
         total = position if total is None else total + tf.cast(position, total.dtype)
@@ -454,7 +307,7 @@ def _backward(plan, mask, seed, scale, inputs, output, row_statistics, output_gr
             query_grad = query_grads.read(query_block) + streaming_softmax.times_scale(scale, query_side)
             query_grads = query_grads.write(query_block, query_grad)
             if bias is not None:
-                bias_grads = _accumulate_bias_grad(plan, bias, bias_grads, query_block, key_block, logits_grad)
+                bias_grads = blockwise_plan.accumulate_bias_grad(plan, bias, bias_grads, query_block, key_block, logits_grad)
             parameter_grads = add_gradients(
                 parameter_grads,
                 bias_parameter_gradients(
@@ -481,7 +334,7 @@ def _backward(plan, mask, seed, scale, inputs, output, row_statistics, output_gr
         )
 
     query_grads = steps.zero_step_array(query_f, plan.num_query_blocks, plan.query_block)
-    bias_grads = _zero_bias_grad_blocks(plan, bias) if bias is not None else tf.zeros(())
+    bias_grads = blockwise_plan.zero_bias_grad_blocks(plan, bias) if bias is not None else tf.zeros(())
     key_grads = steps.step_array(key, plan.num_key_blocks, plan.key_block, key.shape[-1], dtype=dtype)
     value_grads = steps.step_array(key, plan.num_key_blocks, plan.key_block, value.shape[-1], dtype=dtype)
     parameter_grads = tuple(tf.zeros_like(parameter) for parameter in parameters)
@@ -498,45 +351,7 @@ def _backward(plan, mask, seed, scale, inputs, output, row_statistics, output_gr
         tf.cast(steps.unstack_steps(value_grads.stack()), value.dtype),
     ]
     if bias is not None:
-        grads.append(tf.cast(_unblock_bias_grad(plan, bias, bias_grads.stack()), bias.dtype))
+        grads.append(tf.cast(blockwise_plan.unblock_bias_grad(plan, bias, bias_grads.stack()), bias.dtype))
     return grads + list(parameter_grads)
 
 
-def _bias_grid(plan, bias):
-    """Blocks of the bias gradient along the query and key axes (1 where the bias broadcasts)."""
-    query_full, key_full = bias.shape[2] != 1, bias.shape[3] != 1
-    return (
-        plan.num_query_blocks if query_full else 1,
-        plan.num_key_blocks if key_full else 1,
-        plan.query_block if query_full else 1,
-        plan.key_block if key_full else 1,
-    )
-
-
-def _zero_bias_grad_blocks(plan, bias):
-    """A TensorArray of zero bias-gradient blocks, one per (query block, key block) of the grid."""
-    rows, cols, block_rows, block_cols = _bias_grid(plan, bias)
-    batch, heads = keras.ops.shape(bias)[:2]
-    zeros = tf.zeros(tf.stack([rows * cols, batch, heads, block_rows, block_cols]), bias.dtype)
-    return steps.step_array(bias, rows * cols, block_rows, block_cols).unstack(zeros)
-
-
-def _accumulate_bias_grad(plan, bias, bias_grads, query_block, key_block, logits_grad):
-    """Adds one block's logits gradient, summed over the bias's broadcast axes, to its grid cell."""
-    reduced = [axis for axis in range(4) if bias.shape[axis] == 1]
-    if reduced:
-        logits_grad = tf.reduce_sum(logits_grad, reduced, keepdims=True)
-    _, cols, _, _ = _bias_grid(plan, bias)
-    row = query_block if bias.shape[2] != 1 else 0
-    col = key_block if bias.shape[3] != 1 else 0
-    cell = row * cols + col
-    return bias_grads.write(cell, bias_grads.read(cell) + logits_grad)
-
-
-def _unblock_bias_grad(plan, bias, blocks):
-    """`(rows * cols, batch?, heads?, block_rows, block_cols)` grid -> the padded bias's shape."""
-    rows, cols, block_rows, block_cols = _bias_grid(plan, bias)
-    batch, heads = keras.ops.shape(bias)[:2]
-    grid = tf.reshape(blocks, tf.stack([rows, cols, batch, heads, block_rows, block_cols]))
-    grid = tf.transpose(grid, (2, 3, 0, 4, 1, 5))  # (batch?, heads?, rows, block_rows, cols, block_cols)
-    return tf.reshape(grid, tf.shape(bias))

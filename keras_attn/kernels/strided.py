@@ -6,7 +6,7 @@ blockwise kernels, which skip only the blocks outside `pattern.key_range`, compu
 triangle for it. This kernel does only the pattern's work, in the two parts that
 `pattern.strided_cover()` names (`band`, `stride`):
 
-- **band**: the queries in chunks of `BAND_CHUNK_SIZE`, each over one slice of `band_width` keys
+- **band**: the queries in chunks of `strided_layout.BAND_CHUNK_SIZE`, each over one slice of `band_width` keys
   holding `band.key_range` of the chunk (one width for every chunk, so that the chunks run in one
   `tf.while_loop`), minus the keys of each query's residue class;
 - **strided**: positions laid out as a `(length / stride, stride)` grid whose column `r` holds the
@@ -21,7 +21,7 @@ recomputes each part's weights from the merged statistics, as `keras_attn.kernel
 does. The band's query gradient comes chunk by chunk of queries; its key and value gradients come
 chunk by chunk of keys (each over one slice of `band_query_width` queries holding
 `band.query_range`), so that every chunk writes its own rows once: summing the overlapping key
-slices of the query chunks instead would hold about `band_width / BAND_CHUNK_SIZE` key-length
+slices of the query chunks instead would hold about `band_width / strided_layout.BAND_CHUNK_SIZE` key-length
 gradients, and summing them in the loop is slow without XLA: TensorFlow's executor copies the
 tensor `tf.tensor_scatter_nd_add` adds rows into at every step (512 such steps into a 65,536-key
 gradient took 13 s, 0.2 s under XLA).
@@ -33,21 +33,14 @@ inputs) whatever the compute dtype. Not supported: an additive `bias` and attent
 dispatcher then takes another kernel).
 """
 
-import dataclasses
-
-import keras
 import tensorflow as tf
 
-from keras_attn import patterns
 from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
+from keras_attn.kernels import strided_layout
 from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.utils import float_math_dtype
 
-# Queries per chunk of the band part (a chunk of 128 under a window of 256 computes 383 keys).
-BAND_CHUNK_SIZE = 128
-# Logits per batch element and head of one step of the strided part (residues per step chosen so).
-STRIDED_STEP_SIZE = 2**16
 # One loop iteration at a time: peak memory stays one step's temporaries (as in blockwise).
 _PARALLEL_ITERATIONS = 1
 
@@ -79,7 +72,7 @@ def attend(call):
 
 def keys_per_query(call):
     """Keys the kernel computes for each query of a call it takes: a band slice plus a residue class."""
-    plan = _plan(call.pattern, call.query.shape[1], call.key.shape[1], call.query_offset)
+    plan = strided_layout.plan_of(call.pattern, call.query.shape[1], call.key.shape[1], call.query_offset)
     return plan.band_width + plan.key_rows
 
 
@@ -130,12 +123,12 @@ def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0
     reason = _why_not_strided(query, key, mask, pattern, query_offset)
     if reason:
         raise ValueError(f"`strided_attention` needs {reason}")
-    plan = _plan(pattern, query.shape[1], key.shape[1], query_offset)
+    plan = strided_layout.plan_of(pattern, query.shape[1], key.shape[1], query_offset)
     output_dtype, dtype = value.dtype, float_math_dtype(query.dtype)
     query, scale = streaming_softmax.fold_scale(tf.cast(query, dtype), scale)  # logits in float32 whatever the dtype
     scale = None if scale is None else tf.convert_to_tensor(scale, dtype)
     query, key, value = (tf.transpose(tf.cast(t, dtype), (0, 2, 1, 3)) for t in (query, key, value))  # (b, h, len, d)
-    masks = _Masks(None, None) if mask is None else _Masks.of(tf.cast(mask, tf.bool), plan)
+    masks = strided_layout.PartMasks(None, None) if mask is None else strided_layout.PartMasks.of(tf.cast(mask, tf.bool), plan)
     output = streaming_softmax.custom_gradient(  # (batch, heads, query_len, value_depth); the gradient recomputes
         lambda scale, *inputs: _forward(plan, masks, scale, *inputs),
         lambda scale, inputs, output, statistics, output_gradient: _backward(
@@ -145,191 +138,6 @@ def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0
         (query, key, value),
     )
     return tf.cast(tf.transpose(output, (0, 2, 1, 3)), output_dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """The static layout of one call: band chunks and their key slices, the residue grid."""
-
-    pattern: object
-    stride: int
-    query_len: int
-    key_len: int
-    query_offset: int
-    chunk: int  # queries per band chunk
-    key_chunk: int  # keys per band chunk of the backward pass
-    band_starts: tuple  # first key of each chunk's band slice
-    band_width: int  # keys per band slice; 0 when the cover has no band
-    band_query_starts: tuple  # first query of each key chunk's band slice (the backward pass)
-    band_query_width: int  # queries per band slice of a key chunk
-
-    @property
-    def num_chunks(self):
-        return -(-self.query_len // self.chunk)
-
-    @property
-    def num_key_chunks(self):
-        return -(-self.key_len // self.key_chunk)
-
-    @property
-    def front(self):
-        """Empty grid cells before the first query, so that grid column `r` is residue `r`."""
-        return self.query_offset % self.stride
-
-    @property
-    def query_rows(self):
-        """Rows of the query grid `(query_rows, stride)`."""
-        return -(-(self.front + self.query_len) // self.stride)
-
-    @property
-    def key_rows(self):
-        """Rows of the key grid `(key_rows, stride)`."""
-        return -(-self.key_len // self.stride)
-
-    @property
-    def residues_per_step(self):
-        """Grid columns (residue classes) per loop step: the largest divisor of `stride` whose
-        `(query_rows, key_rows)` logits fit `STRIDED_STEP_SIZE` (at least one)."""
-        cells = max(1, self.query_rows * self.key_rows)
-        return max(d for d in range(1, self.stride + 1) if self.stride % d == 0 and (d == 1 or d * cells <= STRIDED_STEP_SIZE))
-
-    @property
-    def num_steps(self):
-        return self.stride // self.residues_per_step
-
-
-def _plan(pattern, query_len, key_len, query_offset):
-    band, stride = pattern.strided_cover()
-    chunk = max(1, min(BAND_CHUNK_SIZE, query_len))
-    ranges = []
-    if band is not None:
-        for start in range(0, query_len, chunk):
-            last = min(start + chunk, query_len) - 1
-            ranges.append(band.key_range(query_offset + start, query_offset + last, key_len))
-    width = max((stop - start for start, stop in ranges), default=0)
-    key_chunk = max(1, min(BAND_CHUNK_SIZE, key_len))
-    query_starts, query_width = _band_query_slices(band, key_chunk, query_len, key_len, query_offset) if width else ((), 0)
-    return _Plan(
-        pattern=pattern,
-        stride=stride,
-        query_len=query_len,
-        key_len=key_len,
-        query_offset=query_offset,
-        chunk=chunk,
-        key_chunk=key_chunk,
-        band_starts=tuple(min(start, key_len - width) for start, _ in ranges) if width else (),
-        band_width=width,
-        band_query_starts=query_starts,
-        band_query_width=query_width,
-    )
-
-
-def _band_query_slices(band, chunk, query_len, key_len, query_offset):
-    """First query of each key chunk's slice of queries holding `band.query_range`, and the slices' width."""
-    ranges = []
-    for start in range(0, key_len, chunk):
-        first, stop = band.query_range(start, start + chunk - 1, query_offset, query_offset + query_len)
-        ranges.append((first - query_offset, stop - query_offset))
-    width = max(1, *(stop - first for first, stop in ranges))  # one query at least, so that the slices exist
-    return tuple(max(0, min(first, query_len - width)) for first, _ in ranges), width
-
-
-@dataclasses.dataclass(frozen=True)
-class _Masks:
-    """The caller's mask in each part's layout (`None`: no mask)."""
-
-    band: object  # (batch | 1, heads | 1, num_chunks * chunk | 1, num_key_chunks * key_chunk | 1)
-    grid: object  # (batch | 1, heads | 1, stride | 1, query_rows | 1, key_rows | 1)
-
-    @classmethod
-    def of(cls, mask, plan):
-        query_pad = plan.num_chunks * plan.chunk - plan.query_len if mask.shape[2] != 1 else 0
-        key_pad = plan.num_key_chunks * plan.key_chunk - plan.key_len if mask.shape[3] != 1 else 0
-        band = tf.pad(mask, [[0, 0], [0, 0], [0, query_pad], [0, key_pad]])
-        return cls(band, _grid_mask(mask, plan))
-
-
-def _grid_mask(mask, plan):
-    """`mask[b, h, query u * stride + r - front, key m * stride + r]` at `[b, h, r, u, m]`."""
-    stride, (batch, heads) = plan.stride, keras.ops.shape(mask)[:2]
-    query_full, key_full = mask.shape[2] != 1, mask.shape[3] != 1
-    if query_full:
-        back = plan.query_rows * stride - plan.front - plan.query_len
-        mask = tf.pad(mask, [[0, 0], [0, 0], [plan.front, back], [0, 0]])
-    if key_full:
-        mask = tf.pad(mask, [[0, 0], [0, 0], [0, 0], [0, plan.key_rows * stride - plan.key_len]])
-    query_shape = [plan.query_rows, stride] if query_full else [1, 1]
-    key_shape = [plan.key_rows, stride] if key_full else [1, 1]
-    mask = tf.reshape(mask, tf.stack([batch, heads, *query_shape, *key_shape]))  # (b, h, u, r, m, r')
-    mask = tf.transpose(mask, (0, 1, 3, 2, 4, 5))  # (b, h, r, u, m, r')
-    if query_full and key_full:  # a query of residue r meets the keys of residue r only
-        diagonal = tf.reshape(tf.eye(stride, dtype=tf.bool), (stride, 1, 1, stride))  # (r, 1, 1, r')
-        return tf.reduce_any(tf.logical_and(mask, diagonal), axis=-1)  # (b, h, r, u, m)
-    if key_full:
-        return tf.transpose(tf.squeeze(mask, 2), (0, 1, 4, 2, 3))  # (b, h, r', 1, m)
-    return tf.squeeze(mask, -1)  # (b, h, r | 1, u | 1, 1)
-
-
-def _to_grid(tensor, front, rows, stride):
-    """`(batch, heads, length, d)` -> `(batch, heads, stride, rows, d)`: index `t` at `[(front + t) % stride, (front + t) // stride]`."""
-    batch, heads, length, depth = keras.ops.shape(tensor)
-    tensor = tf.pad(tensor, [[0, 0], [0, 0], [front, rows * stride - front - length], [0, 0]])
-    tensor = tf.reshape(tensor, tf.stack([batch, heads, rows, stride, depth]))
-    return tf.transpose(tensor, (0, 1, 3, 2, 4))  # (batch, heads, stride, rows, d)
-
-
-def _from_grid(grid, front, length):
-    """The inverse of `_to_grid`: `(batch, heads, stride, rows, d)` -> `(batch, heads, length, d)`."""
-    batch, heads, stride, rows, depth = keras.ops.shape(grid)
-    tensor = tf.reshape(tf.transpose(grid, (0, 1, 3, 2, 4)), tf.stack([batch, heads, rows * stride, depth]))
-    return tensor[:, :, front : front + length]
-
-
-def _band_block(plan, masks, index, query, key):
-    """Query chunk `index`: its queries, key-slice start, logits `(b, h, chunk, width)` and allowed pairs."""
-    start = tf.gather(tf.constant(plan.band_starts, tf.int32), index)
-    queries = steps.rows(query, index * plan.chunk, plan.chunk)  # (batch, heads, chunk, depth)
-    logits = tf.matmul(queries, steps.rows(key, start, plan.band_width), transpose_b=True)  # (b, h, chunk, width)
-    allowed = _band_allowed(plan, masks, index * plan.chunk, plan.chunk, start, plan.band_width)
-    return queries, start, logits, allowed
-
-
-def _band_allowed(plan, masks, first_query, num_queries, first_key, num_keys):
-    """The band part's pairs of `num_queries` queries from `first_query` and `num_keys` keys from
-    `first_key`: `(batch | 1, heads | 1, num_queries, num_keys)`."""
-    rows = first_query + tf.range(num_queries)[:, None]  # (num_queries, 1) query indices
-    positions = plan.query_offset + rows
-    cols = first_key + tf.range(num_keys)[None, :]  # (1, num_keys) key positions
-    real = tf.logical_and(rows < plan.query_len, cols < plan.key_len)  # (num_queries, num_keys)
-    allowed = tf.logical_and(plan.pattern.allows(positions, cols), real)
-    # The keys of the query's residue class belong to the strided part.
-    allowed = tf.logical_and(allowed, tf.logical_not(patterns.Strided(plan.stride).allows(positions, cols)))
-    allowed = allowed[None, None]  # (1, 1, num_queries, num_keys)
-    if masks.band is not None:
-        query_full, key_full = masks.band.shape[2] != 1, masks.band.shape[3] != 1
-        block = steps.rows(masks.band, first_query, num_queries) if query_full else masks.band
-        block = steps.rows(block, first_key, num_keys, axis=3) if key_full else block
-        allowed = tf.logical_and(allowed, block)  # (batch | 1, heads | 1, num_queries, num_keys)
-    return allowed
-
-
-def _grid_block(plan, masks, step, query_grid, key_grid):
-    """Residues of `step`: their query and key columns, logits `(b, h, r, u, m)` and allowed pairs."""
-    per_step = plan.residues_per_step
-    first = step * per_step
-    queries = steps.rows(query_grid, first, per_step)  # (batch, heads, per_step, query_rows, depth)
-    keys = steps.rows(key_grid, first, per_step)  # (batch, heads, per_step, key_rows, depth)
-    logits = tf.matmul(queries, keys, transpose_b=True)  # (batch, heads, per_step, query_rows, key_rows)
-    residues = first + tf.range(per_step)[:, None, None]  # (per_step, 1, 1)
-    positions = plan.query_offset - plan.front + tf.range(plan.query_rows)[:, None] * plan.stride + residues
-    cols = tf.range(plan.key_rows)[None, :] * plan.stride + residues  # (per_step, 1, key_rows)
-    real_query = tf.logical_and(positions >= plan.query_offset, positions < plan.query_offset + plan.query_len)
-    allowed = tf.logical_and(plan.pattern.allows(positions, cols), tf.logical_and(real_query, cols < plan.key_len))
-    allowed = allowed[None, None]  # (1, 1, per_step, query_rows, key_rows)
-    if masks.grid is not None:
-        block = steps.rows(masks.grid, first, per_step) if masks.grid.shape[2] != 1 else masks.grid
-        allowed = tf.logical_and(allowed, block)  # (batch | 1, heads | 1, per_step, query_rows, key_rows)
-    return queries, keys, logits, allowed
 
 
 def _partial_softmax(logits, allowed, values, scale):
@@ -358,10 +166,10 @@ def _forward(plan, masks, scale, query, key, value):
 
 
 def _band_forward(plan, masks, scale, query, key, value):
-    query = _pad_chunks(plan, query)
+    query = strided_layout.pad_chunks(plan, query)
 
     def step(index, outputs, statistics):
-        _, start, logits, allowed = _band_block(plan, masks, index, query, key)
+        _, start, logits, allowed = strided_layout.band_block(plan, masks, index, query, key)
         output, chunk_statistics = _partial_softmax(logits, allowed, steps.rows(value, start, plan.band_width), scale)
         return index + 1, outputs.write(index, output), statistics.write(index, chunk_statistics)
 
@@ -375,11 +183,11 @@ def _band_forward(plan, masks, scale, query, key, value):
 
 
 def _strided_forward(plan, masks, scale, query, key, value):
-    query_grid = _to_grid(query, plan.front, plan.query_rows, plan.stride)  # (batch, heads, stride, u, depth)
-    key_grid, value_grid = (_to_grid(t, 0, plan.key_rows, plan.stride) for t in (key, value))  # (b, h, s, m, d)
+    query_grid = strided_layout.to_grid(query, plan.front, plan.query_rows, plan.stride)  # (batch, heads, stride, u, depth)
+    key_grid, value_grid = (strided_layout.to_grid(t, 0, plan.key_rows, plan.stride) for t in (key, value))  # (b, h, s, m, d)
 
     def step(index, outputs, statistics):
-        _, _, logits, allowed = _grid_block(plan, masks, index, query_grid, key_grid)
+        _, _, logits, allowed = strided_layout.grid_block(plan, masks, index, query_grid, key_grid)
         values = steps.rows(value_grid, index * plan.residues_per_step, plan.residues_per_step)
         output, step_statistics = _partial_softmax(logits, allowed, values, scale)
         return index + 1, outputs.write(index, output), statistics.write(index, step_statistics)
@@ -390,7 +198,7 @@ def _strided_forward(plan, masks, scale, query, key, value):
         (0, *(steps.step_array(query, plan.num_steps, plan.residues_per_step, plan.query_rows, depth) for depth in (value.shape[-1], 2))),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )[1:]
-    return (_from_grid(steps.unstack_steps(array.stack()), plan.front, plan.query_len) for array in (outputs, statistics))
+    return (strided_layout.from_grid(steps.unstack_steps(array.stack()), plan.front, plan.query_len) for array in (outputs, statistics))
 
 
 def _backward(plan, masks, scale, inputs, output, statistics, output_gradient):
@@ -430,8 +238,8 @@ def _block_gradients(weights, logits_inputs, values, output_gradient, delta):
 
 def _band_backward(plan, masks, scale, inputs, rows):
     query, key, value = inputs
-    query = _pad_chunks(plan, query)
-    rows = [_pad_chunks(plan, t) for t in rows]  # output gradient, delta, statistics
+    query = strided_layout.pad_chunks(plan, query)
+    rows = [strided_layout.pad_chunks(plan, t) for t in rows]  # output gradient, delta, statistics
     inputs = (query, key, value)
     return [_band_query_gradient(plan, masks, scale, inputs, rows), *_band_key_gradients(plan, masks, scale, inputs, rows)]
 
@@ -441,7 +249,7 @@ def _band_query_gradient(plan, masks, scale, inputs, rows):
     query, key, value = inputs
 
     def step(index, query_grads):
-        queries, start, logits, allowed = _band_block(plan, masks, index, query, key)
+        queries, start, logits, allowed = strided_layout.band_block(plan, masks, index, query, key)
         output_gradient, delta, statistics = (steps.rows(t, index * plan.chunk, plan.chunk) for t in rows)
         weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, chunk, width)
         keys, values = (steps.rows(t, start, plan.band_width) for t in (key, value))
@@ -461,7 +269,7 @@ def _band_key_gradients(plan, masks, scale, inputs, rows):
     """The band part's `dZ^T Q` and value gradient, chunk by chunk of keys, each over its slice of
     `band_query_width` queries (chunk-padded): `(batch, heads, key_len, d)` each."""
     query, key, value = inputs
-    key, value = (_pad_key_chunks(plan, t) for t in (key, value))
+    key, value = (strided_layout.pad_key_chunks(plan, t) for t in (key, value))
 
     def step(index, key_grads, value_grads):
         start = tf.gather(tf.constant(plan.band_query_starts, tf.int32), index)
@@ -471,7 +279,7 @@ def _band_key_gradients(plan, masks, scale, inputs, rows):
         queries = steps.rows(query, start, width)  # (batch, heads, width, depth)
         output_gradient, delta, statistics = (steps.rows(t, start, width) for t in rows)
         logits = tf.matmul(queries, keys, transpose_b=True)  # (batch, heads, width, key_chunk)
-        allowed = _band_allowed(plan, masks, start, width, first_key, plan.key_chunk)
+        allowed = strided_layout.band_allowed(plan, masks, start, width, first_key, plan.key_chunk)
         weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, width, key_chunk)
         logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (batch, heads, width, key_chunk)
         return (
@@ -495,12 +303,12 @@ def _band_key_gradients(plan, masks, scale, inputs, rows):
 
 def _strided_backward(plan, masks, scale, inputs, rows):
     query, key, value = inputs
-    query_grid = _to_grid(query, plan.front, plan.query_rows, plan.stride)  # (batch, heads, stride, u, depth)
-    key_grid, value_grid = (_to_grid(t, 0, plan.key_rows, plan.stride) for t in (key, value))  # (b, h, s, m, d)
-    row_grids = [_to_grid(t, plan.front, plan.query_rows, plan.stride) for t in rows]  # (b, h, s, u, ·)
+    query_grid = strided_layout.to_grid(query, plan.front, plan.query_rows, plan.stride)  # (batch, heads, stride, u, depth)
+    key_grid, value_grid = (strided_layout.to_grid(t, 0, plan.key_rows, plan.stride) for t in (key, value))  # (b, h, s, m, d)
+    row_grids = [strided_layout.to_grid(t, plan.front, plan.query_rows, plan.stride) for t in rows]  # (b, h, s, u, ·)
 
     def step(index, query_grads, key_grads, value_grads):
-        queries, keys, logits, allowed = _grid_block(plan, masks, index, query_grid, key_grid)
+        queries, keys, logits, allowed = strided_layout.grid_block(plan, masks, index, query_grid, key_grid)
         first = index * plan.residues_per_step
         output_gradient, delta, statistics = (steps.rows(t, first, plan.residues_per_step) for t in row_grids)
         weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, per_step, u, m)
@@ -522,17 +330,9 @@ def _strided_backward(plan, masks, scale, inputs, rows):
     )[1:]
     query_grad, key_grad, value_grad = (steps.unstack_steps(array.stack()) for array in arrays)
     return [
-        _from_grid(query_grad, plan.front, plan.query_len),
-        _from_grid(key_grad, 0, plan.key_len),
-        _from_grid(value_grad, 0, plan.key_len),
+        strided_layout.from_grid(query_grad, plan.front, plan.query_len),
+        strided_layout.from_grid(key_grad, 0, plan.key_len),
+        strided_layout.from_grid(value_grad, 0, plan.key_len),
     ]
 
 
-def _pad_chunks(plan, tensor):
-    """`(batch, heads, query_len, d)` padded with zeros to whole band chunks."""
-    return tf.pad(tensor, [[0, 0], [0, 0], [0, plan.num_chunks * plan.chunk - plan.query_len], [0, 0]])
-
-
-def _pad_key_chunks(plan, tensor):
-    """`(batch, heads, key_len, d)` padded with zeros to whole key chunks."""
-    return tf.pad(tensor, [[0, 0], [0, 0], [0, plan.num_key_chunks * plan.key_chunk - plan.key_len], [0, 0]])
