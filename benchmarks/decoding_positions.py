@@ -13,12 +13,15 @@ families:
 
 The cache's contents do not change the cost, so each position starts from a random cache (the
 linear state from the empty one). Memory is the exact size of the caches the stack holds (every
-layer's, in bytes), the part of decoding memory that depends on the position. All (family,
-position) candidates run in turn `--repeats` times and each keeps its best time; the ratio of a
-family's tokens/s at each position to its first position's comes from the same run (goal for
-window and linear: 8,192 within 10 % of 256). Their two positions run the same program on caches
-of the same shape (the linear state does not even read the position), so on a loaded machine their
-ratio is noise around 1: runs on the shared 2-core machine gave 0.81x to 1.34x (BENCHMARKS.md).
+layer's, in bytes), the part of decoding memory that depends on the position. A family's
+positions run in turn `--repeats` times and each keeps its best time, so the ratio of its tokens/s
+at each position to its first position's comes from the same rounds (goal for window and linear:
+8,192 within 10 % of 256); families are timed one after the other. Window and linear run the same
+program at both positions on caches of the same shape (the linear state does not even read the
+position), so their ratio is 1 up to the machine's noise. One TensorFlow thread by default
+(`--threads`): a batch-1 step at width 64 has little to share between cores, and on the loaded
+2-core machine a linear loop timed 10 ms with one thread, 12-24 ms with TensorFlow's default
+threads, whose best times for identical programs came out up to 1.5x apart.
 
     python -m benchmarks.decoding_positions
 """
@@ -89,32 +92,41 @@ def decode_loop(stack, tokens, jit_compile):
     return tf.function(run, jit_compile=jit_compile)
 
 
-def measure(args):
+def measure_family(family, args, token):
+    """`{position: (best seconds, cache bytes)}` of one family, its positions timed in turn.
+
+    Each family is its own round robin, so no timed loop runs right after a heavier family's (in
+    one run with all six in one round robin, the window loop timed after the dense loop at 8,192,
+    4 MB of caches per layer, ran 0.8x as fast as the other window loop).
+    """
+    stack = decoder_stack(family, args.layers, args.width, args.heads, args.window)
+    loop = decode_loop(stack, args.tokens, bool(args.jit_compile))
     candidates, memory = {}, {}
-    token = tf.random.normal((1, 1, args.width))
-    for family in FAMILIES:
-        stack = decoder_stack(family, args.layers, args.width, args.heads, args.window)
-        loop = decode_loop(stack, args.tokens, bool(args.jit_compile))
-        for position in args.positions:
-            caches = starting_caches(stack, family, position, args.tokens)
-            memory[(family, position)] = cache_bytes(caches)
-            start = tf.constant(position)
-            candidates[(family, position)] = lambda loop=loop, caches=caches, start=start: loop(token, caches, start)
+    for position in args.positions:
+        caches = starting_caches(stack, family, position, args.tokens)
+        memory[position] = cache_bytes(caches)
+        start = tf.constant(position)
+        candidates[position] = lambda caches=caches, start=start: loop(token, caches, start)
     best = measurement.best_seconds_round_robin(candidates, args.repeats)
+    return {position: (best[position], memory[position]) for position in args.positions}
+
+
+def measure(args):
+    token = tf.random.normal((1, 1, args.width))
     rows = []
     for family in FAMILIES:
-        first = best[(family, args.positions[0])]
-        for position in args.positions:
-            seconds = best[(family, position)]
+        measured = measure_family(family, args, token)
+        first_seconds, first_bytes = measured[args.positions[0]]
+        for position, (seconds, size) in measured.items():
             rows.append(
                 {
                     "family": family,
                     "position": position,
                     "tokens_per_s": args.tokens / seconds,
                     "ms_per_token": 1e3 * seconds / args.tokens,
-                    "cache_kib": memory[(family, position)] / 2**10,
-                    PEER_RATIO: first / seconds,
-                    "cache_over_first_position": memory[(family, position)] / memory[(family, args.positions[0])],
+                    "cache_kib": size / 2**10,
+                    PEER_RATIO: first_seconds / seconds,
+                    "cache_over_first_position": size / first_bytes,
                 }
             )
     return rows
@@ -131,11 +143,15 @@ def main(argv=None):
         tokens=dict(type=int, default=128, help="tokens per compiled decoding loop"),
         repeats=dict(type=int, default=40),
         jit_compile=dict(type=int, default=1),
+        threads=dict(type=int, default=1, help="TensorFlow intra- and inter-op threads; 0 keeps TensorFlow's"),
     )
     args = parser.parse_args(argv)
-    if args.smoke:
+    if args.smoke:  # (in the test process TensorFlow is already running: its threads stay)
         args.positions, args.layers, args.width, args.heads, args.window = [4, 16], 1, 8, 2, 4
-        args.tokens, args.repeats, args.jit_compile = 2, 2, 0
+        args.tokens, args.repeats, args.jit_compile, args.threads = 2, 2, 0, 0
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     rows = measure(args)
     measurement.print_table(rows, COLUMNS)
     config = {k: v for k, v in vars(args).items() if k != "output"}
