@@ -469,7 +469,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             self._attention_pattern, self._sliding_window, self._position_bias, attention_bias
         )
         if ring:  # the pattern and position bias at the keys' true positions, in the mask and the bias
-            mask, bias = window_cache.structure(self, mask, attention_bias, use_causal_mask, offset, ops.shape(query)[1])
+            mask, bias = window_cache.mask_and_bias(self, mask, attention_bias, use_causal_mask, offset, ops.shape(query)[1])
             use_causal_mask, offset, pattern, sliding_window, position_bias = False, 0, None, None, None
         if _overrides_compute_attention(self):
             attended, weights = self._hooked_attention(
@@ -651,8 +651,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             new_entries = ops.stack((new_key, new_value), axis=1)  # (batch, 2, query_len, kv_heads, dim)
             if window_cache.is_window_cache(self._sliding_window, cache, cache_update_index):
                 check_position("cache_update_index", cache_update_index)  # a ring buffer has no end
-                keys, values = window_cache.attended(cache, new_entries)  # (batch, window + query_len, kv_heads, dim)
-                return projected_query, keys, values, window_cache.written(cache, new_entries, cache_update_index)
+                entries = window_cache.attended(cache, new_entries)  # (batch, 2, window + query_len, kv_heads, dim)
+                cache = window_cache.written(entries, cache.shape[2], cache_update_index)
+                return projected_query, entries[:, 0], entries[:, 1], cache
             cache_update_index = _check_cache_bounds(cache_update_index, ops.shape(new_key)[1], ops.shape(cache)[2])
             # One write of the new tokens into the cache; it is never re-assembled from K and V.
             cache = ops.slice_update(cache, (0, 0, cache_update_index, 0, 0), ops.cast(new_entries, cache.dtype))

@@ -42,12 +42,15 @@ def check_causal(use_causal_mask, sliding_window, cache):
         )
 
 
+def _newest_positions(last, window):
+    """int32 `(window,)`: for each slot, the newest position `<= last` that lives in it (`p % window`)."""
+    return last - ops.mod(last - ops.arange(window, dtype="int32"), window)
+
+
 def slot_positions(cache_update_index, window):
     """int32 `(window,)`: the position each slot holds before the write at `cache_update_index`;
     negative for a slot not written yet."""
-    slots = ops.arange(window, dtype="int32")
-    last = ops.cast(cache_update_index, "int32") - 1
-    return last - ops.mod(last - slots, window)  # the latest position <= last in each residue class
+    return _newest_positions(ops.cast(cache_update_index, "int32") - 1, window)
 
 
 def key_positions(cache_update_index, window, new_len):
@@ -63,25 +66,21 @@ def attended(cache, new_entries):
         new_entries: `(batch, 2, new_len, kv_heads, key_dim)`, the projected new keys and values.
 
     Returns:
-        keys, values: `(batch, window + new_len, kv_heads, key_dim)` each.
+        `(batch, 2, window + new_len, kv_heads, key_dim)`, at `key_positions`.
     """
-    keys_and_values = ops.concatenate([cache, ops.cast(new_entries, cache.dtype)], axis=2)
-    return keys_and_values[:, 0], keys_and_values[:, 1]
+    return ops.concatenate([cache, ops.cast(new_entries, cache.dtype)], axis=2)
 
 
-def written(cache, new_entries, cache_update_index):
-    """The ring buffer after writing `new_entries` at positions `cache_update_index ..`: `(batch, 2, window, ...)`.
+def written(entries, window, cache_update_index):
+    """The ring buffer after the step: `(batch, 2, window, ...)` from its `attended` entries.
 
     Each slot takes the newest position of its residue class: a new token's entry, else its own.
     """
-    window, new_len = cache.shape[2], ops.shape(new_entries)[2]
     index = ops.cast(cache_update_index, "int32")
-    combined = ops.concatenate([cache, ops.cast(new_entries, cache.dtype)], axis=2)  # (batch, 2, window + new_len, ...)
-    slots = ops.arange(window, dtype="int32")
-    newest = index + ops.cast(new_len, "int32") - 1
-    positions = newest - ops.mod(newest - slots, window)  # (window,) newest position per slot after the write
-    source = ops.where(positions >= index, window + positions - index, slots)
-    return ops.take(combined, source, axis=2)
+    newest = index + ops.cast(ops.shape(entries)[2] - window, "int32") - 1  # the last new token's position
+    positions = _newest_positions(newest, window)  # (window,) after the write
+    source = ops.where(positions >= index, window + positions - index, ops.arange(window, dtype="int32"))
+    return ops.take(entries, source, axis=2)
 
 
 def extend_key_mask(name, key_mask, window, new_len):
@@ -112,7 +111,7 @@ def with_position_bias(attention_bias, position_bias, query_positions, keys_posi
     return bias if attention_bias is None else ops.add(ops.cast(attention_bias, bias.dtype), bias)
 
 
-def structure(layer, mask, attention_bias, use_causal_mask, cache_update_index, new_len):
+def mask_and_bias(layer, mask, attention_bias, use_causal_mask, cache_update_index, new_len):
     """The mask and bias of a ring-buffer step with the layer's pattern and position bias at the true positions.
 
     Returns:
