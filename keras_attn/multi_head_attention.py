@@ -250,10 +250,12 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
 
         `cache_length` is `max_length`, or with `sliding_window=W` `min(W, max_length)`: a window
         cache is a ring buffer (`keras_attn.window_cache`), its size constant in the position.
-        Needs `key_dim == value_dim`, as every cache does.
+        Needs `key_dim == value_dim`, as every cache does. The sizes may be scalar int tensors
+        (a batch known when a graph runs).
         """
-        check_positive_int("batch_size", batch_size)
-        check_positive_int("max_length", max_length)
+        for name, size in (("batch_size", batch_size), ("max_length", max_length)):
+            if not ops.is_tensor(size):
+                check_positive_int(name, size)
         length = window_cache.cache_length(self._sliding_window, max_length)
         return ops.zeros((batch_size, 2, length, self._num_key_value_heads, self._key_dim), self.compute_dtype)
 

@@ -14,6 +14,8 @@ masked). Then the new tokens are written at `(t + j) % W` (with `n > W`, only th
 Positions below `W` fill the buffer in order, as a full-length cache would.
 """
 
+import numbers
+
 from keras import ops
 
 from keras_attn import patterns
@@ -22,8 +24,11 @@ from keras_attn.position_bias import block_positions
 
 
 def cache_length(sliding_window, max_length):
-    """Slots a cache needs for `max_length` positions: `min(sliding_window, max_length)` with a window."""
-    return max_length if sliding_window is None else min(sliding_window, max_length)
+    """Slots a cache needs for `max_length` positions: `min(sliding_window, max_length)` with a window
+    (the window when `max_length` is a tensor: the ring's length must be static)."""
+    if sliding_window is None:
+        return max_length
+    return min(sliding_window, max_length) if isinstance(max_length, numbers.Integral) else sliding_window
 
 
 def is_window_cache(sliding_window, cache, cache_update_index):

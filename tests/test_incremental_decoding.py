@@ -160,6 +160,14 @@ def test_a_window_cache_is_a_ring_buffer_whose_size_does_not_grow(family):
     assert shapes == [((BATCH, 2, window, HEADS, HIDDEN // HEADS),)] * len(stack)
 
 
+def test_a_window_cache_from_tensor_sizes_in_a_graph_has_the_window_slots():
+    """Beam search makes its caches inside a graph, from a batch known only when it runs."""
+    decoder = decoder_stack(FAMILIES["window"][0], num_layers=1)[0]
+    make = tf.function(lambda batch, length: decoder.initial_self_attention_cache(batch * 1, length * 1))
+    cache = make(tf.constant(BATCH), tf.constant(8192))
+    assert tuple(cache.shape) == (BATCH, 2, WINDOW, HEADS, HIDDEN // HEADS)
+
+
 def test_linear_attention_state_does_not_depend_on_max_length():
     stack = decoder_stack(FAMILIES["linear"][0])
     shapes = {_shapes([stack[0].initial_self_attention_cache(BATCH, n)])[0] for n in (LENGTH, 8192)}
