@@ -96,6 +96,8 @@ class LinformerSelfAttention(ProjectedSelfAttention):
             ("causal", CAUSAL_ERROR),
             ("cross", "Its length projections are over the positions of the query sequence itself."),
             ("attention_mask", "A query attends to projected keys that mix every token: no per-token mask applies."),
+            ("cache", "Each new token changes every projected key and value (mixtures over all positions): nothing "
+                      "computed for earlier tokens can be kept, so it cannot decode incrementally."),
         ),
     )
 

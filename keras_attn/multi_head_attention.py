@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_attn import patterns
 from keras_attn import position_bias as position_biases
+from keras_attn import window_cache
 from keras_attn.attention import ATTENTION_IMPLEMENTATIONS
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.capabilities import AttentionCapabilities
@@ -124,6 +125,12 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             queries sit at `cache_update_index`). Without it, the cache is used as
             precomputed keys/values (cross-attention to an encoder projected once) and
             `key`/`value` are ignored. Padding masks given with a cache are over `max_len`.
+            With `sliding_window=W` a cache of `W` slots (`initial_cache(batch, max_length)`
+            gives one for `max_length > W`) is a ring buffer (`keras_attn.window_cache`), for
+            causal calls only: the new tokens attend over the `W` slots as received then
+            themselves, with the pattern and position bias at the keys' true positions, and
+            are written at `index % W`; key masks, `attention_mask`, `attention_bias` and the
+            returned scores cover those `W + query_len` keys (key masks: the `W` slots).
         cache_update_index: int or scalar int tensor, the position of the first new token.
 
     Returns:
@@ -236,6 +243,21 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         self._attention_pattern = attention_pattern
         self._position_bias = position_biases.check_position_bias(position_biases.get(position_bias), num_heads)
         self._sequence_attention = None  # set by `build`: rank-3 inputs attending over axis 1
+
+    def initial_cache(self, batch_size, max_length):
+        """An all-zero self-attention cache for decoding up to `max_length` positions:
+        `(batch_size, 2, cache_length, num_key_value_heads, key_dim)` in the compute dtype.
+
+        `cache_length` is `max_length`, or with `sliding_window=W` `min(W, max_length)`: a window
+        cache is a ring buffer (`keras_attn.window_cache`), its size constant in the position.
+        Needs `key_dim == value_dim`, as every cache does. The sizes may be scalar int tensors
+        (a batch known when a graph runs).
+        """
+        for name, size in (("batch_size", batch_size), ("max_length", max_length)):
+            if not ops.is_tensor(size):
+                check_positive_int(name, size)
+        length = window_cache.cache_length(self._sliding_window, max_length)
+        return ops.zeros((batch_size, 2, length, self._num_key_value_heads, self._key_dim), self.compute_dtype)
 
     @property
     def num_key_value_heads(self):
@@ -414,7 +436,14 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 query, value, key, query_mask, value_mask, key_mask, attention_mask,
                 return_attention_scores, training, use_causal_mask, attention_bias, cache, cache_update_index,
             )
-        if cache_update_index is not None and query_mask is not None:
+        ring = cache is not None and window_cache.is_window_cache(self._sliding_window, cache, cache_update_index)
+        if ring:  # key masks cover the slots as received; the new tokens are keys too
+            window_cache.check_causal(use_causal_mask, self._sliding_window, cache)
+            value_mask, key_mask = (
+                window_cache.extend_key_mask(name, padding, self._sliding_window, ops.shape(query)[1])
+                for name, padding in (("value_mask", value_mask), ("key_mask", key_mask))
+            )
+        elif cache_update_index is not None and query_mask is not None:
             query_mask = _query_rows(query_mask, query, cache_update_index)
         mask = self._attention_mask(query_mask, value_mask, key_mask, attention_mask)
         if cache is None:
@@ -437,10 +466,18 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             attention_mask=attention_mask,
             attention_bias=attention_bias,
         )
+        offset = 0 if cache_update_index is None else cache_update_index
+        pattern, sliding_window, position_bias, bias = (
+            self._attention_pattern, self._sliding_window, self._position_bias, attention_bias
+        )
+        if ring:  # the pattern and position bias at the keys' true positions, in the mask and the bias
+            mask, bias = window_cache.mask_and_bias(self, mask, attention_bias, use_causal_mask, offset, ops.shape(query)[1])
+            use_causal_mask, offset, pattern, sliding_window, position_bias = False, 0, None, None, None
         if _overrides_compute_attention(self):
             attended, weights = self._hooked_attention(
-                query, projected_query, projected_key, projected_value, mask, attention_bias,
-                use_causal_mask, cache_update_index, training, return_attention_scores,
+                projected_query, projected_key, projected_value, mask, attention_bias,
+                patterns.from_shorthands(pattern, use_causal_mask, sliding_window), offset, training,
+                return_attention_scores,
             )
             return self._finish(query, attended, weights, cache, return_attention_scores)
         # (batch, query_len, heads, value_dim)[, (batch, heads, query_len, key_len)]
@@ -449,11 +486,11 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             projected_key,
             projected_value,
             mask=mask,
-            bias=attention_bias,
+            bias=bias,
             is_causal=bool(use_causal_mask),  # Keras takes any truthy value
-            sliding_window=self.sliding_window,
-            pattern=self._attention_pattern,
-            query_offset=0 if cache_update_index is None else cache_update_index,
+            sliding_window=sliding_window,
+            pattern=pattern,
+            query_offset=offset,
             scale=self._scale,
             dropout_rate=self.dropout,
             training=training,
@@ -461,7 +498,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             return_weights=return_attention_scores,
             implementation=self.implementation,
             hard=self._hard,
-            position_bias=self._position_bias,
+            position_bias=position_bias,
         )
         attended, weights = attention if return_attention_scores else (attention, None)
         return self._finish(query, attended, weights, cache, return_attention_scores)
@@ -479,10 +516,11 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         return results[0] if len(results) == 1 else results
 
     def _hooked_attention(
-        self, query, projected_query, projected_key, projected_value, mask, attention_bias,
-        use_causal_mask, cache_update_index, training, return_attention_scores,
+        self, projected_query, projected_key, projected_value, mask, attention_bias, pattern, offset, training,
+        return_attention_scores,
     ):
-        """A subclass's `_compute_attention`, called as Keras calls it: every mask merged, no causal flag."""
+        """A subclass's `_compute_attention`, called as Keras calls it: every mask merged (`pattern`
+        with the queries at `offset`), no causal flag."""
         if attention_bias is not None:
             raise ValueError(
                 "`attention_bias` cannot reach an overridden `_compute_attention` (its signature has no "
@@ -494,8 +532,6 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 f"bias). Received: position_bias={self._position_bias!r}"
             )
         query_len, key_len = ops.shape(projected_query)[1], ops.shape(projected_key)[1]
-        offset = 0 if cache_update_index is None else cache_update_index
-        pattern = patterns.from_shorthands(self._attention_pattern, use_causal_mask, self._sliding_window)
         mask = pattern_mask(mask, pattern, query_len, key_len, offset)
         return self._compute_attention(
             projected_query, projected_key, projected_value, mask, training, return_attention_scores
@@ -615,6 +651,11 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         else:
             projected_query, new_key, new_value = self._project(query, key, value)
             new_entries = ops.stack((new_key, new_value), axis=1)  # (batch, 2, query_len, kv_heads, dim)
+            if window_cache.is_window_cache(self._sliding_window, cache, cache_update_index):
+                check_position("cache_update_index", cache_update_index)  # a ring buffer has no end
+                entries = window_cache.attended(cache, new_entries)  # (batch, 2, window + query_len, kv_heads, dim)
+                cache = window_cache.written(entries, cache.shape[2], cache_update_index)
+                return projected_query, entries[:, 0], entries[:, 1], cache
             cache_update_index = _check_cache_bounds(cache_update_index, ops.shape(new_key)[1], ops.shape(cache)[2])
             # One write of the new tokens into the cache; it is never re-assembled from K and V.
             cache = ops.slice_update(cache, (0, 0, cache_update_index, 0, 0), ops.cast(new_entries, cache.dtype))
@@ -676,6 +717,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                     True, training, use_causal_mask,
                 )
             key_len = cache.shape[2] if cache is not None else value.shape[1]
+            if cache is not None and window_cache.is_window_cache(self._sliding_window, cache, cache_update_index):
+                key_len = None if query.shape[1] is None else key_len + query.shape[1]  # the slots, then the new tokens
             results += (keras.KerasTensor((query.shape[0], self._num_heads, query.shape[1], key_len), self.compute_dtype),)
         if cache is not None:
             results += (keras.KerasTensor(cache.shape, cache.dtype),)

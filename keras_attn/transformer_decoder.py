@@ -34,7 +34,10 @@ class TransformerDecoder(TransformerBlock):
     `(batch, 2, max_len, kv_heads, key_dim)` (see `initial_self_attention_cache`) and
     `self_attention_cache_update_index`, the position of the first token of
     `decoder_sequence`; its keys/values are written into the cache and the tokens attend
-    causally to the cache. With cross-attention also pass `cross_attention_cache` from
+    causally to the cache. With `sliding_window=W` that cache has `min(W, max_len)` slots, a
+    ring buffer (memory constant in the position; `keras_attn.window_cache`) in which the
+    position bias and the attention pattern still see each key's true position. With
+    cross-attention also pass `cross_attention_cache` from
     `compute_cross_attention_cache(encoder_sequence)` (the encoder keys/values projected once);
     `encoder_sequence` is then not projected again and may be omitted (pass
     `encoder_padding_mask` explicitly, there is no Keras mask to read it from). In
@@ -136,7 +139,9 @@ class TransformerDecoder(TransformerBlock):
 
     def initial_self_attention_cache(self, batch_size, max_length):
         """An all-zero self-attention cache `(batch_size, 2, max_length, kv_heads, key_dim)`, or the
-        self-attention layer's empty recurrent state (whatever `max_length`).
+        self-attention layer's empty recurrent state (whatever `max_length`). With a
+        `sliding_window=W` the cache has `min(W, max_length)` slots, a ring buffer whose size
+        does not grow with `max_length` (see `MultiHeadAttention.initial_cache`).
 
         The cache's shape follows the width of the decoder's inputs, so the decoder must be built
         first (called once, or `build(decoder_sequence_shape, encoder_sequence_shape)`).
@@ -146,11 +151,9 @@ class TransformerDecoder(TransformerBlock):
                 f"`initial_self_attention_cache` needs a built decoder: its cache shape follows the input width. "
                 f"Call the decoder once or `build(decoder_sequence_shape)` first. Received: decoder {self.name!r}, built=False"
             )
-        attention = self.self_attention
         if self._cache_kind() == "recurrent":
-            return attention.initial_cache(batch_size)
-        shape = (batch_size, 2, max_length, attention.num_key_value_heads, attention.key_dim)
-        return ops.zeros(shape, self.compute_dtype)
+            return self.self_attention.initial_cache(batch_size)
+        return self.self_attention.initial_cache(batch_size, max_length)
 
     def compute_cross_attention_cache(self, encoder_sequence):
         """Projects the encoder keys/values once: `(batch, 2, source_len, kv_heads, key_dim)`."""

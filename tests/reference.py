@@ -215,17 +215,18 @@ def transformer_encoder(weights, x, mask=None, norm_first=False, epsilon=1e-5, s
 
 
 def transformer_decoder(weights, x, encoder=None, self_mask=None, cross_mask=None, norm_first=False,
-                        epsilon=1e-5, is_causal=True):
+                        epsilon=1e-5, is_causal=True, self_bias=None):
     """Float64 Transformer decoder block from a `TransformerDecoder`'s `get_weights()`.
 
     Weight order: self-attention (8), its layer norm (2), [cross-attention (8), its layer norm
-    (2) when `encoder` is given], feed-forward (4), its layer norm (2).
+    (2) when `encoder` is given], feed-forward (4), its layer norm (2). `self_bias` is added to
+    the self-attention logits, broadcast to `(batch, heads, seq, seq)`.
     """
     x = np.asarray(x, np.float64)
     self_attention, norm1, rest = weights[:8], weights[8:10], weights[10:]
     x = residual_block(
         x,
-        lambda h: multi_head_attention(self_attention, h, h, mask=self_mask, is_causal=is_causal)[0],
+        lambda h: multi_head_attention(self_attention, h, h, mask=self_mask, bias=self_bias, is_causal=is_causal)[0],
         *norm1, epsilon, norm_first,
     )
     if encoder is not None:
