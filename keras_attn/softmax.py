@@ -8,11 +8,14 @@
   allowed key at all gets zero weights and a zero output;
 - the inverse temperature multiplies logits already shifted by their row maximum
   (`shifted_logits`), so `beta * (l - max l)` lies in `[-inf, 0]`: no `beta` up to the float32
-  limit overflows to `inf` or NaN;
+  limit overflows to `inf` or NaN (a Python `beta <= 1` cannot overflow what `l` does not, and
+  multiplies the logits directly);
 - an additive bias at or below `MASKING_BIAS` (`-inf`, the dtype's lowest value, the `-1e9`
   idiom) masks its entry exactly like `mask=False` (`bias_mask`): its weight is 0, a row whose
   every key is masked so gets zero weights and a zero output, and no gradient is NaN.
 """
+
+import numbers
 
 import keras
 import numpy as np
@@ -42,6 +45,8 @@ def shifted_logits(logits, scale, mask=None):
     `scale` up to the float32 limit and its row maximum is exactly 0. `m` is a constant of the
     softmax (no gradient flows through it); a row without allowed keys takes `m = 0`.
     """
+    if isinstance(scale, numbers.Real) and not isinstance(scale, bool) and scale <= 1:
+        return logits * scale  # `|scale * l| <= |l|` cannot overflow: no shift needed (the softmax shifts)
     fill = mask_fill(logits.dtype)
     allowed = logits if mask is None else ops.where(mask, logits, fill)
     row_max = ops.max(allowed, axis=-1, keepdims=True, initial=fill)  # (..., 1); `initial`: empty inputs
