@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 
 from keras_attn.kernels import steps
+from keras_attn.kernels import streaming_softmax
 from keras_attn.masks import merge_masks
 from keras_attn.masks import pattern_mask
 from keras_attn.position_bias import block_positions
@@ -180,9 +181,7 @@ def zero_bias_grad_blocks(plan, bias):
 
 def accumulate_bias_grad(plan, bias, bias_grads, query_block, key_block, logits_grad):
     """Adds one block's logits gradient, summed over the bias's broadcast axes, to its grid cell."""
-    reduced = [axis for axis in range(4) if bias.shape[axis] == 1]
-    if reduced:
-        logits_grad = tf.reduce_sum(logits_grad, reduced, keepdims=True)
+    logits_grad = streaming_softmax.broadcast_bias_gradient(bias, logits_grad)
     _, cols, _, _ = bias_grid(plan, bias)
     row = query_block if bias.shape[2] != 1 else 0
     col = key_block if bias.shape[3] != 1 else 0

@@ -347,7 +347,6 @@ def _pad_keys(tensor, chunk, key_len):
 
 def _bias_gradient(plan, bias, logits_grads):
     """The gradient of a broadcast bias from each chunk's logits gradient (`None`: no keys)."""
-    summed_axes = [axis for axis in range(4) if bias.shape[axis] == 1]
     per_chunk = []
     for chunk, logits_grad in zip(plan.chunks, logits_grads):
         query_rows = 1 if bias.shape[2] == 1 else chunk.query_stop - chunk.query_start
@@ -355,7 +354,7 @@ def _bias_gradient(plan, bias, logits_grads):
             shape = tf.stack([tf.shape(bias)[0], tf.shape(bias)[1], query_rows, tf.shape(bias)[3]])
             per_chunk.append(tf.zeros(shape, float_math_dtype(bias.dtype)))
             continue
-        grad = tf.reduce_sum(logits_grad, axis=summed_axes, keepdims=True) if summed_axes else logits_grad
+        grad = streaming_softmax.broadcast_bias_gradient(bias, logits_grad)
         if bias.shape[3] != 1:
             grad = tf.pad(grad, [[0, 0], [0, 0], [0, 0], [chunk.key_start, plan.key_len - chunk.key_stop]])
         per_chunk.append(grad)

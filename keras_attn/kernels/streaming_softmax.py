@@ -187,6 +187,13 @@ def logits_gradient(weights, weights_gradient, delta):
     return weights * (weights_gradient - delta)
 
 
+def broadcast_bias_gradient(bias, logits_gradient):
+    """A piece's `dZ` `(batch, heads, rows, keys)` summed over the axes `bias` broadcasts (size 1):
+    the gradient of that piece of an additive bias."""
+    summed_axes = [axis for axis in range(4) if bias.shape[axis] == 1]
+    return tf.reduce_sum(logits_gradient, summed_axes, keepdims=True) if summed_axes else logits_gradient
+
+
 def scale_gradient(query, query_side):
     """`d beta = sum(Q * (dZ K))` from the query and `dZ K` `(..., rows, depth)` of the same rows."""
     return tf.reduce_sum(tf.cast(query, query_side.dtype) * query_side)
