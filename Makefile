@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: install browser main test docs
+.PHONY: install browser main test docs bench
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,3 +34,8 @@ test: install browser
 # The reference site (MkDocs + mkdocstrings, from the docstrings) into site/, warnings as errors.
 docs: install
 	$(PY) -m mkdocs build --strict
+
+# Every benchmark script in turn (benchmarks/run_all.py): results, a summary table and a plot per
+# script in benchmarks/results/, and BENCHMARKS.md's generated section rewritten.
+bench: install
+	$(PY) -m benchmarks.run_all $(ARGS)

@@ -7,16 +7,6 @@ machine's load. The figures themselves are not tested (no timed tests): see BENC
 
 import importlib
 import json
-from pathlib import Path
-
-BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def benchmark_scripts():
-    """Every script of benchmarks/: a module that runs as `python -m benchmarks.<name>`."""
-    return sorted(
-        path.stem for path in BENCHMARKS_DIR.glob("*.py") if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8")
-    )
 
 
 def assert_smoke_run(name, tmp_path, capsys, monkeypatch, small_imdb_archive, imdb_cache_dir):

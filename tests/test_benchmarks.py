@@ -10,9 +10,11 @@ import json
 
 import pytest
 
+from benchmarks import benchmark_scripts
+from benchmarks import float32_logits
+from benchmarks import run_all
 from benchmarks import sparse_patterns
 from tests.benchmark_smoke import assert_smoke_run
-from tests.benchmark_smoke import benchmark_scripts
 from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
 from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 
@@ -50,3 +52,18 @@ def test_sparse_patterns_update_replaces_only_the_points_run(tmp_path):
         ("block_local", 4096, 3.0),
         ("causal_strided", 8192, 4.0),
     ]
+
+
+def test_make_bench_runs_each_script_and_writes_its_table_and_plot(tmp_path):
+    assert run_all.main(["--smoke", "--only", "float32_logits", "--results-dir", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "float32_logits.json").read_text())["rows"]
+    summary = (tmp_path / "summary.md").read_text()
+    assert "ran 1 scripts" in summary and run_all.table(rows, float32_logits.PEER_RATIO) in summary
+    assert (tmp_path / "float32_logits.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_make_bench_replaces_only_its_generated_section():
+    first = run_all.replace_generated_section("# Benchmarks\n\nprose\n", "old table\n")
+    second = run_all.replace_generated_section(first + "\nlater prose\n", "new table\n")
+    assert second.startswith("# Benchmarks\n\nprose\n") and second.endswith("\nlater prose\n")
+    assert "new table" in second and "old table" not in second
