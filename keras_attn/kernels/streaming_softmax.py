@@ -6,7 +6,7 @@ float32 once it passes 3.4e38 (a large `beta`, large activations), and `inf - in
 the dense kernel (`keras_attn.softmax.shifted_logits`), it shifts first and scales after:
 
 - the raw logits `s = q.k` are float32 (float64 for float64 inputs); a masked key's raw logit is
-  `-inf` (`raw_logits`), so its weight `exp(-inf)` is exactly 0 at any `beta`, however small;
+  `-inf` (`exclude`), so its weight `exp(-inf)` is exactly 0 at any `beta`, however small;
 - each row keeps `M`, the largest raw logit of its allowed keys seen so far, and works with
   `z = beta * (s - M) + bias`, which is at most the bias (at most 0 without one);
 - with an additive bias (`bias=`, a position bias) the row also keeps `m`, the running maximum of
@@ -67,11 +67,10 @@ def custom_gradient(forward, backward, scale, inputs):
     return attend(*((scale,) if has_scale else ()), *inputs)
 
 
-def raw_logits(query, key, allowed=None):
-    """`query key^T` `(..., rows, keys)` in float32 (float64 for float64 inputs), `-inf` where not `allowed`."""
+def raw_logits(query, key):
+    """`query key^T` `(..., rows, keys)` in float32 (float64 for float64 inputs)."""
     logits = tf.matmul(query, key, transpose_b=True)
-    logits = tf.cast(logits, float_math_dtype(logits.dtype))
-    return logits if allowed is None else exclude(logits, allowed)
+    return tf.cast(logits, float_math_dtype(logits.dtype))
 
 
 def exclude(logits, allowed):
