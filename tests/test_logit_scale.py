@@ -81,11 +81,14 @@ def test_every_kernel_is_exact_for_logits_up_to_1e30(kernel_name, beta):
 
 @pytest.mark.parametrize("kernel_name", sorted(KERNELS))
 @pytest.mark.parametrize("beta", BETAS_UP_TO_THE_LIMIT)
-def test_every_kernel_takes_beta_up_to_the_float32_limit(kernel_name, beta):
-    # Logits 1e-30 .. 1e14 in size, so beta * logit overflows float32; none below float32's
-    # smallest normal number (1.2e-38), which the CPU's matmul flushes to 0 on every path.
+@pytest.mark.parametrize("largest_logit", [1e14, 1e30])
+def test_every_kernel_takes_beta_up_to_the_float32_limit(kernel_name, beta, largest_logit):
+    # Logits from 1e-14 (1e-30 for the smaller set) up to `largest_logit` in size, so beta * logit
+    # overflows float32; none below float32's smallest normal number (1.2e-38), which the CPU's
+    # matmul flushes to 0 on every path.
     query, key, value, mask = _huge_logit_inputs(seed=7, smallest=-14)
-    query, key = query * 1e-8, key * 1e-8
+    factor = np.sqrt(largest_logit / 1e30)
+    query, key = query * factor, key * factor
     pattern = _pattern_for(kernel_name, query, key, value)
     output = scaled_dot_product_attention(query, key, value, mask=mask, pattern=pattern, scale=beta, implementation=kernel_name)
     want, _ = reference.attention(query, key, value, mask=mask & _pattern_mask(pattern, LENGTH), scale=beta)
