@@ -97,6 +97,7 @@ class LinformerSelfAttention(ProjectedSelfAttention):
             ("cross", "Its length projections are over the positions of the query sequence itself."),
             ("attention_mask", "A query attends to projected keys that mix every token: no per-token mask applies."),
         ),
+        scores_over_tokens=False,
     )
 
     def __init__(
