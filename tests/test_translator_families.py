@@ -16,6 +16,7 @@ from models.translation_text import detokenize
 from models.translator import build_translator
 from models.translator_self_attention import CHOICES
 from pipelines import train_translator
+from pipelines.batching import with_counted_batches
 from pipelines.translation_data import make_dataset
 from tests.test_decoding import _oracle_beam
 from tests.test_decoding import _oracle_greedy
@@ -44,7 +45,7 @@ def test_a_few_training_steps_lower_the_loss(attention):
     model = build_translator(tiny_config(vectorizers, attention=attention, attention_window=WINDOW))
     train_translator.compile_translator(model, 3e-3, total_steps=12)
     sources, targets = spanish_english_slice()
-    batches = make_dataset(vectorizers, sources[:256], targets[:256], tokens_per_batch=512).take(4).cache()
+    batches = with_counted_batches(make_dataset(vectorizers, sources[:256], targets[:256], tokens_per_batch=512).take(4))
     before = model.evaluate(batches, verbose=0, return_dict=True)["loss"]
     model.fit(batches, epochs=3, shuffle=False, verbose=0)
     assert model.evaluate(batches, verbose=0, return_dict=True)["loss"] < before - 0.5
