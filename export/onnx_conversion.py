@@ -6,6 +6,8 @@ convertible is what the exports use.
 
 from appkit.logs import TF_TABLE_INITIALIZER
 from appkit.logs import dropping_log_messages
+from keras_attn.capabilities import AttentionCapabilities
+from keras_attn.capabilities import unsupported
 
 OPSET = 18
 
@@ -19,3 +21,12 @@ def convert(function, path, **options):
         tf2onnx.convert.from_function(
             function, input_signature=function.input_signature, opset=OPSET, output_path=str(path), **options
         )
+
+
+def check_onnx_capable(model):
+    """Raises a `ValueError` naming the family (and its declared reason) of the first attention
+    layer inside `model` whose class declares `capabilities.onnx = False`."""
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        capabilities = getattr(type(layer), "capabilities", None)
+        if isinstance(capabilities, AttentionCapabilities) and not capabilities.onnx:
+            raise unsupported(layer, "onnx", f"an ONNX export of the model {model.name!r} (its layer {layer.path!r})")

@@ -30,6 +30,8 @@ class AttentionCapabilities:
         softmax: whether the scores are softmax probabilities (a row over its allowed keys sums
             to 1); linear attention's normalised kernel weights also sum to 1 but are not softmax.
         reasons: `(capability, why)` pairs saying why a capability is missing, quoted in errors.
+        scores_over_tokens: whether the returned scores' key axis is the key tokens (`False`
+            for Linformer's, over its projected keys): whether they say what a token attends to.
 
     Example:
 
@@ -47,6 +49,7 @@ class AttentionCapabilities:
     onnx: bool
     softmax: bool
     reasons: tuple = ()
+    scores_over_tokens: bool = True
 
     def __post_init__(self):
         if self.cache not in CACHE_KINDS:

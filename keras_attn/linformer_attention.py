@@ -99,6 +99,7 @@ class LinformerSelfAttention(ProjectedSelfAttention):
             ("cache", "Each new token changes every projected key and value (mixtures over all positions): nothing "
                       "computed for earlier tokens can be kept, so it cannot decode incrementally."),
         ),
+        scores_over_tokens=False,
     )
 
     def __init__(

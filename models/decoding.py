@@ -6,8 +6,10 @@ under `jit_compile=True` (XLA) alike.
 
 Two step functions share one search:
 
-- the cached step feeds only the newest token: each decoder block's self-attention writes its
-  key/value into a `(batch, 2, max_length, heads, head_dim)` cache at the step index, and the
+- the cached step feeds only the newest token: each decoder block's self-attention updates the
+  cache its family declares, from `TransformerDecoder.initial_self_attention_cache` (a key/value
+  family writes the token's key/value into a `(batch, 2, max_length, heads, head_dim)` cache at
+  the step index; a recurrent one, linear attention, adds it to its constant-size state), and the
   cross-attention keys/values of the encoder output are projected once before the loop;
 - the uncached step re-runs the full causal decoder over the buffer and reads the logits at
   the step index (the reference the cached one must match token for token).
@@ -31,7 +33,8 @@ def _check_length(max_length, model):
 
 
 def initial_self_caches(model, batch_size, max_length):
-    """One zero key/value cache `(batch, 2, max_length, heads, head_dim)` per decoder block."""
+    """Each decoder block's empty self-attention cache: a zero key/value cache `(batch, 2,
+    max_length, heads, head_dim)` or its family's recurrent state (`initial_self_attention_cache`)."""
     return [layer.initial_self_attention_cache(batch_size, max_length) for layer in model.decoder_layers]
 
 
@@ -43,8 +46,8 @@ def cross_attention_caches(model, encoder_output):
 def decoder_step(model, token, self_caches, cross_caches, source_padding_mask, index):
     """Logits `(batch, vocabulary)` for one token `(batch, 1)` at position `index`.
 
-    Each block writes the token's self-attention key/value into its cache at `index` and
-    attends over the cache (causally) and over its precomputed cross-attention cache.
+    Each block adds the token to its self-attention cache (a key/value cache at `index`, or a
+    recurrent state) and attends over it (causally) and over its precomputed cross-attention cache.
 
     Returns:
         `(logits, updated_self_caches)`.

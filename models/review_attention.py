@@ -24,9 +24,11 @@ class ReviewAttention:
     Attributes:
         probability: the classifier's positive-class probability.
         tokens: the tokens the attention branch read (vocabulary entries; `[UNK]` out of it).
-        maps: one `AttentionMap` `(heads, tokens, tokens)` per encoder block.
-        received: `(tokens,)` attention each token receives, averaged over blocks, heads and
-            queries (sums to 1).
+        maps: one `AttentionMap` `(heads, tokens, keys)` per encoder block; the keys are the
+            tokens, or `projection k` for a family whose scores are over projected keys
+            (`capabilities.scores_over_tokens` False, Linformer).
+        received: `(tokens,)` attention each token receives, averaged over the blocks whose keys
+            are the tokens, heads and queries (sums to 1; zeros when no block's keys are tokens).
     """
 
     probability: float
@@ -48,6 +50,15 @@ def explain_review(model, vectorizer, config, text):
     vocabulary = vectorizer.get_vocabulary()
     read = [int(i) for i in np.asarray(token_ids)[0, : config.sequence_length] if i != PADDING_ID]
     tokens = [vocabulary[i] for i in read]
-    maps = attention_maps({name: calls[0] for name, calls in capture.weights.items()}, tokens) if tokens else []
-    received = np.mean([m.weights.mean(axis=(0, 1)) for m in maps], axis=0) if maps else np.zeros(0)
+    if not tokens:
+        return ReviewAttention(probability, tokens, [], np.zeros(0))
+    weights = {name: calls[0] for name, calls in capture.weights.items()}
+    over_tokens = {layer.path: type(layer).capabilities.scores_over_tokens for layer in capture.layers}
+    keys = {
+        name: tokens if over_tokens[name] else [f"projection {k}" for k in range(layer_weights.shape[-1])]
+        for name, layer_weights in weights.items()
+    }
+    maps = attention_maps(weights, tokens, keys)
+    token_maps = [m.weights.mean(axis=(0, 1)) for m in maps if over_tokens[m.name]]
+    received = np.mean(token_maps, axis=0) if token_maps else np.zeros(len(tokens))
     return ReviewAttention(probability, tokens, maps, received)

@@ -21,6 +21,7 @@ import numpy as np
 from keras_attn import MaskedGlobalPooling
 from keras_attn import TokenAndPositionEmbedding
 from keras_attn import TransformerEncoder
+from keras_attn import attention_families
 from models.ngram_tfidf import NgramTfIdf
 from models.sparse_linear import SparseLinear
 
@@ -45,6 +46,8 @@ class SentimentClassifierConfig:
         position_encoding: "learned" or "sinusoidal".
         bigram_buckets: size of the hashed bigram space of the n-gram branch.
         tfidf_scale: norm of the TF-IDF vectors (see `NgramTfIdf`).
+        attention: the encoder blocks' self-attention family, a key of
+            `keras_attn.attention_families.FAMILIES` ("dense": the blocks' own softmax attention).
     """
 
     vocabulary_size: int = 20_000
@@ -59,8 +62,13 @@ class SentimentClassifierConfig:
     position_encoding: str = "learned"
     bigram_buckets: int = 2**18
     tfidf_scale: float = 10.0
+    attention: str = "dense"
 
     def __post_init__(self):
+        if self.attention not in attention_families.FAMILIES:
+            raise ValueError(
+                f"`attention` must be one of {sorted(attention_families.FAMILIES)}. Received: attention={self.attention!r}"
+            )
         if not self.pooling or any(mode not in _POOLING_MODES for mode in self.pooling):
             raise ValueError(
                 f"`pooling` must be a non-empty sequence of {_POOLING_MODES}. Received: pooling={self.pooling!r}"
@@ -79,6 +87,27 @@ class SentimentClassifierConfig:
         return cls(**{**values, "pooling": tuple(values["pooling"])})
 
 
+# Sizes of the families that need more than heads and head size: LSH's chunks and buckets
+# (Reformer: about `sequence_length / chunk_size` buckets), Linformer's projected keys.
+_FAMILY_OPTIONS = {
+    "lsh": lambda config: {"chunk_size": 64, "num_buckets": max(2, 2 * (config.sequence_length // 128)), "seed": 0},
+    "linformer": lambda config: {
+        "max_length": config.sequence_length, "projected_length": min(64, config.sequence_length), "seed": 0,
+    },
+}
+
+
+def self_attention_prototype(config):
+    """The encoder blocks' self-attention of `config.attention`, a prototype each block copies;
+    `None` for "dense" (the blocks' own `MultiHeadAttention`, with attention dropout)."""
+    if config.attention == "dense":
+        return None
+    options = _FAMILY_OPTIONS.get(config.attention, lambda config: {})(config)
+    return attention_families.build(
+        config.attention, num_heads=config.num_heads, key_dim=config.embedding_dim // config.num_heads, **options
+    )
+
+
 def _attention_logit(token_ids, config):
     """Encoder blocks over the first `sequence_length` tokens, masked pooling, dropout, logit `(batch, 1)`."""
     first_tokens = token_ids[:, : config.sequence_length]  # (batch, min(seq, sequence_length))
@@ -93,7 +122,11 @@ def _attention_logit(token_ids, config):
     hidden = keras.layers.Dropout(config.dropout, name="embedding_dropout")(hidden)
     for index in range(config.num_layers):
         hidden = TransformerEncoder(
-            config.intermediate_dim, config.num_heads, dropout=config.dropout, name=f"encoder_{index}"
+            config.intermediate_dim,
+            config.num_heads,
+            dropout=config.dropout,
+            self_attention=self_attention_prototype(config),
+            name=f"encoder_{index}",
         )(hidden)  # (batch, seq, embedding_dim)
     features = [MaskedGlobalPooling(mode, name=f"{mode}_pooling")(hidden) for mode in config.pooling]
     features = features[0] if len(features) == 1 else keras.layers.Concatenate(name="attention_features")(features)

@@ -15,6 +15,8 @@ from keras_attn.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.transformer_decoder import TransformerDecoder
 from keras_attn.transformer_encoder import TransformerEncoder
 from models.serialization import register_serializable
+from models.translator_self_attention import block_options
+from models.translator_self_attention import check_choice
 from models.vocabulary import PADDING_ID
 
 
@@ -32,6 +34,11 @@ class TranslatorConfig:
     num_decoder_layers: int = 2
     dropout: float = 0.1
     tie_embeddings: bool = True
+    attention: str = "dense"
+    attention_window: int = 8
+
+    def __post_init__(self):
+        check_choice(self.attention, self.attention_window)
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -51,7 +58,8 @@ class Translator(keras.Model):
     Encoder: token-and-position embedding + `num_encoder_layers` `TransformerEncoder` blocks.
     Decoder: token-and-position embedding + `num_decoder_layers` `TransformerDecoder` blocks
     (causal self-attention, cross-attention to the encoder output under the source padding
-    mask, feed-forward), then a projection to the target vocabulary, tied to the target
+    mask, feed-forward); both stacks' self-attention is the `attention` choice
+    (`models.translator_self_attention`), cross-attention always softmax attention. Then a projection to the target vocabulary, tied to the target
     token embedding when `tie_embeddings`. The blocks normalise first (pre-LN), so each stack
     ends with a layer normalisation.
 
@@ -67,6 +75,9 @@ class Translator(keras.Model):
         dropout: dropout rate in every block and after the embeddings.
         tie_embeddings: project the decoder output with the transposed target embedding matrix
             (plus a bias) instead of a separate `Dense`.
+        attention: the encoder and decoder self-attention, one of
+            `models.translator_self_attention.CHOICES` ("dense", "window", "linear").
+        attention_window: the window of `attention="window"` (`|i - j| < attention_window`).
         **kwargs: base `Model` arguments (`name`, `dtype`).
 
     Call arguments:
@@ -98,6 +109,8 @@ class Translator(keras.Model):
         num_decoder_layers=2,
         dropout=0.1,
         tie_embeddings=True,
+        attention="dense",
+        attention_window=8,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -116,6 +129,11 @@ class Translator(keras.Model):
         self.num_decoder_layers = num_decoder_layers
         self.dropout = dropout
         self.tie_embeddings = tie_embeddings
+        self.attention = attention
+        self.attention_window = attention_window
+
+        def self_attention(causal):
+            return block_options(attention, attention_window, num_heads, embedding_dim // num_heads, causal)
 
         self.source_embedding = TokenAndPositionEmbedding(
             source_vocabulary_size, sequence_length, embedding_dim, name="source_embedding"
@@ -127,13 +145,15 @@ class Translator(keras.Model):
         self.target_dropout = keras.layers.Dropout(dropout, name="target_dropout")
         self.encoder_layers = [
             TransformerEncoder(
-                intermediate_dim, num_heads, dropout=dropout, norm_first=True, name=f"encoder_{index}"
+                intermediate_dim, num_heads, dropout=dropout, norm_first=True, name=f"encoder_{index}",
+                **self_attention(causal=False),
             )
             for index in range(num_encoder_layers)
         ]
         self.decoder_layers = [
             TransformerDecoder(
-                intermediate_dim, num_heads, dropout=dropout, norm_first=True, name=f"decoder_{index}"
+                intermediate_dim, num_heads, dropout=dropout, norm_first=True, name=f"decoder_{index}",
+                **self_attention(causal=True),
             )
             for index in range(num_decoder_layers)
         ]
@@ -219,6 +239,8 @@ class Translator(keras.Model):
                 "num_decoder_layers": self.num_decoder_layers,
                 "dropout": self.dropout,
                 "tie_embeddings": self.tie_embeddings,
+                "attention": self.attention,
+                "attention_window": self.attention_window,
             }
         )
         return config

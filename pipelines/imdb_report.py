@@ -78,6 +78,7 @@ def report_html(summary, history, matrix, examples):
         ("test accuracy (ensemble)", f"{summary['test_accuracy']:.4f}"),
         *((f"test accuracy ({branch} branch)", f"{value:.4f}") for branch, value in summary["test_accuracy_by_branch"].items()),
         ("validation accuracy", f"{summary['validation_accuracy']:.4f}"),
+        ("attention family", summary["attention"]),
         ("epochs", summary["epochs_run"]),
         ("training seconds", summary["training_seconds"]),
         ("training examples / s", summary["train_examples_per_second"]),

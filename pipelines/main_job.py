@@ -75,6 +75,7 @@ def main(argv=None):
         )
     summary = {
         "test_accuracy": run.summary["test_accuracy"],
+        "attention": run.config.attention,
         "test_accuracy_by_branch": run.summary["test_accuracy_by_branch"],
         "validation_accuracy": run.summary["validation_accuracy"],
         "training_seconds": run.summary["training_seconds"],

@@ -1,6 +1,6 @@
 """Trains the Transformer translator on tab-separated sentence pairs and scores it on the test split.
 
-    python -m pipelines.train_translator [--data ../shared/data/spa-eng/spa-eng.zip]
+    python -m pipelines.train_translator [--data ../shared/data/spa-eng/spa-eng.zip] [--attention dense|window|linear]
         [--source es --target en] [--smoke] [--mixed-precision mixed_bfloat16] [--jit-compile]
         [--strategy {default,mirrored,multi_worker}] [--output-dir runs/translator] ...
 
@@ -11,7 +11,9 @@ split is written to `<output-dir>/split.json` (with the data file's SHA-256), th
 resumes training from the last finished epoch. After training, the best checkpoint is scored on
 the test split: token accuracy (teacher forcing) and BLEU (sacrebleu on detokenised greedy or
 beam-search translations). `<output-dir>/summary.json` holds the data counts, model, time, figures
-and example translations; `translator.keras` and `run_config.json` are what `pipelines.translate`
+and example translations; `--attention` picks the encoder and decoder self-attention
+(`models.translator_self_attention`: dense, window of `--attention-window` tokens, or linear; it is
+part of the model's config). `translator.keras` and `run_config.json` are what `pipelines.translate`
 and `python -m export.translator` read. `--evaluate-only` re-scores a finished run (e.g. with
 `--beam-size 4`). Training also writes `<output-dir>/report.html` (`pipelines.translator_report`):
 BLEU, curves and the cross-attention alignments of the example sentences, offline. On CPUs with bfloat16 units `--mixed-precision mixed_bfloat16` about halves the

@@ -32,6 +32,7 @@ def report_html(summary, history, example_maps):
         ("test BLEU", f"{summary['test_bleu']} on {summary['bleu_sentences']:,} sentences (beam {summary['beam_size']})"),
         ("BLEU signature", summary["bleu_signature"]),
         ("test token accuracy", f"{summary['test_token_accuracy']:.4f}"),
+        ("self-attention", summary["model"]["attention"]),
         ("epochs", summary["epochs_run"]),
         ("training seconds", summary["training_seconds"]),
         ("decoding seconds", summary["decoding_seconds"]),

@@ -21,7 +21,7 @@ from tests.test_explain_imdb import run  # noqa: F401  (the fixture)
 
 LABELS = [1, 0, 0, 1]  # the tiny model gets some right and some wrong
 SUMMARY = {
-    "test_accuracy": 0.5, "test_accuracy_by_branch": {"attention": 0.25, "ngram": 0.75}, "validation_accuracy": 0.6,
+    "test_accuracy": 0.5, "test_accuracy_by_branch": {"attention": 0.25, "ngram": 0.75}, "validation_accuracy": 0.6, "attention": "dense",
     "epochs_run": 2, "training_seconds": 12.5, "train_examples_per_second": 40.0, "data": {"source": "tiny", "test": 4},
     "exports": {
         "parity": {"reviews": 4, "onnx_max_abs_diff": 1.2e-7, "saved_model_cli_max_abs_diff": 6e-8},

@@ -61,8 +61,9 @@ def tiny_config(vectorizers, **overrides):
 
 
 @functools.lru_cache(maxsize=None)
-def tiny_translator(tie_embeddings=False, sharpen=4.0, end_bias=3.5):
-    """A 2+2-layer width-32 translator with sharpened random weights (no training: cheap).
+def tiny_translator(tie_embeddings=False, sharpen=4.0, end_bias=3.5, attention="dense", attention_window=8):
+    """A 2+2-layer width-32 translator with sharpened random weights (no training: cheap), its
+    self-attention the `attention` choice (`models.translator_self_attention`).
 
     The output projection is scaled by `sharpen` so that logits spread widely (far from ties)
     and the `[end]` logit is raised by `end_bias`, so that hypotheses differ per source and
@@ -72,7 +73,9 @@ def tiny_translator(tie_embeddings=False, sharpen=4.0, end_bias=3.5):
 
     keras.utils.set_random_seed(3)
     vectorizers = tiny_vectorizers()
-    model = build_translator(tiny_config(vectorizers, tie_embeddings=tie_embeddings))
+    model = build_translator(
+        tiny_config(vectorizers, tie_embeddings=tie_embeddings, attention=attention, attention_window=attention_window)
+    )
     if tie_embeddings:
         table = model.target_embedding.token_embedding.embeddings
     else:

@@ -27,6 +27,7 @@ from appkit.logs import ORT_QUANTIZATION_PREPROCESSING
 from appkit.logs import dropping_log_messages
 from export.imdb import onnx_predictor
 from export.imdb.onnx_predictor import MODEL_FILES
+from export.onnx_conversion import check_onnx_capable
 from export.onnx_conversion import convert
 from models import export_manifest
 from models.imdb_text import MODEL_ID
@@ -49,7 +50,9 @@ def write_int8_model(float_model, int8_model):
 def write_onnx_bundle(model, vocabulary_path, vocabulary_size, sequence_length, path):
     """Converts `model` with tf2onnx, quantises it, and writes the predictor bundle into `path`
     (created), its manifest last (`vocabulary_size`: the model's, which the predictor checks the
-    file against)."""
+    file against). A model with an attention family that does not export to ONNX raises the
+    `check_onnx_capable` error naming it, before anything is written."""
+    check_onnx_capable(model)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     signature = [tf.TensorSpec([None, None], tf.int32, name=INPUT_NAME)]

@@ -12,10 +12,28 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from export.onnx_conversion import check_onnx_capable
 from export.onnx_conversion import convert
 from models.decoding import cross_attention_caches
 from models.decoding import decoder_step
 from models.vocabulary import PADDING_ID
+
+
+def check_onnx_exportable(model):
+    """Raises a `ValueError` naming the family unless the translator can go into these graphs:
+    every attention layer exports to ONNX (`check_onnx_capable`) and every decoder block's
+    self-attention decodes with a key/value cache (the graphs carry the self-attention caches
+    as one stacked key/value tensor)."""
+    check_onnx_capable(model)
+    for layer in model.decoder_layers:
+        family = type(layer.self_attention)
+        if family.capabilities.cache != "key_value":
+            raise ValueError(
+                "The translator's ONNX graphs carry the decoder's self-attention caches as one stacked key/value "
+                f"tensor: its {model.attention!r} self-attention ({family.__name__}) declares "
+                f"cache={family.capabilities.cache!r}. Export the SavedModel alone (`--no-onnx`). "
+                f"Received: attention={model.attention!r}"
+            )
 
 
 def _stacked_caches(model):
@@ -83,6 +101,9 @@ def _dynamic_update_slice_to_onnx(ctx, node, name, args):
 
 
 def write_onnx(model, vectorizers, directory):
+    """Writes the two graphs, `decoding.json` and the vocabularies into `directory`
+    (`check_onnx_exportable` first)."""
+    check_onnx_exportable(model)
     os.makedirs(directory, exist_ok=True)
     encoder, step = onnx_functions(model)
     for name, function in (("encoder", encoder), ("decoder_step", step)):

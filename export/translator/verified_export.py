@@ -8,7 +8,10 @@ the highest present; `<export-dir>/models.config` lists it) holding:
 - the SavedModel (`export.translator.savedmodel`), raw source strings in, translations out;
   `assets.extra/tf_serving_warmup_requests` holds two `source` batches;
 - `onnx/encoder.onnx` and `onnx/decoder_step.onnx` with the vocabularies and
-  `onnx/decoding.json` (`export.translator.onnx_graphs`).
+  `onnx/decoding.json` (`export.translator.onnx_graphs`), unless `--no-onnx`. The ONNX graphs
+  carry a key/value self-attention cache: a translator whose self-attention family decodes with
+  another cache (`--attention linear`: a recurrent state) stops with an error naming the family
+  before anything is written; `--no-onnx` exports its SavedModel alone.
 
 Before the version directory appears (an atomic rename of a temporary directory), the export is
 checked on test sentences: the SavedModel reloaded in a fresh Python process with no project code
@@ -34,6 +37,7 @@ from export.serving_layout import publish
 from export.serving_layout import staging_directory
 from export.serving_layout import write_models_config
 from export.serving_layout import write_warmup_requests
+from export.translator.onnx_graphs import check_onnx_exportable
 from export.translator.onnx_graphs import onnx_greedy_decode
 from export.translator.onnx_graphs import write_onnx
 from export.translator.savedmodel import SIGNATURE_INPUT
@@ -62,8 +66,9 @@ def _first_mismatch(expected, received):
     return None
 
 
-def verify_export(model, vectorizers, version_dir, sentences):
-    """Raises `ExportVerificationError` unless the SavedModel and ONNX agree with Keras."""
+def verify_export(model, vectorizers, version_dir, sentences, onnx=True):
+    """Raises `ExportVerificationError` unless the SavedModel (and, with `onnx`, the ONNX greedy
+    decoder) agree with Keras."""
     decoder = make_decoder(model, vectorizers)
     expected_ids = np.concatenate(
         [decoder(vectorizers.source_ids(sentences[i : i + 256])).numpy() for i in range(0, len(sentences), 256)]
@@ -77,6 +82,8 @@ def verify_export(model, vectorizers, version_dir, sentences):
             if mismatch
             else f"SavedModel returned {len(reloaded)} translations for {len(expected_text)} sentences"
         )
+    if not onnx:
+        return {"sentences": len(sentences), "saved_model_matches": True}
     onnx_ids = np.concatenate(
         [
             onnx_greedy_decode(os.path.join(version_dir, "onnx"), vectorizers.source_ids(sentences[i : i + 256]))
@@ -92,21 +99,27 @@ def verify_export(model, vectorizers, version_dir, sentences):
     return {"sentences": len(sentences), "saved_model_matches": True, "onnx_matches": True}
 
 
-def export_translator(model, vectorizers, export_dir, sentences):
-    """Writes, verifies and atomically publishes `<export_dir>/translator/<version>`.
+def export_translator(model, vectorizers, export_dir, sentences, onnx=True):
+    """Writes, verifies and atomically publishes `<export_dir>/translator/<version>`: the
+    SavedModel, and with `onnx` the ONNX graphs (a model they cannot carry raises the
+    `check_onnx_exportable` error before anything is written).
 
     The same TF Serving layout as the IMDB export (`export.serving_layout`): built in a readable
     hidden directory beside the versions with warmup requests (one sentence, then a batch of up
     to 8), renamed to the next free version only once verified, then listed in `models.config`.
     """
+    if onnx:
+        check_onnx_exportable(model)
     model_dir = os.path.join(export_dir, MODEL_NAME)
     with staging_directory(model_dir) as staging:
         write_saved_model(model, vectorizers, str(staging))
         write_warmup_requests(staging, MODEL_NAME, SIGNATURE_INPUT, [sentences[:1], sentences[:8]])
-        write_onnx(model, vectorizers, os.path.join(staging, "onnx"))
+        if onnx:
+            write_onnx(model, vectorizers, os.path.join(staging, "onnx"))
         sizes = {"source": vectorizers.source.vocabulary_size(), "target": vectorizers.target.vocabulary_size()}
-        write_manifest(staging, MODEL_ID, "savedmodel+onnx", sizes, keras_attn.__version__, SIGNATURE_INPUT)
-        report = verify_export(model, vectorizers, str(staging), sentences)
+        export_format = "savedmodel+onnx" if onnx else "savedmodel"
+        write_manifest(staging, MODEL_ID, export_format, sizes, keras_attn.__version__, SIGNATURE_INPUT)
+        report = verify_export(model, vectorizers, str(staging), sentences, onnx)
         final = publish(staging, model_dir)
     write_models_config(export_dir)
     return str(final), report
@@ -117,12 +130,16 @@ def main(argv=None):
     parser.add_argument("--run", default="runs/translator", help="training output directory")
     parser.add_argument("--export-dir", default="artifacts/export", help="TF Serving base directory")
     parser.add_argument("--verify-sentences", type=positive_int, default=200, help="test sentences checked")
+    parser.add_argument(
+        "--no-onnx", dest="onnx", action="store_false",
+        help="export the SavedModel alone (a self-attention the ONNX graphs cannot carry, e.g. --attention linear)",
+    )
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     with user_errors_exit(parser.prog, args.debug):
         require_writable_directory(args.export_dir, "--export-dir")
         model, vectorizers, _ = load_run(args.run)
         sentences = held_out_sources(args.run, args.verify_sentences)
-        path, report = export_translator(model, vectorizers, args.export_dir, sentences)
+        path, report = export_translator(model, vectorizers, args.export_dir, sentences, args.onnx)
     print(json.dumps({"export": path, **report}, indent=2))
 
