@@ -11,11 +11,11 @@ from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.capabilities import AttentionCapabilities
 from keras_attn.capabilities import check_call
 from keras_attn.masks import pattern_mask
-from keras_attn.masks import merge_masks
-from keras_attn.masks import padding_mask_to_attention_mask
+from keras_attn.mask_arguments import as_4d_mask
+from keras_attn.mask_arguments import check_mask_shapes
+from keras_attn.mask_arguments import merged_mask
 from keras_attn.multi_head_arguments import checked_pattern
 from keras_attn.softmax import zero_masked
-from keras_attn.utils import check_padding_mask
 from keras_attn.utils import keras_mask
 from keras_attn.validation import check_position
 from keras_attn.validation import check_positive_int
@@ -420,7 +420,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         elif cache_update_index is not None and query_mask is not None:
             query_mask = _query_rows(query_mask, query, cache_update_index)
-        mask = self._attention_mask(query_mask, value_mask, key_mask, attention_mask)
+        mask = merged_mask(query_mask, value_mask, key_mask, attention_mask)
         if cache is None:
             if cache_update_index is not None:
                 raise ValueError(
@@ -432,7 +432,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             projected_query, projected_key, projected_value, cache = self._update_cache(
                 cache, query, key, value, cache_update_index
             )
-        _check_mask_shapes(
+        check_mask_shapes(
             projected_query,
             projected_key,
             query_mask=query_mask,
@@ -579,7 +579,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         cannot reach an override (a `ValueError` says so).
         """
         if len(query.shape) == 4:
-            mask = None if attention_mask is None else _as_4d_mask(attention_mask)
+            mask = None if attention_mask is None else as_4d_mask(attention_mask)
             attention = scaled_dot_product_attention(
                 query, key, value, mask=mask, is_causal=bool(use_causal_mask), scale=self._scale,
                 dropout_rate=self._dropout, training=training, seed_generator=self._dropout_seed_generator(),
@@ -635,28 +635,6 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             # One write of the new tokens into the cache; it is never re-assembled from K and V.
             cache = ops.slice_update(cache, (0, 0, cache_update_index, 0, 0), ops.cast(new_entries, cache.dtype))
         return projected_query, cache[:, 0], cache[:, 1], cache  # keys, values: (batch, max_len, kv_heads, dim)
-
-    def _attention_mask(self, query_mask, value_mask, key_mask, attention_mask):
-        """Merges padding masks and an explicit mask into one 4-D boolean mask (or `None`)."""
-        if attention_mask is not None:
-            rank = len(attention_mask.shape)
-            if rank not in (2, 3, 4):
-                raise ValueError(
-                    "`attention_mask` must have rank 2 (query_len, key_len), 3 (batch, query_len, "
-                    "key_len) or 4 (batch, heads, query_len, key_len). "
-                    f"Received: attention_mask.shape={tuple(attention_mask.shape)}"
-                )
-            if rank == 2:
-                attention_mask = ops.expand_dims(attention_mask, 0)  # (1, q, k)
-            if rank in (2, 3):
-                attention_mask = ops.expand_dims(attention_mask, 1)  # (batch, 1, q, k)
-        for name, padding in (("query_mask", query_mask), ("value_mask", value_mask), ("key_mask", key_mask)):
-            check_padding_mask(name, padding)
-        return merge_masks(
-            padding_mask_to_attention_mask(query_mask, None),
-            padding_mask_to_attention_mask(None, merge_masks(value_mask, key_mask)),
-            attention_mask,
-        )
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         """Keras's output shape; `value_shape=None` is self-attention (the query's)."""
@@ -758,14 +736,6 @@ def _overrides_compute_attention(layer):
     return type(layer)._compute_attention is not MultiHeadAttention._compute_attention
 
 
-def _as_4d_mask(mask):
-    """A `(q, k)`, `(batch, q, k)` or 4-D boolean mask as `(batch or 1, heads or 1, q, k)`."""
-    mask = ops.cast(mask, "bool")
-    while len(mask.shape) < 4:
-        mask = ops.expand_dims(mask, -3)
-    return mask
-
-
 def _check_cache_bounds(cache_update_index, new_len, max_len):
     """`cache_update_index`, checked so that the `new_len` new tokens fit in the `max_len` cache:
     a ValueError when everything is known now, else a run-time assertion (`ops.slice_update`
@@ -801,34 +771,3 @@ def _query_rows(query_mask, query, cache_update_index):
     start = ops.where(over_queries, 0, ops.cast(cache_update_index, "int32"))
     return ops.slice(query_mask, (0, start), (ops.shape(query_mask)[0], query_len))
 
-
-def _check_mask_shapes(projected_query, projected_key, **tensors):
-    """ValueError naming the mask/bias argument whose shape does not fit the query and key."""
-    batch, query_len, heads = projected_query.shape[:3]
-    key_len = projected_key.shape[1]
-    targets = {
-        "query_mask": [(batch, query_len)],
-        "value_mask": [(batch, key_len)],
-        "key_mask": [(batch, key_len)],
-        "attention_mask": [
-            (query_len, key_len),
-            (batch, query_len, key_len),
-            (batch, heads, query_len, key_len),
-        ],
-        "attention_bias": [(batch, heads, query_len, key_len)],
-    }
-    for name, tensor in tensors.items():
-        if tensor is None:
-            continue
-        shape = tuple(tensor.shape)
-        if not any(_broadcastable(shape, target) for target in targets[name]):
-            raise ValueError(
-                f"`{name}` must be broadcastable to {' or '.join(map(str, targets[name]))}. "
-                f"Received: {name}.shape={shape}"
-            )
-
-
-def _broadcastable(shape, target):
-    return len(shape) == len(target) and all(
-        received in (None, 1) or expected in (None, received) for received, expected in zip(shape, target)
-    )
