@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_attn import patterns
 from keras_attn import position_bias as position_biases
+from keras_attn import projections
 from keras_attn import window_cache
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.capabilities import AttentionCapabilities
@@ -262,21 +263,6 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     def attention_pattern(self):
         return self._attention_pattern
 
-    def _projection(self, name, heads, head_dim, activation=None):
-        """A `(batch, seq, features) -> (batch, seq, heads, head_dim)` projection, as Keras builds it."""
-        projection = keras.layers.EinsumDense(
-            "abc,cde->abde",
-            output_shape=(None, heads, head_dim),
-            bias_axes="de" if self._use_bias else None,
-            activation=activation,
-            name=name,
-            **self._get_common_kwargs_for_sublayer(),
-        )
-        # A per-position projection keeps a padding mask valid; this layer reads the masks
-        # from its `*_mask` arguments, so the projections only need not to drop (and warn).
-        projection.supports_masking = True
-        return projection
-
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape  # self-attention
         key_shape = value_shape if key_shape is None else key_shape
@@ -303,15 +289,15 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                     )
             super().build(query_shape, value_shape, key_shape)  # Keras's einsum projections
             return
-        self._query_dense = self._projection("query", self._num_heads, self._key_dim)
+        self._query_dense = projections.projection(self, "query", self._num_heads, self._key_dim)
         self._query_dense.build(query_shape)
-        self._key_dense = self._projection("key", self._num_key_value_heads, self._key_dim)
+        self._key_dense = projections.projection(self, "key", self._num_key_value_heads, self._key_dim)
         self._key_dense.build(key_shape)
         # The gate is built before the value projection: Keras's weight order for `set_weights`.
         if self._use_gate:
-            self._gate_dense = self._projection("gate", self._num_heads, self._value_dim, activation="sigmoid")
+            self._gate_dense = projections.projection(self, "gate", self._num_heads, self._value_dim, activation="sigmoid")
             self._gate_dense.build(query_shape)
-        self._value_dense = self._projection("value", self._num_key_value_heads, self._value_dim)
+        self._value_dense = projections.projection(self, "value", self._num_key_value_heads, self._value_dim)
         self._value_dense.build(value_shape)
         self._build_attention(4)  # Keras's einsum equations and softmax, for the `_compute_attention` hook
         self._output_dense = self._make_output_dense(
@@ -323,64 +309,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         """The seed generator of Keras's attention dropout layer (one per layer, as in Keras), or `None`."""
         return self._dropout_layer.seed_generator if self._dropout > 0 else None
 
-    def _quantized(self, *projections):
-        return any(projection.quantization_mode is not None for projection in projections)
-
     def _fused_qkv(self, inputs):
         """One matmul for the query, key and value projections of the same tensor."""
-        projections = (self._query_dense, self._key_dense, self._value_dense)
-        kernel = ops.concatenate(
-            [ops.reshape(p.kernel, (ops.shape(p.kernel)[0], -1)) for p in projections], axis=-1
-        )  # (features, (heads + 2 * kv_heads) * head_dim)
-        bias = ops.concatenate([ops.reshape(p.bias, (-1,)) for p in projections], axis=0) if self.use_bias else None
-        fused = self._affine(inputs, kernel, bias)  # (batch, seq, fused)
-        sizes = [
-            self.num_heads * self.key_dim,
-            self.num_key_value_heads * self.key_dim,
-            self.num_key_value_heads * self.value_dim,
-        ]
-        query, key, value = ops.split(fused, [sizes[0], sizes[0] + sizes[1]], axis=-1)
-        batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
-        query = ops.reshape(query, (batch, length, self.num_heads, self.key_dim))
-        key = ops.reshape(key, (batch, length, self.num_key_value_heads, self.key_dim))
-        value = ops.reshape(value, (batch, length, self.num_key_value_heads, self.value_dim))
-        return query, key, value
-
-    def _output_projection(self, attended):
-        """`_output_dense` as one 2-D matmul: `(batch, query_len, heads, value_dim)` -> `(batch, query_len, output_dim)`.
-
-        The same weights and result as calling the `EinsumDense`, which lowers `abcd,cde->abe` to
-        a batched matmul whose kernel gradient is computed per batch element and then summed.
-        """
-        if self._quantized(self._output_dense):
-            return self._output_dense(attended)  # integer kernel and scale: the layer's own quantized call
-        kernel = self._output_dense.kernel  # (heads, value_dim, output_dim)
-        width = self.num_heads * self.value_dim
-        batch, length = ops.shape(attended)[0], ops.shape(attended)[1]
-        attended = ops.reshape(attended, (batch, length, width))  # (batch, query_len, heads * value_dim)
-        bias = self._output_dense.bias if self.use_bias else None
-        return self._affine(attended, ops.reshape(kernel, (width, -1)), bias)  # (batch, query_len, output_dim)
-
-    def _affine(self, inputs, kernel, bias):
-        """`inputs (..., in) @ kernel (in, out) + bias (out,)` in the compute dtype, as 2-D matmuls.
-
-        `ops.add` of a vector is a `BiasAdd` on TensorFlow, whose gradient is a fast reduction
-        (`+` gives an `AddV2` reduced by a slow column sum).
-        """
-        outputs = ops.matmul(inputs, ops.cast(kernel, self.compute_dtype))
-        if bias is not None:
-            outputs = ops.add(outputs, ops.cast(bias, self.compute_dtype))
-        return outputs
-
-    def _project(self, query, key, value):
-        """Projected `(batch, seq, heads, dim)` query, key and value; one matmul for a self-attention input.
-
-        Quantized projections run through their own layers (their kernels are integers plus scales).
-        """
-        projections = (self._query_dense, self._key_dense, self._value_dense)
-        if query is value and key is value and not self._quantized(*projections):
-            return self._fused_qkv(query)
-        return self._query_dense(query), self._key_dense(key), self._value_dense(value)
+        return projections.fused_qkv(self, inputs)
 
     def call(
         self,
@@ -427,7 +358,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                     "`cache_update_index` needs a `cache`. Received: cache=None, "
                     f"cache_update_index={cache_update_index}"
                 )
-            projected_query, projected_key, projected_value = self._project(query, key, value)
+            projected_query, projected_key, projected_value = projections.project(self, query, key, value)
         else:
             projected_query, projected_key, projected_value, cache = self._update_cache(
                 cache, query, key, value, cache_update_index
@@ -482,7 +413,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         """The gate and the output projection; `output[, weights][, cache]`."""
         if self._use_gate:
             attended = attended * self._gate_dense(query)
-        output = self._output_projection(attended)  # (batch, query_len, output_dim)
+        output = projections.output_projection(self, attended)  # (batch, query_len, output_dim)
         results = (output,)
         if return_attention_scores:
             results += (weights,)
@@ -624,7 +555,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         if cache_update_index is None:
             projected_query = self._query_dense(query)
         else:
-            projected_query, new_key, new_value = self._project(query, key, value)
+            projected_query, new_key, new_value = projections.project(self, query, key, value)
             new_entries = ops.stack((new_key, new_value), axis=1)  # (batch, 2, query_len, kv_heads, dim)
             if window_cache.is_window_cache(self._sliding_window, cache, cache_update_index):
                 check_position("cache_update_index", cache_update_index)  # a ring buffer has no end
