@@ -1,4 +1,11 @@
-"""Multi-head attention: a subclass of `keras.layers.MultiHeadAttention` with exact masking and fast paths."""
+"""Multi-head attention: a subclass of `keras.layers.MultiHeadAttention` with exact masking and fast paths.
+
+The class keeps Keras's hooks and the public API; its parts live beside it, one concept each:
+`multi_head_arguments` (the constructor checks), `projections` (fused QKV, output projection),
+`mask_arguments` (merging and checking the mask arguments), `key_value_cache` (what a cached call
+attends over; the ring buffer is `window_cache`) and `keras_compatibility` (Keras's einsum path for
+other axes, a subclass's `_compute_attention` hook, the shape and axes checks).
+"""
 
 import keras
 from keras import ops
