@@ -1,31 +1,29 @@
-"""Multi-head attention: a subclass of `keras.layers.MultiHeadAttention` with exact masking and fast paths."""
+"""Multi-head attention: a subclass of `keras.layers.MultiHeadAttention` with exact masking and fast paths.
+
+The class keeps Keras's hooks and the public API; its parts live beside it, one concept each:
+`multi_head_arguments` (the constructor checks), `projections` (fused QKV, output projection),
+`mask_arguments` (merging and checking the mask arguments), `key_value_cache` (what a cached call
+attends over; the ring buffer is `window_cache`) and `keras_compatibility` (Keras's einsum path for
+other axes, a subclass's `_compute_attention` hook, the shape and axes checks).
+"""
 
 import keras
-import numpy as np
-import tensorflow as tf
 from keras import ops
 
-from keras_attn import patterns
+from keras_attn import keras_compatibility
+from keras_attn import key_value_cache
 from keras_attn import position_bias as position_biases
+from keras_attn import projections
 from keras_attn import window_cache
-from keras_attn.attention import ATTENTION_IMPLEMENTATIONS
 from keras_attn.attention import scaled_dot_product_attention
 from keras_attn.capabilities import AttentionCapabilities
 from keras_attn.capabilities import check_call
-from keras_attn.masks import pattern_mask
-from keras_attn.masks import merge_masks
-from keras_attn.masks import padding_mask_to_attention_mask
+from keras_attn.mask_arguments import as_4d_mask
+from keras_attn.mask_arguments import check_mask_shapes
+from keras_attn.mask_arguments import merged_mask
+from keras_attn.multi_head_arguments import checked_pattern
 from keras_attn.softmax import zero_masked
-from keras_attn.validation import check_bool
-from keras_attn.validation import check_choice
-from keras_attn.utils import check_padding_mask
 from keras_attn.utils import keras_mask
-from keras_attn.validation import check_position
-from keras_attn.validation import check_positive_int
-from keras_attn.validation import check_rate
-from keras_attn.validation import check_scale
-
-_SEQUENCE_AXIS = (1,)  # the attention axes of (batch, seq, features) inputs, resolved
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -187,32 +185,12 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         position_bias=None,
         **kwargs,
     ):
-        # num_heads, key_dim and value_dim: Keras's own constructor checks them, naming each, but
-        # takes True for 1.
-        for name, size in (("num_heads", num_heads), ("key_dim", key_dim), ("value_dim", value_dim)):
-            if isinstance(size, (bool, np.bool_)):
-                raise ValueError(f"Invalid argument `{name}`: a positive integer, not a boolean. Received: {name}={size!r}")
-        check_positive_int("sliding_window", sliding_window, allow_none=True)
-        check_rate("dropout", dropout)
-        check_scale(scale)
-        for name, flag in (("hard", hard), ("use_bias", use_bias), ("use_gate", use_gate)):
-            check_bool(name, flag)
-        check_bool("flash_attention", flash_attention, allow_none=True)
-        if isinstance(attention_axes, (list, tuple)) and not attention_axes:
-            raise ValueError(
-                f"`attention_axes` must be None, an int or a non-empty sequence of ints. Received: attention_axes={attention_axes!r}"
-            )
-        attention_pattern = patterns.get(attention_pattern, "attention_pattern")
-        check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
-        if num_key_value_heads is not None and isinstance(num_heads, int) and num_heads % num_key_value_heads:
-            raise ValueError(
-                "`num_key_value_heads` must divide `num_heads`. Received: "
-                f"num_heads={num_heads}, num_key_value_heads={num_key_value_heads}"
-            )
-        check_choice("implementation", implementation, ATTENTION_IMPLEMENTATIONS)
-        trailing = (output_shape,) if isinstance(output_shape, int) else output_shape
-        if isinstance(trailing, (list, tuple)) and not all(isinstance(d, int) and d > 0 for d in trailing):
-            raise ValueError(f"Invalid `output_shape`: its sizes must be positive ints. Received: output_shape={output_shape}")
+        attention_pattern = checked_pattern(
+            num_heads=num_heads, key_dim=key_dim, value_dim=value_dim, dropout=dropout, use_bias=use_bias,
+            output_shape=output_shape, attention_axes=attention_axes, sliding_window=sliding_window,
+            flash_attention=flash_attention, use_gate=use_gate, num_key_value_heads=num_key_value_heads,
+            implementation=implementation, scale=scale, hard=hard, attention_pattern=attention_pattern,
+        )
         super().__init__(
             num_heads,
             key_dim,
@@ -253,11 +231,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         Needs `key_dim == value_dim`, as every cache does. The sizes may be scalar int tensors
         (a batch known when a graph runs).
         """
-        for name, size in (("batch_size", batch_size), ("max_length", max_length)):
-            if not ops.is_tensor(size):
-                check_positive_int(name, size)
-        length = window_cache.cache_length(self._sliding_window, max_length)
-        return ops.zeros((batch_size, 2, length, self._num_key_value_heads, self._key_dim), self.compute_dtype)
+        return key_value_cache.initial_cache(self, batch_size, max_length)
 
     @property
     def num_key_value_heads(self):
@@ -287,56 +261,27 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     def attention_pattern(self):
         return self._attention_pattern
 
-    def _projection(self, name, heads, head_dim, activation=None):
-        """A `(batch, seq, features) -> (batch, seq, heads, head_dim)` projection, as Keras builds it."""
-        projection = keras.layers.EinsumDense(
-            "abc,cde->abde",
-            output_shape=(None, heads, head_dim),
-            bias_axes="de" if self._use_bias else None,
-            activation=activation,
-            name=name,
-            **self._get_common_kwargs_for_sublayer(),
-        )
-        # A per-position projection keeps a padding mask valid; this layer reads the masks
-        # from its `*_mask` arguments, so the projections only need not to drop (and warn).
-        projection.supports_masking = True
-        return projection
-
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape  # self-attention
         key_shape = value_shape if key_shape is None else key_shape
-        _check_input_shapes(query_shape, value_shape, key_shape)
-        _check_attention_axes(self._attention_axes, query_shape)
-        self._sequence_attention = _attends_over_the_sequence(
+        keras_compatibility.check_input_shapes(query_shape, value_shape, key_shape)
+        keras_compatibility.check_attention_axes(self._attention_axes, query_shape)
+        self._sequence_attention = keras_compatibility.attends_over_the_sequence(
             query_shape, value_shape, key_shape, self._attention_axes, self._output_shape
         )
         if not self._sequence_attention:
-            sequence_only = {
-                "num_key_value_heads": self._num_key_value_heads if self._num_key_value_heads != self._num_heads else None,
-                "sliding_window": self._sliding_window,
-                "implementation": self.implementation if self.implementation not in ("auto", "dense") else None,
-                "hard": True if self._hard else None,
-                "attention_pattern": self._attention_pattern,
-                "position_bias": self._position_bias,
-            }
-            for name, value in sequence_only.items():
-                if value is not None:
-                    raise ValueError(
-                        f"`{name}` needs (batch, seq, features) inputs attending over axis 1 and a 1-D "
-                        f"`output_shape`. Received: {name}={value!r}, query_shape={tuple(query_shape)}, "
-                        f"attention_axes={self._attention_axes}, output_shape={self._output_shape}"
-                    )
+            keras_compatibility.check_sequence_options(self, query_shape)
             super().build(query_shape, value_shape, key_shape)  # Keras's einsum projections
             return
-        self._query_dense = self._projection("query", self._num_heads, self._key_dim)
+        self._query_dense = projections.projection(self, "query", self._num_heads, self._key_dim)
         self._query_dense.build(query_shape)
-        self._key_dense = self._projection("key", self._num_key_value_heads, self._key_dim)
+        self._key_dense = projections.projection(self, "key", self._num_key_value_heads, self._key_dim)
         self._key_dense.build(key_shape)
         # The gate is built before the value projection: Keras's weight order for `set_weights`.
         if self._use_gate:
-            self._gate_dense = self._projection("gate", self._num_heads, self._value_dim, activation="sigmoid")
+            self._gate_dense = projections.projection(self, "gate", self._num_heads, self._value_dim, activation="sigmoid")
             self._gate_dense.build(query_shape)
-        self._value_dense = self._projection("value", self._num_key_value_heads, self._value_dim)
+        self._value_dense = projections.projection(self, "value", self._num_key_value_heads, self._value_dim)
         self._value_dense.build(value_shape)
         self._build_attention(4)  # Keras's einsum equations and softmax, for the `_compute_attention` hook
         self._output_dense = self._make_output_dense(
@@ -344,68 +289,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         )
         self._output_dense.build((None, None, self._num_heads, self._value_dim))
 
-    def _dropout_seed_generator(self):
-        """The seed generator of Keras's attention dropout layer (one per layer, as in Keras), or `None`."""
-        return self._dropout_layer.seed_generator if self._dropout > 0 else None
-
-    def _quantized(self, *projections):
-        return any(projection.quantization_mode is not None for projection in projections)
-
     def _fused_qkv(self, inputs):
         """One matmul for the query, key and value projections of the same tensor."""
-        projections = (self._query_dense, self._key_dense, self._value_dense)
-        kernel = ops.concatenate(
-            [ops.reshape(p.kernel, (ops.shape(p.kernel)[0], -1)) for p in projections], axis=-1
-        )  # (features, (heads + 2 * kv_heads) * head_dim)
-        bias = ops.concatenate([ops.reshape(p.bias, (-1,)) for p in projections], axis=0) if self.use_bias else None
-        fused = self._affine(inputs, kernel, bias)  # (batch, seq, fused)
-        sizes = [
-            self.num_heads * self.key_dim,
-            self.num_key_value_heads * self.key_dim,
-            self.num_key_value_heads * self.value_dim,
-        ]
-        query, key, value = ops.split(fused, [sizes[0], sizes[0] + sizes[1]], axis=-1)
-        batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
-        query = ops.reshape(query, (batch, length, self.num_heads, self.key_dim))
-        key = ops.reshape(key, (batch, length, self.num_key_value_heads, self.key_dim))
-        value = ops.reshape(value, (batch, length, self.num_key_value_heads, self.value_dim))
-        return query, key, value
-
-    def _output_projection(self, attended):
-        """`_output_dense` as one 2-D matmul: `(batch, query_len, heads, value_dim)` -> `(batch, query_len, output_dim)`.
-
-        The same weights and result as calling the `EinsumDense`, which lowers `abcd,cde->abe` to
-        a batched matmul whose kernel gradient is computed per batch element and then summed.
-        """
-        if self._quantized(self._output_dense):
-            return self._output_dense(attended)  # integer kernel and scale: the layer's own quantized call
-        kernel = self._output_dense.kernel  # (heads, value_dim, output_dim)
-        width = self.num_heads * self.value_dim
-        batch, length = ops.shape(attended)[0], ops.shape(attended)[1]
-        attended = ops.reshape(attended, (batch, length, width))  # (batch, query_len, heads * value_dim)
-        bias = self._output_dense.bias if self.use_bias else None
-        return self._affine(attended, ops.reshape(kernel, (width, -1)), bias)  # (batch, query_len, output_dim)
-
-    def _affine(self, inputs, kernel, bias):
-        """`inputs (..., in) @ kernel (in, out) + bias (out,)` in the compute dtype, as 2-D matmuls.
-
-        `ops.add` of a vector is a `BiasAdd` on TensorFlow, whose gradient is a fast reduction
-        (`+` gives an `AddV2` reduced by a slow column sum).
-        """
-        outputs = ops.matmul(inputs, ops.cast(kernel, self.compute_dtype))
-        if bias is not None:
-            outputs = ops.add(outputs, ops.cast(bias, self.compute_dtype))
-        return outputs
-
-    def _project(self, query, key, value):
-        """Projected `(batch, seq, heads, dim)` query, key and value; one matmul for a self-attention input.
-
-        Quantized projections run through their own layers (their kernels are integers plus scales).
-        """
-        projections = (self._query_dense, self._key_dense, self._value_dense)
-        if query is value and key is value and not self._quantized(*projections):
-            return self._fused_qkv(query)
-        return self._query_dense(query), self._key_dense(key), self._value_dense(value)
+        return projections.fused_qkv(self, inputs)
 
     def call(
         self,
@@ -432,32 +318,19 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         if key is None:
             key = value
         if not self._sequence_attention:
-            return self._call_over_attention_axes(
-                query, value, key, query_mask, value_mask, key_mask, attention_mask,
+            return keras_compatibility.call_over_attention_axes(
+                self, query, value, key, query_mask, value_mask, key_mask, attention_mask,
                 return_attention_scores, training, use_causal_mask, attention_bias, cache, cache_update_index,
             )
         ring = cache is not None and window_cache.is_window_cache(self._sliding_window, cache, cache_update_index)
-        if ring:  # key masks cover the slots as received; the new tokens are keys too
-            window_cache.check_causal(use_causal_mask, self._sliding_window, cache)
-            value_mask, key_mask = (
-                window_cache.extend_key_mask(name, padding, self._sliding_window, ops.shape(query)[1])
-                for name, padding in (("value_mask", value_mask), ("key_mask", key_mask))
-            )
-        elif cache_update_index is not None and query_mask is not None:
-            query_mask = _query_rows(query_mask, query, cache_update_index)
-        mask = self._attention_mask(query_mask, value_mask, key_mask, attention_mask)
-        if cache is None:
-            if cache_update_index is not None:
-                raise ValueError(
-                    "`cache_update_index` needs a `cache`. Received: cache=None, "
-                    f"cache_update_index={cache_update_index}"
-                )
-            projected_query, projected_key, projected_value = self._project(query, key, value)
-        else:
-            projected_query, projected_key, projected_value, cache = self._update_cache(
-                cache, query, key, value, cache_update_index
-            )
-        _check_mask_shapes(
+        query_mask, value_mask, key_mask = key_value_cache.padding_masks(
+            self, query, query_mask, value_mask, key_mask, use_causal_mask, cache, cache_update_index
+        )
+        mask = merged_mask(query_mask, value_mask, key_mask, attention_mask)
+        projected_query, projected_key, projected_value, cache = key_value_cache.projected(
+            self, query, key, value, cache, cache_update_index
+        )
+        check_mask_shapes(
             projected_query,
             projected_key,
             query_mask=query_mask,
@@ -466,103 +339,37 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             attention_mask=attention_mask,
             attention_bias=attention_bias,
         )
-        offset = 0 if cache_update_index is None else cache_update_index
-        pattern, sliding_window, position_bias, bias = (
-            self._attention_pattern, self._sliding_window, self._position_bias, attention_bias
+        options = key_value_cache.attention_options(
+            self, mask, attention_bias, use_causal_mask, ring, cache_update_index, ops.shape(query)[1]
         )
-        if ring:  # the pattern and position bias at the keys' true positions, in the mask and the bias
-            mask, bias = window_cache.mask_and_bias(self, mask, attention_bias, use_causal_mask, offset, ops.shape(query)[1])
-            use_causal_mask, offset, pattern, sliding_window, position_bias = False, 0, None, None, None
-        if _overrides_compute_attention(self):
-            attended, weights = self._hooked_attention(
-                projected_query, projected_key, projected_value, mask, attention_bias,
-                patterns.from_shorthands(pattern, use_causal_mask, sliding_window), offset, training,
+        if type(self)._compute_attention is MultiHeadAttention._compute_attention:
+            # (batch, query_len, heads, value_dim)[, (batch, heads, query_len, key_len)]
+            attended, weights = self._attend(
+                projected_query, projected_key, projected_value, training, return_attention_scores, **options
+            )
+        else:  # a subclass's hook
+            attended, weights = keras_compatibility.hooked_attention(
+                self, projected_query, projected_key, projected_value, attention_bias, options, training,
                 return_attention_scores,
             )
-            return self._finish(query, attended, weights, cache, return_attention_scores)
-        # (batch, query_len, heads, value_dim)[, (batch, heads, query_len, key_len)]
-        attention = scaled_dot_product_attention(
-            projected_query,
-            projected_key,
-            projected_value,
-            mask=mask,
-            bias=bias,
-            is_causal=bool(use_causal_mask),  # Keras takes any truthy value
-            sliding_window=sliding_window,
-            pattern=pattern,
-            query_offset=offset,
-            scale=self._scale,
-            dropout_rate=self.dropout,
-            training=training,
-            seed_generator=self._dropout_seed_generator(),
-            return_weights=return_attention_scores,
-            implementation=self.implementation,
-            hard=self._hard,
-            position_bias=position_bias,
-        )
-        attended, weights = attention if return_attention_scores else (attention, None)
         return self._finish(query, attended, weights, cache, return_attention_scores)
+
+    def _attend(self, query, key, value, training, return_attention_scores, **options):
+        """`scaled_dot_product_attention` with the layer's scale, dropout (the seed generator of Keras's
+        dropout layer, one per layer), `implementation` and `hard`: `(output, weights or None)`."""
+        attention = scaled_dot_product_attention(
+            query, key, value, scale=self._scale, dropout_rate=self._dropout, training=training,
+            seed_generator=self._dropout_layer.seed_generator if self._dropout > 0 else None,
+            return_weights=return_attention_scores, implementation=self.implementation, hard=self._hard, **options,
+        )
+        return attention if return_attention_scores else (attention, None)
 
     def _finish(self, query, attended, weights, cache, return_attention_scores):
         """The gate and the output projection; `output[, weights][, cache]`."""
         if self._use_gate:
             attended = attended * self._gate_dense(query)
-        output = self._output_projection(attended)  # (batch, query_len, output_dim)
-        results = (output,)
-        if return_attention_scores:
-            results += (weights,)
-        if cache is not None:
-            results += (cache,)
-        return results[0] if len(results) == 1 else results
-
-    def _hooked_attention(
-        self, projected_query, projected_key, projected_value, mask, attention_bias, pattern, offset, training,
-        return_attention_scores,
-    ):
-        """A subclass's `_compute_attention`, called as Keras calls it: every mask merged (`pattern`
-        with the queries at `offset`), no causal flag."""
-        if attention_bias is not None:
-            raise ValueError(
-                "`attention_bias` cannot reach an overridden `_compute_attention` (its signature has no "
-                f"bias). Received: attention_bias.shape={tuple(attention_bias.shape)}"
-            )
-        if self._position_bias is not None:
-            raise ValueError(
-                "`position_bias` cannot reach an overridden `_compute_attention` (its signature has no "
-                f"bias). Received: position_bias={self._position_bias!r}"
-            )
-        query_len, key_len = ops.shape(projected_query)[1], ops.shape(projected_key)[1]
-        mask = pattern_mask(mask, pattern, query_len, key_len, offset)
-        return self._compute_attention(
-            projected_query, projected_key, projected_value, mask, training, return_attention_scores
-        )
-
-    def _call_over_attention_axes(
-        self, query, value, key, query_mask, value_mask, key_mask, attention_mask,
-        return_attention_scores, training, use_causal_mask, attention_bias, cache, cache_update_index,
-    ):
-        """Keras's einsum path for other ranks, axes and output shapes, with this layer's masking rules."""
-        unsupported = {"attention_bias": attention_bias, "cache": cache, "cache_update_index": cache_update_index}
-        for name, given in unsupported.items():
-            if given is not None:
-                raise ValueError(
-                    f"`{name}` needs (batch, seq, features) inputs attending over axis 1 and a 1-D "
-                    f"`output_shape`. Received: query.shape={tuple(query.shape)}, "
-                    f"attention_axes={self._attention_axes}, output_shape={self._output_shape}"
-                )
-        mask = self._compute_attention_mask(
-            query, value, query_mask=query_mask, value_mask=value_mask, key_mask=key_mask,
-            attention_mask=attention_mask, use_causal_mask=use_causal_mask,
-        )
-        gate = self._gate_dense(query) if self._use_gate else None
-        attended, weights = self._compute_attention(
-            self._query_dense(query), self._key_dense(key), self._value_dense(value), mask, training,
-            return_attention_scores,
-        )
-        if gate is not None:
-            attended = attended * gate
-        output = self._output_dense(attended)
-        return (output, weights) if return_attention_scores else output
+        output = projections.output_projection(self, attended)  # (batch, query_len, output_dim)
+        return _results(output, weights, cache, return_attention_scores)
 
     def _compute_attention(
         self, query, key, value, attention_mask=None, training=None, return_attention_scores=False,
@@ -604,13 +411,10 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         cannot reach an override (a `ValueError` says so).
         """
         if len(query.shape) == 4:
-            mask = None if attention_mask is None else _as_4d_mask(attention_mask)
-            attention = scaled_dot_product_attention(
-                query, key, value, mask=mask, is_causal=bool(use_causal_mask), scale=self._scale,
-                dropout_rate=self._dropout, training=training, seed_generator=self._dropout_seed_generator(),
-                return_weights=return_attention_scores, implementation=self.implementation, hard=self._hard,
+            mask = None if attention_mask is None else as_4d_mask(attention_mask)
+            return self._attend(
+                query, key, value, training, return_attention_scores, mask=mask, is_causal=bool(use_causal_mask)
             )
-            return attention if return_attention_scores else (attention, None)
         if use_causal_mask:
             causal = self._compute_causal_mask(query, value)  # (1, query_len, key_len)
             attention_mask = causal if attention_mask is None else ops.logical_and(
@@ -627,61 +431,6 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         for _ in range(len(attention_scores.shape) - len(mask.shape)):
             mask = ops.expand_dims(mask, axis=-len(self._attention_axes) * 2 - 1)  # Keras's expansion
         return zero_masked(weights, mask)
-
-    def _update_cache(self, cache, query, key, value, cache_update_index):
-        """Returns the query, the keys and values to attend over and the cache, writing new tokens if asked."""
-        expected = (2, self.num_key_value_heads, self.key_dim)
-        if len(cache.shape) != 5 or (cache.shape[1], cache.shape[3], cache.shape[4]) != expected:
-            raise ValueError(
-                f"`cache` must have shape (batch, 2, max_len, {self.num_key_value_heads}, "
-                f"{self.key_dim}). Received: cache.shape={tuple(cache.shape)}"
-            )
-        if self.key_dim != self.value_dim:
-            raise ValueError(
-                "A key/value cache needs `key_dim == value_dim`. Received: "
-                f"key_dim={self.key_dim}, value_dim={self.value_dim}"
-            )
-        if cache.shape[0] is not None and query.shape[0] is not None and cache.shape[0] != query.shape[0]:
-            raise ValueError(
-                "`cache` must have the batch size of `query`. "
-                f"Received: cache.shape={tuple(cache.shape)}, query.shape={tuple(query.shape)}"
-            )
-        if cache_update_index is None:
-            projected_query = self._query_dense(query)
-        else:
-            projected_query, new_key, new_value = self._project(query, key, value)
-            new_entries = ops.stack((new_key, new_value), axis=1)  # (batch, 2, query_len, kv_heads, dim)
-            if window_cache.is_window_cache(self._sliding_window, cache, cache_update_index):
-                check_position("cache_update_index", cache_update_index)  # a ring buffer has no end
-                entries = window_cache.attended(cache, new_entries)  # (batch, 2, window + query_len, kv_heads, dim)
-                cache = window_cache.written(entries, cache.shape[2], cache_update_index)
-                return projected_query, entries[:, 0], entries[:, 1], cache
-            cache_update_index = _check_cache_bounds(cache_update_index, ops.shape(new_key)[1], ops.shape(cache)[2])
-            # One write of the new tokens into the cache; it is never re-assembled from K and V.
-            cache = ops.slice_update(cache, (0, 0, cache_update_index, 0, 0), ops.cast(new_entries, cache.dtype))
-        return projected_query, cache[:, 0], cache[:, 1], cache  # keys, values: (batch, max_len, kv_heads, dim)
-
-    def _attention_mask(self, query_mask, value_mask, key_mask, attention_mask):
-        """Merges padding masks and an explicit mask into one 4-D boolean mask (or `None`)."""
-        if attention_mask is not None:
-            rank = len(attention_mask.shape)
-            if rank not in (2, 3, 4):
-                raise ValueError(
-                    "`attention_mask` must have rank 2 (query_len, key_len), 3 (batch, query_len, "
-                    "key_len) or 4 (batch, heads, query_len, key_len). "
-                    f"Received: attention_mask.shape={tuple(attention_mask.shape)}"
-                )
-            if rank == 2:
-                attention_mask = ops.expand_dims(attention_mask, 0)  # (1, q, k)
-            if rank in (2, 3):
-                attention_mask = ops.expand_dims(attention_mask, 1)  # (batch, 1, q, k)
-        for name, padding in (("query_mask", query_mask), ("value_mask", value_mask), ("key_mask", key_mask)):
-            check_padding_mask(name, padding)
-        return merge_masks(
-            padding_mask_to_attention_mask(query_mask, None),
-            padding_mask_to_attention_mask(None, merge_masks(value_mask, key_mask)),
-            attention_mask,
-        )
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         """Keras's output shape; `value_shape=None` is self-attention (the query's)."""
@@ -708,21 +457,20 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         key_shape = None if key is None else key.shape
         # Keras's shape rule, also for subclasses whose `compute_output_shape` takes other arguments.
         output_shape = keras.layers.MultiHeadAttention.compute_output_shape(self, query.shape, value.shape, key_shape)
-        output = keras.KerasTensor(output_shape, self.compute_dtype)
-        results = (output,)
+        weights = None
         if return_attention_scores:
             if len(query.shape) != 3:  # the scores' axes follow `attention_axes`: trace them
                 return keras.src.backend.compute_output_spec(
                     self.call, query, value, key, query_mask, value_mask, key_mask, attention_mask,
                     True, training, use_causal_mask,
                 )
-            key_len = cache.shape[2] if cache is not None else value.shape[1]
-            if cache is not None and window_cache.is_window_cache(self._sliding_window, cache, cache_update_index):
-                key_len = None if query.shape[1] is None else key_len + query.shape[1]  # the slots, then the new tokens
-            results += (keras.KerasTensor((query.shape[0], self._num_heads, query.shape[1], key_len), self.compute_dtype),)
-        if cache is not None:
-            results += (keras.KerasTensor(cache.shape, cache.dtype),)
-        return results[0] if len(results) == 1 else results
+            key_len = value.shape[1] if cache is None else key_value_cache.key_length(
+                self._sliding_window, cache, cache_update_index, query.shape[1]
+            )
+            weights = keras.KerasTensor((query.shape[0], self._num_heads, query.shape[1], key_len), self.compute_dtype)
+        output = keras.KerasTensor(output_shape, self.compute_dtype)
+        cache = None if cache is None else keras.KerasTensor(cache.shape, cache.dtype)
+        return _results(output, weights, cache, return_attention_scores)
 
     def get_config(self):
         config = super().get_config()
@@ -739,121 +487,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         return config
 
 
-def _check_input_shapes(query_shape, value_shape, key_shape):
-    """ValueError naming the input whose rank or shape cannot work, with what was received."""
-    shapes = {"query": tuple(query_shape), "value": tuple(value_shape), "key": tuple(key_shape)}
-    if shapes["value"][1:-1] != shapes["key"][1:-1]:
-        raise ValueError(
-            "All dimensions of `value` and `key`, except the last one, must be equal. "
-            f"Received: value.shape={shapes['value']}, key.shape={shapes['key']}"
-        )
-    for name, shape in shapes.items():
-        if len(shape) < 3:
-            raise ValueError(f"`{name}` must have rank >= 3 (batch, ..., features). Received: {name}.shape={shape}")
-    if len({len(shape) for shape in shapes.values()}) > 1:
-        raise ValueError(
-            "`query`, `value` and `key` must have the same rank. Received: "
-            + ", ".join(f"{name}.shape={shape}" for name, shape in shapes.items())
-        )
-
-
-def _resolved_axes(attention_axes, rank):
-    return None if attention_axes is None else tuple(axis + rank if axis < 0 else axis for axis in attention_axes)
-
-
-def _check_attention_axes(attention_axes, query_shape):
-    """ValueError unless every attention axis lies between the batch axis and the feature axis."""
-    rank = len(query_shape)
-    for axis in _resolved_axes(attention_axes, rank) or ():
-        if not 1 <= axis <= rank - 2:
-            raise ValueError(
-                f"`attention_axes` must name axes between the batch and the feature axis (1 to {rank - 2} "
-                f"for rank-{rank} inputs). Received: attention_axes={attention_axes}, query_shape={tuple(query_shape)}"
-            )
-
-
-def _attends_over_the_sequence(query_shape, value_shape, key_shape, attention_axes, output_shape):
-    """Whether the inputs are `(batch, seq, features)` attending over axis 1 with a 1-D output shape."""
-    ranks = {len(query_shape), len(value_shape), len(key_shape)}
-    axes = _resolved_axes(attention_axes, len(query_shape))
-    return ranks == {3} and axes in (None, _SEQUENCE_AXIS) and (output_shape is None or len(output_shape) == 1)
-
-
-def _overrides_compute_attention(layer):
-    return type(layer)._compute_attention is not MultiHeadAttention._compute_attention
-
-
-def _as_4d_mask(mask):
-    """A `(q, k)`, `(batch, q, k)` or 4-D boolean mask as `(batch or 1, heads or 1, q, k)`."""
-    mask = ops.cast(mask, "bool")
-    while len(mask.shape) < 4:
-        mask = ops.expand_dims(mask, -3)
-    return mask
-
-
-def _check_cache_bounds(cache_update_index, new_len, max_len):
-    """`cache_update_index`, checked so that the `new_len` new tokens fit in the `max_len` cache:
-    a ValueError when everything is known now, else a run-time assertion (`ops.slice_update`
-    would silently clamp the index and overwrite the last slots)."""
-    if not isinstance(cache_update_index, int):  # a float would be truncated; ints get the bounds below
-        check_position("cache_update_index", cache_update_index)
-    known = all(isinstance(v, int) for v in (cache_update_index, new_len, max_len))
-    if known:
-        if isinstance(cache_update_index, bool) or not 0 <= cache_update_index <= max_len - new_len:
-            raise ValueError(
-                f"`cache_update_index` must be in [0, {max_len - new_len}] for {new_len} new tokens in a cache "
-                f"of length {max_len}. Received: cache_update_index={cache_update_index!r}"
-            )
-        return cache_update_index
-    index = tf.cast(cache_update_index, "int32")
-    fits = tf.logical_and(index >= 0, index + tf.cast(new_len, "int32") <= tf.cast(max_len, "int32"))
-    check = tf.debugging.Assert(
-        fits, ["`cache_update_index` out of the cache: cache_update_index=", index, "new tokens:", new_len,
-               "cache length:", max_len]
-    )
-    with tf.control_dependencies([check]):
-        return tf.identity(index)
-
-
-def _query_rows(query_mask, query, cache_update_index):
-    """The rows of a `(batch, max_len)` query mask over the cache that belong to `query`."""
-    if query_mask.shape[1] is not None and query_mask.shape[1] == query.shape[1]:
-        return query_mask  # already over the queries (e.g. the Keras mask of `query`)
-    # Decided at run time when a length is unknown statically (e.g. inside a `while_loop`); a
-    # mask as long as the queries is over the queries (over the cache it would need index 0).
-    query_len = ops.shape(query)[1]
-    over_queries = ops.equal(ops.shape(query_mask)[1], query_len)
-    start = ops.where(over_queries, 0, ops.cast(cache_update_index, "int32"))
-    return ops.slice(query_mask, (0, start), (ops.shape(query_mask)[0], query_len))
-
-
-def _check_mask_shapes(projected_query, projected_key, **tensors):
-    """ValueError naming the mask/bias argument whose shape does not fit the query and key."""
-    batch, query_len, heads = projected_query.shape[:3]
-    key_len = projected_key.shape[1]
-    targets = {
-        "query_mask": [(batch, query_len)],
-        "value_mask": [(batch, key_len)],
-        "key_mask": [(batch, key_len)],
-        "attention_mask": [
-            (query_len, key_len),
-            (batch, query_len, key_len),
-            (batch, heads, query_len, key_len),
-        ],
-        "attention_bias": [(batch, heads, query_len, key_len)],
-    }
-    for name, tensor in tensors.items():
-        if tensor is None:
-            continue
-        shape = tuple(tensor.shape)
-        if not any(_broadcastable(shape, target) for target in targets[name]):
-            raise ValueError(
-                f"`{name}` must be broadcastable to {' or '.join(map(str, targets[name]))}. "
-                f"Received: {name}.shape={shape}"
-            )
-
-
-def _broadcastable(shape, target):
-    return len(shape) == len(target) and all(
-        received in (None, 1) or expected in (None, received) for received, expected in zip(shape, target)
-    )
+def _results(output, weights, cache, return_attention_scores):
+    """`output[, weights][, cache]`: what `call` returns."""
+    results = (output,) + ((weights,) if return_attention_scores else ()) + (() if cache is None else (cache,))
+    return results[0] if len(results) == 1 else results

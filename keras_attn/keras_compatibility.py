@@ -1,0 +1,126 @@
+"""The routes by which `MultiHeadAttention` behaves as Keras's layer where its own kernels do not run.
+
+The layer's kernels take `(batch, seq, features)` inputs attending over the sequence (axis 1) with
+a 1-D output shape. Other ranks, `attention_axes` and output shapes run Keras's einsum path with
+this layer's masking rules (`call_over_attention_axes`; options that only the sequence path has
+are refused, naming them). A subclass overriding `_compute_attention` (Keras's hook) is called as
+Keras calls it, with every mask merged (`hooked_attention`). The shape and axes checks name the
+input or argument that cannot work.
+"""
+
+from keras import ops
+
+from keras_attn import patterns
+from keras_attn.masks import pattern_mask
+
+_SEQUENCE_AXIS = (1,)  # the attention axes of (batch, seq, features) inputs, resolved
+
+
+def check_input_shapes(query_shape, value_shape, key_shape):
+    """ValueError naming the input whose rank or shape cannot work, with what was received."""
+    shapes = {"query": tuple(query_shape), "value": tuple(value_shape), "key": tuple(key_shape)}
+    if shapes["value"][1:-1] != shapes["key"][1:-1]:
+        raise ValueError(
+            "All dimensions of `value` and `key`, except the last one, must be equal. "
+            f"Received: value.shape={shapes['value']}, key.shape={shapes['key']}"
+        )
+    for name, shape in shapes.items():
+        if len(shape) < 3:
+            raise ValueError(f"`{name}` must have rank >= 3 (batch, ..., features). Received: {name}.shape={shape}")
+    if len({len(shape) for shape in shapes.values()}) > 1:
+        raise ValueError(
+            "`query`, `value` and `key` must have the same rank. Received: "
+            + ", ".join(f"{name}.shape={shape}" for name, shape in shapes.items())
+        )
+
+
+def _resolved_axes(attention_axes, rank):
+    return None if attention_axes is None else tuple(axis + rank if axis < 0 else axis for axis in attention_axes)
+
+
+def check_attention_axes(attention_axes, query_shape):
+    """ValueError unless every attention axis lies between the batch axis and the feature axis."""
+    rank = len(query_shape)
+    for axis in _resolved_axes(attention_axes, rank) or ():
+        if not 1 <= axis <= rank - 2:
+            raise ValueError(
+                f"`attention_axes` must name axes between the batch and the feature axis (1 to {rank - 2} "
+                f"for rank-{rank} inputs). Received: attention_axes={attention_axes}, query_shape={tuple(query_shape)}"
+            )
+
+
+def attends_over_the_sequence(query_shape, value_shape, key_shape, attention_axes, output_shape):
+    """Whether the inputs are `(batch, seq, features)` attending over axis 1 with a 1-D output shape."""
+    ranks = {len(query_shape), len(value_shape), len(key_shape)}
+    axes = _resolved_axes(attention_axes, len(query_shape))
+    return ranks == {3} and axes in (None, _SEQUENCE_AXIS) and (output_shape is None or len(output_shape) == 1)
+
+
+def check_sequence_options(layer, query_shape):
+    """ValueError naming the first constructor option of `layer` that only the sequence path has."""
+    sequence_only = {
+        "num_key_value_heads": layer.num_key_value_heads if layer.num_key_value_heads != layer.num_heads else None,
+        "sliding_window": layer.sliding_window,
+        "implementation": layer.implementation if layer.implementation not in ("auto", "dense") else None,
+        "hard": True if layer.hard else None,
+        "attention_pattern": layer.attention_pattern,
+        "position_bias": layer.position_bias,
+    }
+    _refuse_sequence_only(layer, sequence_only, f"query_shape={tuple(query_shape)}", quote_value=True)
+
+
+def _refuse_sequence_only(layer, options, query_shape, quote_value):
+    """ValueError naming the first of `options` given (not `None`): only the sequence path has it."""
+    for name, value in options.items():
+        if value is not None:
+            given = f"{name}={value!r}, " if quote_value else ""
+            raise ValueError(
+                f"`{name}` needs (batch, seq, features) inputs attending over axis 1 and a 1-D "
+                f"`output_shape`. Received: {given}{query_shape}, "
+                f"attention_axes={layer._attention_axes}, output_shape={layer._output_shape}"
+            )
+
+
+def hooked_attention(
+    layer, projected_query, projected_key, projected_value, attention_bias, options, training, return_attention_scores
+):
+    """A subclass's `_compute_attention`, called as Keras calls it: every mask merged (the pattern,
+    causal mask and window of `options`, `key_value_cache.attention_options`), no causal flag."""
+    if attention_bias is not None:
+        raise ValueError(
+            "`attention_bias` cannot reach an overridden `_compute_attention` (its signature has no "
+            f"bias). Received: attention_bias.shape={tuple(attention_bias.shape)}"
+        )
+    if layer.position_bias is not None:
+        raise ValueError(
+            "`position_bias` cannot reach an overridden `_compute_attention` (its signature has no "
+            f"bias). Received: position_bias={layer.position_bias!r}"
+        )
+    pattern = patterns.from_shorthands(options["pattern"], options["is_causal"], options["sliding_window"])
+    query_len, key_len = ops.shape(projected_query)[1], ops.shape(projected_key)[1]
+    mask = pattern_mask(options["mask"], pattern, query_len, key_len, options["query_offset"])
+    return layer._compute_attention(
+        projected_query, projected_key, projected_value, mask, training, return_attention_scores
+    )
+
+
+def call_over_attention_axes(
+    layer, query, value, key, query_mask, value_mask, key_mask, attention_mask,
+    return_attention_scores, training, use_causal_mask, attention_bias, cache, cache_update_index,
+):
+    """Keras's einsum path for other ranks, axes and output shapes, with this layer's masking rules."""
+    unsupported = {"attention_bias": attention_bias, "cache": cache, "cache_update_index": cache_update_index}
+    _refuse_sequence_only(layer, unsupported, f"query.shape={tuple(query.shape)}", quote_value=False)
+    mask = layer._compute_attention_mask(
+        query, value, query_mask=query_mask, value_mask=value_mask, key_mask=key_mask,
+        attention_mask=attention_mask, use_causal_mask=use_causal_mask,
+    )
+    gate = layer._gate_dense(query) if layer._use_gate else None
+    attended, weights = layer._compute_attention(
+        layer._query_dense(query), layer._key_dense(key), layer._value_dense(value), mask, training,
+        return_attention_scores,
+    )
+    if gate is not None:
+        attended = attended * gate
+    output = layer._output_dense(attended)
+    return (output, weights) if return_attention_scores else output
