@@ -28,7 +28,7 @@ from benchmarks import measurement
 
 import tensorflow as tf  # noqa: E402
 
-from keras_attn.multi_head_attention import MultiHeadAttention  # noqa: E402
+from keras_attn.layers.multi_head_attention import MultiHeadAttention  # noqa: E402
 
 PEER_RATIO = "recompute_over_cached"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_attn  # noqa: E402
-from keras_attn.attention import ATTENTION_IMPLEMENTATIONS  # noqa: E402
+from keras_attn.core.attention import ATTENTION_IMPLEMENTATIONS  # noqa: E402
 
 PEER_RATIO = "time_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 

@@ -8,7 +8,7 @@ families:
 - `dense`: `MultiHeadAttention` with a full key/value cache of `position + tokens` slots, which
   every step attends over: its cost and memory grow with the position;
 - `window`: `sliding_window=--window`, whose cache is a ring buffer of `window` slots
-  (`keras_attn.window_cache`) whatever the position;
+  (`keras_attn.layers.window_cache`) whatever the position;
 - `linear`: `LinearAttention(causal=True)`, whose recurrent state has a constant size.
 
 The cache's contents do not change the cost, so each position starts from a random cache (the

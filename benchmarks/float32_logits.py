@@ -15,8 +15,8 @@ from benchmarks import measurement
 import tensorflow as tf  # noqa: E402
 
 from keras_attn import scaled_dot_product_attention  # noqa: E402
-from keras_attn.masks import causal_mask  # noqa: E402
-from keras_attn.softmax import masked_softmax  # noqa: E402
+from keras_attn.core.masks import causal_mask  # noqa: E402
+from keras_attn.core.softmax import masked_softmax  # noqa: E402
 
 PEER_RATIO = "float32_over_float16"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 

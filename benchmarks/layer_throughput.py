@@ -19,7 +19,7 @@ from benchmarks import measurement
 import keras  # noqa: E402  (after measurement sets the backend)
 import tensorflow as tf  # noqa: E402
 
-from keras_attn.multi_head_attention import MultiHeadAttention  # noqa: E402
+from keras_attn.layers.multi_head_attention import MultiHeadAttention  # noqa: E402
 
 PEER_RATIO = "speedup_vs_keras_best"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 

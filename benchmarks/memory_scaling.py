@@ -28,7 +28,7 @@ def run_child(layer_name, mode, length, width, heads):
     """In the child: builds the layer, traces, runs one step; prints a JSON line."""
     import keras
 
-    from keras_attn.multi_head_attention import MultiHeadAttention
+    from keras_attn.layers.multi_head_attention import MultiHeadAttention
 
     baseline = measurement.peak_rss_gb()
     if layer_name == "keras":

@@ -54,7 +54,7 @@ def run_child(case, mode, length, heads, depth, stride, repeats):
     """In the child: one case at one length; prints a JSON line."""
     import tensorflow as tf
 
-    from keras_attn import attention
+    from keras_attn.core import attention
     from keras_attn import patterns
     from keras_attn.kernels.call import AttentionCall
 

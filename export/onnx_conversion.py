@@ -6,8 +6,8 @@ convertible is what the exports use.
 
 from appkit.logs import TF_TABLE_INITIALIZER
 from appkit.logs import dropping_log_messages
-from keras_attn.capabilities import AttentionCapabilities
-from keras_attn.capabilities import unsupported
+from keras_attn.layers.capabilities import AttentionCapabilities
+from keras_attn.layers.capabilities import unsupported
 
 OPSET = 18
 

@@ -3,16 +3,16 @@
 Every family takes Keras's call convention (`layer(query, value=None, key=None, *, query_mask=...,
 value_mask=..., key_mask=..., attention_mask=..., use_causal_mask=..., return_attention_scores=...,
 training=...)`, `value=None` for self-attention) and declares what it supports in its class's
-`capabilities` (`keras_attn.capabilities.AttentionCapabilities`). `build(name, **kwargs)` makes
+`capabilities` (`keras_attn.layers.capabilities.AttentionCapabilities`). `build(name, **kwargs)` makes
 one; the blocks take any of them as `self_attention`.
 """
 
 import dataclasses
 
-from keras_attn.linear_attention import LinearAttention
-from keras_attn.linformer_attention import LinformerSelfAttention
-from keras_attn.lsh_attention import LSHSelfAttention
-from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.families.linear_attention import LinearAttention
+from keras_attn.families.linformer_attention import LinformerSelfAttention
+from keras_attn.families.lsh_attention import LSHSelfAttention
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
 
 FAMILIES = {
     "dense": MultiHeadAttention,

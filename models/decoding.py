@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_attn.transformer_decoder import compute_cross_attention_cache
+from keras_attn.blocks.transformer_decoder import compute_cross_attention_cache
 from models.vocabulary import PADDING_ID
 
 _NEGATIVE_INFINITY = -1e9

@@ -11,9 +11,9 @@ import dataclasses
 import keras
 from keras import ops
 
-from keras_attn.token_and_position_embedding import TokenAndPositionEmbedding
-from keras_attn.transformer_decoder import TransformerDecoder
-from keras_attn.transformer_encoder import TransformerEncoder
+from keras_attn.positions.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_attn.blocks.transformer_decoder import TransformerDecoder
+from keras_attn.blocks.transformer_encoder import TransformerEncoder
 from models.serialization import register_serializable
 from models.translator_self_attention import block_options
 from models.translator_self_attention import check_choice

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from keras_attn import ALiBi
-from keras_attn.alibi import alibi_slopes
+from keras_attn.positions.alibi import alibi_slopes
 from tests import reference
 from tests.layer_checks import run_layer_test
 

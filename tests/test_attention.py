@@ -14,15 +14,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import keras_attn
-from keras_attn import attention as attention_module
+from keras_attn.core import attention as attention_module
 from keras_attn.kernels import chunked
 from keras_attn.kernels import kernels_table
 from keras_attn.kernels.call import AttentionCall
-from keras_attn.masks import causal_mask
-from keras_attn.masks import merge_masks
-from keras_attn.masks import padding_mask_to_attention_mask
-from keras_attn.attention import scaled_dot_product_attention
-from keras_attn.masks import sliding_window_mask
+from keras_attn.core.masks import causal_mask
+from keras_attn.core.masks import merge_masks
+from keras_attn.core.masks import padding_mask_to_attention_mask
+from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.core.masks import sliding_window_mask
 from keras_attn.patterns import Causal
 from tests import reference
 from tests.layer_checks import assert_gradients_match_finite_differences

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.patterns import Causal
 from tests import reference
 from tests.kernel_registry import kernels_taking
@@ -105,7 +105,7 @@ def test_padded_nan_cannot_reach_real_outputs_under_xla():
     [(2,), (2, 5, 1), (2, 5, 3), (1, 2, 5), (2, 4), (3, 5)],
 )
 def test_masked_global_pooling_rejects_a_mask_not_shaped_batch_seq(mask_shape):
-    from keras_attn.masked_global_pooling import MaskedGlobalPooling
+    from keras_attn.blocks.masked_global_pooling import MaskedGlobalPooling
 
     inputs = np.ones((2, 5, 3), np.float32)
     with pytest.raises(ValueError, match=rf"`mask` must have shape \(batch, seq\)=\(2, 5\)\. Received: mask\.shape="):
@@ -114,7 +114,7 @@ def test_masked_global_pooling_rejects_a_mask_not_shaped_batch_seq(mask_shape):
 
 @pytest.mark.parametrize("mode", ["mean", "max"])
 def test_masked_global_pooling_broadcast_free_mask_matches_numpy(mode):
-    from keras_attn.masked_global_pooling import MaskedGlobalPooling
+    from keras_attn.blocks.masked_global_pooling import MaskedGlobalPooling
 
     rng = np.random.default_rng(1)
     inputs = rng.normal(size=(2, 5, 3)).astype(np.float32)
@@ -124,7 +124,7 @@ def test_masked_global_pooling_broadcast_free_mask_matches_numpy(mode):
 
 
 def _cached_layer():
-    from keras_attn.multi_head_attention import MultiHeadAttention
+    from keras_attn.layers.multi_head_attention import MultiHeadAttention
 
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     x = np.ones((1, 2, 8), np.float32)
@@ -152,7 +152,7 @@ def test_cache_overflow_fails_at_run_time_in_tf_function(index):
 
 
 def test_decoder_cache_without_an_update_index_is_refused():
-    from keras_attn.transformer_decoder import TransformerDecoder
+    from keras_attn.blocks.transformer_decoder import TransformerDecoder
 
     decoder = TransformerDecoder(intermediate_dim=8, num_heads=2)
     x = np.ones((1, 1, 8), np.float32)
@@ -257,7 +257,7 @@ def test_a_masking_bias_gives_the_weights_of_the_boolean_mask(masking_bias):
 def test_minus_inf_attention_bias_through_multi_head_attention():
     """`MultiHeadAttention(attention_bias=...)` with a row of `-inf`: finite, the layer with the
     same weights under the boolean mask."""
-    from keras_attn.multi_head_attention import MultiHeadAttention
+    from keras_attn.layers.multi_head_attention import MultiHeadAttention
 
     x = np.random.default_rng(5).normal(size=(2, 5, 8)).astype(np.float32)
     allowed = np.tril(np.ones((5, 5), bool))

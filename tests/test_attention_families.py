@@ -18,7 +18,7 @@ import pytest
 import keras_attn
 from keras_attn import attention_families
 from keras_attn.attention_families import FAMILIES
-from keras_attn.capabilities import AttentionCapabilities
+from keras_attn.layers.capabilities import AttentionCapabilities
 from tests import reference
 from tests.layer_checks import MIXED_PRECISION_TOLERANCES
 from tests.layer_checks import assert_jit_matches_eager

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn import attention
-from keras_attn import softmax
-from keras_attn import masks
-from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.core import attention
+from keras_attn.core import softmax
+from keras_attn.core import masks
+from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.kernels import blockwise as blockwise_module
 from keras_attn.kernels.blockwise import blockwise_attention
-from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.patterns import Causal
 from tests import reference
 from tests.layer_checks import output_gradients

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn import softmax
-from keras_attn import masks
-from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.core import softmax
+from keras_attn.core import masks
+from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.kernels.chunked import pattern_query_chunks
 from keras_attn.kernels.chunked import chunked_attention
 from keras_attn.patterns import from_shorthands

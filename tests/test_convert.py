@@ -13,7 +13,7 @@ import pytest
 from keras import ops
 
 import keras_attn
-from keras_attn import conversion
+from keras_attn.layers import conversion
 from keras_attn.patterns import Causal
 from tests.kernel_registry import kernels_taking
 
@@ -286,7 +286,7 @@ import sys
 import keras
 import numpy as np
 import tests.test_convert  # registers the subclass double, as importing KerasHub would
-from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
 for name in sys.argv[1:]:
     model = keras.saving.load_model(name + ".keras")
     kinds = [isinstance(l, MultiHeadAttention) for l in model._flatten_layers() if isinstance(l, keras.layers.MultiHeadAttention)]

@@ -4,8 +4,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn.cross_attention import CrossAttention
-from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.cross_attention import CrossAttention
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from tests.layer_checks import assert_serialization_round_trip
 from tests.layer_checks import run_layer_test
 

@@ -108,11 +108,11 @@ def import_cycles(graph):
 
 
 def package_level(graph):
-    """The graph with each package `__init__`'s edges to its own modules dropped (`a/__init__`
-    re-exporting `a.b`, `keras_attn/kernels/__init__` registering `keras_attn.kernels.dense`)."""
+    """The graph with each package `__init__`'s edges to the modules inside it dropped (`a/__init__`
+    re-exporting `a.b.C`, `keras_attn/kernels/__init__` registering `keras_attn.kernels.dense`)."""
     packages = {name for name, path in project_modules().items() if path.name == "__init__.py"}
     return {
-        importer: {target for target in imported if not (importer == target.rpartition(".")[0] and importer in packages)}
+        importer: {target for target in imported if not (importer in packages and target.startswith(importer + "."))}
         for importer, imported in graph.items()
     }
 

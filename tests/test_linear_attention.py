@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 from keras.src.testing import TestCase
 
-from keras_attn import linear_attention
-from keras_attn.linear_attention import LinearAttention
+from keras_attn.families import linear_attention
+from keras_attn.families.linear_attention import LinearAttention
 from tests import reference
 from tests.layer_checks import assert_gradients_match_finite_differences
 from tests.layer_checks import assert_jit_matches_eager

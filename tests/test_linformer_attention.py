@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from keras.src.testing import TestCase
 
-from keras_attn.linformer_attention import LinformerSelfAttention
+from keras_attn.families.linformer_attention import LinformerSelfAttention
 from tests import reference
 from tests.layer_checks import assert_gradients_match_finite_differences
 from tests.layer_checks import assert_jit_matches_eager

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn.attention import scaled_dot_product_attention
-from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.patterns import BlockLocal
 from keras_attn.patterns import Causal
 from keras_attn.patterns import GlobalTokens

@@ -16,13 +16,13 @@ from keras_attn import MultiHeadAttention
 from keras_attn import RelativePositionBias
 from keras_attn import TransformerDecoder
 from keras_attn import TransformerEncoder
-from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.kernels.blockwise import blockwise_attention
 from keras_attn.kernels.chunked import chunked_attention
 from keras_attn.patterns import Causal
 from keras_attn.patterns import SlidingWindow
 from keras_attn.patterns import Strided
-from keras_attn.position_bias import PositionBias
+from keras_attn.core.position_bias import PositionBias
 from tests import reference
 from tests.layer_checks import assert_jit_matches_eager
 from tests.layer_checks import assert_mixed_precision_close

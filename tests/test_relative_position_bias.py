@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from keras_attn import RelativePositionBias
-from keras_attn.relative_position_bias import relative_position_buckets
+from keras_attn.positions.relative_position_bias import relative_position_buckets
 from tests import reference
 from tests.layer_checks import run_layer_test
 

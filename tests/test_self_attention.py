@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn.multi_head_attention import MultiHeadAttention
-from keras_attn.self_attention import SelfAttention
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.self_attention import SelfAttention
 from tests.layer_checks import assert_serialization_round_trip
 from tests.layer_checks import run_layer_test
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn import attention as attention_module
+from keras_attn.core import attention as attention_module
 from keras_attn.kernels import strided_layout
-from keras_attn.attention import scaled_dot_product_attention
+from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.kernels.call import AttentionCall
 from keras_attn.patterns import BlockLocal
 from keras_attn.patterns import Causal

@@ -9,7 +9,7 @@ from keras_attn.patterns import BlockLocal
 from keras_attn.patterns import GlobalTokens
 from keras_attn.patterns import SlidingWindow
 from keras_attn.patterns import Strided
-from keras_attn.transformer_decoder import compute_cross_attention_cache
+from keras_attn.blocks.transformer_decoder import compute_cross_attention_cache
 from tests import layer_checks
 from tests import reference
 from tests.layer_checks import run_layer_test

@@ -1,6 +1,6 @@
 """Memory-efficient (blockwise) scaled dot-product attention for the TensorFlow backend.
 
-The same contract as `keras_attn.attention.scaled_dot_product_attention` (masks, causal, sliding
+The same contract as `keras_attn.core.attention.scaled_dot_product_attention` (masks, causal, sliding
 window, bias, dropout on the normalised weights, fully masked rows give exactly zero) without
 ever holding the `(query_len, key_len)` attention matrix:
 
@@ -13,7 +13,7 @@ ever holding the `(query_len, key_len)` attention matrix:
   and recomputes each block's weights, so training memory is linear in the length too;
 - dropout masks come from a stateless generator keyed by block, so the backward pass regenerates
   exactly the masks of the forward pass;
-- a position bias (`keras_attn.position_bias`: ALiBi, T5's relative bias) is computed per block
+- a position bias (`keras_attn.core.position_bias`: ALiBi, T5's relative bias) is computed per block
   from the block's positions, in the forward pass and again in the backward pass, where each
   block's logits gradient gives its parameters' gradient.
 
@@ -35,11 +35,11 @@ from keras_attn.kernels import blockwise_plan
 from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels.call import why_not_tensorflow_streaming
-from keras_attn.position_bias import add_gradients
-from keras_attn.position_bias import bias_parameter_gradients
-from keras_attn.position_bias import check_position_bias
-from keras_attn.position_bias import read_bias_parameters
-from keras_attn.position_bias import split_inputs
+from keras_attn.core.position_bias import add_gradients
+from keras_attn.core.position_bias import bias_parameter_gradients
+from keras_attn.core.position_bias import check_position_bias
+from keras_attn.core.position_bias import read_bias_parameters
+from keras_attn.core.position_bias import split_inputs
 from keras_attn.utils import float_math_dtype
 
 # Loop iterations run one at a time: TensorFlow would otherwise run up to 10 iterations of each
@@ -105,7 +105,7 @@ def blockwise_attention(
             a power of two between `blockwise_plan.MIN_DEFAULT_BLOCK_SIZE` and
             `blockwise_plan.MAX_DEFAULT_BLOCK_SIZE`.
         key_block_size: keys per block (static int); the same default over `key_len`.
-        position_bias: optional `keras_attn.position_bias.PositionBias` for the query heads;
+        position_bias: optional `keras_attn.core.position_bias.PositionBias` for the query heads;
             its bias is computed per block from positions (query `i` at `i + query_offset`).
 
     Returns:

@@ -10,9 +10,9 @@ import tensorflow as tf
 
 from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
-from keras_attn.masks import merge_masks
-from keras_attn.masks import pattern_mask
-from keras_attn.position_bias import block_positions
+from keras_attn.core.masks import merge_masks
+from keras_attn.core.masks import pattern_mask
+from keras_attn.core.position_bias import block_positions
 
 # Default block sizes grow with the length (about 16 blocks per axis) between these bounds:
 # small blocks skip more of a causal matrix at short lengths (128 was fastest at length 512 in

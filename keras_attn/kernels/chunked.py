@@ -1,6 +1,6 @@
 """Query-chunked scaled dot-product attention for patterned attention (TensorFlow backend).
 
-The same contract as `keras_attn.attention.scaled_dot_product_attention` (masks, patterns, bias,
+The same contract as `keras_attn.core.attention.scaled_dot_product_attention` (masks, patterns, bias,
 dropout on the normalised weights, fully masked rows give exactly zero) for attention whose
 `keras_attn.patterns` pattern leaves part of the `(query_len, key_len)` matrix out: the queries
 run in chunks, and each chunk computes only the keys `pattern.key_range` says it can reach (about
@@ -13,13 +13,13 @@ product of the weights and their gradient. Those passes over the weights are wha
 made of at depth 32 (benchmarks/layer_throughput.py). Memory is that of the dense weights,
 inside the band; long sequences go to `keras_attn.kernels.blockwise` (linear memory).
 
-A position bias (`keras_attn.position_bias`: ALiBi, T5's relative bias) is computed per chunk
+A position bias (`keras_attn.core.position_bias`: ALiBi, T5's relative bias) is computed per chunk
 from the chunk's positions, and its parameters get their gradient from each chunk's logits
 gradient.
 
 Each chunk holds whole rows. An inverse temperature of at most 1 is folded into the query
 (`keras_attn.kernels.streaming_softmax.fold_scale`) and the chunk's softmax is the core's
-(`keras_attn.softmax`: finite fill, one fused softmax); a larger or tensor one multiplies logits
+(`keras_attn.core.softmax`: finite fill, one fused softmax); a larger or tensor one multiplies logits
 already shifted by their row maximum (`keras_attn.kernels.streaming_softmax.softmax`, exact up to the
 float32 limit). Either way masked keys have weight exactly 0 and rows without keys a zero output.
 """
@@ -31,17 +31,17 @@ import tensorflow as tf
 
 from keras_attn import patterns
 from keras_attn.kernels.call import why_not_tensorflow_streaming
-from keras_attn.masks import may_empty_rows
-from keras_attn.masks import pattern_mask
+from keras_attn.core.masks import may_empty_rows
+from keras_attn.core.masks import pattern_mask
 from keras_attn.kernels import streaming_softmax
-from keras_attn.position_bias import add_gradients
-from keras_attn.position_bias import bias_parameter_gradients
-from keras_attn.position_bias import block_positions
-from keras_attn.position_bias import check_position_bias
-from keras_attn.position_bias import read_bias_parameters
-from keras_attn.position_bias import split_inputs
-from keras_attn.softmax import fill_masked
-from keras_attn.softmax import masked_softmax
+from keras_attn.core.position_bias import add_gradients
+from keras_attn.core.position_bias import bias_parameter_gradients
+from keras_attn.core.position_bias import block_positions
+from keras_attn.core.position_bias import check_position_bias
+from keras_attn.core.position_bias import read_bias_parameters
+from keras_attn.core.position_bias import split_inputs
+from keras_attn.core.softmax import fill_masked
+from keras_attn.core.softmax import masked_softmax
 from keras_attn.utils import float_math_dtype
 
 # Queries per chunk: each chunk computes only the keys its pattern reaches.
@@ -141,7 +141,7 @@ def chunked_attention(
         dropout_rate: dropout on the normalised weights (pass 0 outside training).
         seed_generator: a `keras.random.SeedGenerator` for dropout.
         chunk_size: queries per chunk.
-        position_bias: optional `keras_attn.position_bias.PositionBias` for the query heads;
+        position_bias: optional `keras_attn.core.position_bias.PositionBias` for the query heads;
             its bias is computed per chunk from positions (query `i` at `i + query_offset`).
 
     Returns:

@@ -3,20 +3,20 @@
 It takes every input the dispatcher accepts (any backend, dynamic shapes, tensor offsets, returned
 weights); the chunked and blockwise kernels compute the same function without materialising the
 weights. The numerics (float32 logits and softmax, finite fill, exact zeros) are
-`keras_attn.softmax`'s.
+`keras_attn.core.softmax`'s.
 """
 
 import keras
 from keras import ops
 
-from keras_attn.masks import may_empty_rows
-from keras_attn.masks import pattern_mask
-from keras_attn.position_bias import check_position_bias
-from keras_attn.softmax import attention_logits
-from keras_attn.softmax import fill_masked
-from keras_attn.softmax import shifted_logits
-from keras_attn.softmax import zero_masked
-from keras_attn.softmax import mask_fill
+from keras_attn.core.masks import may_empty_rows
+from keras_attn.core.masks import pattern_mask
+from keras_attn.core.position_bias import check_position_bias
+from keras_attn.core.softmax import attention_logits
+from keras_attn.core.softmax import fill_masked
+from keras_attn.core.softmax import shifted_logits
+from keras_attn.core.softmax import zero_masked
+from keras_attn.core.softmax import mask_fill
 
 
 def why_unsupported(call):

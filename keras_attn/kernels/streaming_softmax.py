@@ -3,7 +3,7 @@
 A streaming kernel sees each query row's keys in pieces (chunks, blocks, a band and a residue
 class) and never multiplies the inverse temperature `beta` into the query: `beta * q.k` overflows
 float32 once it passes 3.4e38 (a large `beta`, large activations), and `inf - inf` is NaN. Like
-the dense kernel (`keras_attn.softmax.shifted_logits`), it shifts first and scales after:
+the dense kernel (`keras_attn.core.softmax.shifted_logits`), it shifts first and scales after:
 
 - the raw logits `s = q.k` are float32 (float64 for float64 inputs); a masked key's raw logit is
   `-inf` (`exclude`), so its weight `exp(-inf)` is exactly 0 at any `beta`, however small;

@@ -10,7 +10,7 @@ receives. Functional, sequential and subclassed models work alike, as long as th
 
 import numpy as np
 
-from keras_attn.capabilities import AttentionCapabilities
+from keras_attn.layers.capabilities import AttentionCapabilities
 
 
 def _returns_scores(layer):

@@ -19,8 +19,8 @@ import numbers
 from keras import ops
 
 from keras_attn import patterns
-from keras_attn.masks import merge_masks
-from keras_attn.position_bias import block_positions
+from keras_attn.core.masks import merge_masks
+from keras_attn.core.position_bias import block_positions
 
 
 def cache_length(sliding_window, max_length):

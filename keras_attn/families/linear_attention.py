@@ -33,14 +33,14 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_attn.capabilities import AttentionCapabilities
-from keras_attn.capabilities import describe
-from keras_attn.projected_self_attention import ProjectedSelfAttention
+from keras_attn.layers.capabilities import AttentionCapabilities
+from keras_attn.layers.capabilities import describe
+from keras_attn.families.projected_self_attention import ProjectedSelfAttention
 from keras_attn.validation import check_positive_int
 from keras_attn.utils import float_math_dtype
 from keras_attn.utils import padding_to_multiple
 from keras_attn.validation import check_bool
-from keras_attn.softmax import mask_fill
+from keras_attn.core.softmax import mask_fill
 
 FEATURE_MAPS = ("elu", "favor")
 # FAVOR+ key features are at most `exp(max |w|^2 / 2 - offset)`; this bound keeps a float32 sum
@@ -199,7 +199,7 @@ class LinearAttention(ProjectedSelfAttention):
         key_dim: size of each head for query and key.
         **kwargs: `value_dim`, `output_dim`, `use_bias`, `kernel_initializer`, `bias_initializer`,
             `seed` as for every projected self-attention layer
-            (`keras_attn.projected_self_attention.ProjectedSelfAttention`), and the base `Layer`'s.
+            (`keras_attn.families.projected_self_attention.ProjectedSelfAttention`), and the base `Layer`'s.
         feature_map: `"elu"` (`elu(x) + 1`, Katharopoulos et al.) or `"favor"` (FAVOR+ positive
             orthogonal random features, Performer; an estimate of softmax attention).
         num_random_features: FAVOR+ features per head; defaults to `2 * key_dim`.
@@ -212,7 +212,7 @@ class LinearAttention(ProjectedSelfAttention):
             products).
 
     Call arguments: Keras's convention, self-attention only (see
-    `keras_attn.projected_self_attention`):
+    `keras_attn.families.projected_self_attention`):
         query: `(batch, seq, features)`; `value` and `key` are `None` (or `query`).
         query_mask, value_mask, key_mask: optional boolean padding masks `(batch, seq)`, the
             Keras mask of `query` when not given; a position any of them masks is padding:

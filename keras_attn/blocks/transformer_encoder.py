@@ -3,10 +3,10 @@
 import keras
 
 from keras_attn import patterns
-from keras_attn import position_bias as position_biases
-from keras_attn.capabilities import AttentionCapabilities
-from keras_attn.feed_forward import FeedForward
-from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.core import position_bias as position_biases
+from keras_attn.layers.capabilities import AttentionCapabilities
+from keras_attn.blocks.feed_forward import FeedForward
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.utils import check_padding_mask
 from keras_attn.validation import check_positive_int
 from keras_attn.validation import check_rate
@@ -258,7 +258,7 @@ class TransformerEncoder(TransformerBlock):
             `key_dim`, `attention_dropout`, `num_key_value_heads`, `sliding_window`,
             `attention_pattern` and `position_bias` are then the layer's own business (passing them raises). A seeded prototype gives every
             block the same random draws (initial weights, random features, rotations).
-        position_bias: optional `keras_attn.position_bias.PositionBias` layer (or its config)
+        position_bias: optional `keras_attn.core.position_bias.PositionBias` layer (or its config)
             for `num_heads` heads, e.g. `keras_attn.RelativePositionBias(num_heads)`, added to
             the self-attention logits (`MultiHeadAttention(position_bias=...)`).
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).

@@ -6,8 +6,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.position_bias import PositionBias
-from keras_attn.position_bias import relative_positions
+from keras_attn.core.position_bias import PositionBias
+from keras_attn.core.position_bias import relative_positions
 
 
 def alibi_slopes(num_heads):
@@ -31,14 +31,14 @@ class ALiBi(PositionBias):
     slope (`alibi_slopes`: `2^-1 ... 2^-8` for 8 heads), which lets a model trained on short
     sequences attend over longer ones. Under a causal mask (`j <= i`) this is the paper's
     `m * (j - i)`; without one the penalty is symmetric in the distance. The bias is computed
-    per block from positions in float32 by every kernel (`keras_attn.position_bias`), never as a
+    per block from positions in float32 by every kernel (`keras_attn.core.position_bias`), never as a
     `(heads, L, L)` tensor on the chunked and blockwise paths.
 
     Args:
         num_heads: number of attention heads.
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
 
-    Call arguments and return value: as `keras_attn.position_bias.PositionBias` (positions in,
+    Call arguments and return value: as `keras_attn.core.position_bias.PositionBias` (positions in,
     the bias `(batch or 1, heads, query_len, key_len)` out).
 
     Example:

@@ -5,8 +5,8 @@ import math
 import keras
 from keras import ops
 
-from keras_attn.position_bias import PositionBias
-from keras_attn.position_bias import relative_positions
+from keras_attn.core.position_bias import PositionBias
+from keras_attn.core.position_bias import relative_positions
 from keras_attn.validation import check_positive_int
 from keras_attn.validation import check_bool
 
@@ -47,7 +47,7 @@ class RelativePositionBias(PositionBias):
     shared beyond), and head `h` adds `table[bucket, h]` to the logit. Bidirectional bucketing
     (T5's encoder) tells keys before and after the query apart; causal bucketing (T5's decoder,
     `bidirectional=False`) spends every bucket on the keys before it. Every kernel computes the
-    bias per block from positions (`keras_attn.position_bias`) and trains the table on every path.
+    bias per block from positions (`keras_attn.core.position_bias`) and trains the table on every path.
     The table is float32 under mixed precision (it is not autocast).
 
     Every distance from `max_distance` on shares the last bucket, so a block's bias is a lookup:
@@ -64,7 +64,7 @@ class RelativePositionBias(PositionBias):
         embeddings_initializer: initializer of the table.
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
 
-    Call arguments and return value: as `keras_attn.position_bias.PositionBias` (positions in,
+    Call arguments and return value: as `keras_attn.core.position_bias.PositionBias` (positions in,
     the bias `(batch or 1, heads, query_len, key_len)` out).
 
     Example:

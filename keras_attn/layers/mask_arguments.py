@@ -7,8 +7,8 @@ every mask is `True` where a query may attend to a key.
 
 from keras import ops
 
-from keras_attn.masks import merge_masks
-from keras_attn.masks import padding_mask_to_attention_mask
+from keras_attn.core.masks import merge_masks
+from keras_attn.core.masks import padding_mask_to_attention_mask
 from keras_attn.utils import check_padding_mask
 
 

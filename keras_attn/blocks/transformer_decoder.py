@@ -3,9 +3,9 @@
 import keras
 from keras import ops
 
-from keras_attn.capabilities import describe
-from keras_attn.capabilities import unsupported
-from keras_attn.transformer_encoder import TransformerBlock
+from keras_attn.layers.capabilities import describe
+from keras_attn.layers.capabilities import unsupported
+from keras_attn.blocks.transformer_encoder import TransformerBlock
 from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_sequence_shape
 from keras_attn.utils import keras_mask
@@ -35,7 +35,7 @@ class TransformerDecoder(TransformerBlock):
     `self_attention_cache_update_index`, the position of the first token of
     `decoder_sequence`; its keys/values are written into the cache and the tokens attend
     causally to the cache. With `sliding_window=W` that cache has `min(W, max_len)` slots, a
-    ring buffer (memory constant in the position; `keras_attn.window_cache`) in which the
+    ring buffer (memory constant in the position; `keras_attn.layers.window_cache`) in which the
     position bias and the attention pattern still see each key's true position. With
     cross-attention also pass `cross_attention_cache` from
     `compute_cross_attention_cache(encoder_sequence)` (the encoder keys/values projected once);
@@ -76,7 +76,7 @@ class TransformerDecoder(TransformerBlock):
             (see `TransformerEncoder`); `sliding_window`, `attention_pattern` and `position_bias`
             then belong to that layer (passing them raises); `key_dim`, `attention_dropout` and `num_key_value_heads` configure the
             cross-attention.
-        position_bias: optional `keras_attn.position_bias.PositionBias` layer (or its config)
+        position_bias: optional `keras_attn.core.position_bias.PositionBias` layer (or its config)
             for `num_heads` heads, e.g. `keras_attn.ALiBi(num_heads)` or
             `keras_attn.RelativePositionBias(num_heads, bidirectional=False)`, added to the
             self-attention logits (also in cached decoding, where the new tokens sit at

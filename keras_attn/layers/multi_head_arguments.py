@@ -8,7 +8,7 @@ argument, with the value received.
 import numpy as np
 
 from keras_attn import patterns
-from keras_attn.attention import ATTENTION_IMPLEMENTATIONS
+from keras_attn.core.attention import ATTENTION_IMPLEMENTATIONS
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_choice
 from keras_attn.validation import check_positive_int

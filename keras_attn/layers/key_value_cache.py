@@ -5,14 +5,14 @@ A cache `(batch, 2, max_len, kv_heads, key_dim)` holds projected keys (`cache[:,
 positions `t .. t + n - 1` in one `ops.slice_update` (checked to fit: the update would silently
 clamp the index) and attends over the whole cache; without an index the cache is precomputed
 keys/values (cross-attention to an encoder projected once). With `sliding_window=W`, a cache of
-`W` slots is a ring buffer instead, written and read by `keras_attn.window_cache`.
+`W` slots is a ring buffer instead, written and read by `keras_attn.layers.window_cache`.
 """
 
 import tensorflow as tf
 from keras import ops
 
-from keras_attn import window_cache
-from keras_attn.projections import project
+from keras_attn.layers import window_cache
+from keras_attn.layers.projections import project
 from keras_attn.validation import check_position
 from keras_attn.validation import check_positive_int
 

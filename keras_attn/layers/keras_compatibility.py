@@ -11,7 +11,7 @@ input or argument that cannot work.
 from keras import ops
 
 from keras_attn import patterns
-from keras_attn.masks import pattern_mask
+from keras_attn.core.masks import pattern_mask
 
 _SEQUENCE_AXIS = (1,)  # the attention axes of (batch, seq, features) inputs, resolved
 

@@ -13,8 +13,8 @@ import warnings
 
 import keras
 
-from keras_attn.attention import ATTENTION_IMPLEMENTATIONS
-from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.core.attention import ATTENTION_IMPLEMENTATIONS
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_choice
 
@@ -103,7 +103,7 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
     >>> model = keras.Model(inputs, keras.layers.LayerNormalization()(inputs + x), name="encoder")
     >>> fast, report = convert(model, implementation="chunked", return_report=True)
     >>> type(fast.get_layer("attention")).__module__, report.converted, report.unconverted
-    ('keras_attn.multi_head_attention', ('encoder/attention',), ())
+    ('keras_attn.layers.multi_head_attention', ('encoder/attention',), ())
     >>> convert(fast, return_report=True)[1].already_ours  # a second convert changes nothing
     ('encoder/attention',)
     >>> x = keras.random.normal((2, 16, 32), seed=0)

@@ -13,17 +13,17 @@ capabilities declare one (it implements `_call_with_cache`). These families are 
 `key` are `None` or `query` itself; `capabilities.cross` is `False`), and they take one padding mask:
 a position masked by any of `query_mask`, `value_mask`, `key_mask` (each the Keras mask of `query`
 when not given) is padding, never attended and with a zero attention output. What else a family
-takes is its `capabilities` (`keras_attn.capabilities.AttentionCapabilities`).
+takes is its `capabilities` (`keras_attn.layers.capabilities.AttentionCapabilities`).
 """
 
 import keras
 from keras import ops
 
-from keras_attn.capabilities import check_call
-from keras_attn.capabilities import describe
-from keras_attn.capabilities import unsupported
-from keras_attn.masks import merge_masks
-from keras_attn.softmax import zero_masked
+from keras_attn.layers.capabilities import check_call
+from keras_attn.layers.capabilities import describe
+from keras_attn.layers.capabilities import unsupported
+from keras_attn.core.masks import merge_masks
+from keras_attn.core.softmax import zero_masked
 from keras_attn.utils import check_padding_mask
 from keras_attn.validation import check_positive_int
 from keras_attn.utils import check_sequence_shape

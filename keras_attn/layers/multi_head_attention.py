@@ -10,19 +10,19 @@ other axes, a subclass's `_compute_attention` hook, the shape and axes checks).
 import keras
 from keras import ops
 
-from keras_attn import keras_compatibility
-from keras_attn import key_value_cache
-from keras_attn import position_bias as position_biases
-from keras_attn import projections
-from keras_attn import window_cache
-from keras_attn.attention import scaled_dot_product_attention
-from keras_attn.capabilities import AttentionCapabilities
-from keras_attn.capabilities import check_call
-from keras_attn.mask_arguments import as_4d_mask
-from keras_attn.mask_arguments import check_mask_shapes
-from keras_attn.mask_arguments import merged_mask
-from keras_attn.multi_head_arguments import checked_pattern
-from keras_attn.softmax import zero_masked
+from keras_attn.layers import keras_compatibility
+from keras_attn.layers import key_value_cache
+from keras_attn.core import position_bias as position_biases
+from keras_attn.layers import projections
+from keras_attn.layers import window_cache
+from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.layers.capabilities import AttentionCapabilities
+from keras_attn.layers.capabilities import check_call
+from keras_attn.layers.mask_arguments import as_4d_mask
+from keras_attn.layers.mask_arguments import check_mask_shapes
+from keras_attn.layers.mask_arguments import merged_mask
+from keras_attn.layers.multi_head_arguments import checked_pattern
+from keras_attn.core.softmax import zero_masked
 from keras_attn.utils import keras_mask
 
 
@@ -56,7 +56,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         attention_axes: the axes attention runs over, as in Keras (default: all axes but the
             batch, the heads and the features). On `(batch, seq, features)` inputs attending
             over the sequence (the default) the dense, chunked and blockwise kernels of
-            `keras_attn.attention` run; other ranks and axes run Keras's einsum path with this
+            `keras_attn.core.attention` run; other ranks and axes run Keras's einsum path with this
             layer's masking rules (no cache, bias or grouped key/value heads there).
         sliding_window: optional positive int; each query attends to keys with
             `|i - j| < sliding_window` (local/band attention).
@@ -74,7 +74,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         num_key_value_heads: number of key/value heads; must divide `num_heads`.
             Defaults to `num_heads`.
         implementation: `"auto"` (default), `"dense"`, `"chunked"` or `"blockwise"`, as for
-            `keras_attn.attention.scaled_dot_product_attention`: chunked attention skips the
+            `keras_attn.core.attention.scaled_dot_product_attention`: chunked attention skips the
             keys a causal or sliding-window mask hides; blockwise attention keeps memory linear
             in the sequence length; `"auto"` picks between them by length when the attention
             scores are not returned.
@@ -88,7 +88,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             each query position may attend to, intersected with `use_causal_mask`,
             `sliding_window` and the masks; with a cache the queries sit at
             `cache_update_index`. Serialised with the layer's config.
-        position_bias: optional `keras_attn.position_bias.PositionBias` layer (or its config)
+        position_bias: optional `keras_attn.core.position_bias.PositionBias` layer (or its config)
             for `num_heads` heads, e.g. `keras_attn.ALiBi(num_heads)`: its bias is added to the
             logits on every call, computed per block from the positions (the queries sit at
             `cache_update_index` with a cache). Its weights are this layer's; it is serialised
@@ -96,7 +96,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments (the one convention of every keras_attn attention family; what a family
-    supports is its `capabilities`, `keras_attn.capabilities.AttentionCapabilities`):
+    supports is its `capabilities`, `keras_attn.layers.capabilities.AttentionCapabilities`):
         query: `(batch, query_len, query_features)`.
         value: `(batch, key_len, value_features)`; `None` (the default) for self-attention,
             `value = query`.
@@ -124,7 +124,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             precomputed keys/values (cross-attention to an encoder projected once) and
             `key`/`value` are ignored. Padding masks given with a cache are over `max_len`.
             With `sliding_window=W` a cache of `W` slots (`initial_cache(batch, max_length)`
-            gives one for `max_length > W`) is a ring buffer (`keras_attn.window_cache`), for
+            gives one for `max_length > W`) is a ring buffer (`keras_attn.layers.window_cache`), for
             causal calls only: the new tokens attend over the `W` slots as received then
             themselves, with the pattern and position bias at the keys' true positions, and
             are written at `index % W`; key masks, `attention_mask`, `attention_bias` and the
@@ -227,7 +227,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         `(batch_size, 2, cache_length, num_key_value_heads, key_dim)` in the compute dtype.
 
         `cache_length` is `max_length`, or with `sliding_window=W` `min(W, max_length)`: a window
-        cache is a ring buffer (`keras_attn.window_cache`), its size constant in the position.
+        cache is a ring buffer (`keras_attn.layers.window_cache`), its size constant in the position.
         Needs `key_dim == value_dim`, as every cache does. The sizes may be scalar int tensors
         (a batch known when a graph runs).
         """
@@ -405,7 +405,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             `return_attention_scores`, else `None`. A query row without any allowed key must
             give a zero output (and zero weights), the library's contract for every family.
 
-        This implementation runs `keras_attn.attention.scaled_dot_product_attention` with the
+        This implementation runs `keras_attn.core.attention.scaled_dot_product_attention` with the
         layer's `scale`, `hard`, dropout and `implementation` on rank-4 tensors, and Keras's
         einsum with this layer's masked softmax for more attention axes. An `attention_bias`
         cannot reach an override (a `ValueError` says so).

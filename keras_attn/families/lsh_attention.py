@@ -26,10 +26,10 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_attn.capabilities import AttentionCapabilities
-from keras_attn.projected_self_attention import ProjectedSelfAttention
-from keras_attn.softmax import fill_masked
-from keras_attn.softmax import zero_masked
+from keras_attn.layers.capabilities import AttentionCapabilities
+from keras_attn.families.projected_self_attention import ProjectedSelfAttention
+from keras_attn.core.softmax import fill_masked
+from keras_attn.core.softmax import zero_masked
 from keras_attn.validation import check_positive_int
 from keras_attn.utils import float_math_dtype
 from keras_attn.utils import padding_to_multiple
@@ -179,7 +179,7 @@ class LSHSelfAttention(ProjectedSelfAttention):
             key projection).
         **kwargs: `value_dim`, `output_dim`, `use_bias`, `kernel_initializer`, `bias_initializer`,
             `seed` as for every projected self-attention layer
-            (`keras_attn.projected_self_attention.ProjectedSelfAttention`), and the base `Layer`'s.
+            (`keras_attn.families.projected_self_attention.ProjectedSelfAttention`), and the base `Layer`'s.
         num_buckets: hash buckets per round, 1 or even (Reformer: about `seq / chunk_size`).
         num_hashes: hashing rounds; more rounds, fewer missed neighbours.
         chunk_size: sorted tokens per chunk; each chunk attends to itself and the previous one.
@@ -189,7 +189,7 @@ class LSHSelfAttention(ProjectedSelfAttention):
             change which past keys a token sees).
 
     Call arguments: Keras's convention, self-attention only (see
-    `keras_attn.projected_self_attention`):
+    `keras_attn.families.projected_self_attention`):
         query: `(batch, seq, features)`, any `seq`; `value` and `key` are `None` (or `query`).
         query_mask, value_mask, key_mask: optional boolean padding masks `(batch, seq)`, the
             Keras mask of `query` when not given; a position any of them masks is padding:

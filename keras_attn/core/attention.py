@@ -2,11 +2,11 @@
 
 Every attention family in keras_attn reaches the softmax through this module. A family contributes
 a boolean mask (padding, causal, band, strided, ...), an additive bias, a position bias computed
-per block from positions (`keras_attn.position_bias`: ALiBi, T5's relative positions), or several;
+per block from positions (`keras_attn.core.position_bias`: ALiBi, T5's relative positions), or several;
 this module validates the call, turns the shorthands into one `keras_attn.patterns`
 pattern, resolves the scale, and hands an `AttentionCall` to a kernel of the registry
 (`keras_attn.kernels.KERNELS`: dense, chunked, blockwise, strided), each of which says itself which
-calls it takes (`why_unsupported`). The numerics every kernel shares live in `keras_attn.softmax`:
+calls it takes (`why_unsupported`). The numerics every kernel shares live in `keras_attn.core.softmax`:
 
 - logits and softmax in float32 whatever the compute dtype;
 - masked logits are filled with a finite value, never `-inf`;
@@ -28,9 +28,9 @@ from keras_attn.kernels import KERNELS
 from keras_attn.kernels import chunked
 from keras_attn.kernels import strided
 from keras_attn.kernels.call import AttentionCall
-from keras_attn.masks import merge_masks
-from keras_attn.position_bias import check_position_bias
-from keras_attn.softmax import bias_mask
+from keras_attn.core.masks import merge_masks
+from keras_attn.core.position_bias import check_position_bias
+from keras_attn.core.softmax import bias_mask
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_position
 from keras_attn.validation import check_scale
@@ -169,7 +169,7 @@ def scaled_dot_product_attention(
             `True` where a query may attend to a key.
         bias: optional additive float bias broadcastable to
             `(batch, heads, query_len, key_len)`, added to the logits in float32. An entry at or
-            below `keras_attn.softmax.MASKING_BIAS` (`-inf`, the dtype's lowest value, `-1e9`)
+            below `keras_attn.core.softmax.MASKING_BIAS` (`-inf`, the dtype's lowest value, `-1e9`)
             masks its key exactly like `mask=False` (zero weight, finite gradients).
         is_causal: if `True`, query `i` attends only to keys `j <= i` (top-left aligned);
             shorthand for `pattern=keras_attn.patterns.Causal()`.
@@ -217,7 +217,7 @@ def scaled_dot_product_attention(
             they had been used, the value gets the gradient through the one-hot weights (only the
             selected keys' values receive `dO`). Returned weights are the one-hot ones. Dense
             kernel only: `"auto"` picks it, `"chunked"` / `"blockwise"` raise a `ValueError`.
-        position_bias: optional `keras_attn.position_bias.PositionBias` layer for the query
+        position_bias: optional `keras_attn.core.position_bias.PositionBias` layer for the query
             heads (`keras_attn.ALiBi`, `keras_attn.RelativePositionBias`): its bias of query
             position `query_offset + i` and key position `j` is added to the logits in float32,
             computed per chunk or block from positions on the chunked and blockwise paths
@@ -247,7 +247,7 @@ def scaled_dot_product_attention(
     check_scale(scale)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    if bias is not None:  # a `-inf` bias masks its key on every kernel (`keras_attn.softmax.bias_mask`)
+    if bias is not None:  # a `-inf` bias masks its key on every kernel (`keras_attn.core.softmax.bias_mask`)
         mask = merge_masks(mask, bias_mask(bias))
     if mask is not None:
         key, value = _zero_unattended_keys(key, value, mask)

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_attn.self_attention import SelfAttention
+from keras_attn.layers.self_attention import SelfAttention
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

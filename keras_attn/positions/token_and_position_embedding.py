@@ -8,8 +8,8 @@ from keras import ops
 from keras_attn.validation import check_positive_int
 from keras_attn.utils import checked_ids
 from keras_attn.utils import clone_initializer
-from keras_attn.position_embedding import PositionEmbedding
-from keras_attn.sinusoidal_position_encoding import SinusoidalPositionEncoding
+from keras_attn.positions.position_embedding import PositionEmbedding
+from keras_attn.positions.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_attn.validation import check_bool
 
 _POSITION_ENCODINGS = ("learned", "sinusoidal")

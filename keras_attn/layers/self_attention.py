@@ -4,7 +4,7 @@ import dataclasses
 
 import keras
 
-from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

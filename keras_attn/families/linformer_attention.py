@@ -15,9 +15,9 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_attn.attention import scaled_dot_product_attention
-from keras_attn.capabilities import AttentionCapabilities
-from keras_attn.projected_self_attention import ProjectedSelfAttention
+from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.layers.capabilities import AttentionCapabilities
+from keras_attn.families.projected_self_attention import ProjectedSelfAttention
 from keras_attn.validation import check_positive_int
 from keras_attn.validation import check_bool
 
@@ -57,7 +57,7 @@ class LinformerSelfAttention(ProjectedSelfAttention):
         key_dim: size of each head for query and key.
         **kwargs: `value_dim`, `output_dim`, `use_bias`, `kernel_initializer`, `bias_initializer`,
             `seed` as for every projected self-attention layer
-            (`keras_attn.projected_self_attention.ProjectedSelfAttention`), and the base `Layer`'s.
+            (`keras_attn.families.projected_self_attention.ProjectedSelfAttention`), and the base `Layer`'s.
         max_length: the longest sequence the layer takes; a shorter one uses the leading
             `length` rows of the length projections.
         projected_length: number of projected keys and values (Linformer's `k`).
@@ -68,7 +68,7 @@ class LinformerSelfAttention(ProjectedSelfAttention):
         causal: must be `False`; `True` raises a `ValueError` saying why.
 
     Call arguments: Keras's convention, self-attention only (see
-    `keras_attn.projected_self_attention`):
+    `keras_attn.families.projected_self_attention`):
         query: `(batch, seq, features)` with `seq <= max_length`; `value` and `key` are `None`
             (or `query`).
         query_mask, value_mask, key_mask: optional boolean padding masks `(batch, seq)`, the

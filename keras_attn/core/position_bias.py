@@ -109,7 +109,7 @@ def check_position_bias(position_bias, num_heads):
         return None
     if not isinstance(position_bias, PositionBias):
         raise TypeError(
-            "`position_bias` must be a keras_attn.position_bias.PositionBias layer (e.g. keras_attn.ALiBi) "
+            "`position_bias` must be a keras_attn.core.position_bias.PositionBias layer (e.g. keras_attn.ALiBi) "
             f"or None. Received: position_bias={position_bias!r}"
         )
     if num_heads is not None and position_bias.num_heads != num_heads:

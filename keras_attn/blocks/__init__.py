@@ -1,0 +1,3 @@
+"""The Transformer blocks (encoder, decoder, feed-forward) and pooling that take any attention
+family.
+"""

@@ -1,0 +1,3 @@
+"""The sub-quadratic attention families (LSH, Linformer, linear attention) on their shared
+projections.
+"""
