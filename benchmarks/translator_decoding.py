@@ -12,7 +12,7 @@ default configuration, whose speed does not depend on its weights) are decoded, 
 - the SavedModel (`export.translator`'s `serving_default`: raw strings in, translated strings out,
   tokenisation included), greedy, as served;
 - ONNX Runtime: the exported `encoder.onnx` + `decoder_step.onnx` driven by the greedy loop of
-  `export.translator.onnx_graphs.onnx_greedy_decode` (one session run per token).
+  `export.translator.onnx_graphs.OnnxGreedyDecoder` (its sessions made once; one session run per token).
 
 Tokens are the ids each search emits after `[start]` up to and including `[end]`, counted once per
 search from Keras's cached output (every runtime decodes the same tokens: greedy outputs are
@@ -32,7 +32,7 @@ from benchmarks import measurement
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from export.translator.onnx_graphs import onnx_greedy_decode  # noqa: E402
+from export.translator.onnx_graphs import OnnxGreedyDecoder  # noqa: E402
 from export.translator.onnx_graphs import write_onnx  # noqa: E402
 from export.translator.savedmodel import write_saved_model  # noqa: E402
 from models.decoding import make_decoder  # noqa: E402
@@ -94,13 +94,13 @@ def candidates_for(model, vectorizers, sentences, batch_size, export_dir):
     serve = tf.saved_model.load(os.path.join(export_dir, "saved_model")).signatures["serving_default"]
     string_batches = [tf.constant(batch) for batch in batches(sentences, batch_size)]
     write_onnx(model, vectorizers, os.path.join(export_dir, "onnx"))
-    onnx_dir = os.path.join(export_dir, "onnx")
+    onnx_decoder = OnnxGreedyDecoder(os.path.join(export_dir, "onnx"))
     return {
         "keras cached": ("greedy", keras(1, False)),
         "keras cached XLA": ("greedy", keras(1, True)),
         "keras recomputed": ("greedy", keras(1, False, use_cache=False)),
         "SavedModel": ("greedy", lambda: [serve(source=batch) for batch in string_batches]),
-        "ONNX Runtime": ("greedy", lambda: np.concatenate([onnx_greedy_decode(onnx_dir, ids) for ids in source_batches])),
+        "ONNX Runtime": ("greedy", lambda: np.concatenate([onnx_decoder(ids) for ids in source_batches])),
         "keras cached, beam 4": ("beam-4", keras(4, False)),
         "keras cached XLA, beam 4": ("beam-4", keras(4, True)),
     }

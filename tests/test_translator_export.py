@@ -76,7 +76,7 @@ def test_onnx_greedy_decoder_matches_the_tf_decoder_for_any_batch_and_length():
     for begin, batch, width in ((200, 1, 16), (210, 5, 9), (220, 7, 12)):
         source_ids = vectorizers.source_ids(spanish_english_slice()[0][begin : begin + batch]).numpy()[:, :width]
         expected = translate_ids(model, source_ids, vectorizers.start_id, vectorizers.end_id).numpy()
-        np.testing.assert_array_equal(verified_export.onnx_greedy_decode(os.path.join(path, "onnx"), source_ids), expected)
+        np.testing.assert_array_equal(verified_export.OnnxGreedyDecoder(os.path.join(path, "onnx"))(source_ids), expected)
 
 
 def test_translate_command_reads_the_export():
@@ -106,11 +106,11 @@ def test_verification_fails_loudly_when_the_model_disagrees():
 def test_a_failed_export_publishes_nothing(tmp_path, monkeypatch):
     model, vectorizers = tiny_translator()
 
-    def wrong_onnx(directory, source_ids):
+    def wrong_onnx(source_ids):
         return np.zeros((len(source_ids), vectorizers.sequence_length), np.int32)
 
     monkeypatch.setattr(verified_export, "write_onnx", lambda *args: None)
-    monkeypatch.setattr(verified_export, "onnx_greedy_decode", wrong_onnx)
+    monkeypatch.setattr(verified_export, "OnnxGreedyDecoder", lambda directory: wrong_onnx)
     monkeypatch.setattr(verified_export, "reload_translations", lambda path, sentences: _keras_translations(sentences))
     monkeypatch.setattr(verified_export, "write_saved_model", lambda *args: None)
     with pytest.raises(verified_export.ExportVerificationError, match="ONNX"):

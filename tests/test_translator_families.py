@@ -109,7 +109,7 @@ def test_export_serves_like_keras_with_onnx_where_the_family_allows(attention):
     if key_value:
         source_ids = _sources(5, begin=320)[:, :11]
         expected = translate_ids(model, source_ids, vectorizers.start_id, vectorizers.end_id).numpy()
-        np.testing.assert_array_equal(verified_export.onnx_greedy_decode(os.path.join(path, "onnx"), source_ids), expected)
+        np.testing.assert_array_equal(verified_export.OnnxGreedyDecoder(os.path.join(path, "onnx"))(source_ids), expected)
 
 
 def test_the_attention_flag_reaches_the_config_and_a_bad_choice_names_it():

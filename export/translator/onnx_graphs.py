@@ -3,7 +3,7 @@
 `encoder.onnx` (source ids -> the decoder's cross-attention keys/values, projected once) and
 `decoder_step.onnx` (one token + the self-attention cache -> logits + the updated cache), with
 dynamic batch and lengths, written with the vocabularies and `decoding.json` (start, end and
-padding ids, length, cache shape); `onnx_greedy_decode` drives them with onnxruntime only.
+padding ids, length, cache shape); `OnnxGreedyDecoder` drives them with onnxruntime only.
 """
 
 import json
@@ -128,41 +128,47 @@ def write_onnx(model, vectorizers, directory):
     vectorizers.save(directory)
 
 
-def onnx_greedy_decode(directory, source_ids):
-    """Greedy decoding with onnxruntime only: `(batch, max_length)` ids like `translate_ids`."""
-    import onnxruntime
+class OnnxGreedyDecoder:
+    """Greedy decoding with onnxruntime only, the sessions and `decoding.json` loaded once:
+    `decoder(source_ids)` gives `(batch, max_length)` ids like `translate_ids`."""
 
-    with open(os.path.join(directory, "decoding.json"), encoding="utf-8") as handle:
-        decoding = json.load(handle)
-    options = {"providers": ["CPUExecutionProvider"]}
-    encoder = onnxruntime.InferenceSession(os.path.join(directory, "encoder.onnx"), **options)
-    step = onnxruntime.InferenceSession(os.path.join(directory, "decoder_step.onnx"), **options)
-    source_ids = np.asarray(source_ids, np.int32)
-    batch, max_length = source_ids.shape[0], decoding["max_length"]
-    (cross_cache,) = encoder.run(None, {"source_ids": source_ids})
-    layers, pair, heads, head_dim = decoding["cache_shape"]
-    self_cache = np.zeros((batch, layers, pair, max_length, heads, head_dim), np.float32)
-    tokens = np.full((batch, max_length), decoding["padding_id"], np.int32)
-    tokens[:, 0] = decoding["start_id"]
-    finished = np.zeros(batch, bool)
-    output_names = [output.name for output in step.get_outputs()]
-    for index in range(max_length - 1):
-        outputs = step.run(
-            None,
-            {
-                "token": tokens[:, index : index + 1],
-                "index": np.asarray(index, np.int32),
-                "self_cache": self_cache,
-                "cross_cache": cross_cache,
-                "source_ids": source_ids,
-            },
-        )
-        outputs = dict(zip(output_names, outputs))
-        self_cache = outputs["updated_self_cache"]
-        next_ids = np.argmax(outputs["logits"], axis=-1).astype(np.int32)
-        next_ids[finished] = decoding["padding_id"]
-        tokens[:, index + 1] = next_ids
-        finished |= next_ids == decoding["end_id"]
-        if finished.all():
-            break
-    return tokens
+    def __init__(self, directory):
+        import onnxruntime
+
+        with open(os.path.join(directory, "decoding.json"), encoding="utf-8") as handle:
+            self.decoding = json.load(handle)
+        options = {"providers": ["CPUExecutionProvider"]}
+        self.encoder = onnxruntime.InferenceSession(os.path.join(directory, "encoder.onnx"), **options)
+        self.step = onnxruntime.InferenceSession(os.path.join(directory, "decoder_step.onnx"), **options)
+        self.output_names = [output.name for output in self.step.get_outputs()]
+
+    def __call__(self, source_ids):
+        decoding = self.decoding
+        source_ids = np.asarray(source_ids, np.int32)
+        batch, max_length = source_ids.shape[0], decoding["max_length"]
+        (cross_cache,) = self.encoder.run(None, {"source_ids": source_ids})
+        layers, pair, heads, head_dim = decoding["cache_shape"]
+        self_cache = np.zeros((batch, layers, pair, max_length, heads, head_dim), np.float32)
+        tokens = np.full((batch, max_length), decoding["padding_id"], np.int32)
+        tokens[:, 0] = decoding["start_id"]
+        finished = np.zeros(batch, bool)
+        for index in range(max_length - 1):
+            outputs = self.step.run(
+                None,
+                {
+                    "token": tokens[:, index : index + 1],
+                    "index": np.asarray(index, np.int32),
+                    "self_cache": self_cache,
+                    "cross_cache": cross_cache,
+                    "source_ids": source_ids,
+                },
+            )
+            outputs = dict(zip(self.output_names, outputs))
+            self_cache = outputs["updated_self_cache"]
+            next_ids = np.argmax(outputs["logits"], axis=-1).astype(np.int32)
+            next_ids[finished] = decoding["padding_id"]
+            tokens[:, index + 1] = next_ids
+            finished |= next_ids == decoding["end_id"]
+            if finished.all():
+                break
+        return tokens

@@ -38,7 +38,7 @@ from export.serving_layout import staging_directory
 from export.serving_layout import write_models_config
 from export.serving_layout import write_warmup_requests
 from export.translator.onnx_graphs import check_onnx_exportable
-from export.translator.onnx_graphs import onnx_greedy_decode
+from export.translator.onnx_graphs import OnnxGreedyDecoder
 from export.translator.onnx_graphs import write_onnx
 from export.translator.savedmodel import SIGNATURE_INPUT
 from export.translator.savedmodel import SIGNATURE_OUTPUT
@@ -84,11 +84,9 @@ def verify_export(model, vectorizers, version_dir, sentences, onnx=True):
         )
     if not onnx:
         return {"sentences": len(sentences), "saved_model_matches": True}
+    onnx_decoder = OnnxGreedyDecoder(os.path.join(version_dir, "onnx"))
     onnx_ids = np.concatenate(
-        [
-            onnx_greedy_decode(os.path.join(version_dir, "onnx"), vectorizers.source_ids(sentences[i : i + 256]))
-            for i in range(0, len(sentences), 256)
-        ]
+        [onnx_decoder(vectorizers.source_ids(sentences[i : i + 256])) for i in range(0, len(sentences), 256)]
     )
     mismatch = _first_mismatch(expected_ids, onnx_ids)
     if mismatch:
