@@ -216,8 +216,8 @@ def translate_ids(
     return beam_search(step, state, batch_size, max_length, start_id, end_id, beam_size, length_penalty)
 
 
-def make_decoder(model, vectorizers, beam_size=1, jit_compile=False, use_cache=True):
-    """A `tf.function` mapping `(batch, sequence_length)` source ids to target ids."""
+def make_decoder(model, vectorizers, beam_size=1, jit_compile=False, use_cache=True, length_penalty=0.0):
+    """A `tf.function` mapping `(batch, sequence_length)` source ids to target ids (see `translate_ids`)."""
 
     @tf.function(
         jit_compile=jit_compile,
@@ -231,6 +231,7 @@ def make_decoder(model, vectorizers, beam_size=1, jit_compile=False, use_cache=T
             vectorizers.end_id,
             beam_size=beam_size,
             use_cache=use_cache,
+            length_penalty=length_penalty,
         )
 
     return decode

@@ -49,13 +49,14 @@ def load_run(run_dir):
     return model, vectorizers, run_config
 
 
-def write_split(path, split, data_path, seed):
-    """Records the split (with the seed and the data file's sha256) next to a run."""
+def write_split(path, split, data_path, seed, method):
+    """Records the split (its method, the seed and the data file's sha256) next to a run."""
     write_json_atomic(
         path,
         {
             "data": os.path.abspath(data_path),
             "sha256": file_sha256(data_path),
+            "method": method,
             "seed": seed,
             "sizes": {name: int(len(indices)) for name, indices in split.items()},
             **{name: indices.tolist() for name, indices in split.items()},
@@ -64,18 +65,18 @@ def write_split(path, split, data_path, seed):
 
 
 def read_split(path):
-    """`{split: sorted int64 indices}` as `write_split` recorded them."""
+    """`({split: sorted int64 indices}, method)` as `write_split` recorded them; a split recorded
+    before the method was (always by pair) reads as "pair"."""
     with open(path, encoding="utf-8") as handle:
         payload = json.load(handle)
-    return {name: np.asarray(payload[name], np.int64) for name in SPLITS}
+    return {name: np.asarray(payload[name], np.int64) for name in SPLITS}, payload.get("method", "pair")
 
 
 def held_out_sources(run_dir, count):
-    """`count` evenly spaced source sentences of the run's recorded test split."""
+    """`count` evenly spaced distinct source sentences of the run's recorded test split."""
     run_config = read_run_config(run_dir)
     sources, _ = orient_pairs(
         read_pairs(run_config["data"]), run_config["columns"], run_config["source"], run_config["target"]
     )
-    test = read_split(os.path.join(run_dir, SPLIT_FILE))["test"]
-    chosen = test[np.linspace(0, len(test) - 1, min(count, len(test))).astype(int)]
-    return [sources[i] for i in chosen]
+    test = list(dict.fromkeys(sources[i] for i in read_split(os.path.join(run_dir, SPLIT_FILE))[0]["test"]))
+    return [test[i] for i in np.linspace(0, len(test) - 1, min(count, len(test))).astype(int)]

@@ -1,23 +1,34 @@
 """Trains the Transformer translator on tab-separated sentence pairs and scores it on the test split.
 
     python -m pipelines.train_translator [--data ../shared/data/spa-eng/spa-eng.zip] [--attention dense|window|linear]
-        [--source es --target en] [--smoke] [--mixed-precision mixed_bfloat16] [--jit-compile]
+        [--source es --target en] [--smoke] [--mixed-precision float32] [--jit-compile]
         [--strategy {default,mirrored,multi_worker}] [--output-dir runs/translator] ...
 
 Data: `--data` is a UTF-8 file of tab-separated pairs or a zip holding one (first two columns,
 language codes `--columns`, default `en,<the other language>`). The seeded train/validation/test
-split is written to `<output-dir>/split.json` (with the data file's SHA-256), the vocabularies to
-`<output-dir>/{source,target}_vocabulary.txt`; both are reused when the command is rerun, which
-resumes training from the last finished epoch. After training, the best checkpoint is scored on
-the test split: token accuracy (teacher forcing) and BLEU (sacrebleu on detokenised greedy or
-beam-search translations). `<output-dir>/summary.json` holds the data counts, model, time, figures
-and example translations; `--attention` picks the encoder and decoder self-attention
+split is by source sentence (`--split-by source`: every pair of a source sentence falls in one
+split, so no test source is seen in training and each test source keeps all its references;
+`--split-by pair` is the old split over pairs). It is written to `<output-dir>/split.json` (method,
+seed, the data file's SHA-256), the vocabularies to `<output-dir>/{source,target}_vocabulary.txt`;
+both are reused when the command is rerun, which resumes training from the last finished epoch.
+
+Training: AdamW with warm-up and cosine decay, label smoothing `--label-smoothing` (0.1), under
+`--mixed-precision mixed_bfloat16` by default (about half the time of float32 on CPUs with
+bfloat16 units, measured 2.1x on AVX512-BF16, and on GPUs; the saved model is float32 either way;
+`--mixed-precision float32` elsewhere).
+
+Scoring: the best checkpoint's test token accuracy (teacher forcing), then every distinct test
+source translated greedily and by beam search (`--beam-size` 4, GNMT length penalty
+`--length-penalty` 0.6: the headline), each scored with sacrebleu BLEU and chrF against all of the
+source's references and per pair (single reference; `pipelines.translation_scores`).
+`<output-dir>/summary.json` holds the data counts, the split, model, time, figures and example
+translations; `--attention` picks the encoder and decoder self-attention
 (`models.translator_self_attention`: dense, window of `--attention-window` tokens, or linear; it is
 part of the model's config). `translator.keras` and `run_config.json` are what `pipelines.translate`
-and `python -m export.translator` read. `--evaluate-only` re-scores a finished run (e.g. with
-`--beam-size 4`). Training also writes `<output-dir>/report.html` (`pipelines.translator_report`):
-BLEU, curves and the cross-attention alignments of the example sentences, offline. On CPUs with bfloat16 units `--mixed-precision mixed_bfloat16` about halves the
-training time (measured 2.1x on AVX512-BF16); the saved model is float32 either way.
+and `python -m export.translator` read. `--evaluate-only` re-scores a finished run (writes
+`evaluation_beam<K>.json`). Training also writes `<output-dir>/report.html`
+(`pipelines.translator_report`): the figures, curves and the cross-attention alignments of the
+example sentences, offline.
 
 `--strategy multi_worker` trains on every worker of the `TF_CONFIG` cluster with
 `pipelines.distributed` (run the same command on each worker, or under `pipelines.launch`): each
@@ -36,14 +47,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-import sacrebleu
 import tensorflow as tf
 
 from appkit.cli import fraction
+from appkit.cli import non_negative_float
 from appkit.cli import positive_int
 from appkit.cli import require_writable_directory
 from appkit.cli import user_errors_exit
 from appkit.files import write_json_atomic
+from models import decoding_defaults
 from models.decoding import decode_sentences
 from models.decoding import make_decoder
 from models.parallel_text import orient_pairs
@@ -66,6 +78,8 @@ from pipelines import training
 from pipelines import translation_data
 from pipelines import translator_report
 from pipelines.batching import with_counted_batches
+from pipelines.translation_scores import ReferenceSet
+from pipelines.translation_scores import translation_scores
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spa-eng" / "spa-eng.zip"
 SMOKE_MODEL = TranslatorConfig(
@@ -83,12 +97,14 @@ NUM_EXAMPLES = 8
 
 
 def compile_translator(
-    model, learning_rate, total_steps, warmup_fraction=0.05, weight_decay=0.01, jit_compile=False
+    model, learning_rate, total_steps, warmup_fraction=0.05, weight_decay=0.01, jit_compile=False,
+    label_smoothing=0.0,
 ):
-    """AdamW with linear warm-up then cosine decay, the padding-aware loss and token accuracy."""
+    """AdamW with linear warm-up then cosine decay, the padding-aware (label-smoothed) loss and
+    token accuracy."""
     model.compile(
         optimizer=training.adamw_with_warmup(learning_rate, total_steps, warmup_fraction, weight_decay),
-        loss=translation_loss(),
+        loss=translation_loss(label_smoothing),
         metrics=[TokenAccuracy()],
         jit_compile=jit_compile,
     )
@@ -107,15 +123,29 @@ def parse_args(argv=None):
     parser.add_argument("--target", default="en", help="target language code")
     parser.add_argument("--smoke", action="store_true", help="tiny model and ~1,500 pairs (tests)")
     training.add_training_arguments(
-        parser, output_dir="runs/translator", epochs=4, learning_rate=1.5e-3, weight_decay=0.01, warmup_fraction=0.05,
-        patience=3, jit_compile_help="XLA-compile training and decoding",
+        parser, output_dir="runs/translator", epochs=5, learning_rate=1.5e-3, weight_decay=0.01, warmup_fraction=0.05,
+        patience=3, jit_compile_help="XLA-compile training and decoding", mixed_precision="mixed_bfloat16",
+    )
+    parser.add_argument(
+        "--label-smoothing", type=fraction, default=0.1, help="share of the target put uniformly on the vocabulary"
     )
     parser.add_argument("--tokens-per-batch", type=positive_int, default=2048, help="padded source tokens per batch")
     parser.add_argument("--validation-fraction", type=fraction, default=0.05)
     parser.add_argument("--test-fraction", type=fraction, default=0.1)
     parser.add_argument("--max-pairs", type=positive_int, help="use only the first N pairs of the file")
     parser.add_argument("--max-test", type=positive_int, help="cap on test pairs scored with BLEU")
-    parser.add_argument("--beam-size", type=positive_int, default=1, help="BLEU decoding: 1 = greedy")
+    parser.add_argument(
+        "--split-by", choices=translation_data.SPLIT_METHODS, default="source",
+        help="source: every pair of a source sentence in one split (default); pair: the old split over pairs",
+    )
+    parser.add_argument(
+        "--beam-size", type=positive_int, default=decoding_defaults.BEAM_SIZE,
+        help="the beam scored beside greedy decoding (1: greedy only); the headline BLEU is the beam's",
+    )
+    parser.add_argument(
+        "--length-penalty", type=non_negative_float, default=decoding_defaults.LENGTH_PENALTY,
+        help="beam search's GNMT length-normalisation exponent (0: raw log-probability)",
+    )
     parser.add_argument(
         "--evaluate-only",
         action="store_true",
@@ -138,7 +168,11 @@ def pair_columns(args):
 
 
 def load_split_pairs(args, output_dir):
-    """Reads the pairs, orients them, and makes (or reuses) the seeded split recorded in the run."""
+    """Reads the pairs, orients them, and makes (or reuses) the seeded split recorded in the run.
+
+    Returns:
+        `(pairs, method)`: `{split: (sources, targets)}` and the split's method ("source" or "pair").
+    """
     sources, targets = orient_pairs(
         read_pairs(args.data), pair_columns(args), args.source, args.target
     )
@@ -147,12 +181,26 @@ def load_split_pairs(args, output_dir):
         sources, targets = sources[:max_pairs], targets[:max_pairs]
     split_path = output_dir / SPLIT_FILE
     if split_path.is_file():
-        split = read_split(split_path)
+        split, method = read_split(split_path)
     else:
-        split = translation_data.split_indices(len(sources), args.seed, args.validation_fraction, args.test_fraction)
-        write_split(split_path, split, args.data, args.seed)
-    return {
+        method = args.split_by
+        split = translation_data.split_pairs(
+            sources, method, args.seed, args.validation_fraction, args.test_fraction
+        )
+        write_split(split_path, split, args.data, args.seed, method)
+    pairs = {
         name: ([sources[i] for i in indices], [targets[i] for i in indices]) for name, indices in split.items()
+    }
+    return pairs, method
+
+
+def split_summary(pairs, method, seed):
+    """The split's method and seed, and how many distinct test sources training also saw."""
+    training_sources = set(pairs["train"][0])
+    return {
+        "method": method,
+        "seed": seed,
+        "test_sources_in_training": sum(source in training_sources for source in set(pairs["test"][0])),
     }
 
 
@@ -167,16 +215,6 @@ def load_or_build_vectorizers(pairs, config, output_dir):
     )
     vectorizers.save(output_dir)
     return vectorizers
-
-
-def score_translations(hypotheses, references):
-    """Cased sacrebleu BLEU (13a tokenisation) of detokenised hypotheses against raw references.
-
-    Returns:
-        `(score, signature)`.
-    """
-    metric = sacrebleu.BLEU()
-    return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
 
 
 def train(args):
@@ -207,7 +245,7 @@ def _train(args, output_dir):
         )
     config = model_config(args)
 
-    pairs = load_split_pairs(args, output_dir)
+    pairs, split_method = load_split_pairs(args, output_dir)
     vectorizers = load_or_build_vectorizers(pairs, config, output_dir)
     if multi_worker:
         check_workers_agree(strategy, pairs, vectorizers)
@@ -231,7 +269,8 @@ def _train(args, output_dir):
     with strategy.scope():
         model = build_translator(config)
         compile_translator(
-            model, args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay, args.jit_compile
+            model, args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay, args.jit_compile,
+            args.label_smoothing,
         )
     started = time.perf_counter()
     fitted = training.fit(
@@ -244,7 +283,7 @@ def _train(args, output_dir):
         validation_batches,
         monitor="val_token_accuracy",
         mode="max",
-        losses=translation_loss(),
+        losses=translation_loss(args.label_smoothing),
         metrics={"token_accuracy": distributed.token_accuracy()},
         epoch_batches=lambda epoch: batches("train", seed=args.seed + epoch, shuffle=True),
         counted=distributed.real_tokens(PADDING_ID),
@@ -266,6 +305,7 @@ def _train(args, output_dir):
             "target": args.target,
             **{name: len(sources) for name, (sources, _) in pairs.items()},
         },
+        "split": split_summary(pairs, split_method, args.seed),
         "model": config.to_dict(),
         "parameters": model.count_params(),
         **training.run_summary(args, policy, strategy, fitted),
@@ -291,7 +331,7 @@ def _train(args, output_dir):
             "model": config.to_dict(),
         },
     )
-    summary.update(evaluate_bleu(model, vectorizers, *pairs["test"], args))
+    summary.update(evaluate_translations(model, vectorizers, ReferenceSet.from_pairs(*pairs["test"]), args))
     write_json_atomic(output_dir / "summary.json", summary)
     translator_report.write_report(output_dir / "report.html", summary, epochs, model, vectorizers)
     return summary
@@ -329,27 +369,51 @@ def scoring_translator(model, config, learning_rate, total_steps):
     return compile_translator(scoring, learning_rate, total_steps)
 
 
-def evaluate_bleu(model, vectorizers, sources, references, args):
-    """BLEU of the detokenised translations of the test sources, with timing and examples."""
-    limit = args.max_test or (SMOKE_DATA["max_test"] if args.smoke else None)
-    if limit and limit < len(sources):
-        # The file is sorted by length: an evenly spaced subset keeps every length.
-        chosen = np.linspace(0, len(sources) - 1, limit).astype(int)
-        sources, references = [sources[i] for i in chosen], [references[i] for i in chosen]
-    decoder = make_decoder(model, vectorizers, beam_size=args.beam_size, jit_compile=args.jit_compile)
+def decode_and_score(model, vectorizers, test_set, beam_size, length_penalty, jit_compile):
+    """`(scores, translations)`: the test sources decoded (greedy for `beam_size` 1) and scored."""
+    decoder = make_decoder(
+        model, vectorizers, beam_size=beam_size, length_penalty=length_penalty, jit_compile=jit_compile
+    )
     started = time.perf_counter()
-    hypotheses = detokenize(decode_sentences(decoder, vectorizers, sources))
+    translations = detokenize(decode_sentences(decoder, vectorizers, test_set.sources))
     decoding_seconds = time.perf_counter() - started
-    bleu, signature = score_translations(hypotheses, references)
+    scores = translation_scores(translations, test_set)
+    return {**scores, "decoding_seconds": round(decoding_seconds, 1)}, translations
+
+
+def evaluate_translations(model, vectorizers, test_set, args):
+    """Greedy and beam-search (`--beam-size`, unless 1) BLEU and chrF of the test sources.
+
+    Each is scored against all references of a source and per pair (`pipelines.translation_scores`).
+    The headline `test_bleu` and the examples are the beam's (greedy's with `--beam-size 1`).
+    """
+    test_set = test_set.subset(args.max_test or (SMOKE_DATA["max_test"] if args.smoke else None))
+    searches = {"greedy": (1, 0.0)}
+    if args.beam_size > 1:
+        searches["beam"] = (args.beam_size, args.length_penalty)
+    results, translations = {}, {}
+    for name, (beam_size, length_penalty) in searches.items():
+        scores, translations[name] = decode_and_score(
+            model, vectorizers, test_set, beam_size, length_penalty, args.jit_compile
+        )
+        signatures = {key: scores.pop(key) for key in ("bleu_signature", "chrf_signature")}
+        results[name] = {"beam_size": beam_size, "length_penalty": length_penalty, **scores}
+    best = "beam" if args.beam_size > 1 else "greedy"
+    headline = results[best]
     return {
-        "test_bleu": round(bleu, 2),
-        "bleu_signature": signature,
-        "bleu_sentences": len(sources),
+        **results,
+        **signatures,
+        "test_bleu": headline["bleu"],
+        "test_chrf": headline["chrf"],
         "beam_size": args.beam_size,
-        "decoding_seconds": round(decoding_seconds, 1),
+        "length_penalty": headline["length_penalty"],
+        "bleu_sentences": len(test_set.sources),
+        "test_set": test_set.description(),
         "examples": [
-            {"source": source, "reference": reference, "translation": hypothesis}
-            for source, reference, hypothesis in _spread(list(zip(sources, references, hypotheses)))
+            {"source": source, "reference": references[0], "translation": translation}
+            for source, references, translation in _spread(
+                list(zip(test_set.sources, test_set.references, translations[best]))
+            )
         ],
     }
 
@@ -367,8 +431,8 @@ def evaluate_run(args):
     # The run's own data file and direction: its split.json indexes those pairs, not the flags'.
     recorded = {key: run_config[key] for key in ("data", "source", "target")}
     args = argparse.Namespace(**{**vars(args), **recorded, "columns": ",".join(run_config["columns"])})
-    sources, references = load_split_pairs(args, output_dir)["test"]
-    summary = evaluate_bleu(model, vectorizers, sources, references, args)
+    pairs, _ = load_split_pairs(args, output_dir)
+    summary = evaluate_translations(model, vectorizers, ReferenceSet.from_pairs(*pairs["test"]), args)
     write_json_atomic(output_dir / f"evaluation_beam{args.beam_size}.json", summary)
     return summary
 

@@ -23,13 +23,15 @@ import tensorflow as tf
 from appkit.cli import add_debug_flag  # standard library only: --export still runs no model code
 from appkit.cli import positive_int
 from appkit.cli import user_errors_exit
+from models import decoding_defaults  # imports nothing
 
 
 ATTENTION_SUFFIXES = (".html", ".png")
 
 
-def translate_with_run(run_dir, sentences, beam_size=1, batch_size=256, attention_path=None):
-    """Translations from a training run (imports the model code only here: `--export` needs none).
+def translate_with_run(run_dir, sentences, beam_size=decoding_defaults.BEAM_SIZE, batch_size=256, attention_path=None):
+    """Translations from a training run (imports the model code only here: `--export` needs none),
+    by beam search with the default length penalty (`beam_size` 1: greedy).
 
     With `attention_path` (.html or .png), also writes the cross-attention alignments there.
     """
@@ -39,7 +41,8 @@ def translate_with_run(run_dir, sentences, beam_size=1, batch_size=256, attentio
     from models.translator_run import load_run
 
     model, vectorizers, _ = load_run(run_dir)
-    decoder = make_decoder(model, vectorizers, beam_size=beam_size)
+    length_penalty = decoding_defaults.LENGTH_PENALTY if beam_size > 1 else 0.0
+    decoder = make_decoder(model, vectorizers, beam_size=beam_size, length_penalty=length_penalty)
     translations = detokenize(decode_sentences(decoder, vectorizers, sentences, batch_size))
     if attention_path is not None:
         write_alignments(attention_path, model, vectorizers, decoder, sentences, translations)
@@ -79,15 +82,17 @@ def latest_version(export_dir):
     return os.path.join(export_dir, max(versions, key=int))
 
 
-def translate_with_export(export_dir, sentences):
-    """Runs the SavedModel's `serving_default` signature (TensorFlow only, no model code), once its
-    manifest proves every file intact and the export a translator's."""
+def translate_with_export(export_dir, sentences, greedy=False):
+    """Runs the SavedModel's `serving_default` (beam search) or, with `greedy`, its greedy signature
+    (TensorFlow only, no model code), once its manifest proves every file intact and the export a
+    translator's."""
     from models.export_manifest import check_manifest  # standard library only
     from models.translation_text import MODEL_ID
 
     version = latest_version(export_dir)
     check_manifest(version, MODEL_ID)
-    serving = tf.saved_model.load(version).signatures["serving_default"]
+    signature = decoding_defaults.GREEDY_SIGNATURE if greedy else "serving_default"
+    serving = tf.saved_model.load(version).signatures[signature]
     outputs = serving(source=tf.constant(sentences, tf.string))
     return [text.decode("utf-8") for text in np.asarray(outputs["translation"]).tolist()]
 
@@ -99,7 +104,10 @@ def main(argv=None):
     origin = parser.add_mutually_exclusive_group(required=True)
     origin.add_argument("--run", help="training output directory (checkpoint + vocabularies)")
     origin.add_argument("--export", help="SavedModel directory (a version, or the model's versions)")
-    parser.add_argument("--beam-size", type=positive_int, default=1, help="beam size (--run only; 1 = greedy)")
+    parser.add_argument(
+        "--beam-size", type=positive_int, default=decoding_defaults.BEAM_SIZE,
+        help=f"1 = greedy (default {decoding_defaults.BEAM_SIZE}; an export serves {decoding_defaults.BEAM_SIZE} and 1)",
+    )
     parser.add_argument(
         "--attention", metavar="PATH", help="also write the cross-attention alignments: .html (explorer) or .png (--run only)"
     )
@@ -114,11 +122,13 @@ def main(argv=None):
             parser.error("--attention needs --run (an export holds no attention weights)")
         if os.path.splitext(args.attention)[1] not in ATTENTION_SUFFIXES:
             parser.error(f"--attention must end in .html or .png, got {args.attention!r}")
+    if args.export and args.beam_size not in (1, decoding_defaults.BEAM_SIZE):
+        parser.error(f"--beam-size with --export must be 1 or {decoding_defaults.BEAM_SIZE}, got {args.beam_size}")
     with user_errors_exit(parser.prog, args.debug):
         if args.run:
             translations = translate_with_run(args.run, sentences, beam_size=args.beam_size, attention_path=args.attention)
         else:
-            translations = translate_with_export(args.export, sentences)
+            translations = translate_with_export(args.export, sentences, greedy=args.beam_size == 1)
     for translation in translations:
         print(translation)
 

@@ -14,25 +14,68 @@ from models.translation_text import translation_vectorizer
 from pipelines.batching import bucket_boundaries
 
 
+SPLIT_METHODS = ("source", "pair")
+
+
+def _check_fractions(validation_fraction, test_fraction):
+    for name, fraction in (("validation_fraction", validation_fraction), ("test_fraction", test_fraction)):
+        if not 0.0 < fraction < 0.5:
+            raise ValueError(f"`{name}` must be in (0, 0.5). Received: {name}={fraction}")
+
+
+def _cut(order, validation_fraction, test_fraction):
+    """`{"test", "validation", "train"}` slices of the permutation `order`, in that order."""
+    count = len(order)
+    num_test = max(1, int(round(count * test_fraction)))
+    num_validation = max(1, int(round(count * validation_fraction)))
+    if num_test + num_validation >= count:
+        raise ValueError(f"Too few items to split. Received: {count} items")
+    return {
+        "test": order[:num_test],
+        "validation": order[num_test : num_test + num_validation],
+        "train": order[num_test + num_validation :],
+    }
+
+
 def split_indices(num_pairs, seed, validation_fraction=0.1, test_fraction=0.1):
-    """A fixed, seeded permutation of `range(num_pairs)` cut into train/validation/test.
+    """A fixed, seeded permutation of `range(num_pairs)` cut into train/validation/test (by pair).
 
     Returns:
         A dict `{"train": ..., "validation": ..., "test": ...}` of sorted int arrays.
     """
-    for name, fraction in (("validation_fraction", validation_fraction), ("test_fraction", test_fraction)):
-        if not 0.0 < fraction < 0.5:
-            raise ValueError(f"`{name}` must be in (0, 0.5). Received: {name}={fraction}")
+    _check_fractions(validation_fraction, test_fraction)
     order = np.random.default_rng(seed).permutation(num_pairs)
-    num_test = max(1, int(round(num_pairs * test_fraction)))
-    num_validation = max(1, int(round(num_pairs * validation_fraction)))
-    if num_test + num_validation >= num_pairs:
-        raise ValueError(f"`num_pairs` is too small to split. Received: num_pairs={num_pairs}")
-    return {
-        "test": np.sort(order[:num_test]),
-        "validation": np.sort(order[num_test : num_test + num_validation]),
-        "train": np.sort(order[num_test + num_validation :]),
-    }
+    return {name: np.sort(part) for name, part in _cut(order, validation_fraction, test_fraction).items()}
+
+
+def split_by_source(sources, seed, validation_fraction=0.1, test_fraction=0.1):
+    """A seeded split of the pairs in which every pair of a source sentence falls on one side.
+
+    The distinct source sentences are permuted and cut by the fractions (of sources, so the pair
+    counts follow); a sentence's several translations all land in the same split, so no test
+    source is ever seen in training, and the test set holds every reference of its sources.
+
+    Returns:
+        A dict `{"train": ..., "validation": ..., "test": ...}` of sorted int pair indices.
+    """
+    _check_fractions(validation_fraction, test_fraction)
+    distinct, pair_source = np.unique(np.asarray(sources, dtype=object).astype(str), return_inverse=True)
+    order = np.random.default_rng(seed).permutation(len(distinct))
+    parts = _cut(order, validation_fraction, test_fraction)  # distinct-source ids per split
+    side = np.empty(len(distinct), np.int64)
+    for number, part in enumerate(parts.values()):
+        side[part] = number
+    pair_side = side[pair_source.reshape(-1)]
+    return {name: np.flatnonzero(pair_side == number) for number, name in enumerate(parts)}
+
+
+def split_pairs(sources, method, seed, validation_fraction=0.1, test_fraction=0.1):
+    """`split_by_source` (method "source") or `split_indices` (method "pair", the old split)."""
+    if method not in SPLIT_METHODS:
+        raise ValueError(f"`method` must be one of {SPLIT_METHODS}. Received: method={method!r}")
+    if method == "source":
+        return split_by_source(sources, seed, validation_fraction, test_fraction)
+    return split_indices(len(sources), seed, validation_fraction, test_fraction)
 
 
 def build_vocabularies(sources, targets, source_vocabulary_size, target_vocabulary_size):

@@ -67,14 +67,46 @@ def test_split_is_seeded_disjoint_and_complete(tmp_path):
     assert all(np.array_equal(split[name], again[name]) for name in split)
     assert not np.array_equal(split["test"], other["test"])
     data = _write_pairs(tmp_path / "pairs.txt", ["a\tb"])
-    translator_run.write_split(tmp_path / "split.json", split, str(data), seed=5)
+    translator_run.write_split(tmp_path / "split.json", split, str(data), seed=5, method="pair")
     recorded = json.loads((tmp_path / "split.json").read_text())
-    assert recorded["seed"] == 5 and recorded["sizes"]["test"] == 200
+    assert recorded["seed"] == 5 and recorded["sizes"]["test"] == 200 and recorded["method"] == "pair"
     assert recorded["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
-    reread = translator_run.read_split(tmp_path / "split.json")
-    assert all(np.array_equal(reread[name], split[name]) for name in split)
+    reread, method = translator_run.read_split(tmp_path / "split.json")
+    assert all(np.array_equal(reread[name], split[name]) for name in split) and method == "pair"
+    del recorded["method"]  # a split.json written before splits had a method was split by pair
+    (tmp_path / "split.json").write_text(json.dumps(recorded))
+    assert translator_run.read_split(tmp_path / "split.json")[1] == "pair"
     with pytest.raises(ValueError, match="test_fraction"):
         translation_data.split_indices(10, seed=0, test_fraction=0.7)
+
+
+def test_split_by_source_keeps_every_pair_of_a_source_on_one_side():
+    rng = np.random.default_rng(0)
+    sources = [f"frase {number}" for number in rng.integers(0, 600, size=1_000)]  # many repeated
+    split = translation_data.split_pairs(sources, "source", seed=5, validation_fraction=0.1, test_fraction=0.2)
+    assert np.array_equal(np.sort(np.concatenate(list(split.values()))), np.arange(1_000))
+    sides = {name: {sources[i] for i in indices} for name, indices in split.items()}
+    assert not sides["train"] & sides["test"] and not sides["train"] & sides["validation"]
+    assert not sides["validation"] & sides["test"]
+    distinct = len(set(sources))
+    assert len(sides["test"]) == round(0.2 * distinct) and len(sides["validation"]) == round(0.1 * distinct)
+    again = translation_data.split_pairs(sources, "source", seed=5, validation_fraction=0.1, test_fraction=0.2)
+    assert all(np.array_equal(split[name], again[name]) for name in split)
+    by_pair = translation_data.split_pairs(sources, "pair", seed=5, validation_fraction=0.1, test_fraction=0.2)
+    leaked = {sources[i] for i in by_pair["test"]} & {sources[i] for i in by_pair["train"]}
+    assert leaked  # the old split puts other pairs of a test source in training
+    with pytest.raises(ValueError, match="method"):
+        translation_data.split_pairs(sources, "sentence", seed=5)
+
+
+def test_the_real_corpus_split_by_source_shares_no_test_source_with_training():
+    english, spanish = parallel_text.read_pairs(require_data())
+    split = translation_data.split_pairs(spanish, "source", seed=1337, validation_fraction=0.05, test_fraction=0.1)
+    training = {spanish[i] for i in split["train"]}
+    assert not any(spanish[i] in training for i in split["test"])
+    old = translation_data.split_pairs(spanish, "pair", seed=1337, validation_fraction=0.05, test_fraction=0.1)
+    old_training = {spanish[i] for i in old["train"]}
+    assert sum(spanish[i] in old_training for i in old["test"]) == 895  # the count on the old split
 
 
 def test_standardisation_keeps_accents_splits_punctuation_and_lowercases_unicode():

@@ -18,6 +18,9 @@ from tests.translation_fixtures import spanish_english_slice
 from tests.serving_checks import warmup_requests
 from tests.translation_fixtures import tiny_translator
 from export import serving_layout
+from export.translator.savedmodel import SEARCHES
+from models.decoding_defaults import BEAM_SIZE
+from models.decoding_defaults import LENGTH_PENALTY
 
 pytestmark = pytest.mark.slow
 
@@ -38,9 +41,14 @@ def _exported():
     return path, report
 
 
-def _keras_translations(sentences):
+def _keras_translations(sentences, signature=serving_layout.SIGNATURE):
+    """The Keras model's translations with the search the export serves under `signature`."""
     model, vectorizers = tiny_translator()
-    ids = translate_ids(model, vectorizers.source_ids(sentences), vectorizers.start_id, vectorizers.end_id)
+    beam_size, length_penalty = SEARCHES[signature]
+    ids = translate_ids(
+        model, vectorizers.source_ids(sentences), vectorizers.start_id, vectorizers.end_id,
+        beam_size=beam_size, length_penalty=length_penalty,
+    )
     return detokenize([vectorizers.target_tokens(row) for row in ids.numpy()])
 
 
@@ -64,10 +72,15 @@ def test_export_lists_the_model_in_models_config_and_ships_warmup_requests():
     assert warmup_requests(version, "source") == expected
 
 
-def test_saved_model_in_a_fresh_process_translates_like_keras():
+def test_saved_model_in_a_fresh_process_translates_like_keras_with_beam_search_and_greedily():
     path, _ = _exported()
-    sentences = spanish_english_slice()[0][100:108] + EXTRA_SENTENCES
-    assert verified_export.reload_translations(path, sentences) == _keras_translations(sentences)
+    sentences = spanish_english_slice()[0][100:132] + EXTRA_SENTENCES
+    assert SEARCHES == {"serving_default": (BEAM_SIZE, LENGTH_PENALTY), "greedy": (1, 0.0)}
+    translations = {}
+    for signature in SEARCHES:
+        translations[signature] = verified_export.reload_translations(path, sentences, signature)
+        assert translations[signature] == _keras_translations(sentences, signature), signature
+    assert translations["serving_default"] != translations["greedy"]  # two searches, not one twice
 
 
 def test_onnx_greedy_decoder_matches_the_tf_decoder_for_any_batch_and_length():
@@ -79,13 +92,14 @@ def test_onnx_greedy_decoder_matches_the_tf_decoder_for_any_batch_and_length():
         np.testing.assert_array_equal(verified_export.OnnxGreedyDecoder(os.path.join(path, "onnx"))(source_ids), expected)
 
 
-def test_translate_command_reads_the_export():
+@pytest.mark.parametrize("flags, signature", [([], "serving_default"), (["--beam-size", "1"], "greedy")])
+def test_translate_command_reads_the_export(flags, signature):
     path, _ = _exported()
     sentences = ["Tengo hambre.", "¿Dónde está Tom?"]
     printed = io.StringIO()
     with redirect_stdout(printed):
-        translate.main(["--export", os.path.dirname(path), *sentences])
-    assert printed.getvalue().splitlines() == _keras_translations(sentences)
+        translate.main(["--export", os.path.dirname(path), *flags, *sentences])
+    assert printed.getvalue().splitlines() == _keras_translations(sentences, signature)
 
 
 def test_verification_fails_loudly_when_the_model_disagrees():
@@ -111,7 +125,7 @@ def test_a_failed_export_publishes_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(verified_export, "write_onnx", lambda *args: None)
     monkeypatch.setattr(verified_export, "OnnxGreedyDecoder", lambda directory: wrong_onnx)
-    monkeypatch.setattr(verified_export, "reload_translations", lambda path, sentences: _keras_translations(sentences))
+    monkeypatch.setattr(verified_export, "reload_translations", lambda path, sentences, signature: _keras_translations(sentences, signature))
     monkeypatch.setattr(verified_export, "write_saved_model", lambda *args: None)
     with pytest.raises(verified_export.ExportVerificationError, match="ONNX"):
         verified_export.export_translator(model, vectorizers, str(tmp_path), _sentences()[:4])

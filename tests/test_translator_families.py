@@ -15,6 +15,7 @@ from models.decoding import translate_ids
 from models.translation_text import detokenize
 from models.translator import build_translator
 from models.translator_self_attention import CHOICES
+from models.decoding_defaults import GREEDY_SIGNATURE
 from pipelines import train_translator
 from pipelines.batching import with_counted_batches
 from pipelines.translation_data import make_dataset
@@ -105,7 +106,8 @@ def test_export_serves_like_keras_with_onnx_where_the_family_allows(attention):
     assert report["saved_model_matches"] and report.get("onnx_matches", False) == key_value
     assert os.path.isdir(os.path.join(path, "onnx")) == key_value
     others = spanish_english_slice()[0][300:308]
-    assert verified_export.reload_translations(path, others) == _keras_translations(model, vectorizers, others)
+    greedy = verified_export.reload_translations(path, others, GREEDY_SIGNATURE)  # beam: tests/test_translator_export.py
+    assert greedy == _keras_translations(model, vectorizers, others)
     if key_value:
         source_ids = _sources(5, begin=320)[:, :11]
         expected = translate_ids(model, source_ids, vectorizers.start_id, vectorizers.end_id).numpy()

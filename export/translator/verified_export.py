@@ -5,7 +5,8 @@
 Writes `<export-dir>/translator/<version>/` (TF Serving's layout; the version is one more than
 the highest present; `<export-dir>/models.config` lists it) holding:
 
-- the SavedModel (`export.translator.savedmodel`), raw source strings in, translations out;
+- the SavedModel (`export.translator.savedmodel`), raw source strings in, translations out, by
+  beam search (`serving_default`) and greedily (`greedy`);
   `assets.extra/tf_serving_warmup_requests` holds two `source` batches;
 - `onnx/encoder.onnx` and `onnx/decoder_step.onnx` with the vocabularies and
   `onnx/decoding.json` (`export.translator.onnx_graphs`), unless `--no-onnx`. The ONNX graphs
@@ -15,7 +16,8 @@ the highest present; `<export-dir>/models.config` lists it) holding:
 
 Before the version directory appears (an atomic rename of a temporary directory), the export is
 checked on test sentences: the SavedModel reloaded in a fresh Python process with no project code
-must give the Keras model's translations, and the ONNX greedy decoder the Keras decoder's tokens.
+must give the Keras model's translations with each signature's search, and the ONNX greedy
+decoder the Keras greedy decoder's tokens.
 Any disagreement raises `ExportVerificationError` and publishes nothing.
 """
 
@@ -40,6 +42,8 @@ from export.serving_layout import write_warmup_requests
 from export.translator.onnx_graphs import check_onnx_exportable
 from export.translator.onnx_graphs import OnnxGreedyDecoder
 from export.translator.onnx_graphs import write_onnx
+from export.serving_layout import SIGNATURE
+from export.translator.savedmodel import SEARCHES
 from export.translator.savedmodel import SIGNATURE_INPUT
 from export.translator.savedmodel import SIGNATURE_OUTPUT
 from export.translator.savedmodel import write_saved_model
@@ -54,9 +58,10 @@ from models.translator_run import load_run
 MODEL_NAME = "translator"
 
 
-def reload_translations(saved_model_dir, sentences):
-    """Translations from the SavedModel, loaded in a fresh process without project code."""
-    return serve_in_fresh_process(saved_model_dir, {SIGNATURE_INPUT: list(sentences)})[SIGNATURE_OUTPUT]
+def reload_translations(saved_model_dir, sentences, signature=SIGNATURE):
+    """Translations from the SavedModel's `signature`, loaded in a fresh process without project code."""
+    inputs = {SIGNATURE_INPUT: list(sentences)}
+    return serve_in_fresh_process(saved_model_dir, inputs, signature)[SIGNATURE_OUTPUT]
 
 
 def _first_mismatch(expected, received):
@@ -66,24 +71,34 @@ def _first_mismatch(expected, received):
     return None
 
 
+def verify_signature(model, vectorizers, version_dir, sentences, signature):
+    """Raises `ExportVerificationError` unless the SavedModel's `signature`, reloaded in a fresh
+    process, translates `sentences` as the Keras model decodes them with the same search."""
+    beam_size, length_penalty = SEARCHES[signature]
+    decoder = make_decoder(model, vectorizers, beam_size=beam_size, length_penalty=length_penalty)
+    expected_text = detokenize(decode_sentences(decoder, vectorizers, sentences))
+    reloaded = reload_translations(version_dir, sentences, signature)
+    mismatch = _first_mismatch(expected_text, reloaded)
+    if mismatch or len(reloaded) != len(expected_text):
+        raise ExportVerificationError(
+            f"SavedModel translation ({signature}) differs from Keras at sentence {mismatch}: "
+            f"{sentences[mismatch[0]]!r}"
+            if mismatch
+            else f"SavedModel returned {len(reloaded)} translations for {len(expected_text)} sentences"
+        )
+
+
 def verify_export(model, vectorizers, version_dir, sentences, onnx=True):
-    """Raises `ExportVerificationError` unless the SavedModel (and, with `onnx`, the ONNX greedy
-    decoder) agree with Keras."""
+    """Raises `ExportVerificationError` unless the SavedModel's signatures (beam search and greedy)
+    and, with `onnx`, the ONNX greedy decoder agree with Keras."""
+    for signature in SEARCHES:
+        verify_signature(model, vectorizers, version_dir, sentences, signature)
+    if not onnx:
+        return {"sentences": len(sentences), "saved_model_matches": True}
     decoder = make_decoder(model, vectorizers)
     expected_ids = np.concatenate(
         [decoder(vectorizers.source_ids(sentences[i : i + 256])).numpy() for i in range(0, len(sentences), 256)]
     )
-    expected_text = detokenize(decode_sentences(decoder, vectorizers, sentences))
-    reloaded = reload_translations(version_dir, sentences)
-    mismatch = _first_mismatch(expected_text, reloaded)
-    if mismatch or len(reloaded) != len(expected_text):
-        raise ExportVerificationError(
-            f"SavedModel translation differs from Keras at sentence {mismatch}: {sentences[mismatch[0]]!r}"
-            if mismatch
-            else f"SavedModel returned {len(reloaded)} translations for {len(expected_text)} sentences"
-        )
-    if not onnx:
-        return {"sentences": len(sentences), "saved_model_matches": True}
     onnx_decoder = OnnxGreedyDecoder(os.path.join(version_dir, "onnx"))
     onnx_ids = np.concatenate(
         [onnx_decoder(vectorizers.source_ids(sentences[i : i + 256])) for i in range(0, len(sentences), 256)]
