@@ -283,6 +283,44 @@ class TokenAccuracy(keras.metrics.Metric):
         return {**super().get_config(), "padding_id": self.padding_id}
 
 
-def translation_loss():
-    """Cross-entropy over target tokens that ignores padding (mean over real tokens)."""
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=PADDING_ID)
+@register_serializable("keras_attn")
+class SmoothedTranslationLoss(keras.losses.Loss):
+    """Label-smoothed cross-entropy over the real target tokens (padding ignored).
+
+    Each token's loss is `(1 - label_smoothing) * -log p(y) + label_smoothing * mean_v(-log p(v))`
+    (the target distribution puts `label_smoothing` uniformly over the vocabulary; Szegedy et al.
+    2016, used by Vaswani et al. 2017), averaged over the non-padding tokens of the batch; 0 is the
+    plain cross-entropy.
+
+    Args:
+        label_smoothing: in [0, 1).
+        padding_id: the target id that is ignored.
+    """
+
+    def __init__(self, label_smoothing=0.0, padding_id=PADDING_ID, name="translation_loss", **kwargs):
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"`label_smoothing` must be in [0, 1). Received: label_smoothing={label_smoothing!r}")
+        super().__init__(name=name, **kwargs)
+        self.label_smoothing = label_smoothing
+        self.padding_id = padding_id
+
+    def call(self, y_true, y_pred):
+        y_true = ops.cast(y_true, "int32")  # (batch, target_len)
+        log_probs = ops.log_softmax(ops.cast(y_pred, "float32"), axis=-1)  # (batch, target_len, vocabulary)
+        real = ops.not_equal(y_true, self.padding_id)
+        target = ops.take_along_axis(log_probs, ops.expand_dims(ops.where(real, y_true, 0), -1), axis=-1)[..., 0]
+        losses = -(1.0 - self.label_smoothing) * target - self.label_smoothing * ops.mean(log_probs, axis=-1)
+        losses = ops.where(real, losses, 0.0)  # (batch, target_len)
+        if self.reduction != "sum_over_batch_size":
+            return losses
+        # That reduction divides by every position: rescale so that it averages over the real tokens.
+        real_tokens = ops.maximum(ops.sum(ops.cast(real, "float32")), 1.0)
+        return losses * (ops.cast(ops.size(real), "float32") / real_tokens)
+
+    def get_config(self):
+        return {**super().get_config(), "label_smoothing": self.label_smoothing, "padding_id": self.padding_id}
+
+
+def translation_loss(label_smoothing=0.0):
+    """The training loss: `SmoothedTranslationLoss` (mean over real tokens)."""
+    return SmoothedTranslationLoss(label_smoothing)

@@ -37,14 +37,18 @@ SEED = 1337
 
 
 def add_training_arguments(
-    parser, *, output_dir, epochs, learning_rate, weight_decay, warmup_fraction, patience, jit_compile_help
+    parser, *, output_dir, epochs, learning_rate, weight_decay, warmup_fraction, patience, jit_compile_help,
+    mixed_precision="float32",
 ):
     """The flags every trainer takes (each trainer's defaults given here): `--output-dir`,
     `--mixed-precision`, `--jit-compile`, `--strategy` with its multi-worker options, `--epochs`,
     the AdamW schedule (`--learning-rate`, `--weight-decay`, `--warmup-fraction`), `--patience`,
     `--seed` and `--debug`."""
     parser.add_argument("--output-dir", default=output_dir, help="checkpoints, logs, vocabularies, summary")
-    parser.add_argument("--mixed-precision", choices=PRECISION_POLICIES[1:], help="dtype policy")
+    parser.add_argument(
+        "--mixed-precision", choices=PRECISION_POLICIES, default=mixed_precision,
+        help=f"dtype policy (default {mixed_precision})",
+    )
     parser.add_argument("--jit-compile", action="store_true", help=jit_compile_help)
     parser.add_argument(
         "--strategy", choices=(*STRATEGIES, distributed.MULTI_WORKER), default="default",
@@ -230,6 +234,7 @@ def run_summary(args, policy, strategy, fitted):
         "strategy": args.strategy,
         "replicas": strategy.num_replicas_in_sync,
         "learning_rate": args.learning_rate,
+        "seed": args.seed,
         "epochs_run": len(fitted.history),
         "epochs_this_invocation": fitted.epochs_this_invocation,
         "resumed_from_epoch": fitted.resumed_from_epoch,

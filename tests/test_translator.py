@@ -74,6 +74,16 @@ def test_loss_and_token_accuracy_ignore_padding():
     real = y_true != 0
     expected_loss = -np.mean(np.take_along_axis(reference.log_softmax(logits), y_true[..., None], -1)[..., 0][real])
     np.testing.assert_allclose(float(translation_loss()(y_true, logits)), expected_loss, rtol=1e-5)
+    # Label smoothing: (1 - e) of the target's and e of the vocabulary's mean -log p, over real tokens.
+    log_probs = reference.log_softmax(logits)
+    target = -np.take_along_axis(log_probs, y_true[..., None], -1)[..., 0]
+    smoothed = 0.9 * target - 0.1 * log_probs.mean(-1)
+    np.testing.assert_allclose(float(translation_loss(0.1)(y_true, logits)), smoothed[real].mean(), rtol=1e-5)
+    unreduced = translation_loss(0.1)
+    unreduced.reduction = None  # what the multi-worker step weighs by the global count of real tokens
+    np.testing.assert_allclose(unreduced(y_true, logits), np.where(real, smoothed, 0.0), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        translation_loss(1.0)
     metric = TokenAccuracy()
     metric.update_state(y_true, logits)
     metric.update_state(y_true[:1], logits[:1])  # accumulates over batches, token-weighted
@@ -105,6 +115,13 @@ def test_smoke_training_writes_a_run_that_translates(tmp_path, capsys):
     assert 0.0 < recorded["test_token_accuracy"] < 1.0  # BLEU is checked against a re-scoring below
     assert recorded["data"]["train"] + recorded["data"]["validation"] + recorded["data"]["test"] == 1_500
     assert summary["test_bleu"] == recorded["test_bleu"]
+    # The split is by source; the headline is beam search's multi-reference BLEU, greedy beside it.
+    assert recorded["split"] == {"method": "source", "seed": 1337, "test_sources_in_training": 0}
+    assert recorded["test_set"]["sources"] == recorded["bleu_sentences"]
+    assert recorded["beam"]["beam_size"] == recorded["beam_size"] == 4 and recorded["greedy"]["beam_size"] == 1
+    assert recorded["test_bleu"] == recorded["beam"]["bleu"] and recorded["test_chrf"] == recorded["beam"]["chrf"]
+    for search in ("greedy", "beam"):
+        assert {"bleu", "bleu_single_reference", "chrf", "chrf_single_reference"} <= set(recorded[search])
     assert_translator_report(output / "report.html", recorded, output)
     # --evaluate-only scores the run's own data and direction, whatever the flags say.
     evaluation = train_translator.main(
@@ -133,7 +150,9 @@ def assert_translator_report(path, summary, run_dir):
     assert f"{summary['test_bleu']} on {summary['bleu_sentences']:,} sentences" in page
     assert page.count("data:image/png;base64,") == 1
     model, vectorizers, _ = load_run(run_dir)
-    decoder = make_decoder(model, vectorizers, beam_size=summary["beam_size"])
+    decoder = make_decoder(
+        model, vectorizers, beam_size=summary["beam_size"], length_penalty=summary["length_penalty"]
+    )
     layers = embedded_data(page)["layers"]
     expected = []
     for number, example in enumerate(summary["examples"], start=1):
