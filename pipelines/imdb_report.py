@@ -16,6 +16,7 @@ from keras_attn.visualization import figure_data_uri
 from keras_attn.visualization import token_highlight_html
 from appkit.files import write_text_atomic
 from models.review_attention import explain_review
+from models.sentiment_classifier import BRANCHES
 from pipelines import imdb_data
 from pipelines.run_report import image_html
 from pipelines.run_report import learning_curves_figure
@@ -72,6 +73,26 @@ def example_reviews(model, vectorizer, config, reviews):
     return [(right, *example) for right in (True, False) for example in chosen[right]]
 
 
+def seed_spread_html(seeds):
+    """The test accuracy of the ensemble and of each branch over the seeds: mean ± std, range, values."""
+    if not seeds:
+        return []
+    rows = [
+        (
+            name,
+            f"{100 * seeds[name]['mean']:.2f} % ± {100 * seeds[name]['std']:.2f}",
+            f"{100 * seeds[name]['min']:.2f} – {100 * seeds[name]['max']:.2f} %",
+            ", ".join(f"{100 * value:.2f}" for value in seeds[name]["values"]),
+        )
+        for name in ("ensemble", *BRANCHES)
+    ]
+    seed_list = ", ".join(str(seed) for seed in seeds["seeds"])
+    return [
+        f"<h2>Test accuracy over {len(seeds['seeds'])} seeds ({seed_list})</h2>",
+        table_html(rows, ("", "mean ± std", "range", "per seed")),
+    ]
+
+
 def report_html(summary, history, matrix, examples):
     """The page. `summary` is the main job's; `history` the epoch rows; `examples` from `example_reviews`."""
     headline = [
@@ -87,6 +108,7 @@ def report_html(summary, history, matrix, examples):
     parity_rows = [(name, f"{value:.2e}") for name, value in parity.items() if name.endswith("max_abs_diff")]
     sections = [
         "<h2>Results</h2>", table_html(headline, ("", "value")),
+        *seed_spread_html(summary.get("seeds")),
         "<h2>Export parity (max abs difference of the probability)</h2>",
         table_html(parity_rows, ("export", f"on {parity.get('reviews', 0)} test reviews")) if parity_rows else "<p>no export in this run</p>",
     ]

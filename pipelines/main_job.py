@@ -3,7 +3,8 @@
     python -m pipelines.main_job [--export-dir artifacts/export] [any pipelines.train_imdb flag]
 
 Trains with the default configuration on the shipped data (`pipelines.train_imdb`), evaluates on
-the official test split, exports the SavedModel (TF Serving layout) and the ONNX bundle, verifies
+the official test split, trains `--seeds` - 1 more seeds with the same flags for the accuracy's
+spread (`pipelines.imdb_seeds`; the first seed's model is the one exported), exports the SavedModel (TF Serving layout) and the ONNX bundle, verifies
 both against the Keras model on real test reviews of varied lengths (`export.imdb.verified_export`), checks the
 bundle's int8 model by its accuracy on the validation slice against the Keras model's, and prints
 a final summary: test accuracy, training time, export paths, parity figures, the int8 check. The summary is also
@@ -17,6 +18,7 @@ import json
 import sys
 import time
 
+from appkit.cli import positive_int
 from appkit.cli import require_writable_directory
 from appkit.cli import user_errors_exit
 from appkit.files import write_json_atomic
@@ -24,6 +26,7 @@ from export import serving_layout
 from export.imdb.verified_export import export_and_verify
 from export.imdb.verified_export import verification_reviews
 from pipelines import imdb_report
+from pipelines import imdb_seeds
 from pipelines import resumable_training
 from pipelines import train_imdb
 from pipelines import training
@@ -44,6 +47,10 @@ def parse_args(argv=None):
     export_flags = argparse.ArgumentParser(add_help=False)
     export_flags.add_argument("--export-dir", default="artifacts/export", help="root of the TF Serving layout")
     export_flags.add_argument("--model-name", type=_model_name, default="imdb_sentiment")
+    export_flags.add_argument(
+        "--seeds", type=positive_int, default=3,
+        help="runs with seeds --seed, --seed + 1, ...: the test accuracies' mean and spread (the first is exported)",
+    )
     return train_imdb.parse_args(argv, prog=PROG, parents=[export_flags], description=__doc__.split("\n")[0])
 
 
@@ -57,6 +64,8 @@ def main(argv=None):
         require_writable_directory(args.output_dir, "--output-dir")
         require_writable_directory(args.export_dir, "--export-dir")
         run = train_imdb.train(args)
+        seeds = imdb_seeds.seed_spread([run.summary, *imdb_seeds.train_other_seeds(args, args.seeds)])
+        write_json_atomic(run.output_dir / "summary.json", {**run.summary, "seeds": seeds})
         if not run.chief:  # another worker of a multi-worker run: the chief exports
             return run.summary
         pool = [text.decode("utf-8") for text, _ in run.splits.test.take(_VERIFICATION_POOL).as_numpy_iterator()]
@@ -77,6 +86,7 @@ def main(argv=None):
         "test_accuracy": run.summary["test_accuracy"],
         "attention": run.config.attention,
         "test_accuracy_by_branch": run.summary["test_accuracy_by_branch"],
+        "seeds": seeds,
         "validation_accuracy": run.summary["validation_accuracy"],
         "training_seconds": run.summary["training_seconds"],
         "epochs_run": run.summary["epochs_run"],

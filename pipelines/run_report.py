@@ -5,8 +5,13 @@ import html
 
 
 def table_html(rows, header=("", "")):
-    cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
-    return f"<table><tr><th>{html.escape(header[0])}</th><th>{html.escape(header[1])}</th></tr>{cells}</table>"
+    """A table of `rows` (tuples as long as `header`); each row's first cell is its heading."""
+    def row_html(row):
+        name, *values = (html.escape(str(cell)) for cell in row)
+        return f"<tr><th>{name}</th>" + "".join(f"<td>{value}</td>" for value in values) + "</tr>"
+
+    heading = "".join(f"<th>{html.escape(title)}</th>" for title in header)
+    return f"<table><tr>{heading}</tr>{''.join(row_html(row) for row in rows)}</table>"
 
 
 def image_html(uri, alt):

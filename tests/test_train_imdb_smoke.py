@@ -47,6 +47,16 @@ def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsy
     assert training["train_examples_per_second"] > 0 and training["parameters"] > 0
     assert summary["test_accuracy"] == training["test_accuracy"]
     assert summary == json.loads((tmp_path / "run" / "main_job.json").read_text())
+    # Three seeds by default: the exported run's and two more, each branch's spread over them.
+    seed_runs = [training] + [
+        json.loads((tmp_path / "run" / "seeds" / str(seed) / "summary.json").read_text()) for seed in (1338, 1339)
+    ]
+    seeds = summary["seeds"]
+    assert seeds == training["seeds"] and seeds["seeds"] == [run["seed"] for run in seed_runs] == [1337, 1338, 1339]
+    for name, key in (("ensemble", None), ("attention", "attention"), ("ngram", "ngram")):
+        values = [run["test_accuracy"] if key is None else run["test_accuracy_by_branch"][key] for run in seed_runs]
+        assert seeds[name]["values"] == values
+        assert seeds[name]["mean"] == pytest.approx(np.mean(values)) and seeds[name]["std"] == pytest.approx(np.std(values, ddof=1))
     exports = summary["exports"]
     assert exports["savedmodel"] == str(export_dir / "imdb_sentiment" / "1")
     assert (Path(exports["onnx"]) / "model.onnx").is_file()
@@ -73,6 +83,8 @@ def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsy
     assert summary["report"] == str(tmp_path / "run" / "report.html") and summary["report_seconds"] > 0
     assert f"{summary['test_accuracy']:.4f}" in report and report.count("data:image/png;base64,") == 2
     assert f"Confusion matrix ({train_imdb.SMOKE_DATA['max_test']:,} test reviews)" in report
+    assert "Test accuracy over 3 seeds (1337, 1338, 1339)" in report
+    assert f"{100 * seeds['attention']['mean']:.2f} % ± {100 * seeds['attention']['std']:.2f}" in report
 
 
 def backed_up_optimizer_steps(output_dir):
