@@ -83,10 +83,8 @@ class NgramTfIdf(keras.layers.Layer):
         """Feature ids `(batch, 2 * seq - 1)` of every unigram and bigram; 0 where none."""
         token_ids = checked_ids("token_ids", token_ids, self.vocabulary_size, "vocabulary_size")
         token_ids = ops.cast(token_ids, "int32")
-        first, second = token_ids[:, :-1], token_ids[:, 1:]  # (batch, seq - 1) each
-        bigrams = ops.mod(first * self.multiplier + second, self.num_buckets) + self.vocabulary_size
-        real = ops.logical_and(first >= FIRST_TOKEN_ID, second >= FIRST_TOKEN_ID)  # (batch, seq - 1)
-        bigrams = ops.where(real, bigrams, ops.zeros_like(bigrams))
+        bigrams, real = hashed_bigrams(token_ids, self.multiplier, self.num_buckets)  # (batch, seq - 1) each
+        bigrams = ops.where(real, bigrams + self.vocabulary_size, ops.zeros_like(bigrams))
         return ops.concatenate([token_ids, bigrams], axis=1)  # (batch, 2 * seq - 1)
 
     def first_occurrences(self, token_ids):
@@ -144,6 +142,15 @@ class NgramTfIdf(keras.layers.Layer):
             }
         )
         return config
+
+
+def hashed_bigrams(token_ids, multiplier, num_buckets):
+    """`(buckets, real)`, both `(batch, seq - 1)`: the bucket `(a * multiplier + b) mod num_buckets`
+    of each pair of neighbouring int32 token ids `a, b`, and whether both are real tokens (not
+    padding or out-of-vocabulary)."""
+    first, second = token_ids[:, :-1], token_ids[:, 1:]  # (batch, seq - 1) each
+    real = ops.logical_and(first >= FIRST_TOKEN_ID, second >= FIRST_TOKEN_ID)
+    return ops.mod(first * multiplier + second, num_buckets), real
 
 
 def _batches(data, batch_size):

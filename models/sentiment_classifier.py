@@ -22,6 +22,7 @@ from keras_attn import MaskedGlobalPooling
 from keras_attn import TokenAndPositionEmbedding
 from keras_attn import TransformerEncoder
 from keras_attn import attention_families
+from models.bigram_embedding import HashedBigramEmbedding
 from models.ngram_tfidf import NgramTfIdf
 from models.sparse_linear import SparseLinear
 
@@ -45,6 +46,8 @@ class SentimentClassifierConfig:
         pooling: pooling modes over the encoder outputs, concatenated: any of "mean", "max".
         position_encoding: "learned" or "sinusoidal".
         bigram_buckets: size of the hashed bigram space of the n-gram branch.
+        attention_bigram_buckets: hashed bigram embeddings added to the attention branch's token
+            embeddings (`HashedBigramEmbedding`), 0 for none.
         tfidf_scale: norm of the TF-IDF vectors (see `NgramTfIdf`).
         attention: the encoder blocks' self-attention family, a key of
             `keras_attn.attention_families.FAMILIES` ("dense": the blocks' own softmax attention).
@@ -61,6 +64,7 @@ class SentimentClassifierConfig:
     pooling: tuple = ("mean", "max")
     position_encoding: str = "learned"
     bigram_buckets: int = 2**18
+    attention_bigram_buckets: int = 0
     tfidf_scale: float = 10.0
     attention: str = "dense"
 
@@ -119,6 +123,10 @@ def _attention_logit(token_ids, config):
         position_encoding=config.position_encoding,
         name="token_and_position_embedding",
     )(first_tokens)  # (batch, seq, embedding_dim)
+    if config.attention_bigram_buckets:
+        hidden = keras.layers.Add(name="token_and_bigram_embedding")(
+            [hidden, HashedBigramEmbedding(config.attention_bigram_buckets, config.embedding_dim, name="bigram_embedding")(first_tokens)]
+        )
     hidden = keras.layers.Dropout(config.dropout, name="embedding_dropout")(hidden)
     for index in range(config.num_layers):
         hidden = TransformerEncoder(
