@@ -57,10 +57,10 @@ def _materialise(result):
             tensor.numpy()
 
 
-def matmul_step(size=1024):
-    """A compiled float32 `(size, size) @ (size, size)` and its FLOPs, to measure the matmul peak."""
-    a = tf.random.normal((size, size))
-    b = tf.random.normal((size, size))
+def matmul_step(size=1024, dtype="float32"):
+    """A compiled `(size, size) @ (size, size)` in `dtype` and its FLOPs, to measure the matmul peak."""
+    a = tf.cast(tf.random.normal((size, size)), dtype)
+    b = tf.cast(tf.random.normal((size, size)), dtype)
     return tf.function(lambda: tf.matmul(a, b)), 2 * size**3
 
 

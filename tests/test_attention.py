@@ -364,7 +364,6 @@ def _bad_call(**overrides):
         (dict(sliding_window=True), "sliding_window=True"),
         (dict(dropout_rate=1.0), "dropout_rate=1.0"),
         (dict(dropout_rate=-0.1), "dropout_rate=-0.1"),
-        (dict(implementation="chunked", is_causal=False), "is_causal=False, sliding_window=None"),
         (dict(implementation="chunked", is_causal=True, return_weights=True), "return_weights=True"),
         (dict(implementation="chunked", is_causal=True, query_offset=tf.constant(1)), "query_offset=<tf.Tensor"),
         (dict(implementation="flash"), "implementation='flash'"),

@@ -186,12 +186,12 @@ def scaled_dot_product_attention(
         return_weights: if `True`, also return the attention weights (normalised, before
             dropout, as `keras.layers.MultiHeadAttention` returns its scores).
         implementation: `"dense"` materialises the `(query_len, key_len)` weights (the
-            reference); `"chunked"` (TensorFlow backend; a pattern, static lengths, an int
+            reference); `"chunked"` (TensorFlow backend; static lengths, an int
             `query_offset`, and a mask/bias with static query and key dimensions) uses
             `keras_attn.kernels.chunked`: queries in chunks of
             `keras_attn.kernels.chunked.QUERY_CHUNK_SIZE`, each over
             only the keys the pattern lets it reach (about half the work of `"dense"` under a
-            causal mask), with a written-out gradient, same numerics;
+            causal mask; every key without a pattern), with a written-out gradient, same numerics;
             `"blockwise"` (TensorFlow backend) uses
             `keras_attn.kernels.blockwise`, memory linear in the length, skipping the key
             blocks the pattern excludes, same numerics;
@@ -205,7 +205,7 @@ def scaled_dot_product_attention(
             TensorFlow backend when the static
             `query_len * key_len` reaches `BLOCKWISE_MIN_ATTENTION_SIZE`
             (`BLOCKWISE_MIN_BANDED_ATTENTION_SIZE` with a pattern), else
-            chunked when it applies and `query_len` reaches two chunks, else dense; dense
+            chunked under a pattern when it applies and `query_len` reaches two chunks, else dense; dense
             whenever `return_weights`.
         pattern: optional `keras_attn.patterns.Pattern` (or its config): which keys each
             query position may attend to; intersected with `is_causal` and `sliding_window`.
@@ -294,7 +294,7 @@ def _auto_preference(call):
     every call) last: strided first when it takes the call, has `STRIDED_MIN_QUERY_LEN` queries
     and computes at most `STRIDED_MAX_KEY_FRACTION` of the keys per query; then blockwise from
     `BLOCKWISE_MIN_ATTENTION_SIZE` query-key pairs (`BLOCKWISE_MIN_BANDED_ATTENTION_SIZE` with a
-    pattern), chunked from two query chunks."""
+    pattern), chunked from two query chunks under a pattern (without one it has nothing to skip)."""
     query_len, key_len = call.query.shape[1], call.key.shape[1]
     if query_len is None or key_len is None:
         return ("dense",)
@@ -311,6 +311,6 @@ def _size_preference(call, query_len, key_len):
     threshold = BLOCKWISE_MIN_BANDED_ATTENTION_SIZE if call.pattern is not None else BLOCKWISE_MIN_ATTENTION_SIZE
     if query_len * key_len >= threshold:
         return ("blockwise", "dense")
-    if query_len >= 2 * chunked.QUERY_CHUNK_SIZE:
+    if call.pattern is not None and query_len >= 2 * chunked.QUERY_CHUNK_SIZE:
         return ("chunked", "dense")
     return ("dense",)
