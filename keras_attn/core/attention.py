@@ -43,8 +43,11 @@ ATTENTION_IMPLEMENTATIONS = ("auto", *KERNELS)
 # attention: benchmarks/layer_throughput.py measured it faster than blockwise (and than dense and
 # Keras) at every length from 256 to 4096 without XLA (1.3x to 2.2x Keras, blockwise 1.0x to
 # 1.6x); it keeps each chunk's weights for the backward pass, so from 8192 (over 1 GB per
-# sequence) blockwise takes over.
-BLOCKWISE_MIN_ATTENTION_SIZE = 2048 * 2048
+# sequence) blockwise takes over. Without a pattern the chunked path (its written-out gradient,
+# every key) beat dense and blockwise too: fwd+bwd b16 L512 / b4 L2048, float32, no XLA, in turn
+# with Keras (load 6.5, CPU time of the step): chunked 1.43x / 1.43x Keras, dense 1.08x / 1.05x,
+# blockwise 1.04x / 0.86x; it holds the weights dense would, so blockwise starts at 4096 x 4096.
+BLOCKWISE_MIN_ATTENTION_SIZE = 4096 * 4096
 BLOCKWISE_MIN_BANDED_ATTENTION_SIZE = 8192 * 8192
 # `"auto"` prefers the strided kernel when it computes at most this fraction of the keys for each
 # query (a band slice plus one residue class): below it the blockwise and chunked kernels, which
@@ -205,7 +208,7 @@ def scaled_dot_product_attention(
             TensorFlow backend when the static
             `query_len * key_len` reaches `BLOCKWISE_MIN_ATTENTION_SIZE`
             (`BLOCKWISE_MIN_BANDED_ATTENTION_SIZE` with a pattern), else
-            chunked under a pattern when it applies and `query_len` reaches two chunks, else dense; dense
+            chunked when it applies and `query_len` reaches two chunks, else dense; dense
             whenever `return_weights`.
         pattern: optional `keras_attn.patterns.Pattern` (or its config): which keys each
             query position may attend to; intersected with `is_causal` and `sliding_window`.
@@ -294,7 +297,7 @@ def _auto_preference(call):
     every call) last: strided first when it takes the call, has `STRIDED_MIN_QUERY_LEN` queries
     and computes at most `STRIDED_MAX_KEY_FRACTION` of the keys per query; then blockwise from
     `BLOCKWISE_MIN_ATTENTION_SIZE` query-key pairs (`BLOCKWISE_MIN_BANDED_ATTENTION_SIZE` with a
-    pattern), chunked from two query chunks under a pattern (without one it has nothing to skip)."""
+    pattern), chunked from two query chunks."""
     query_len, key_len = call.query.shape[1], call.key.shape[1]
     if query_len is None or key_len is None:
         return ("dense",)
@@ -311,6 +314,6 @@ def _size_preference(call, query_len, key_len):
     threshold = BLOCKWISE_MIN_BANDED_ATTENTION_SIZE if call.pattern is not None else BLOCKWISE_MIN_ATTENTION_SIZE
     if query_len * key_len >= threshold:
         return ("blockwise", "dense")
-    if call.pattern is not None and query_len >= 2 * chunked.QUERY_CHUNK_SIZE:
+    if query_len >= 2 * chunked.QUERY_CHUNK_SIZE:
         return ("chunked", "dense")
     return ("dense",)
