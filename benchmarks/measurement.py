@@ -33,21 +33,27 @@ def parse_args(description, **extra):
     return parser
 
 
-def best_seconds_round_robin(steps, rounds, warmup=1):
+def best_seconds_round_robin(steps, rounds, warmup=1, cpu_seconds=None):
     """`{name: best wall time}` of the `steps` (name -> callable), run in turn `rounds` times.
 
     Running the candidates in turn, and keeping each one's best time, evens out the load of a
-    shared machine between them: interference only ever adds time.
+    shared machine between them: interference only ever adds time. A `cpu_seconds` dict, when
+    given, receives each step's best CPU time of this process (all its threads): the work a step
+    costs, which other processes on the cores stretch far less than its wall time.
     """
     for step in steps.values():
         for _ in range(warmup):
             _materialise(step())
     best = {name: float("inf") for name in steps}
+    cpu = {name: float("inf") for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
-            start = time.perf_counter()
+            cpu_start, start = time.process_time(), time.perf_counter()
             _materialise(step())
             best[name] = min(best[name], time.perf_counter() - start)
+            cpu[name] = min(cpu[name], time.process_time() - cpu_start)
+    if cpu_seconds is not None:
+        cpu_seconds.update(cpu)
     return best
 
 
@@ -57,10 +63,10 @@ def _materialise(result):
             tensor.numpy()
 
 
-def matmul_step(size=1024):
-    """A compiled float32 `(size, size) @ (size, size)` and its FLOPs, to measure the matmul peak."""
-    a = tf.random.normal((size, size))
-    b = tf.random.normal((size, size))
+def matmul_step(size=1024, dtype="float32"):
+    """A compiled `(size, size) @ (size, size)` in `dtype` and its FLOPs, to measure the matmul peak."""
+    a = tf.cast(tf.random.normal((size, size)), dtype)
+    b = tf.cast(tf.random.normal((size, size)), dtype)
     return tf.function(lambda: tf.matmul(a, b)), 2 * size**3
 
 

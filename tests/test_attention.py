@@ -301,12 +301,13 @@ def test_gradients_match_finite_differences():
     [
         (128, True, False, "dense"),  # one chunk: nothing to skip
         (256, True, False, "chunked"),
-        (256, False, False, "dense"),  # no band
+        (256, False, False, "chunked"),  # no band: every key, the written-out gradient
         (256, True, True, "dense"),  # the weights are materialised anyway
         (512, True, False, "chunked"),
         (4096, True, False, "chunked"),
         (8192, True, False, "blockwise"),
-        (2048, False, False, "blockwise"),  # no band: blockwise from 2048 x 2048
+        (2048, False, False, "chunked"),
+        (4096, False, False, "blockwise"),  # no band: blockwise from 4096 x 4096
     ],
 )
 def test_auto_chooses_the_path_by_length_and_band(query_len, is_causal, return_weights, expected):
@@ -364,7 +365,6 @@ def _bad_call(**overrides):
         (dict(sliding_window=True), "sliding_window=True"),
         (dict(dropout_rate=1.0), "dropout_rate=1.0"),
         (dict(dropout_rate=-0.1), "dropout_rate=-0.1"),
-        (dict(implementation="chunked", is_causal=False), "is_causal=False, sliding_window=None"),
         (dict(implementation="chunked", is_causal=True, return_weights=True), "return_weights=True"),
         (dict(implementation="chunked", is_causal=True, query_offset=tf.constant(1)), "query_offset=<tf.Tensor"),
         (dict(implementation="flash"), "implementation='flash'"),

@@ -47,6 +47,9 @@ CASES = {
     "full_bias_and_mask": dict(is_causal=True, bias=(1, HEADS, QUERY_LEN, KEY_LEN), mask=(BATCH, 1, QUERY_LEN, KEY_LEN)),
     "key_bias_window": dict(is_causal=True, sliding_window=3, bias=(BATCH, 1, 1, KEY_LEN)),
     "query_bias_and_padding": dict(sliding_window=4, bias=(BATCH, HEADS, QUERY_LEN, 1), mask=(BATCH, 1, 1, KEY_LEN)),
+    "no_pattern": dict(),
+    "no_pattern_bias_and_padding": dict(bias=(1, HEADS, QUERY_LEN, KEY_LEN), mask=(BATCH, 1, 1, KEY_LEN)),
+    "no_pattern_longer_keys": dict(key_len=17),
 }
 
 
@@ -176,7 +179,7 @@ def test_compiled_gradients_equal_the_eager_ones():
         np.testing.assert_allclose(got, want, atol=FLOAT32_ATOL)
 
 
-@pytest.mark.parametrize("is_causal, sliding_window", [(True, None), (True, 3), (False, 3)])
+@pytest.mark.parametrize("is_causal, sliding_window", [(True, None), (True, 3), (False, 3), (False, None)])
 @pytest.mark.parametrize("query_len, key_len, query_offset", [(9, 9, 0), (4, 9, 5), (9, 5, 0), (3, 4, 6)])
 def test_pattern_query_chunks_cover_exactly_the_band(is_causal, sliding_window, query_len, key_len, query_offset):
     band = np.ones((query_len, key_len), bool)

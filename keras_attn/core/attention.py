@@ -43,8 +43,11 @@ ATTENTION_IMPLEMENTATIONS = ("auto", *KERNELS)
 # attention: benchmarks/layer_throughput.py measured it faster than blockwise (and than dense and
 # Keras) at every length from 256 to 4096 without XLA (1.3x to 2.2x Keras, blockwise 1.0x to
 # 1.6x); it keeps each chunk's weights for the backward pass, so from 8192 (over 1 GB per
-# sequence) blockwise takes over.
-BLOCKWISE_MIN_ATTENTION_SIZE = 2048 * 2048
+# sequence) blockwise takes over. Without a pattern the chunked path (its written-out gradient,
+# every key) beat dense and blockwise too: fwd+bwd b16 L512 / b4 L2048, float32, no XLA, in turn
+# with Keras (load 6.5, CPU time of the step): chunked 1.43x / 1.43x Keras, dense 1.08x / 1.05x,
+# blockwise 1.04x / 0.86x; it holds the weights dense would, so blockwise starts at 4096 x 4096.
+BLOCKWISE_MIN_ATTENTION_SIZE = 4096 * 4096
 BLOCKWISE_MIN_BANDED_ATTENTION_SIZE = 8192 * 8192
 # `"auto"` prefers the strided kernel when it computes at most this fraction of the keys for each
 # query (a band slice plus one residue class): below it the blockwise and chunked kernels, which
@@ -186,12 +189,12 @@ def scaled_dot_product_attention(
         return_weights: if `True`, also return the attention weights (normalised, before
             dropout, as `keras.layers.MultiHeadAttention` returns its scores).
         implementation: `"dense"` materialises the `(query_len, key_len)` weights (the
-            reference); `"chunked"` (TensorFlow backend; a pattern, static lengths, an int
+            reference); `"chunked"` (TensorFlow backend; static lengths, an int
             `query_offset`, and a mask/bias with static query and key dimensions) uses
             `keras_attn.kernels.chunked`: queries in chunks of
             `keras_attn.kernels.chunked.QUERY_CHUNK_SIZE`, each over
             only the keys the pattern lets it reach (about half the work of `"dense"` under a
-            causal mask), with a written-out gradient, same numerics;
+            causal mask; every key without a pattern), with a written-out gradient, same numerics;
             `"blockwise"` (TensorFlow backend) uses
             `keras_attn.kernels.blockwise`, memory linear in the length, skipping the key
             blocks the pattern excludes, same numerics;

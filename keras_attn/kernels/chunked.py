@@ -67,11 +67,6 @@ def why_unsupported(call):
     streaming = why_not_tensorflow_streaming(call)
     if streaming:
         return streaming
-    if call.pattern is None:
-        return (
-            "an attention pattern (`pattern=`, `is_causal=True` or a `sliding_window`). "
-            "Received: pattern=None, is_causal=False, sliding_window=None"
-        )
     query, key = call.query, call.key
     if query.shape[1] is None or key.shape[1] is None:
         return f"static lengths. Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
@@ -96,13 +91,16 @@ def pattern_query_chunks(query_len, key_len, chunk_size, pattern, query_offset=0
     """Splits the queries into chunks of `chunk_size` and bounds each chunk's keys by `pattern.key_range`.
 
     Under a causal pattern chunk `i` needs only the keys up to its last query, so the chunks cover
-    about half of the `(query_len, key_len)` matrix; a sliding window bounds both ends.
+    about half of the `(query_len, key_len)` matrix; a sliding window bounds both ends. Without a
+    pattern (`None`) every chunk attends to every key.
     """
     chunks = []
     for query_start in range(0, query_len, chunk_size):
         query_stop = min(query_start + chunk_size, query_len)
         # positions of the chunk's first and last queries among the keys
-        key_start, key_stop = pattern.key_range(query_start + query_offset, query_stop - 1 + query_offset, key_len)
+        key_start, key_stop = (0, key_len) if pattern is None else pattern.key_range(
+            query_start + query_offset, query_stop - 1 + query_offset, key_len
+        )
         chunks.append(QueryChunk(query_start, query_stop, key_start, key_stop))
     return chunks
 
@@ -133,9 +131,9 @@ def chunked_attention(
         mask: optional boolean mask broadcastable to `(batch, heads, query_len, key_len)` with
             static query and key dimensions.
         bias: optional additive bias, same shape rules as `mask`; it receives a gradient.
-        pattern: a `keras_attn.patterns.Pattern`; query `i` sits at position `i + query_offset`.
+        pattern: a `keras_attn.patterns.Pattern` or `None`; query `i` sits at position `i + query_offset`.
         is_causal, sliding_window: shorthands intersected with `pattern`
-            (`keras_attn.patterns.from_shorthands`); some pattern is required.
+            (`keras_attn.patterns.from_shorthands`); without any, every chunk attends to every key.
         query_offset: Python int position of the first query among the keys.
         scale: logit scale.
         dropout_rate: dropout on the normalised weights (pass 0 outside training).
@@ -255,17 +253,18 @@ def _chunk_bias(plan, chunk, bias, parameters):
 
 def _chunk_weights(plan, index, scale, query, key, bias, parameters):
     """Normalised float32 weights `(batch, heads, chunk_len, chunk_keys)` of chunk `index`; a row
-    without keys (every chunk has a pattern mask) gets zero weights, so a zero output and gradient."""
+    without keys gets zero weights, so a zero output and gradient."""
     chunk, mask = plan.chunks[index], plan.masks[index]
     logits = streaming_softmax.raw_logits(_queries(query, chunk), _keys(key, chunk))  # (b, h, chunk_len, chunk_keys)
     bias = _chunk_bias(plan, chunk, bias, parameters)
     bias = None if bias is None else tf.cast(bias, logits.dtype)
     if scale is not None:  # shift, then scale
-        return streaming_softmax.softmax(streaming_softmax.exclude(logits, mask), scale, bias)[0]
+        allowed = logits if mask is None else streaming_softmax.exclude(logits, mask)
+        return streaming_softmax.softmax(allowed, scale, bias)[0]
     logits = logits if bias is None else logits + bias  # the scale is in the query
     if plan.rows_may_be_empty:
         return masked_softmax(logits, mask)
-    return tf.nn.softmax(fill_masked(logits, mask))
+    return tf.nn.softmax(logits if mask is None else fill_masked(logits, mask))
 
 
 def _forward(plan, scale, query, key, value, bias, parameters):

@@ -79,12 +79,16 @@ def output_projection(layer, attended):
 
 
 def affine(inputs, kernel, bias, dtype):
-    """`inputs (..., in) @ kernel (in, out) + bias (out,)` in `dtype`, as 2-D matmuls.
+    """`inputs (..., in) @ kernel (in, out) + bias (out,)` in `dtype`, as one 2-D matmul.
 
-    `ops.add` of a vector is a `BiasAdd` on TensorFlow, whose gradient is a fast reduction
-    (`+` gives an `AddV2` reduced by a slow column sum).
+    The rows are flattened first so that the bias is added to the matmul's own output: `ops.add`
+    of a vector is a `BiasAdd` on TensorFlow (whose gradient is a fast reduction; `+` gives an
+    `AddV2` reduced by a slow column sum), and a `BiasAdd` right after a 2-D `MatMul` is fused
+    into it by TensorFlow's graph optimiser (after the reshape of a 3-D `ops.matmul` it is a pass
+    of its own).
     """
-    outputs = ops.matmul(inputs, ops.cast(kernel, dtype))
+    kernel = ops.cast(kernel, dtype)
+    outputs = ops.matmul(ops.reshape(inputs, (-1, ops.shape(kernel)[0])), kernel)  # (rows, out)
     if bias is not None:
         outputs = ops.add(outputs, ops.cast(bias, dtype))
-    return outputs
+    return ops.reshape(outputs, (*ops.shape(inputs)[:-1], ops.shape(kernel)[1]))
