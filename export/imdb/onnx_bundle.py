@@ -47,6 +47,15 @@ def write_int8_model(float_model, int8_model):
     return Path(int8_model)
 
 
+def write_float_model(model, path):
+    """Converts the token-id classifier `model` with tf2onnx into the ONNX file `path`: input
+    `token_ids` (int32 `[batch, length]`, both dynamic), output the probability `[batch, 1]`."""
+    signature = [tf.TensorSpec([None, None], tf.int32, name=INPUT_NAME)]
+    predict = tf.function(lambda token_ids: model(token_ids, training=False), input_signature=signature)
+    convert(predict, path)
+    return Path(path)
+
+
 def write_onnx_bundle(model, vocabulary_path, vocabulary_size, sequence_length, path):
     """Converts `model` with tf2onnx, quantises it, and writes the predictor bundle into `path`
     (created), its manifest last (`vocabulary_size`: the model's, which the predictor checks the
@@ -55,9 +64,7 @@ def write_onnx_bundle(model, vocabulary_path, vocabulary_size, sequence_length, 
     check_onnx_capable(model)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    signature = [tf.TensorSpec([None, None], tf.int32, name=INPUT_NAME)]
-    predict = tf.function(lambda token_ids: model(token_ids, training=False), input_signature=signature)
-    convert(predict, path / MODEL_FILES[False])
+    write_float_model(model, path / MODEL_FILES[False])
     write_int8_model(path / MODEL_FILES[False], path / MODEL_FILES[True])
     shutil.copyfile(vocabulary_path, path / "vocabulary.txt")
     (path / "tokenizer.json").write_text(json.dumps(tokenizer_rules(sequence_length), indent=2) + "\n")
