@@ -16,10 +16,12 @@ import pytest
 import tensorflow as tf
 
 from export.imdb.onnx_bundle import write_float_model
+from export.imdb.onnx_bundle import write_fused_attention_model
 from export.onnx_conversion import convert
 from export.onnx_fused_attention import fuse_attention
 from export.onnx_fused_attention import fused_attention_count
 from export.onnx_fused_attention import write_fused_model
+from keras_attn import LinearAttention
 from keras_attn import MultiHeadAttention
 from keras_attn import TokenAndPositionEmbedding
 from keras_attn import TransformerEncoder
@@ -123,6 +125,15 @@ def test_attention_whose_weights_are_also_an_output_is_refused(tmp_path):
     graph = converted(keras.Model(ids_input, [attended, scores]), tmp_path / "scores.onnx")
     with pytest.raises(ValueError, match="cannot fuse the attention at Softmax node .*also read outside the attention core"):
         fuse_attention(graph)
+
+
+def test_the_bundle_writes_no_fused_model_for_attention_the_rewrite_does_not_match(tmp_path):
+    ids_input = keras.Input((None,), dtype="int32")
+    embedded = keras.layers.Embedding(VOCABULARY, 8, mask_zero=True)(ids_input)
+    model = keras.Model(ids_input, LinearAttention(num_heads=2, key_dim=4)(embedded, embedded))  # no softmax
+    write_float_model(model, tmp_path / "model.onnx")
+    assert write_fused_attention_model(tmp_path / "model.onnx", tmp_path / "model.fused.onnx") is None
+    assert not (tmp_path / "model.fused.onnx").exists()
 
 
 def test_a_graph_without_attention_or_a_non_model_is_refused(classifier):
