@@ -5,7 +5,8 @@ each attention core rewritten into one `com.microsoft.MultiHeadAttention` node
 The classifier is the default configuration (`SentimentClassifierConfig()`: 1 encoder block, 4
 heads of 16, 512 tokens of attention; untrained, with a vocabulary adapted on the reviews: the
 time does not depend on the weights), or a trained run with `--run runs/imdb`. It is exported
-with the project's exporter (`export.imdb.onnx_bundle`, tf2onnx) and its `model.onnx` fused.
+with the project's exporter (`export.imdb.onnx_bundle`), whose bundle holds the tf2onnx graph
+`model.onnx` and the same with fused attention, `model.fused.onnx`.
 Printed and recorded: the fused nodes per attention layer (ONNX Runtime's own transformer optimizer,
 `optimize_model(model_type="bert")`, fuses none of them), the largest probability difference of
 the fused model from Keras and from the unfused model (real reviews, padded batches, and an empty
@@ -13,12 +14,11 @@ review: every key of its row masked), and each model's time on token ids at batc
 median length) and batch 32 (32 reviews, padded to the longest), best of `--rounds` in turn, as
 a ratio to the unfused model measured in the same run. Both sessions run with
 `benchmarks.serving_latency`'s options: every graph optimisation (`ORT_ENABLE_ALL`), sequential
-execution, `--ort-threads` intra-op threads (default: the machine's cores) that sleep when idle.
+execution, one intra-op thread per core, sleeping when idle (`benchmarks.int8_quantization.onnx_session`).
 
-    python -m benchmarks.onnx_fused_attention [--run runs/imdb] [--rounds 20] [--ort-threads N]
+    python -m benchmarks.onnx_fused_attention [--run runs/imdb] [--rounds 20]
 """
 
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -26,15 +26,14 @@ from pathlib import Path
 from benchmarks import measurement
 
 import numpy as np  # noqa: E402
-import onnxruntime  # noqa: E402
+import onnx  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from appkit.cli import positive_int  # noqa: E402
-from benchmarks.serving_latency import ort_session_options  # noqa: E402
+from benchmarks.int8_quantization import onnx_session  # noqa: E402
 from export.imdb.onnx_bundle import write_onnx_bundle  # noqa: E402
-from export.imdb.onnx_predictor import MODEL_FILES  # noqa: E402
+from export.imdb.onnx_predictor import FUSED_MODEL_FILE  # noqa: E402
 from export.onnx_fused_attention import fused_attention_count  # noqa: E402
-from export.onnx_fused_attention import write_fused_model  # noqa: E402
 from models.imdb_text import adapt_review_vectorizer  # noqa: E402
 from models.imdb_text import dense_token_ids  # noqa: E402
 from models.imdb_text import save_review_vocabulary  # noqa: E402
@@ -57,13 +56,6 @@ def classifier(args, reviews):
     return build_sentiment_classifier(config), vectorizer, config
 
 
-def session_runner(path, threads):
-    """Token ids -> probabilities of the ONNX model file `path` in its own ONNX Runtime session."""
-    session = onnxruntime.InferenceSession(str(path), ort_session_options(threads), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda ids: session.run(None, {name: ids})[0].reshape(-1)
-
-
 def largest_differences(model, run, id_batches):
     """`{"fused_vs_keras", "fused_vs_unfused"}`: the largest probability differences on `id_batches`."""
     differences = {"fused_vs_keras": 0.0, "fused_vs_unfused": 0.0}
@@ -80,7 +72,6 @@ def main(argv=None):
         __doc__.splitlines()[0],
         run=dict(default=None, help="a trained IMDB run directory (default: a fresh default-configuration classifier)"),
         rounds=dict(type=positive_int, default=20, help="timing rounds per batch size (best of them is kept)"),
-        ort_threads=dict(type=positive_int, default=os.cpu_count(), help="ONNX Runtime intra-op threads"),
     )
     args = parser.parse_args(argv)
     reviews_count = 256
@@ -99,10 +90,8 @@ def main(argv=None):
             model, save_review_vocabulary(vectorizer, directory / "vocabulary.txt"), vectorizer.vocabulary_size(),
             config.max_tokens, directory / "onnx",
         )
-        fused_path = directory / "model.fused.onnx"
-        fused_nodes = fused_attention_count(write_fused_model(bundle / MODEL_FILES[False], fused_path))
-        run = {"unfused": session_runner(bundle / MODEL_FILES[False], args.ort_threads),
-               "fused": session_runner(fused_path, args.ort_threads)}
+        fused_nodes = fused_attention_count(onnx.load(str(bundle / FUSED_MODEL_FILE)))
+        run = {"unfused": onnx_session(bundle), "fused": onnx_session(bundle, fused=True)}
         differences = largest_differences(model, run, parity_batches)
         seconds = {
             batch: measurement.best_seconds_round_robin({name: (lambda step=step: step(ids[batch])) for name, step in run.items()}, args.rounds)
@@ -134,7 +123,7 @@ def main(argv=None):
     )
     measurement.write_results(
         "onnx_fused_attention" + ("_smoke" if args.smoke else ""),
-        {"config": {"run": args.run, "rounds": args.rounds, "ort_threads": args.ort_threads, "model": config.to_dict()},
+        {"config": {"run": args.run, "rounds": args.rounds, "model": config.to_dict()},
          "max_abs_probability_difference": differences, "rows": rows},
         args.output,
     )
