@@ -123,9 +123,8 @@ def verify_exports(model, vectorizer, sequence_length, saved_model_dir, onnx_dir
             "saved_model_cli", *run_saved_model_cli(saved_model_dir, reviews), expected, atol
         ),
         "onnx_max_abs_diff": compare("ONNX Runtime", onnx_outputs["probability"], onnx_outputs["label"], expected, atol),
-        "onnx_fused_max_abs_diff": None,  # stays None where the bundle has no fused-attention model
     }
-    if (Path(onnx_dir) / FUSED_MODEL_FILE).is_file():
+    if (Path(onnx_dir) / FUSED_MODEL_FILE).is_file():  # the figure is absent where the bundle has no fused model
         fused = OnnxSentimentPredictor(onnx_dir, fused=True).predict(reviews)
         figures["onnx_fused_max_abs_diff"] = compare(
             "ONNX Runtime, fused attention", fused["probability"], fused["label"], expected, atol
