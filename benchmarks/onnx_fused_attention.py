@@ -25,6 +25,7 @@ from pathlib import Path
 
 from benchmarks import measurement
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -52,6 +53,7 @@ def classifier(args, reviews):
     if args.run:
         return load_classifier(args.run)
     config = SMOKE_MODEL if args.smoke else SentimentClassifierConfig()
+    keras.utils.set_random_seed(0)  # the same untrained weights in every run
     vectorizer = adapt_review_vectorizer(tf.data.Dataset.from_tensor_slices(reviews), config.vocabulary_size)
     return build_sentiment_classifier(config), vectorizer, config
 
