@@ -1,8 +1,8 @@
 """Runs an exported IMDB classifier with onnxruntime, tokenising exactly as training did.
 
 Self-contained: needs only NumPy and onnxruntime (no TensorFlow, no project code), so the export
-bundle ships a copy of this file next to `model.onnx`, `model.int8.onnx`, `vocabulary.txt` and
-`tokenizer.json`:
+bundle ships a copy of this file next to `model.onnx`, `model.int8.onnx`, `model.fused.onnx` (with
+dense attention), `vocabulary.txt` and `tokenizer.json`:
 
     import onnx_predictor
     predictor = onnx_predictor.OnnxSentimentPredictor("path/to/bundle")
@@ -17,6 +17,10 @@ float model keeps to Keras), so the export checks it by accuracy, not parity. It
 quantised with one scale per batch (padding included), so a review's probability also moves a
 little with the batch it is sent in (up to 0.009 measured on a small model), where the float
 model's does not.
+
+`model.fused.onnx` is `model.onnx` with each attention core one `com.microsoft.MultiHeadAttention`
+node (a contrib operator of the standard onnxruntime packages): the same probabilities within the float
+model's 1e-5 of Keras, faster on long batches.
 
 Tokenisation (`tokenizer.json` holds the rules the SavedModel's TF string ops apply):
 lowercase ASCII letters only, replace each `replace` pair in order, delete every character of
