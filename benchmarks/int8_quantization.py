@@ -76,9 +76,10 @@ def keras_predictor(model):
     return lambda ids: call(ids).numpy().reshape(-1)
 
 
-def onnx_session(bundle, quantized):
-    """Token ids -> probabilities of the bundle's float or int8 model, straight through its ONNX Runtime session."""
-    session = OnnxSentimentPredictor(bundle, ort_session_options(os.cpu_count()), quantized=quantized).session
+def onnx_session(bundle, **model):
+    """Token ids -> probabilities of one of the bundle's models (`model`: the predictor's `quantized` or
+    `fused` flag; none: the float model), straight through its ONNX Runtime session (one intra-op thread per core)."""
+    session = OnnxSentimentPredictor(bundle, ort_session_options(os.cpu_count()), **model).session
     name = session.get_inputs()[0].name
     return lambda ids: session.run(None, {name: ids})[0].reshape(-1)
 

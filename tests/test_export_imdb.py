@@ -15,6 +15,7 @@ from export.imdb import onnx_predictor
 from export.imdb import verified_export
 from export import verify
 from export.imdb.onnx_predictor import OnnxSentimentPredictor
+from export.onnx_fused_attention import fused_attention_count
 from models import imdb_text
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
@@ -132,7 +133,8 @@ def test_parity_figures_are_reported_within_tolerance(exported):
     parity = result["parity"]
     assert parity["reviews"] == len(reviews)
     assert max(parity["token_lengths"]) == CONFIG.max_tokens and min(parity["token_lengths"]) == 0
-    for key in ("savedmodel_fresh_process_max_abs_diff", "saved_model_cli_max_abs_diff", "onnx_max_abs_diff"):
+    for key in ("savedmodel_fresh_process_max_abs_diff", "saved_model_cli_max_abs_diff", "onnx_max_abs_diff",
+                "onnx_fused_max_abs_diff"):
         assert 0.0 <= parity[key] <= 1e-5
 
 
@@ -209,6 +211,30 @@ def test_disagreeing_export_is_refused_and_removed(exported, trained, monkeypatc
             **accuracy_check(trained),
         )
     assert sorted(p.name for p in (export_dir / "imdb_sentiment").iterdir()) == published
+    assert not list(export_dir.rglob(".staging-*"))
+
+
+def test_a_fused_model_that_disagrees_is_refused_and_nothing_published(exported, trained, monkeypatch):
+    export_dir, reviews, _ = exported
+    published = sorted(p.name for p in (export_dir / "onnx" / "imdb_sentiment").iterdir())
+    write_fused = verified_export.onnx_bundle.write_fused_attention_model
+
+    def write_off_by_one_percent(float_model, fused_model):
+        written = write_fused(float_model, fused_model)
+        model = onnx.load(str(written))
+        for tensor in model.graph.initializer:
+            if tensor.data_type == onnx.TensorProto.FLOAT and len(tensor.dims):
+                tensor.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(tensor) * 1.01, tensor.name))
+        onnx.save(model, str(written))
+        return written
+
+    monkeypatch.setattr(verified_export.onnx_bundle, "write_fused_attention_model", write_off_by_one_percent)
+    with pytest.raises(verified_export.ExportVerificationError, match="ONNX Runtime, fused attention: probabilities differ"):
+        verified_export.export_and_verify(
+            trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews[:6], export_dir,
+            **accuracy_check(trained),
+        )
+    assert sorted(p.name for p in (export_dir / "onnx" / "imdb_sentiment").iterdir()) == published
     assert not list(export_dir.rglob(".staging-*"))
 
 
@@ -436,6 +462,25 @@ def test_bad_int8_check_arguments_are_named_before_anything_is_written(trained, 
 def test_the_predictor_names_a_bad_quantized_flag(exported, quantized):
     with pytest.raises(TypeError, match=re.escape(f"quantized={quantized!r}")):
         OnnxSentimentPredictor(_bundle(exported), quantized=quantized)
+
+
+def test_the_bundle_holds_the_fused_attention_model_with_the_float_models_probabilities(exported, trained):
+    bundle = _bundle(exported)
+    assert "model.fused.onnx" in json.loads((bundle / "manifest.json").read_text())["files"]
+    assert fused_attention_count(onnx.load(str(bundle / "model.fused.onnx"))) == CONFIG.num_layers
+    predictor = OnnxSentimentPredictor(bundle, fused=True)
+    assert predictor.model_path == bundle / "model.fused.onnx"
+    reviews = trained.test_reviews + ODD_REVIEWS
+    np.testing.assert_allclose(
+        predictor.predict(reviews)["probability"], keras_probabilities(trained, reviews), atol=verified_export.ATOL
+    )
+
+
+def test_the_predictor_refuses_fused_int8_and_a_bad_fused_flag(exported):
+    with pytest.raises(ValueError, match="Received: quantized=True, fused=True"):
+        OnnxSentimentPredictor(_bundle(exported), quantized=True, fused=True)
+    with pytest.raises(TypeError, match=re.escape("fused='yes'")):
+        OnnxSentimentPredictor(_bundle(exported), fused="yes")
 
 
 def test_a_bundle_without_the_int8_model_says_so(exported, tmp_path):

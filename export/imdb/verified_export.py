@@ -7,7 +7,8 @@ compares, on the same raw reviews, the Keras model with:
    code: the process checks that none of its modules got imported);
 2. `saved_model_cli run` on the same SavedModel;
 3. the ONNX model in onnxruntime through the bundle's own predictor (its token ids must equal
-   the training vectoriser's exactly).
+   the training vectoriser's exactly), and the same with the bundle's fused-attention model
+   (`model.fused.onnx`) where the bundle has one (dense attention).
 
 Probabilities must agree within `atol` (1e-5) and labels exactly (away from 0.5). The bundle's
 int8 model (`model.int8.onnx`) cannot keep that parity (its weights are rounded to 256 levels),
@@ -35,6 +36,7 @@ from export.fresh_process import ExportVerificationError
 from export.fresh_process import serve_in_fresh_process
 from export.imdb import onnx_bundle
 from export.imdb import savedmodel
+from export.imdb.onnx_predictor import FUSED_MODEL_FILE
 from export.imdb.onnx_predictor import MODEL_FILES
 from export.imdb.onnx_predictor import OnnxSentimentPredictor
 from models.export_manifest import write_manifest
@@ -110,7 +112,7 @@ def verify_exports(model, vectorizer, sequence_length, saved_model_dir, onnx_dir
         rows = [i for i in range(len(reviews)) if i >= len(onnx_ids) or not np.array_equal(onnx_ids[i], ids[i])]
         raise ExportVerificationError(f"ONNX predictor tokenises reviews {rows} differently from training")
     onnx_outputs = predictor.predict(reviews)
-    return {
+    figures = {
         "reviews": len(reviews),
         "token_lengths": [int(n) for n in np.count_nonzero(ids, axis=1)],
         "atol": atol,
@@ -122,6 +124,12 @@ def verify_exports(model, vectorizer, sequence_length, saved_model_dir, onnx_dir
         ),
         "onnx_max_abs_diff": compare("ONNX Runtime", onnx_outputs["probability"], onnx_outputs["label"], expected, atol),
     }
+    if (Path(onnx_dir) / FUSED_MODEL_FILE).is_file():  # the figure is absent where the bundle has no fused model
+        fused = OnnxSentimentPredictor(onnx_dir, fused=True).predict(reviews)
+        figures["onnx_fused_max_abs_diff"] = compare(
+            "ONNX Runtime, fused attention", fused["probability"], fused["label"], expected, atol
+        )
+    return figures
 
 
 def _labelled(reviews, labels):
@@ -206,7 +214,7 @@ def verify_int8_accuracy(model, vectorizer, sequence_length, onnx_dir, reviews, 
 def export_and_verify(model, vectorizer, vocabulary_path, sequence_length, reviews, export_dir,
                       model_name="imdb_sentiment", atol=ATOL, *, accuracy_reviews, accuracy_labels,
                       int8_tolerance=INT8_TOLERANCE_POINTS):
-    """Writes, verifies and publishes the SavedModel and the ONNX bundle (float and int8 models).
+    """Writes, verifies and publishes the SavedModel and the ONNX bundle (float, int8 and fused-attention models).
 
     Args:
         model: the trained token-id classifier.
