@@ -9,6 +9,7 @@ weights. The numerics (float32 logits and softmax, finite fill, exact zeros) are
 import keras
 from keras import ops
 
+from keras_attn.kernels import single_query
 from keras_attn.core.masks import may_empty_rows
 from keras_attn.core.masks import pattern_mask
 from keras_attn.core.position_bias import check_position_bias
@@ -77,20 +78,25 @@ def dense_attention(
     """
     rows_may_be_empty = may_empty_rows(mask, pattern)
     mask = pattern_mask(mask, pattern, ops.shape(query)[1], ops.shape(key)[1], query_offset)
-    logits = shifted_logits(attention_logits(query, key), scale, mask)  # (batch, heads, query_len, key_len)
+    one_query = single_query.applies(query, key)  # a cached decoding step outside XLA: no transposes
+    logits = single_query.logits(query, key) if one_query else attention_logits(query, key)
+    logits = shifted_logits(logits, scale, mask)  # (batch, heads, query_len, key_len)
     if bias is not None:
         logits = logits + ops.cast(bias, logits.dtype)
     logits = _add_position_bias(logits, check_position_bias(position_bias, query.shape[2]), query_offset)
     if mask is not None:
         logits = fill_masked(logits, mask)
-    weights = ops.softmax(logits, axis=-1)  # (batch, heads, query_len, key_len), float32
+    weights = single_query.softmax(logits) if one_query else ops.softmax(logits, axis=-1)  # (b, h, q, k), float32
     if hard:
         weights = hard_weights(logits, weights)
     dropped = weights
     if dropout_rate > 0.0:
         dropped = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
     dropped = ops.cast(dropped, value.dtype)
-    output = ops.einsum("bhqk,bkhd->bqhd", dropped, value)  # (batch, query_len, heads, value_depth)
+    if one_query:
+        output = single_query.values(dropped, value)
+    else:
+        output = ops.einsum("bhqk,bkhd->bqhd", dropped, value)  # (batch, query_len, heads, value_depth)
     if rows_may_be_empty:
         output = _zero_rows_without_keys(output, mask)
     if return_weights:
