@@ -87,7 +87,17 @@ def _updated(layer, cache, query, key, value, cache_update_index):
             return projected_query, entries[:, 0], entries[:, 1], cache
         cache_update_index = _check_cache_bounds(cache_update_index, ops.shape(new_key)[1], ops.shape(cache)[2])
         cache = written(cache, ops.cast(new_entries, cache.dtype), cache_update_index)
-    return projected_query, cache[:, 0], cache[:, 1], cache  # keys, values: (batch, max_len, kv_heads, dim)
+    return (projected_query, *keys_and_values(cache), cache)
+
+
+def keys_and_values(cache):
+    """`cache[:, 0], cache[:, 1]`: `(batch, max_len, kv_heads, dim)` each. With a batch of one known
+    now, slices of the first axis of the cache without it, which TensorFlow's runtime hands out as
+    views of the cache's buffer (slicing the second axis copies it)."""
+    if cache.shape[0] == 1:
+        pair = ops.reshape(cache, ops.shape(cache)[1:])  # (2, max_len, kv_heads, dim)
+        return ops.expand_dims(pair[0], 0), ops.expand_dims(pair[1], 0)
+    return cache[:, 0], cache[:, 1]
 
 
 def written(cache, new_entries, index):
