@@ -9,7 +9,6 @@ weights. The numerics (float32 logits and softmax, finite fill, exact zeros) are
 import keras
 from keras import ops
 
-from keras_attn.kernels import single_query
 from keras_attn.core.masks import may_empty_rows
 from keras_attn.core.masks import pattern_mask
 from keras_attn.core.position_bias import check_position_bias
@@ -18,6 +17,7 @@ from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import shifted_logits
 from keras_attn.core.softmax import zero_masked
 from keras_attn.core.softmax import mask_fill
+from keras_attn.kernels import single_query
 
 
 def why_unsupported(call):
@@ -64,6 +64,9 @@ def dense_attention(
     instead of a float pass over the weights), and the weights are zeroed only when they are
     returned. A causal mask alone never empties a row (query `i` always sees key 0), so it needs
     neither.
+
+    One query (a cached decoding step) outside XLA takes `keras_attn.kernels.single_query`'s two
+    products, without transposing the keys and values, and its element-wise softmax: the same values.
 
     With `hard=True` the weights are `hard_weights(logits, soft)`: one-hot on the argmax of
     the allowed keys in the forward pass, the gradient of the softmax at the same scale in the
