@@ -11,6 +11,19 @@ def float_math_dtype(dtype):
     return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
 
 
+def compiled_by_xla():
+    """Whether what is being traced now will run under XLA (`tf.function(jit_compile=True)`,
+    `Model.compile(jit_compile=True)`; TensorFlow backend): XLA fuses transposes and updates a
+    buffer in place, TensorFlow's op-by-op runtime pays for every op and copy, so a few paths
+    choose their ops by it."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
 
 
 

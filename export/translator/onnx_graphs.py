@@ -74,32 +74,6 @@ def onnx_functions(model):
     return encoder, step
 
 
-def _dynamic_update_slice_to_onnx(ctx, node, name, args):
-    """tf2onnx handler: `XlaDynamicUpdateSlice(operand, update, starts)` (the key/value cache write
-    of `keras.ops.slice_update`), which tf2onnx lacks, as
-    `Where(Pad(ones_like(update)), Pad(update), operand)` with pads `starts` and
-    `shape(operand) - starts - shape(update)`."""
-    import onnx
-    from onnx import numpy_helper
-
-    operand, update, starts = node.input
-    operand_shape = ctx.make_node("Shape", [operand]).output[0]
-    update_shape = ctx.make_node("Shape", [update]).output[0]
-    before = ctx.make_node("Cast", [starts], attr={"to": onnx.TensorProto.INT64}).output[0]
-    room = ctx.make_node("Sub", [operand_shape, before]).output[0]
-    after = ctx.make_node("Sub", [room, update_shape]).output[0]
-    pads = ctx.make_node("Concat", [before, after], attr={"axis": 0}).output[0]
-    padded_update = ctx.make_node("Pad", [update, pads]).output[0]
-    ones = ctx.make_node(
-        "ConstantOfShape", [update_shape], attr={"value": numpy_helper.from_array(np.ones(1, np.float32))}
-    ).output[0]
-    written = ctx.make_node("Pad", [ones, pads]).output[0]
-    where_written = ctx.make_node("Cast", [written], attr={"to": onnx.TensorProto.BOOL}).output[0]
-    node.type = "Where"
-    ctx.replace_inputs(node, [where_written, padded_update, operand])
-    return node
-
-
 def write_onnx(model, vectorizers, directory):
     """Writes the two graphs, `decoding.json` and the vocabularies into `directory`
     (`check_onnx_exportable` first)."""
@@ -107,11 +81,7 @@ def write_onnx(model, vectorizers, directory):
     os.makedirs(directory, exist_ok=True)
     encoder, step = onnx_functions(model)
     for name, function in (("encoder", encoder), ("decoder_step", step)):
-        convert(
-            function,
-            os.path.join(directory, f"{name}.onnx"),
-            custom_op_handlers={"XlaDynamicUpdateSlice": (_dynamic_update_slice_to_onnx, [])},
-        )
+        convert(function, os.path.join(directory, f"{name}.onnx"))  # the cache write is a scatter: ScatterND
     layers, heads, head_dim = _stacked_caches(model)
     with open(os.path.join(directory, "decoding.json"), "w", encoding="utf-8") as handle:
         json.dump(

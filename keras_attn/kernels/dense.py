@@ -17,6 +17,7 @@ from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import shifted_logits
 from keras_attn.core.softmax import zero_masked
 from keras_attn.core.softmax import mask_fill
+from keras_attn.kernels import single_query
 
 
 def why_unsupported(call):
@@ -64,6 +65,9 @@ def dense_attention(
     returned. A causal mask alone never empties a row (query `i` always sees key 0), so it needs
     neither.
 
+    One query (a cached decoding step) outside XLA takes `keras_attn.kernels.single_query`'s two
+    products, without transposing the keys and values, and its element-wise softmax: the same values.
+
     With `hard=True` the weights are `hard_weights(logits, soft)`: one-hot on the argmax of
     the allowed keys in the forward pass, the gradient of the softmax at the same scale in the
     backward pass (straight-through).
@@ -77,20 +81,25 @@ def dense_attention(
     """
     rows_may_be_empty = may_empty_rows(mask, pattern)
     mask = pattern_mask(mask, pattern, ops.shape(query)[1], ops.shape(key)[1], query_offset)
-    logits = shifted_logits(attention_logits(query, key), scale, mask)  # (batch, heads, query_len, key_len)
+    one_query = single_query.applies(query, key)  # a cached decoding step outside XLA: no transposes
+    logits = single_query.logits(query, key) if one_query else attention_logits(query, key)
+    logits = shifted_logits(logits, scale, mask)  # (batch, heads, query_len, key_len)
     if bias is not None:
         logits = logits + ops.cast(bias, logits.dtype)
     logits = _add_position_bias(logits, check_position_bias(position_bias, query.shape[2]), query_offset)
     if mask is not None:
         logits = fill_masked(logits, mask)
-    weights = ops.softmax(logits, axis=-1)  # (batch, heads, query_len, key_len), float32
+    weights = single_query.softmax(logits) if one_query else ops.softmax(logits, axis=-1)  # (b, h, q, k), float32
     if hard:
         weights = hard_weights(logits, weights)
     dropped = weights
     if dropout_rate > 0.0:
         dropped = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
     dropped = ops.cast(dropped, value.dtype)
-    output = ops.einsum("bhqk,bkhd->bqhd", dropped, value)  # (batch, query_len, heads, value_depth)
+    if one_query:
+        output = single_query.values(dropped, value)
+    else:
+        output = ops.einsum("bhqk,bkhd->bqhd", dropped, value)  # (batch, query_len, heads, value_depth)
     if rows_may_be_empty:
         output = _zero_rows_without_keys(output, mask)
     if return_weights:

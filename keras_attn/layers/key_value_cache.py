@@ -2,7 +2,7 @@
 
 A cache `(batch, 2, max_len, kv_heads, key_dim)` holds projected keys (`cache[:, 0]`) and values
 (`cache[:, 1]`). A call with `cache_update_index = t` projects its `n` new tokens, writes them at
-positions `t .. t + n - 1` in one `ops.slice_update` (checked to fit: the update would silently
+positions `t .. t + n - 1` in one write (`written`; checked to fit: XLA's update would silently
 clamp the index) and attends over the whole cache; without an index the cache is precomputed
 keys/values (cross-attention to an encoder projected once). With `sliding_window=W`, a cache of
 `W` slots is a ring buffer instead, written and read by `keras_attn.layers.window_cache`.
@@ -13,6 +13,7 @@ from keras import ops
 
 from keras_attn.layers import window_cache
 from keras_attn.layers.projections import project
+from keras_attn.utils import compiled_by_xla
 from keras_attn.validation import check_position
 from keras_attn.validation import check_positive_int
 
@@ -85,9 +86,40 @@ def _updated(layer, cache, query, key, value, cache_update_index):
             cache = window_cache.written(entries, cache.shape[2], cache_update_index)
             return projected_query, entries[:, 0], entries[:, 1], cache
         cache_update_index = _check_cache_bounds(cache_update_index, ops.shape(new_key)[1], ops.shape(cache)[2])
-        # One write of the new tokens into the cache; it is never re-assembled from K and V.
-        cache = ops.slice_update(cache, (0, 0, cache_update_index, 0, 0), ops.cast(new_entries, cache.dtype))
-    return projected_query, cache[:, 0], cache[:, 1], cache  # keys, values: (batch, max_len, kv_heads, dim)
+        cache = written(cache, ops.cast(new_entries, cache.dtype), cache_update_index)
+    return (projected_query, *keys_and_values(cache), cache)
+
+
+def keys_and_values(cache):
+    """`cache[:, 0], cache[:, 1]`: `(batch, max_len, kv_heads, dim)` each. With a batch of one known
+    now, slices of the first axis of the cache without it, which TensorFlow's runtime hands out as
+    views of the cache's buffer (slicing the second axis copies it)."""
+    if cache.shape[0] == 1:
+        pair = ops.reshape(cache, ops.shape(cache)[1:])  # (2, max_len, kv_heads, dim)
+        return ops.expand_dims(pair[0], 0), ops.expand_dims(pair[1], 0)
+    return cache[:, 0], cache[:, 1]
+
+
+def written(cache, new_entries, index):
+    """`cache` with `new_entries (batch, 2, n, kv_heads, dim)` at positions `index .. index + n - 1`, in
+    one write; the cache is never re-assembled from K and V.
+
+    Under XLA a dynamic-update-slice (`ops.slice_update`), which XLA does in place. TensorFlow's
+    runtime copies the whole cache for it on every step; it does a scatter in place when nothing
+    else holds the cache (a generation loop's state), so outside XLA the write is one."""
+    if compiled_by_xla():
+        return ops.slice_update(cache, (0, 0, index, 0, 0), new_entries)
+    batch, _, new_len = ops.shape(new_entries)[:3]
+    grid = (batch, 2, new_len)
+    indices = tf.stack(
+        [
+            tf.broadcast_to(tf.reshape(tf.range(batch), (-1, 1, 1)), grid),
+            tf.broadcast_to(tf.reshape(tf.range(2), (1, 2, 1)), grid),
+            tf.broadcast_to(tf.cast(index, "int32") + tf.range(new_len), grid),
+        ],
+        axis=-1,
+    )  # (batch, 2, n, 3): the (row, key or value, position) of each new entry
+    return tf.tensor_scatter_nd_update(cache, indices, new_entries)
 
 
 def _check_cache(layer, cache, query):
@@ -112,8 +144,8 @@ def _check_cache(layer, cache, query):
 
 def _check_cache_bounds(cache_update_index, new_len, max_len):
     """`cache_update_index`, checked so that the `new_len` new tokens fit in the `max_len` cache:
-    a ValueError when everything is known now, else a run-time assertion (`ops.slice_update`
-    would silently clamp the index and overwrite the last slots)."""
+    a ValueError when everything is known now, else a run-time assertion (XLA's dynamic-update-slice
+    would silently clamp the index and overwrite the last slots, a scatter on a GPU skip the write)."""
     if not isinstance(cache_update_index, int):  # a float would be truncated; ints get the bounds below
         check_position("cache_update_index", cache_update_index)
     known = all(isinstance(v, int) for v in (cache_update_index, new_len, max_len))

@@ -10,6 +10,8 @@ and scale, `Model.quantize`) always runs through its own layer.
 import keras
 from keras import ops
 
+from keras_attn.utils import compiled_by_xla
+
 
 def projection(layer, name, heads, head_dim, activation=None):
     """A `(batch, seq, features) -> (batch, seq, heads, head_dim)` projection, as Keras builds it."""
@@ -34,11 +36,28 @@ def quantized(*projections):
 
 def project(layer, query, key, value):
     """Projected `(batch, seq, heads, dim)` query, key and value; one matmul for a self-attention input
-    (the layer's `_fused_qkv`)."""
+    (the layer's `_fused_qkv`), except for one token outside XLA (a decoding step), where
+    concatenating the three kernels on every call costs more than two more matmuls (XLA hoists the
+    concatenation out of a generation loop)."""
     projections = (layer._query_dense, layer._key_dense, layer._value_dense)
-    if query is value and key is value and not quantized(*projections):
+    if quantized(*projections):
+        return layer._query_dense(query), layer._key_dense(key), layer._value_dense(value)
+    if query is value and key is value and not (query.shape[1] == 1 and not compiled_by_xla()):
         return layer._fused_qkv(query)
-    return layer._query_dense(query), layer._key_dense(key), layer._value_dense(value)
+    return (
+        _head_projection(layer, layer._query_dense, query, layer.num_heads, layer.key_dim),
+        _head_projection(layer, layer._key_dense, key, layer.num_key_value_heads, layer.key_dim),
+        _head_projection(layer, layer._value_dense, value, layer.num_key_value_heads, layer.value_dim),
+    )
+
+
+def _head_projection(layer, dense, inputs, heads, head_dim):
+    """An unquantized input projection (`EinsumDense` `abc,cde->abde`) as one 2-D matmul:
+    `(batch, seq, features)` -> `(batch, seq, heads, head_dim)`."""
+    kernel = ops.reshape(dense.kernel, (ops.shape(dense.kernel)[0], heads * head_dim))
+    bias = ops.reshape(dense.bias, (-1,)) if layer.use_bias else None
+    batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
+    return ops.reshape(affine(inputs, kernel, bias, layer.compute_dtype), (batch, length, heads, head_dim))
 
 
 def fused_qkv(layer, inputs):
