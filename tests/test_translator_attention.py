@@ -12,6 +12,8 @@ from keras_attn.visualization.explorer import embedded_data
 from models.decoding import make_decoder
 from models.translator_attention import alignment_maps
 from models.translator_attention import produced_tokens
+from models.decoding_defaults import BEAM_SIZE
+from models.decoding_defaults import LENGTH_PENALTY
 from pipelines import translate
 from tests.test_visualization_figures import assert_png
 from tests.translation_fixtures import tiny_translator
@@ -60,7 +62,7 @@ def test_translate_attention_html_embeds_the_alignments_of_each_sentence(run_dir
     assert "://" not in page
     layers = embedded_data(page)["layers"]
     model, vectorizers = tiny_translator()
-    decoder = make_decoder(model, vectorizers)
+    decoder = make_decoder(model, vectorizers, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY)  # the command's default
     expected = []
     for index, sentence in enumerate(SENTENCES):
         target_ids = decoder(vectorizers.source_ids([sentence])).numpy()[0]
