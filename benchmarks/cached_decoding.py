@@ -31,6 +31,7 @@ import tensorflow as tf  # noqa: E402
 from keras_attn.layers.multi_head_attention import MultiHeadAttention  # noqa: E402
 
 PEER_RATIO = "recompute_over_cached"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+BENCH_ARGS = ["--repeats", "10"]  # `make bench` (benchmarks/run_all.py): the issue's steps and modes, fewer repeats
 
 DEFAULT_STEPS = (8, 16, 32, 64, 128, 256)
 

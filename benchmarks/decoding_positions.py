@@ -36,6 +36,7 @@ from keras_attn import LinearAttention  # noqa: E402
 from keras_attn import TransformerDecoder  # noqa: E402
 
 PEER_RATIO = "tokens_per_s_over_first_position"  # (tests/test_benchmarks.py)
+BENCH_ARGS = ["--repeats", "10"]  # `make bench` (benchmarks/run_all.py): fewer repeats
 
 FAMILIES = ("dense", "window", "linear")
 COLUMNS = (  # (row key, header, format) of the printed table

@@ -19,6 +19,7 @@ from keras_attn.core.masks import causal_mask  # noqa: E402
 from keras_attn.core.softmax import masked_softmax  # noqa: E402
 
 PEER_RATIO = "float32_over_float16"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+BENCH_ARGS = ["--repeats", "5"]  # `make bench` (benchmarks/run_all.py): fewer repeats
 
 
 def float16_logits_attention(query, key, value, scale):

@@ -50,6 +50,7 @@ from pipelines.imdb_data import load_cache  # noqa: E402
 from pipelines.imdb_data import split_reviews  # noqa: E402
 
 PEER_RATIO = "accuracy_vs_dense"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+BENCH_ARGS = ["--families", "dense,linear_elu", "--train-cpu-seconds", "60", "--test-examples", "5000"]  # `make bench` (benchmarks/run_all.py): two families, a short budget: the full comparison is BENCHMARKS.md's own section
 
 # Long Range Arena, Text task (Tay et al. 2020, table 1), by the family's model there.
 LRA_TEXT = {
@@ -62,6 +63,15 @@ LRA_TEXT = {
     "favor": ("Performer", 65.40),
 }
 PAD_TO = 64  # batches are padded to a multiple of this many tokens (few distinct shapes)
+
+
+def family_list(text):
+    """`--families`: comma-separated keys of `LRA_TEXT`, as a list."""
+    families = text.split(",")
+    unknown = [family for family in families if family not in LRA_TEXT]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown families {unknown}: expected some of {list(LRA_TEXT)}. Received: {text!r}")
+    return families
 
 
 def attention_layer(family, args):
@@ -331,7 +341,7 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = measurement.parse_args(
         __doc__.splitlines()[0],
-        families=dict(default=",".join(LRA_TEXT), help="comma-separated families to run"),
+        families=dict(type=family_list, default=list(LRA_TEXT), help=f"comma-separated families to run, of {', '.join(LRA_TEXT)}"),
         train_examples=dict(type=int, default=25_000, help="training reviews (one held out)"),
         test_examples=dict(type=int, default=25_000, help="test reviews scored (seeded order)"),
         train_cpu_seconds=dict(type=float, default=240.0, help="training CPU-time budget per family"),
@@ -362,7 +372,7 @@ def main(argv=None):
         with open(args.row_output, "w") as handle:
             json.dump(row, handle)
         return [row]
-    families = args.families.split(",")
+    families = args.families
     # Smoke runs stay in one process (seconds); real runs give each family a fresh one.
     if args.smoke:
         rows = [run_family(f, args) for f in families]

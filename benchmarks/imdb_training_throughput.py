@@ -26,6 +26,7 @@ from models.imdb_text import adapt_review_vectorizer  # noqa: E402
 from models.imdb_text import dense_token_ids  # noqa: E402
 
 PEER_RATIO = "speedup_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+BENCH_ARGS = ["--rounds", "2"]  # `make bench` (benchmarks/run_all.py): fewer rounds
 
 _KERAS_MHA_ARGUMENTS = set(inspect.signature(keras.layers.MultiHeadAttention.__init__).parameters)
 

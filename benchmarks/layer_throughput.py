@@ -34,6 +34,7 @@ import tensorflow as tf  # noqa: E402
 from keras_attn.layers.multi_head_attention import MultiHeadAttention  # noqa: E402
 
 PEER_RATIO = "speedup_vs_keras_same_jit"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+BENCH_ARGS = ["--repeats", "3"]  # `make bench` (benchmarks/run_all.py): the issue's whole grid, fewer repeats
 
 DEFAULT_LENGTHS = (512, 1024, 2048)
 LAYERS = ("keras", "dense", "chunked", "blockwise", "auto")  # "keras": the peer; "auto": keras_attn's default layer

@@ -24,6 +24,7 @@ from pathlib import Path
 from benchmarks import measurement
 
 PEER_RATIO = "two_over_one_worker"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+BENCH_ARGS = ["--max-train", "512", "--epochs", "2"]  # `make bench` (benchmarks/run_all.py): a smaller run
 from pipelines import imdb_data
 from pipelines import launch
 

@@ -19,6 +19,7 @@ import sys
 from benchmarks import measurement
 
 PEER_RATIO = "memory_vs_no_bias"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+BENCH_ARGS = ["--length", "16384", "--modes", "forward_backward"]  # `make bench` (benchmarks/run_all.py): fwd+bwd at 16,384 (the target's 65,536 takes minutes a child: BENCHMARKS.md's own section)
 
 BIASES = ("none", "alibi", "t5")
 MODES = ("forward", "forward_backward")

@@ -4,7 +4,10 @@
 
 Each script of `benchmarks/` (`benchmarks.benchmark_scripts()`) runs in a process of its own as
 `python -m benchmarks.<name>`, with the arguments it declares for this run (`BENCH_ARGS`, a list;
-none: its own defaults) and `--output <results-dir>/<name>.json`. Then, from those JSON files:
+none: its own defaults) and `--output <results-dir>/<name>.json`. The results directory is
+`benchmarks/results/make_bench/`: the JSON files directly in `benchmarks/results/` are the runs
+that BENCHMARKS.md's own sections quote, with their own arguments, and stay as they are. Then,
+from those JSON files:
 
 - `<results-dir>/summary.md`: per script, its wall time, the load it ran under, and a table of
   its rows: their text and integer fields (what a row is) and the ratio to its peer (`PEER_RATIO`);
@@ -28,7 +31,7 @@ from pathlib import Path
 from benchmarks import BENCHMARKS_DIR
 from benchmarks import benchmark_scripts
 
-RESULTS_DIR = BENCHMARKS_DIR / "results"
+RESULTS_DIR = BENCHMARKS_DIR / "results" / "make_bench"
 BENCHMARKS_MD = BENCHMARKS_DIR.parent / "BENCHMARKS.md"
 BEGIN_MARKER = "<!-- make bench: generated from benchmarks/results by benchmarks/run_all.py; do not edit below -->"
 END_MARKER = "<!-- make bench: end of the generated section -->"
@@ -88,6 +91,12 @@ def plot(name, rows, ratio, path):
     pyplot.close(figure)
 
 
+def shown_path(path):
+    """`path` as BENCHMARKS.md names it: relative to the repository root when inside it."""
+    path = Path(path).resolve()
+    return path.relative_to(BENCHMARKS_MD.parent) if path.is_relative_to(BENCHMARKS_MD.parent) else path
+
+
 def summary_section(name, status, seconds, results_dir):
     """The summary of one script: its status, time, load, table, and its plot written beside it."""
     heading = f"### `{name}` ({seconds:.0f} s)"
@@ -101,7 +110,7 @@ def summary_section(name, status, seconds, results_dir):
     return (
         f"{heading}\n\nMeasured {result['machine']['time_utc']} UTC at load average "
         f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} on {result['machine']['cpus']} cores; "
-        f"plot: `{name}.png`.\n\n{table(result['rows'], ratio)}\n"
+        f"plot: `{shown_path(results_dir / f'{name}.png')}`.\n\n{table(result['rows'], ratio)}\n"
     )
 
 

@@ -29,6 +29,7 @@ import sys
 from benchmarks import measurement
 
 PEER_RATIO = "speedup_vs_dense_causal"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+BENCH_ARGS = ["--lengths", "16384", "--modes", "forward_backward"]  # `make bench` (benchmarks/run_all.py): fwd+bwd at the targets' 16,384 (65,536: BENCHMARKS.md's own section)
 
 LENGTHS = (4096, 16384, 65536)
 CASES = ("dense_causal", "causal_strided", "block_local")

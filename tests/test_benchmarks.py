@@ -6,6 +6,8 @@ must not run beside the distributed tests' (a port freed by one can be taken by 
 tests/test_distributed.py smoke-runs it, in the same file, so one after the other.
 """
 
+import argparse
+import importlib
 import json
 
 import pytest
@@ -67,3 +69,23 @@ def test_make_bench_replaces_only_its_generated_section():
     second = run_all.replace_generated_section(first + "\nlater prose\n", "new table\n")
     assert second.startswith("# Benchmarks\n\nprose\n") and second.endswith("\nlater prose\n")
     assert "new table" in second and "old table" not in second
+
+
+class _Parsed(Exception):
+    """Raised in place of running a script, once its command line has been parsed."""
+
+
+@pytest.mark.parametrize("name", benchmark_scripts())
+def test_make_bench_arguments_are_accepted_by_their_script(name, monkeypatch):
+    # `make bench` passes each script its BENCH_ARGS: a flag its parser rejects would fail that
+    # script only at the end of a 20-minute run. The parser stops here, before anything runs.
+    arguments = list(getattr(importlib.import_module(f"benchmarks.{name}"), "BENCH_ARGS", []))
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(parser, args=None, namespace=None):
+        raise _Parsed(original(parser, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    with pytest.raises(_Parsed) as parsed:
+        importlib.import_module(f"benchmarks.{name}").main(arguments)
+    assert not parsed.value.args[0].smoke
