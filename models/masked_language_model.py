@@ -51,6 +51,11 @@ class TiedTokenLogits(keras.layers.Layer):
     def compute_output_shape(self, hidden_shape):
         return (*hidden_shape[:-1], self.token_embedding.input_dim)
 
+    def get_config(self):
+        """The base config only: the shared embedding is no config value. The model is rebuilt by
+        `build_masked_language_model` and its weights loaded, never deserialised."""
+        return super().get_config()
+
 
 def build_masked_language_model(config):
     """The masked language model of `config`'s attention branch, as a functional `keras.Model`.
