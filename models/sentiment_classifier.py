@@ -3,8 +3,9 @@
 Two branches, each with its own logit, combined by a learnt weighted sum:
 
 - attention: `TokenAndPositionEmbedding` (with the padding mask) over the first
-  `sequence_length` tokens, `num_layers` `TransformerEncoder` blocks and `MaskedGlobalPooling`
-  over the real tokens (mean, max or both) feed a dense logit;
+  `sequence_length` tokens, `num_layers` `TransformerEncoder` blocks (`review_encoder`, which a
+  masked-language-model pretraining may initialise: `load_encoder_weights`) and
+  `MaskedGlobalPooling` over the real tokens (mean, max or both) feed a dense logit;
 - n-gram: a sparse TF-IDF vector of the unigrams and hashed bigrams of the whole review (up to
   `max_tokens`, `NgramTfIdf`) feeds a linear logit (`SparseLinear`): a bag-of-n-grams logistic
   regression.
@@ -112,8 +113,30 @@ def self_attention_prototype(config):
     )
 
 
-def _attention_logit(token_ids, config):
-    """Encoder blocks over the first `sequence_length` tokens, masked pooling, dropout, logit `(batch, 1)`."""
+# The fields of `SentimentClassifierConfig` that shape the attention branch's encoder
+# (`review_encoder`): a pretrained encoder's must equal the classifier's to be loaded into it.
+ENCODER_FIELDS = (
+    "vocabulary_size", "sequence_length", "embedding_dim", "num_layers", "num_heads", "intermediate_dim",
+    "position_encoding", "attention_bigram_buckets", "attention",
+)
+
+
+def review_encoder(token_ids, config):
+    """The attention branch up to its last encoder block, on functional tensors.
+
+    Token (and optional hashed bigram) embeddings of the first `sequence_length` ids, dropout and
+    `num_layers` `TransformerEncoder` blocks. The classifier pools this for its logit; the
+    masked language model of `models.masked_language_model` predicts masked tokens from it. Both
+    build it here, so the layers carry the same names (`token_and_position_embedding`,
+    `bigram_embedding`, `encoder_{i}`) and weights move between them by name.
+
+    Args:
+        token_ids: int32 `(batch, seq)`, 0 = padding.
+        config: a `SentimentClassifierConfig` (its `ENCODER_FIELDS` and `dropout`).
+
+    Returns:
+        `(batch, min(seq, sequence_length), embedding_dim)`, with the Keras mask of the real tokens.
+    """
     first_tokens = token_ids[:, : config.sequence_length]  # (batch, min(seq, sequence_length))
     hidden = TokenAndPositionEmbedding(
         config.vocabulary_size,
@@ -136,6 +159,46 @@ def _attention_logit(token_ids, config):
             self_attention=self_attention_prototype(config),
             name=f"encoder_{index}",
         )(hidden)  # (batch, seq, embedding_dim)
+    return hidden
+
+
+def build_review_encoder(config):
+    """`review_encoder` as a `keras.Model` named "review_encoder": int token ids `(batch, seq)` ->
+    `(batch, min(seq, sequence_length), embedding_dim)`; what a pretraining checkpoint holds."""
+    token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+    return keras.Model(token_ids, review_encoder(token_ids, config), name="review_encoder")
+
+
+def load_encoder_weights(classifier, encoder):
+    """Copies the weights of every layer of `encoder` (`build_review_encoder`) into the layer of the
+    same name of `classifier` (`build_sentiment_classifier`, same `ENCODER_FIELDS`).
+
+    Returns:
+        The names of the layers copied.
+
+    Raises:
+        ValueError: `classifier` has no layer of that name or its weights differ in shape.
+    """
+    targets = {layer.name: layer for layer in classifier.layers}
+    copied = []
+    for layer in encoder.layers:
+        if not layer.weights:
+            continue
+        target = targets.get(layer.name)
+        shapes = [tuple(weight.shape) for weight in layer.weights]
+        if target is None or [tuple(weight.shape) for weight in target.weights] != shapes:
+            raise ValueError(
+                f"`classifier` must have a layer {layer.name!r} with weights of shapes {shapes}. Received: "
+                f"{None if target is None else [tuple(weight.shape) for weight in target.weights]}"
+            )
+        target.set_weights(layer.get_weights())
+        copied.append(layer.name)
+    return copied
+
+
+def _attention_logit(token_ids, config):
+    """`review_encoder`, masked pooling, dropout, logit `(batch, 1)`."""
+    hidden = review_encoder(token_ids, config)  # (batch, seq, embedding_dim)
     features = [MaskedGlobalPooling(mode, name=f"{mode}_pooling")(hidden) for mode in config.pooling]
     features = features[0] if len(features) == 1 else keras.layers.Concatenate(name="attention_features")(features)
     features = keras.layers.Dropout(config.dropout, name="attention_dropout")(features)

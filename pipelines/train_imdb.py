@@ -1,7 +1,8 @@
 """Trains the IMDB sentiment classifier from the raw reviews and writes a run summary.
 
     python -m pipelines.train_imdb [--data PATH] [--smoke] [--mixed-precision mixed_bfloat16]
-        [--jit-compile] [--strategy {default,mirrored,multi_worker}] [--output-dir runs/imdb] ...
+        [--jit-compile] [--strategy {default,mirrored,multi_worker}] [--output-dir runs/imdb]
+        [--pretrained {DIR,none}] ...
 
 Data: see `pipelines.imdb_data` (lookup order --data, $KERAS_ATTN_DATA / $IMDB_DATA_DIR,
 ../shared/data, TFDS). The vectoriser is adapted on the training split only (minus the held-out
@@ -9,6 +10,13 @@ validation slice) and its vocabulary written to `<output-dir>/vocabulary.txt`; t
 only used for the final evaluation. Rerunning the same command after an interruption resumes from
 the last finished epoch. `<output-dir>/summary.json` holds data counts, parameters, epochs, time,
 throughput and validation/test accuracy.
+
+The attention branch starts from the encoder of `python -m pipelines.pretrain_imdb` (masked-
+language-model pretraining on the same training reviews) when `--pretrained DIR` names one, or by
+default when `runs/imdb_pretrain` (`imdb_pretrain/` beside `--output-dir`) holds a finished one;
+otherwise from random weights, and one line says how to pretrain. Its configuration and
+vocabulary must be this run's (`pipelines.encoder_checkpoint`); `summary.json` records
+`pretrained` (its directory and epochs, or `null`). `--pretrained none` turns it off.
 
 `--strategy multi_worker` trains on every worker of the `TF_CONFIG` cluster with
 `pipelines.distributed` (run the same command on each worker, or under `pipelines.launch`):
@@ -36,6 +44,7 @@ from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import fit_ensemble
 from models.sentiment_classifier import training_model
 from pipelines import distributed
+from pipelines import encoder_checkpoint
 from pipelines import imdb_data
 from pipelines import training
 from pipelines.batching import with_counted_batches
@@ -82,13 +91,7 @@ def parse_args(argv=None, prog=PROG, parents=(), description=__doc__.split("\n")
     `parents` (argparse parsers made with `add_help=False`), so `--help` lists them all.
     """
     parser = argparse.ArgumentParser(prog=prog, description=description, parents=parents)
-    parser.add_argument("--data", help="IMDB archive or a directory holding it (see pipelines/imdb_data.py)")
-    parser.add_argument("--cache-dir", help="decoded-data cache (default $KERAS_ATTN_CACHE or ~/.cache/keras_attn)")
-    parser.add_argument("--no-download", action="store_true", help="never fall back to a TFDS download")
-    parser.add_argument(
-        "--smoke", action="store_true",
-        help="tiny model and a few hundred reviews (tests); data and model flags given explicitly still win",
-    )
+    add_data_arguments(parser)
     training.add_training_arguments(
         parser, output_dir="runs/imdb", epochs=2, learning_rate=2e-3, weight_decay=0.05, warmup_fraction=0.1,
         patience=2, jit_compile_help="XLA-compile the train/eval steps",
@@ -97,16 +100,36 @@ def parse_args(argv=None, prog=PROG, parents=(), description=__doc__.split("\n")
         "--cpu-devices", type=positive_int, help="split the CPU into N logical devices (mirrored training without GPUs)"
     )
     parser.add_argument("--batch-size", type=positive_int, default=32)
-    parser.add_argument(
-        "--validation-size", type=positive_int, help=f"training reviews held out (default {VALIDATION_SIZE:,}; --smoke: 64)"
-    )
-    parser.add_argument("--max-train", type=positive_int, help="cap on training reviews")
     parser.add_argument("--max-test", type=positive_int, help="cap on test reviews")
+    parser.add_argument(
+        "--pretrained",
+        help=f"encoder checkpoint of `{encoder_checkpoint.COMMAND}` for the attention branch (default: "
+        f"{encoder_checkpoint.DEFAULT_DIRECTORY_NAME}/ beside --output-dir, when finished; "
+        f"`{encoder_checkpoint.NONE}`: no pretraining)",
+    )
     training.add_config_arguments(parser, SentimentClassifierConfig())
     args = parser.parse_args(argv)
     with user_errors_exit(prog, args.debug):
         model_config(args)  # the flags' combination (e.g. --sequence-length above --max-tokens)
+    # Resolved once, here: the main job's other seeds train in other output directories.
+    args.pretrained = encoder_checkpoint.request(args.pretrained, args.output_dir)
     return args
+
+
+def add_data_arguments(parser):
+    """The flags that choose the reviews (`data_limits`): `--data`, `--cache-dir`, `--no-download`,
+    `--smoke`, `--validation-size`, `--max-train`; `pipelines.pretrain_imdb` takes them too."""
+    parser.add_argument("--data", help="IMDB archive or a directory holding it (see pipelines/imdb_data.py)")
+    parser.add_argument("--cache-dir", help="decoded-data cache (default $KERAS_ATTN_CACHE or ~/.cache/keras_attn)")
+    parser.add_argument("--no-download", action="store_true", help="never fall back to a TFDS download")
+    parser.add_argument(
+        "--smoke", action="store_true",
+        help="tiny model and a few hundred reviews (tests); data and model flags given explicitly still win",
+    )
+    parser.add_argument(
+        "--validation-size", type=positive_int, help=f"training reviews held out (default {VALIDATION_SIZE:,}; --smoke: 64)"
+    )
+    parser.add_argument("--max-train", type=positive_int, help="cap on training reviews")
 
 
 def model_config(args):
@@ -115,11 +138,21 @@ def model_config(args):
 
 
 def data_limits(args):
+    """`split_reviews`'s limits from the flags: --smoke's or the defaults, explicit flags winning
+    (a command without `--max-test` has none)."""
     limits = dict(SMOKE_DATA) if args.smoke else {"validation_size": VALIDATION_SIZE}
     for name in ("validation_size", "max_train", "max_test"):  # an explicit flag wins over --smoke
-        if getattr(args, name) is not None:
+        if getattr(args, name, None) is not None:
             limits[name] = getattr(args, name)
     return limits
+
+
+def review_vectorizer(splits, config, output_dir):
+    """The vectoriser adapted on the training reviews of `splits`, its vocabulary written to
+    `<output_dir>/vocabulary.txt`, and `config` with its vocabulary size: `(vectorizer, config, path)`."""
+    vectorizer = imdb_text.adapt_review_vectorizer(splits.train.map(lambda text, label: text), config.vocabulary_size)
+    vocabulary_path = imdb_text.save_review_vocabulary(vectorizer, output_dir / "vocabulary.txt")
+    return vectorizer, dataclasses.replace(config, vocabulary_size=vectorizer.vocabulary_size()), vocabulary_path
 
 
 def train(args):
@@ -133,11 +166,12 @@ def train(args):
     policy, strategy = training.set_up(args)
     config = model_config(args)
 
+    pretrained = encoder_checkpoint.find(args.pretrained)
     cache = imdb_data.load_cache(args.data, args.cache_dir, allow_download=not args.no_download)
     splits = imdb_data.split_reviews(cache, **data_limits(args))
-    vectorizer = imdb_text.adapt_review_vectorizer(splits.train.map(lambda text, label: text), config.vocabulary_size)
-    vocabulary_path = imdb_text.save_review_vocabulary(vectorizer, output_dir / "vocabulary.txt")
-    config = dataclasses.replace(config, vocabulary_size=vectorizer.vocabulary_size())
+    vectorizer, config, vocabulary_path = review_vectorizer(splits, config, output_dir)
+    if pretrained is not None:  # before any training: a checkpoint that does not fit is an error now
+        encoder_checkpoint.check_fits(pretrained, config, vectorizer.get_vocabulary(include_special_tokens=False))
 
     def batches(ids, **options):
         return imdb_data.batched(ids, args.batch_size, config.max_tokens, **options)
@@ -158,6 +192,8 @@ def train(args):
     with strategy.scope():
         model = build_sentiment_classifier(config)
         model.get_layer("ngram_tfidf").adapt(batches(train_ids))  # idf from the training split only
+        if pretrained is not None:  # a resumed run's backup then replaces every weight
+            encoder_checkpoint.load_into(model, pretrained)
         model.compile(
             loss=keras.losses.BinaryCrossentropy(),
             metrics=[keras.metrics.BinaryAccuracy(name="accuracy")],
@@ -208,6 +244,7 @@ def train(args):
         "model": config.to_dict(),
         "parameters": model.count_params(),
         "vocabulary": str(vocabulary_path),
+        "pretrained": None if pretrained is None else pretrained.describe(),
         **training.run_summary(args, policy, strategy, fitted),
         "batch_size": args.batch_size,
         "weight_decay": args.weight_decay,

@@ -5,15 +5,19 @@ member paths) into a tar.gz under pytest's temporary directory, once per session
 downloads: without the real archive (`../shared/data`, `$KERAS_ATTN_DATA`, `$IMDB_DATA_DIR`)
 the tests that need it are skipped. Import the fixtures into a test module with
 `from tests.imdb_fixtures import imdb_cache_dir, small_imdb_archive  # noqa: F401`.
+`interrupted_after_first_epoch` stops the training commands after their first committed epoch.
 """
 
+import contextlib
 import io
 import re
 import tarfile
 
+import keras
 import pytest
 
 from pipelines import imdb_data
+from pipelines import resumable_training
 from tests.shared_data import missing_shared_data
 
 # Reviews per (split, label) in the small archive.
@@ -54,3 +58,26 @@ def small_imdb_archive(tmp_path_factory):
 def imdb_cache_dir(tmp_path_factory):
     """A decoded-data cache shared by the tests (never the user's ~/.cache)."""
     return tmp_path_factory.mktemp("imdb_cache")
+
+
+class Interrupt(Exception):
+    """What `interrupted_after_first_epoch` raises in a training run."""
+
+
+class _InterruptAfterFirstEpoch(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 1:
+            raise Interrupt
+
+
+@contextlib.contextmanager
+def interrupted_after_first_epoch():
+    """Inside the block, every `model.fit` with `resumable_training.training_callbacks` raises
+    `Interrupt` as its second epoch begins: the first epoch is committed, as after a kill there."""
+    make_callbacks = resumable_training.training_callbacks
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            resumable_training, "training_callbacks",
+            lambda *a, **k: make_callbacks(*a, **k) + [_InterruptAfterFirstEpoch()],
+        )
+        yield

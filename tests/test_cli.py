@@ -12,6 +12,7 @@ from pipelines import explain_imdb
 from pipelines import imdb_data
 from pipelines import launch
 from pipelines import main_job
+from pipelines import pretrain_imdb
 from pipelines import train_imdb
 from pipelines import train_translator
 from pipelines import translate
@@ -19,6 +20,7 @@ from pipelines import translate
 CLIS = {
     "train_imdb": train_imdb.main,
     "main_job": main_job.main,
+    "pretrain_imdb": pretrain_imdb.main,
     "train_translator": train_translator.main,
     "translate": translate.main,
     "export.translator": verified_export.main,
@@ -56,6 +58,10 @@ BAD_FLAGS = [
     ("train_imdb", ["--checkpoint-every", "0"], "--checkpoint-every: must be a positive integer, got '0'"),
     ("train_imdb", ["--collective-timeout", "-5"], "--collective-timeout: must be a positive integer, got '-5'"),
     ("main_job", ["--batch-size", "0"], "--batch-size: must be a positive integer, got '0'"),
+    ("pretrain_imdb", ["--epochs", "0"], "--epochs: must be a positive integer, got '0'"),
+    ("pretrain_imdb", ["--max-train", "-1"], "--max-train: must be a positive integer, got '-1'"),
+    ("pretrain_imdb", ["--embedding-dim", "0"], "--embedding-dim: must be a positive integer, got '0'"),
+    ("pretrain_imdb", ["--strategy", "multi_worker"], "--strategy=multi_worker"),
     ("main_job", ["--learning-rate", "-1"], "--learning-rate: must be a positive finite number, got '-1'"),
     ("train_translator", ["--tokens-per-batch", "0"], "--tokens-per-batch: must be a positive integer, got '0'"),
     ("train_translator", ["--epochs", "-2"], "--epochs: must be a positive integer, got '-2'"),
@@ -123,6 +129,10 @@ def _bad_inputs(tmp_path):
          "absent.tar.gz"),
         ("train_imdb", ["--smoke", "--no-download", "--data", str(corrupt), *output], "corrupt.tar.gz is corrupt"),
         ("train_imdb", ["--smoke", "--output-dir", str(a_file / "run")], f"--output-dir '{a_file / 'run'}' is not a"),
+        ("train_imdb", ["--smoke", "--no-download", "--pretrained", str(tmp_path / "no_checkpoint"), *output],
+         f"--pretrained={str(tmp_path / 'no_checkpoint')!r}"),
+        ("pretrain_imdb", ["--smoke", "--no-download", "--data", str(corrupt), *output], "corrupt.tar.gz is corrupt"),
+        ("pretrain_imdb", ["--smoke", "--output-dir", str(a_file / "p")], f"--output-dir '{a_file / 'p'}' is not a"),
         ("main_job", ["--smoke", "--export-dir", str(a_file / "export"), *output],
          f"--export-dir '{a_file / 'export'}' is not a writable directory"),
         ("train_translator", ["--smoke", "--data", str(tmp_path / "absent.txt"), "--output-dir", str(tmp_path / "t")],

@@ -10,7 +10,6 @@ import warnings
 from pathlib import Path
 
 import h5py
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -20,7 +19,9 @@ from pipelines import imdb_data
 from pipelines import main_job
 from pipelines import resumable_training
 from pipelines import train_imdb
+from tests.imdb_fixtures import Interrupt
 from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
+from tests.imdb_fixtures import interrupted_after_first_epoch
 from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -40,6 +41,10 @@ def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsy
     printed = capsys.readouterr().out
     assert json.loads(printed[printed.rindex("\n{\n") + 1 :]) == summary
     training = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # No pretraining checkpoint beside the run: random initial weights, and one line saying how to get one.
+    assert training["pretrained"] is None
+    assert f"No pretrained encoder at {tmp_path / 'imdb_pretrain'}: " in printed
+    assert f"run `python -m pipelines.pretrain_imdb --output-dir {tmp_path / 'imdb_pretrain'}`" in printed
     assert training["data"]["train"] == 300 - train_imdb.SMOKE_DATA["validation_size"]
     assert training["data"]["validation"] == train_imdb.SMOKE_DATA["validation_size"]
     assert training["data"]["test"] == train_imdb.SMOKE_DATA["max_test"]
@@ -94,27 +99,12 @@ def backed_up_optimizer_steps(output_dir):
         return int(weights["optimizer/vars/0"][()])
 
 
-class _Interrupt(Exception):
-    pass
-
-
-class _InterruptAfterFirstEpoch(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == 1:
-            raise _Interrupt
-
-
-def test_rerunning_an_interrupted_run_resumes_it(small_imdb_archive, imdb_cache_dir, tmp_path, monkeypatch, capsys):
+def test_rerunning_an_interrupted_run_resumes_it(small_imdb_archive, imdb_cache_dir, tmp_path, capsys):
     args = smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "2")
-    make_callbacks = resumable_training.training_callbacks
-    monkeypatch.setattr(
-        resumable_training, "training_callbacks", lambda *a, **k: make_callbacks(*a, **k) + [_InterruptAfterFirstEpoch()]
-    )
-    with pytest.raises(_Interrupt):
+    with interrupted_after_first_epoch(), pytest.raises(Interrupt):
         train_imdb.main(args)
     assert [row["epoch"] for row in resumable_training.read_history(tmp_path)] == [0]
     steps_after_first_epoch = backed_up_optimizer_steps(tmp_path)
-    monkeypatch.undo()
     capsys.readouterr()
 
     run = train_imdb.main(args)  # the same command again
