@@ -105,8 +105,8 @@ def find(wanted):
             )
         print(
             f"No pretrained encoder at {wanted.directory}: the attention branch starts from random weights. "
-            f"For the better model run `{COMMAND} --output-dir {wanted.directory}` (same --data and model flags) "
-            "first, then this command again.",
+            f"`{COMMAND} --output-dir {wanted.directory}` (same --data and model flags) pretrains one, which "
+            "this command then starts from (README, the IMDB ablation: its default 2 epochs do not help yet).",
             flush=True,
         )
         return None
