@@ -9,8 +9,8 @@ default configuration, whose speed does not depend on its weights) are decoded, 
   batch), without and with XLA (`jit_compile`), greedy and beam-4;
 - Keras, recomputed: the same search re-running the whole decoder over the prefix at every step
   (`use_cache=False`, without XLA), greedy: the peer of the cache;
-- the SavedModel (`export.translator`'s `serving_default`: raw strings in, translated strings out,
-  tokenisation included), greedy, as served;
+- the SavedModel (`export.translator`: raw strings in, translated strings out, tokenisation
+  included), as served: its `greedy` signature, and `serving_default` (beam 4);
 - ONNX Runtime: the exported `encoder.onnx` + `decoder_step.onnx` driven by the greedy loop of
   `export.translator.onnx_graphs.OnnxGreedyDecoder` (its sessions made once; one session run per token).
 
@@ -32,9 +32,11 @@ from benchmarks import measurement
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from export.serving_layout import SIGNATURE  # noqa: E402
 from export.translator.onnx_graphs import OnnxGreedyDecoder  # noqa: E402
 from export.translator.onnx_graphs import write_onnx  # noqa: E402
 from export.translator.savedmodel import write_saved_model  # noqa: E402
+from models import decoding_defaults  # noqa: E402
 from models.decoding import make_decoder  # noqa: E402
 from models.parallel_text import orient_pairs  # noqa: E402
 from models.parallel_text import read_pairs  # noqa: E402
@@ -88,11 +90,20 @@ def candidates_for(model, vectorizers, sentences, batch_size, export_dir):
     source_batches = [vectorizers.source_ids(batch) for batch in batches(sentences, batch_size)]
 
     def keras(beam_size, jit_compile, use_cache=True):
-        decoder = make_decoder(model, vectorizers, beam_size=beam_size, jit_compile=jit_compile, use_cache=use_cache)
+        length_penalty = decoding_defaults.LENGTH_PENALTY if beam_size > 1 else 0.0  # as the SavedModel serves
+        decoder = make_decoder(
+            model, vectorizers, beam_size=beam_size, jit_compile=jit_compile, use_cache=use_cache,
+            length_penalty=length_penalty,
+        )
         return lambda: np.concatenate([decoder(ids).numpy() for ids in source_batches])
 
     write_saved_model(model, vectorizers, os.path.join(export_dir, "saved_model"))
-    serve = tf.saved_model.load(os.path.join(export_dir, "saved_model")).signatures["serving_default"]
+    signatures = tf.saved_model.load(os.path.join(export_dir, "saved_model")).signatures
+
+    def saved_model(signature):
+        serve = signatures[signature]
+        return lambda: [serve(source=batch) for batch in string_batches]
+
     string_batches = [tf.constant(batch) for batch in batches(sentences, batch_size)]
     write_onnx(model, vectorizers, os.path.join(export_dir, "onnx"))
     onnx_decoder = OnnxGreedyDecoder(os.path.join(export_dir, "onnx"))
@@ -100,10 +111,11 @@ def candidates_for(model, vectorizers, sentences, batch_size, export_dir):
         "keras cached": ("greedy", keras(1, False)),
         "keras cached XLA": ("greedy", keras(1, True)),
         "keras recomputed": ("greedy", keras(1, False, use_cache=False)),
-        "SavedModel": ("greedy", lambda: [serve(source=batch) for batch in string_batches]),
+        "SavedModel": ("greedy", saved_model(decoding_defaults.GREEDY_SIGNATURE)),
         "ONNX Runtime": ("greedy", lambda: np.concatenate([onnx_decoder(ids) for ids in source_batches])),
         "keras cached, beam 4": ("beam-4", keras(4, False)),
         "keras cached XLA, beam 4": ("beam-4", keras(4, True)),
+        "SavedModel, beam 4": ("beam-4", saved_model(SIGNATURE)),
     }
 
 
