@@ -55,6 +55,15 @@ def request(flag, output_dir):
     return Request(Path(flag), required=True)
 
 
+def request_as_used(used):
+    """The `Request` for the checkpoint a finished run used (its summary's `pretrained`: the
+    `EncoderCheckpoint.describe()` dict, or `None`): the main job's other seeds train with it, so
+    every seed starts from the same encoder (or none), and the how-to line is printed once."""
+    if used is None:
+        return Request(None, required=False)
+    return Request(Path(used["directory"]), required=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class EncoderCheckpoint:
     """A finished checkpoint: its directory, encoder configuration, vocabulary and summary."""

@@ -25,6 +25,7 @@ from appkit.files import write_json_atomic
 from export import serving_layout
 from export.imdb.verified_export import export_and_verify
 from export.imdb.verified_export import verification_reviews
+from pipelines import encoder_checkpoint
 from pipelines import imdb_report
 from pipelines import imdb_seeds
 from pipelines import resumable_training
@@ -64,6 +65,7 @@ def main(argv=None):
         require_writable_directory(args.output_dir, "--output-dir")
         require_writable_directory(args.export_dir, "--export-dir")
         run = train_imdb.train(args)
+        args.pretrained = encoder_checkpoint.request_as_used(run.summary["pretrained"])  # every seed alike
         seeds = imdb_seeds.seed_spread([run.summary, *imdb_seeds.train_other_seeds(args, args.seeds)])
         write_json_atomic(run.output_dir / "summary.json", {**run.summary, "seeds": seeds})
         if not run.chief:  # another worker of a multi-worker run: the chief exports

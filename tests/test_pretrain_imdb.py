@@ -150,3 +150,11 @@ def test_a_corrupt_checkpoint_is_an_error_saying_how_to_recover(pretrained, tmp_
     (tmp_path / encoder_checkpoint.ENCODER_WEIGHTS).write_bytes(bytes(weights))
     with pytest.raises(ValueError, match="SHA-256.*rerun `python -m pipelines.pretrain_imdb"):
         encoder_checkpoint.find(encoder_checkpoint.request(str(tmp_path), "unused"))
+
+
+def test_the_main_jobs_other_seeds_find_again_the_checkpoint_the_first_seed_used(pretrained):
+    directory, _, _ = pretrained
+    used = encoder_checkpoint.find(encoder_checkpoint.Request(directory, required=True)).describe()
+    again = encoder_checkpoint.find(encoder_checkpoint.request_as_used(used))
+    assert again.directory == directory and again.describe() == used
+    assert encoder_checkpoint.find(encoder_checkpoint.request_as_used(None)) is None
