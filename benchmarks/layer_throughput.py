@@ -34,6 +34,7 @@ import tensorflow as tf  # noqa: E402
 from keras_attn.layers.multi_head_attention import MultiHeadAttention  # noqa: E402
 
 PEER_RATIO = "speedup_vs_keras_same_jit"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+GOAL_FIELDS = ("cpu_speedup_vs_keras_same_jit", "fraction_of_matmul_peak")  # shown beside the ratio in `make bench`'s table (benchmarks/run_all.py)
 BENCH_ARGS = ["--repeats", "3"]  # `make bench` (benchmarks/run_all.py): the issue's whole grid, fewer repeats
 
 DEFAULT_LENGTHS = (512, 1024, 2048)

@@ -18,6 +18,7 @@ import sys
 from benchmarks import measurement
 
 PEER_RATIO = "memory_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+GOAL_FIELDS = ("peak_rss_gb",)  # shown beside the ratio in `make bench`'s table (benchmarks/run_all.py)
 BENCH_ARGS = ["--forward-lengths", "4096", "32768", "--backward-lengths", "4096", "16384"]  # `make bench` (benchmarks/run_all.py): Keras's peer at 4,096 and one long length (the targets' 131,072 / 32,768: BENCHMARKS.md's own section)
 
 FORWARD_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)

@@ -10,7 +10,9 @@ that BENCHMARKS.md's own sections quote, with their own arguments, and stay as t
 from those JSON files:
 
 - `<results-dir>/summary.md`: per script, its wall time, the load it ran under, and a table of
-  its rows: their text and integer fields (what a row is) and the ratio to its peer (`PEER_RATIO`);
+  its rows: their text and integer fields (what a row is), the ratio to its peer (`PEER_RATIO`)
+  and the figures its goals are stated in (`GOAL_FIELDS`, a tuple of row keys, when it has goals
+  beyond that ratio);
 - `<results-dir>/<name>.png`: that ratio per row as a bar chart (1.0 marked: the peer);
 - BENCHMARKS.md's generated section (between its `make bench` markers) replaced by the summary,
   unless `--smoke` (tiny sizes, a few seconds a script, for tests: the figures mean nothing).
@@ -58,15 +60,27 @@ def describing_fields(rows, ratio):
     return fields
 
 
-def table(rows, ratio):
-    """A Markdown table of the rows' describing fields and their ratio to the peer."""
+def table(rows, ratio, goals=()):
+    """A Markdown table of the rows' describing fields, their ratio to the peer, and the `goals`
+    fields (the figures an issue's goal is about, a script's `GOAL_FIELDS`)."""
     fields = describing_fields(rows, ratio)
-    lines = ["| " + " | ".join(fields + [ratio]) + " |", "|" + " --- |" * (len(fields) + 1)]
+    fields = [field for field in fields if field not in goals]
+    columns = fields + [ratio, *goals]
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     for row in rows:
         value = row.get(ratio)
         cells = [str(row.get(field, "")) for field in fields] + ["-" if value is None else f"{value:.2f}"]
+        cells += [_figure(row.get(goal)) for goal in goals]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _figure(value):
+    if value is None:
+        return "-"
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def plot(name, rows, ratio, path):
@@ -104,13 +118,14 @@ def summary_section(name, status, seconds, results_dir):
     if status != 0 or not path.is_file():
         return f"{heading}\n\nfailed: exit status {status}, no results written.\n"
     result = json.loads(path.read_text(encoding="utf-8"))
-    ratio = importlib.import_module(f"benchmarks.{name}").PEER_RATIO
+    module = importlib.import_module(f"benchmarks.{name}")
+    ratio, goals = module.PEER_RATIO, tuple(getattr(module, "GOAL_FIELDS", ()))
     load = result["machine"]["load_average"]
     plot(name, result["rows"], ratio, results_dir / f"{name}.png")
     return (
         f"{heading}\n\nMeasured {result['machine']['time_utc']} UTC at load average "
         f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} on {result['machine']['cpus']} cores; "
-        f"plot: `{shown_path(results_dir / f'{name}.png')}`.\n\n{table(result['rows'], ratio)}\n"
+        f"plot: `{shown_path(results_dir / f'{name}.png')}`.\n\n{table(result['rows'], ratio, goals)}\n"
     )
 
 

@@ -48,6 +48,7 @@ from models.sentiment_classifier import SentimentClassifierConfig  # noqa: E402
 from models.sentiment_classifier import build_sentiment_classifier  # noqa: E402
 
 PEER_RATIO = "p50_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+GOAL_FIELDS = ("p50_ms", "p99_ms", "p99_over_p50", "throughput_vs_keras")  # shown beside the ratio in `make bench`'s table (benchmarks/run_all.py)
 BENCH_ARGS = ["--requests", "200"]  # `make bench` (benchmarks/run_all.py): half the requests per configuration
 
 RUNTIMES = ("keras", "saved_model", "onnx_runtime")

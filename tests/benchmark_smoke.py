@@ -21,6 +21,9 @@ def assert_smoke_run(name, tmp_path, capsys, monkeypatch, small_imdb_archive, im
     assert written["benchmark"] == f"{name}_smoke"
     assert written["rows"] == json.loads(json.dumps(rows))
     assert any(row.get(ratio) is not None and row[ratio] > 0 for row in rows)
+    # The figures `make bench`'s table shows for the script's goals are fields of its rows.
+    for goal in getattr(module, "GOAL_FIELDS", ()):
+        assert any(row.get(goal) is not None for row in rows), goal
     # The conditions are the machine's load on its cores, printed and recorded.
     cpus, load = written["machine"]["cpus"], written["machine"]["load_average"]
     assert f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1, 5, 15 min) on {cpus} cores" in capsys.readouterr().out

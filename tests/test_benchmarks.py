@@ -64,6 +64,19 @@ def test_make_bench_runs_each_script_and_writes_its_table_and_plot(tmp_path):
     assert (tmp_path / "float32_logits.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_make_bench_tables_show_the_goal_fields_after_the_ratio():
+    rows = [
+        {"model": "float", "ratio": 1.0, "accuracy": 0.91234, "ms": 1003.2},
+        {"model": "int8", "ratio": 0.5, "accuracy": None, "ms": 7.0},
+    ]
+    assert run_all.table(rows, "ratio", ("accuracy", "ms")).splitlines() == [
+        "| model | ratio | accuracy | ms |",
+        "| --- | --- | --- | --- |",
+        "| float | 1.00 | 0.912 | 1,003 |",
+        "| int8 | 0.50 | - | 7 |",
+    ]
+
+
 def test_make_bench_replaces_only_its_generated_section():
     first = run_all.replace_generated_section("# Benchmarks\n\nprose\n", "old table\n")
     second = run_all.replace_generated_section(first + "\nlater prose\n", "new table\n")
