@@ -36,6 +36,6 @@ docs: install
 	$(PY) -m mkdocs build --strict
 
 # Every benchmark script in turn (benchmarks/run_all.py): results, a summary table and a plot per
-# script in benchmarks/results/, and BENCHMARKS.md's generated section rewritten.
+# script in benchmarks/results/make_bench/, and BENCHMARKS.md's generated section rewritten.
 bench: install
 	$(PY) -m benchmarks.run_all $(ARGS)
