@@ -1,6 +1,7 @@
 """`runs/imdb/report.html`: one self-contained page per main-job run.
 
-The headline figures (test accuracy per branch, timing, export parity, the int8 model's accuracy check), the learning curves of
+The headline figures (test accuracy per branch, timing, export parity, the int8 model's accuracy check), the
+attention branch's ablation (`pipelines.imdb_ablation`) under this run's figures, the learning curves of
 the training history, the confusion matrix on the test split, and what the attention branch
 looked at in a few test reviews, right and wrong: their tokens shaded by the attention received,
 and the explorer (every review, block and head). Figures are inline PNGs, data and script inline.
@@ -17,6 +18,7 @@ from keras_attn.visualization import token_highlight_html
 from appkit.files import write_text_atomic
 from models.review_attention import explain_review
 from models.sentiment_classifier import BRANCHES
+from pipelines import imdb_ablation
 from pipelines import imdb_data
 from pipelines.run_report import image_html
 from pipelines.run_report import learning_curves_figure
@@ -93,6 +95,26 @@ def seed_spread_html(seeds):
     ]
 
 
+def ablation_html(summary):
+    """This run's attention branch and ensemble above the measured variants of `pipelines.imdb_ablation`."""
+    seeds = summary.get("seeds")
+    over_seeds = "" if not seeds else (
+        f"over {len(seeds['seeds'])} seeds: attention {100 * seeds['attention']['mean']:.2f} % "
+        f"± {100 * seeds['attention']['std']:.2f}, ensemble {100 * seeds['ensemble']['mean']:.2f} % "
+        f"± {100 * seeds['ensemble']['std']:.2f}"
+    )
+    this_run = (
+        f"this run (seed {summary['seed']})",
+        f"{100 * summary['test_accuracy_by_branch']['attention']:.2f} %",
+        f"{100 * summary['test_accuracy']:.2f} %",
+        over_seeds,
+    )
+    return [
+        "<h2>Ablation of the attention branch (test accuracy; the rows below it measured once each)</h2>",
+        table_html([this_run, *map(imdb_ablation.cells, imdb_ablation.ROWS)], imdb_ablation.HEADER),
+    ]
+
+
 def report_html(summary, history, matrix, examples):
     """The page. `summary` is the main job's; `history` the epoch rows; `examples` from `example_reviews`."""
     headline = [
@@ -109,6 +131,7 @@ def report_html(summary, history, matrix, examples):
     sections = [
         "<h2>Results</h2>", table_html(headline, ("", "value")),
         *seed_spread_html(summary.get("seeds")),
+        *ablation_html(summary),
         "<h2>Export parity (max abs difference of the probability)</h2>",
         table_html(parity_rows, ("export", f"on {parity.get('reviews', 0)} test reviews")) if parity_rows else "<p>no export in this run</p>",
     ]

@@ -1,6 +1,7 @@
 """`runs/imdb/report.html`: figures, confusion matrix and attention examples, self-contained."""
 
 import base64
+import html
 import io
 import re
 
@@ -13,6 +14,7 @@ from keras_attn.visualization.explorer import decode_weights
 from keras_attn.visualization.explorer import embedded_data
 from models import imdb_text
 from models.review_attention import explain_review
+from pipelines import imdb_ablation
 from pipelines import imdb_report
 from tests.browser import broken_images
 from tests.browser import open_page
@@ -22,7 +24,7 @@ from tests.test_explain_imdb import run  # noqa: F401  (the fixture)
 LABELS = [1, 0, 0, 1]  # the tiny model gets some right and some wrong
 SUMMARY = {
     "test_accuracy": 0.5, "test_accuracy_by_branch": {"attention": 0.25, "ngram": 0.75}, "validation_accuracy": 0.6, "attention": "dense",
-    "epochs_run": 2, "training_seconds": 12.5, "train_examples_per_second": 40.0, "data": {"source": "tiny", "test": 4},
+    "seed": 1337, "epochs_run": 2, "training_seconds": 12.5, "train_examples_per_second": 40.0, "data": {"source": "tiny", "test": 4},
     "exports": {
         "parity": {"reviews": 4, "onnx_max_abs_diff": 1.2e-7, "saved_model_cli_max_abs_diff": 6e-8},
         "int8": {"reviews": 2500, "tolerance_points": 0.3, "float_keras_accuracy": 0.9096, "int8_onnx_accuracy": 0.9084,
@@ -79,6 +81,19 @@ def test_report_is_self_contained_with_figures_and_the_examples_maps(report):
     assert [layer["name"] for layer in layers] == expected_names
     for layer, attention_map in zip(layers, expected_maps):
         np.testing.assert_array_equal(decode_weights(layer), attention_map.weights)
+
+
+def test_report_shows_the_ablation_under_this_runs_figures(report):
+    path, *_ = report
+    table = re.search(r"Ablation of the attention branch.*?</table>", path.read_text(), re.S).group(0)
+    header, *rows = re.findall(r"<tr><th>(.*?)</th>(.*?)</tr>", table)
+    assert header[0] == imdb_ablation.HEADER[0]
+    assert rows[0] == ("this run (seed 1337)", "<td>25.00 %</td><td>50.00 %</td><td></td>")
+    expected = [
+        tuple(html.escape(cell) for cell in imdb_ablation.cells(row)) for row in imdb_ablation.ROWS
+    ]
+    shown = [(name, *re.findall(r"<td>(.*?)</td>", cells)) for name, cells in rows[1:]]
+    assert shown == expected
 
 
 def test_report_opens_in_chromium_without_errors_or_broken_images(report):

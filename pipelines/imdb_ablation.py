@@ -1,0 +1,71 @@
+"""What was tried for the IMDB attention branch (#24), each row measured once on the 25,000 official test reviews.
+
+One definition of these figures: the README's ablation table is `markdown_table()` (a test compares
+them) and `runs/imdb/report.html` shows `ROWS` under the run's own figures (`pipelines.imdb_report`).
+A new experiment is one more `AblationRow`, measured before it is written here.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class AblationRow:
+    """One measured variant of the attention branch.
+
+    Attributes:
+        variant: what differs from the default, with the flags of `python -m pipelines.train_imdb`.
+        attention_alone: test accuracy of the attention branch alone, as measured ("" if not).
+        ensemble: test accuracy of the fitted ensemble, as measured ("" if not).
+        note: where and how it was measured, and what it showed.
+    """
+
+    variant: str
+    attention_alone: str
+    ensemble: str
+    note: str
+
+
+ROWS = (
+    AblationRow(
+        "default: 1 `TransformerEncoder` block, width 64, first 512 tokens, 2 epochs",
+        "87.84 %", "90.55 %", "`make main` at bca55cd, seed 1337 (b2b1204: the same figures)",
+    ),
+    AblationRow(
+        "+ hashed bigram embeddings (`--attention-bigram-buckets 131072`, `HashedBigramEmbedding`)",
+        "88.46 %", "90.52 %",
+        "at c2603c4; training accuracy 97.8 % in epoch 2 against 90.7 % on validation: it memorises",
+    ),
+    AblationRow(
+        "+ the same with `--dropout 0.5 --weight-decay 0.1`",
+        "88.60 %", "90.36 %", "at c2603c4; training accuracy 96.2 % in epoch 2 against 91.1 % on validation; +0.14",
+    ),
+    AblationRow(
+        "whole reviews (up to 2,048 tokens) through seven families, 240 CPU-s each",
+        "86.58-88.77 %", "",
+        "BENCHMARKS.md; dense best; longer training overfits (86.14 % after 900 CPU-s)",
+    ),
+    AblationRow(
+        "the previous default: bigram embedding bag beside the block, one mean of the logits",
+        "", "89.34 %", "an earlier session",
+    ),
+    AblationRow(
+        "+ masked-language-model pretraining of the encoder (`python -m pipelines.pretrain_imdb`, 2 epochs, "
+        "29.5 min), then `--pretrained <it>`",
+        "87.08 %", "90.40 %",
+        "at b8dd16d; n-gram branch 90.28 %; 0.8 point below the first row (the same model from scratch)",
+    ),
+)
+
+HEADER = ("attention branch", "attention alone", "ensemble", "note")
+
+
+def cells(row):
+    """The row's cells in `HEADER` order."""
+    return (row.variant, row.attention_alone, row.ensemble, row.note)
+
+
+def markdown_table(rows=ROWS):
+    """The README's table of `rows`."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(cells(row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
