@@ -86,6 +86,7 @@ def main(argv=None):
         )
     summary = {
         "test_accuracy": run.summary["test_accuracy"],
+        "seed": run.summary["seed"],
         "attention": run.config.attention,
         "test_accuracy_by_branch": run.summary["test_accuracy_by_branch"],
         "seeds": seeds,

@@ -88,6 +88,7 @@ def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsy
     report = (tmp_path / "run" / "report.html").read_text()
     assert summary["report"] == str(tmp_path / "run" / "report.html") and summary["report_seconds"] > 0
     assert f"{summary['test_accuracy']:.4f}" in report and report.count("data:image/png;base64,") == 2
+    assert summary["seed"] == training["seed"] and f"this run (seed {training['seed']})" in report  # the ablation
     assert f"Confusion matrix ({train_imdb.SMOKE_DATA['max_test']:,} test reviews)" in report
     assert "Test accuracy over 3 seeds (1337, 1338, 1339)" in report
     assert f"{100 * seeds['attention']['mean']:.2f} % ± {100 * seeds['attention']['std']:.2f}" in report
