@@ -15,8 +15,8 @@ both are reused when the command is rerun, which resumes training from the last 
 Training: AdamW with warm-up and cosine decay over `--epochs` (7), label smoothing
 `--label-smoothing` (0.1), in float32 by default: on this project's 2-core AVX512-BF16 machine
 (no AMX) a float32 epoch took 0.64x the time of a `mixed_bfloat16` one (50.6 s against 79.7 s, the
-second epoch on 40,000 pairs); `--mixed-precision mixed_bfloat16` is the faster choice on GPUs and
-CPUs with AMX, and the saved model is float32 either way.
+second epoch on 40,000 pairs); on GPUs and AMX CPUs `--mixed-precision mixed_bfloat16` may be the
+faster choice (not measured here), and the saved model is float32 either way.
 
 Scoring: the best checkpoint's test token accuracy (teacher forcing), then every distinct test
 source translated greedily and by beam search (`--beam-size` 4, GNMT length penalty

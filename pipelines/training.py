@@ -38,16 +38,14 @@ SEED = 1337
 
 def add_training_arguments(
     parser, *, output_dir, epochs, learning_rate, weight_decay, warmup_fraction, patience, jit_compile_help,
-    mixed_precision="float32",
 ):
     """The flags every trainer takes (each trainer's defaults given here): `--output-dir`,
-    `--mixed-precision`, `--jit-compile`, `--strategy` with its multi-worker options, `--epochs`,
+    `--mixed-precision` (float32 by default for every trainer), `--jit-compile`, `--strategy` with its multi-worker options, `--epochs`,
     the AdamW schedule (`--learning-rate`, `--weight-decay`, `--warmup-fraction`), `--patience`,
     `--seed` and `--debug`."""
     parser.add_argument("--output-dir", default=output_dir, help="checkpoints, logs, vocabularies, summary")
     parser.add_argument(
-        "--mixed-precision", choices=PRECISION_POLICIES, default=mixed_precision,
-        help=f"dtype policy (default {mixed_precision})",
+        "--mixed-precision", choices=PRECISION_POLICIES, default="float32", help="dtype policy (default float32)",
     )
     parser.add_argument("--jit-compile", action="store_true", help=jit_compile_help)
     parser.add_argument(
