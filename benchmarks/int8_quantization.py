@@ -6,7 +6,7 @@ in four forms, each run on the same token ids:
 - `keras_float`: the Keras model;
 - `keras_int8`: a copy after `model.quantize("int8")` (Keras quantises its `Dense`, `EinsumDense`
   and `Embedding` layers; the layers with weights it leaves in float32 are printed and recorded:
-  on this classifier the position table and the n-gram branch, `NgramTfIdf`'s idf and
+  on this classifier the position table and the n-gram branch, `NgramBag`'s feature weights and
   `SparseLinear`'s kernel, custom layers Keras cannot quantise);
 - `onnx_float`: `model.onnx` of the export's ONNX bundle (`export.imdb.onnx_bundle`) in ONNX Runtime;
 - `onnx_int8`: the bundle's `model.int8.onnx` (ONNX Runtime's dynamic quantisation, int8 weights).

@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from keras_attn.validation import check_positive_int
-from models.ngram_tfidf import hashed_bigrams
+from models.ngram_bag import hashed_bigrams
 from models.serialization import register_serializable
 
 
@@ -14,12 +14,12 @@ class HashedBigramEmbedding(keras.layers.Layer):
 
     Added to the token embeddings it makes the attention branch n-gram aware ("not good" is
     one feature, not two). A position whose pair holds padding or an out-of-vocabulary token,
-    and the last position, get zeros. The hash is `models.ngram_tfidf.hashed_bigrams`'.
+    and the last position, get zeros. The hash is `models.ngram_bag.hashed_bigrams`'.
 
     Args:
         num_buckets: size of the hashed bigram space.
         output_dim: embedding width.
-        multiplier: the hash multiplier (int32 arithmetic: see `NgramTfIdf`).
+        multiplier: the hash multiplier (int32 arithmetic: see `NgramBag`).
 
     Call arguments:
         token_ids: int `(batch, seq)`.

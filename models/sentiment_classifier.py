@@ -6,9 +6,9 @@ Two branches, each with its own logit, combined by a learnt weighted sum:
   `sequence_length` tokens, `num_layers` `TransformerEncoder` blocks (`review_encoder`, which a
   masked-language-model pretraining may initialise: `load_encoder_weights`) and
   `MaskedGlobalPooling` over the real tokens (mean, max or both) feed a dense logit;
-- n-gram: a sparse TF-IDF vector of the unigrams and hashed bigrams of the whole review (up to
-  `max_tokens`, `NgramTfIdf`) feeds a linear logit (`SparseLinear`): a bag-of-n-grams logistic
-  regression.
+- n-gram: a sparse bag of the unigrams and hashed bigrams of the whole review (up to
+  `max_tokens`), each weighted by its naive-Bayes log-count ratio (`NgramBag`), feeds a linear
+  logit (`SparseLinear`): NBSVM's bag-of-n-grams logistic regression.
 
 Tokenisation happens outside the model (in `tf.data`, or in the serving function), so the model
 compiles with XLA and converts to ONNX.
@@ -23,8 +23,10 @@ from keras_attn import MaskedGlobalPooling
 from keras_attn import TokenAndPositionEmbedding
 from keras_attn import TransformerEncoder
 from keras_attn import attention_families
+from keras_attn.validation import check_choice
 from models.bigram_embedding import HashedBigramEmbedding
-from models.ngram_tfidf import NgramTfIdf
+from models.ngram_bag import WEIGHTINGS
+from models.ngram_bag import NgramBag
 from models.sparse_linear import SparseLinear
 
 _POOLING_MODES = ("mean", "max")
@@ -49,7 +51,9 @@ class SentimentClassifierConfig:
         bigram_buckets: size of the hashed bigram space of the n-gram branch.
         attention_bigram_buckets: hashed bigram embeddings added to the attention branch's token
             embeddings (`HashedBigramEmbedding`), 0 for none.
-        tfidf_scale: norm of the TF-IDF vectors (see `NgramTfIdf`).
+        ngram_weighting: how the n-gram branch weighs its features, one of `models.ngram_bag.WEIGHTINGS`
+            ("naive_bayes": NBSVM's log-count ratios; "idf": a TF-IDF vector).
+        ngram_scale: norm of the n-gram vectors (see `NgramBag`).
         attention: the encoder blocks' self-attention family, a key of
             `keras_attn.attention_families.FAMILIES` ("dense": the blocks' own softmax attention).
     """
@@ -64,9 +68,10 @@ class SentimentClassifierConfig:
     dropout: float = 0.3
     pooling: tuple = ("mean", "max")
     position_encoding: str = "learned"
-    bigram_buckets: int = 2**18
+    bigram_buckets: int = 2**20
     attention_bigram_buckets: int = 0
-    tfidf_scale: float = 10.0
+    ngram_weighting: str = "naive_bayes"
+    ngram_scale: float = 10.0
     attention: str = "dense"
 
     def __post_init__(self):
@@ -74,6 +79,7 @@ class SentimentClassifierConfig:
             raise ValueError(
                 f"`attention` must be one of {sorted(attention_families.FAMILIES)}. Received: attention={self.attention!r}"
             )
+        check_choice("ngram_weighting", self.ngram_weighting, WEIGHTINGS)
         if not self.pooling or any(mode not in _POOLING_MODES for mode in self.pooling):
             raise ValueError(
                 f"`pooling` must be a non-empty sequence of {_POOLING_MODES}. Received: pooling={self.pooling!r}"
@@ -214,7 +220,8 @@ def build_sentiment_classifier(config=SentimentClassifierConfig()):
     on data they did not see: measured on IMDB, one joint head, or a plain mean of the logits,
     leans on whichever branch memorises the training set fastest.
 
-    Call `model.get_layer("ngram_tfidf").adapt(...)` on the training token ids before training.
+    Call `model.get_layer("ngram_bag").adapt(...)` on the training token ids and labels before
+    training.
 
     Args:
         config: a `SentimentClassifierConfig`.
@@ -225,11 +232,13 @@ def build_sentiment_classifier(config=SentimentClassifierConfig()):
         positive-class probability.
     """
     token_ids = keras.Input((None,), dtype="int32", name="token_ids")
-    tfidf = NgramTfIdf(config.vocabulary_size, config.bigram_buckets, scale=config.tfidf_scale, name="ngram_tfidf")
-    features, values = tfidf(token_ids)  # (batch, 2 * seq - 1) each: a sparse TF-IDF vector
+    ngram_bag = NgramBag(
+        config.vocabulary_size, config.bigram_buckets, config.ngram_weighting, scale=config.ngram_scale, name="ngram_bag"
+    )
+    features, values = ngram_bag(token_ids)  # (batch, 2 * seq - 1) each: a sparse weighted bag of n-grams
     logits = [
         _attention_logit(token_ids, config),
-        SparseLinear(tfidf.num_features, dtype="float32", name="ngram_logit")((features, values)),
+        SparseLinear(ngram_bag.num_features, dtype="float32", name="ngram_logit")((features, values)),
     ]
     # Not trainable with the branches: `fit_ensemble` fits it afterwards, on held-out data.
     ensemble = keras.layers.Dense(

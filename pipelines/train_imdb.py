@@ -191,7 +191,7 @@ def train(args):
 
     with strategy.scope():
         model = build_sentiment_classifier(config)
-        model.get_layer("ngram_tfidf").adapt(batches(train_ids))  # idf from the training split only
+        model.get_layer("ngram_bag").adapt(batches(train_ids))  # feature weights from the training split only
         if pretrained is not None:  # a resumed run's backup then replaces every weight
             encoder_checkpoint.load_into(model, pretrained)
         model.compile(

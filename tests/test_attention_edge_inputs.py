@@ -272,7 +272,7 @@ def test_minus_inf_attention_bias_through_multi_head_attention():
 def _layers():
     """The public layers (and the models' id layers) by name, small enough to call at once."""
     import keras_attn as ka
-    from models.ngram_tfidf import NgramTfIdf
+    from models.ngram_bag import NgramBag
     from models.sparse_linear import SparseLinear
 
     return {
@@ -289,7 +289,7 @@ def _layers():
         "SinusoidalPositionEncoding": ka.SinusoidalPositionEncoding,
         "PositionEmbedding": lambda: ka.PositionEmbedding(8),
         "TokenAndPositionEmbedding": lambda: ka.TokenAndPositionEmbedding(10, 8, 4),
-        "NgramTfIdf": lambda: NgramTfIdf(10, 8),
+        "NgramBag": lambda: NgramBag(10, 8),
         "SparseLinear": lambda: SparseLinear(10),
     }
 
@@ -306,9 +306,9 @@ BAD_LAYER_CALLS = [
     ("TokenAndPositionEmbedding", (_IDS + 0.5,), {}, "token_ids holding 0.5"),
     ("TokenAndPositionEmbedding", (_IDS,), {"start_index": 5}, "5 + 4 = 9 exceeds sequence_length=8"),
     ("TokenAndPositionEmbedding", (_IDS,), {"start_index": -1}, "start_index=-1"),
-    ("NgramTfIdf", (_IDS + 1,), {}, "`token_ids` must hold whole-number ids in [0, vocabulary_size=10). Received: "
+    ("NgramBag", (_IDS + 1,), {}, "`token_ids` must hold whole-number ids in [0, vocabulary_size=10). Received: "
      "token_ids holding 10"),
-    ("NgramTfIdf", (_IDS - 4,), {}, "token_ids holding -4, -3, -2, -1"),
+    ("NgramBag", (_IDS - 4,), {}, "token_ids holding -4, -3, -2, -1"),
     ("SparseLinear", ((np.array([[1, 10]]), np.ones((1, 2), np.float32)),), {},
      "`features` must hold whole-number ids in [0, num_features=10). Received: features holding 10"),
     ("SparseLinear", ((np.array([[-1, 2]]), np.ones((1, 2), np.float32)),), {}, "features holding -1"),
@@ -357,7 +357,7 @@ def test_bad_layer_call_names_argument_and_value(name, inputs, keywords, message
     assert message in str(error.value)
 
 
-@pytest.mark.parametrize("name", ["TokenAndPositionEmbedding", "NgramTfIdf"])
+@pytest.mark.parametrize("name", ["TokenAndPositionEmbedding", "NgramBag"])
 def test_out_of_range_token_ids_fail_at_run_time_in_tf_function(name):
     layer = _layers()[name]()
     layer(_IDS)  # builds it

@@ -51,7 +51,7 @@ BAD_FLAGS = [
     ("train_imdb", ["--embedding-dim", "-8"], "--embedding-dim: must be a positive integer, got '-8'"),
     ("train_imdb", ["--dropout", "1"], "--dropout: must be a number in [0, 1), got '1'"),
     ("train_imdb", ["--dropout", "-0.2"], "--dropout: must be a number in [0, 1), got '-0.2'"),
-    ("train_imdb", ["--tfidf-scale", "0"], "--tfidf-scale: must be a positive finite number, got '0'"),
+    ("train_imdb", ["--ngram-scale", "0"], "--ngram-scale: must be a positive finite number, got '0'"),
     ("train_imdb", ["--pooling", "mean,sum"], "pooling=('mean', 'sum')"),
     ("train_imdb", ["--sequence-length", "4096"], "sequence_length=4096, max_tokens=2048"),
     ("train_imdb", ["--mixed-precision", "float64"], "--mixed-precision: invalid choice: 'float64'"),

@@ -44,7 +44,7 @@ def run(tmp_path_factory):
     )
     model = build_sentiment_classifier(config)
     ids = imdb_text.dense_token_ids(TEXTS, vectorizer, config.max_tokens)
-    model.get_layer("ngram_tfidf").adapt(np.asarray(ids))
+    model.get_layer("ngram_bag").adapt(np.asarray(ids), labels=np.array([1, 0, 1, 0]))
     ensemble = fit_ensemble(model, tf.data.Dataset.from_tensor_slices((ids, [1, 0, 1, 0])).batch(4))
     imdb_text.save_review_vocabulary(vectorizer, directory / "vocabulary.txt")
     training_model(model).save_weights(str(directory / resumable_training.BEST_WEIGHTS))

@@ -72,7 +72,7 @@ def trained(small_imdb_archive, imdb_cache_dir, tmp_path_factory):
     model = build_sentiment_classifier(CONFIG)
     model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="binary_crossentropy")
     batches = imdb_data.batched(imdb_data.token_ids(splits.train, vectorizer, CONFIG.max_tokens), 32, CONFIG.max_tokens)
-    model.get_layer("ngram_tfidf").adapt(batches)
+    model.get_layer("ngram_bag").adapt(batches)
     model.fit(batches, epochs=1, verbose=0)
     fit_ensemble(model, batches.take(2))  # weights other than the initial mean
     test_reviews = [text.decode("utf-8") for text, _ in splits.test.as_numpy_iterator()]

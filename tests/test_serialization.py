@@ -9,7 +9,7 @@ import pytest
 
 from models import imdb_text
 from models import translation_text
-from models.ngram_tfidf import NgramTfIdf
+from models.ngram_bag import NgramBag
 from models.serialization import PACKAGE
 from models.sparse_linear import SparseLinear
 from models.translator import TokenAccuracy
@@ -27,7 +27,7 @@ LEGACY_NAMES = [
 ]
 
 
-@pytest.mark.parametrize("target", [Translator, TokenAccuracy, NgramTfIdf, SparseLinear, imdb_text.standardize])
+@pytest.mark.parametrize("target", [Translator, TokenAccuracy, NgramBag, SparseLinear, imdb_text.standardize])
 def test_models_register_under_one_package(target):
     assert keras.saving.get_registered_name(target) == f"{PACKAGE}>{target.__name__}"
 

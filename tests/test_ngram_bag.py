@@ -1,11 +1,11 @@
-"""NgramTfIdf against a NumPy (int64, float64) TF-IDF of the same unigrams and hashed bigrams."""
+"""NgramBag against NumPy (int64, float64) TF-IDF and NBSVM weights of the same unigrams and hashed bigrams."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from models.ngram_tfidf import NgramTfIdf
+from models.ngram_bag import NgramBag
 from models.sparse_linear import SparseLinear
 from tests import layer_checks
 from tests.layer_checks import run_layer_test
@@ -30,47 +30,71 @@ def numpy_features(ids, multiplier, vocabulary=VOCABULARY, buckets=BUCKETS):
     return documents
 
 
-def numpy_tfidf(train_ids, ids, multiplier, scale):
-    train, documents = numpy_features(train_ids, multiplier), numpy_features(ids, multiplier)
+def document_frequency(documents):
     frequency = np.zeros(VOCABULARY + BUCKETS)
-    for features in train:
+    for features in documents:
         frequency[list(features)] += 1
-    idf = np.log((1 + len(train)) / (1 + frequency)) + 1
+    return frequency
+
+
+def numpy_weights(train_ids, labels, multiplier, weighting):
+    """Oracle: scikit-learn's smooth binary idf, or NBSVM's log-count ratio (Wang & Manning, eq. 1-2)."""
+    train = numpy_features(train_ids, multiplier)
+    if weighting == "idf":
+        return np.log((1 + len(train)) / (1 + document_frequency(train))) + 1
+    p = 1 + document_frequency([features for features, label in zip(train, labels) if label == 1])
+    q = 1 + document_frequency([features for features, label in zip(train, labels) if label == 0])
+    return np.log((p / p.sum()) / (q / q.sum()))
+
+
+def numpy_bag(weights, ids, multiplier, scale):
     expected = np.zeros((len(ids), VOCABULARY + BUCKETS))
-    for row, features in enumerate(documents):
-        expected[row, list(features)] = idf[list(features)]
+    for row, features in enumerate(numpy_features(ids, multiplier)):
+        expected[row, list(features)] = weights[list(features)]
         norm = np.linalg.norm(expected[row])
         expected[row] *= scale / norm if norm else 0.0
     return expected
 
 
+@pytest.mark.parametrize("weighting", ["idf", "naive_bayes"])
 @pytest.mark.parametrize("scale", [1.0, 5.0])
-def test_matches_numpy_tfidf(scale):
+def test_matches_numpy(scale, weighting):
     rng = np.random.default_rng(0)
     train_ids, ids = token_ids(rng, [9, 7, 3, 5, 0, 8]), token_ids(rng, [9, 4, 2, 1, 0])
-    layer = NgramTfIdf(VOCABULARY, BUCKETS, scale=scale)
-    layer.adapt(train_ids, batch_size=4)  # two batches
+    labels = np.array([1, 0, 0, 1, 1, 0])
+    layer = NgramBag(VOCABULARY, BUCKETS, weighting, scale=scale)
+    layer.adapt(train_ids, labels=labels, batch_size=4)  # two batches
+    weights = numpy_weights(train_ids, labels, layer.multiplier, weighting)
+    np.testing.assert_allclose(layer.feature_weights.numpy(), weights, rtol=1e-6)
     features, values = (keras.ops.convert_to_numpy(t) for t in layer(ids))
     assert features.shape == values.shape == (5, 17) and values.dtype == np.float32
     assert np.all(np.diff(features, axis=1) >= 0)  # sorted
     dense = np.zeros((5, VOCABULARY + BUCKETS))
     for row in range(5):
         np.add.at(dense[row], features[row], values[row])  # repeats carry 0
-    np.testing.assert_allclose(dense, numpy_tfidf(train_ids, ids, layer.multiplier, scale), atol=1e-6)
+    np.testing.assert_allclose(dense, numpy_bag(weights, ids, layer.multiplier, scale), atol=1e-6)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(layer.densify(features, values)), dense, atol=1e-6)
 
 
-def test_adapt_reads_datasets_of_labelled_batches_like_arrays():
+@pytest.mark.parametrize("weighting", ["idf", "naive_bayes"])
+def test_adapt_reads_datasets_of_labelled_batches_like_arrays(weighting):
     rng = np.random.default_rng(1)
-    train_ids = token_ids(rng, [9, 7, 3, 5, 0, 8])
-    from_array, from_dataset = NgramTfIdf(VOCABULARY, BUCKETS), NgramTfIdf(VOCABULARY, BUCKETS)
-    from_array.adapt(train_ids)
-    from_dataset.adapt(tf.data.Dataset.from_tensor_slices((train_ids, np.zeros(6))).batch(4))
-    np.testing.assert_array_equal(from_array.idf.numpy(), from_dataset.idf.numpy())
+    train_ids, labels = token_ids(rng, [9, 7, 3, 5, 0, 8]), np.array([0, 1, 1, 0, 1, 0])
+    from_array, from_dataset = NgramBag(VOCABULARY, BUCKETS, weighting), NgramBag(VOCABULARY, BUCKETS, weighting)
+    from_array.adapt(train_ids, labels=labels)
+    from_dataset.adapt(tf.data.Dataset.from_tensor_slices((train_ids, labels)).batch(4))
+    np.testing.assert_array_equal(from_array.feature_weights.numpy(), from_dataset.feature_weights.numpy())
+
+
+def test_naive_bayes_weights_point_to_the_label_a_feature_is_seen_with():
+    layer = NgramBag(VOCABULARY, BUCKETS, "naive_bayes")
+    layer.adapt(np.array([[5, 6, 9], [5, 6, 9], [7, 8, 9], [7, 8, 9]]), labels=np.array([1, 1, 0, 0]))
+    weights = layer.feature_weights.numpy()
+    assert weights[5] > 0 and weights[7] < 0 and abs(weights[9]) < 1e-6  # 9 is in every document
 
 
 def test_bigram_hash_does_not_overflow_int32_at_the_largest_ids():
-    layer = NgramTfIdf(71_001, 2**18)
+    layer = NgramBag(71_001, 2**18)
     ids = np.array([[71_000, 70_999, 1, 71_000, 2]], "int32")
     features = keras.ops.convert_to_numpy(layer.feature_ids(ids))[0]
     expected_bigram = 71_001 + (71_000 * layer.multiplier + 70_999) % 2**18
@@ -79,17 +103,17 @@ def test_bigram_hash_does_not_overflow_int32_at_the_largest_ids():
 
 
 def test_padding_and_out_of_vocabulary_tokens_are_not_features():
-    layer = NgramTfIdf(VOCABULARY, BUCKETS)
+    layer = NgramBag(VOCABULARY, BUCKETS)
     features, values = (keras.ops.convert_to_numpy(t) for t in layer(np.array([[5, 1, 7, 0, 0]], "int32")))
     assert sorted(features[values != 0]) == [5, 7]  # no bigram: both touch the OOV id
     _, empty = layer(np.array([[0, 1, 0]], "int32"))
     assert np.all(keras.ops.convert_to_numpy(empty) == 0)  # no feature at all: zeros, not NaN
 
 
-def test_serializes_with_its_idf_and_compiles():
+def test_serializes_with_its_weights_and_compiles():
     rng = np.random.default_rng(2)
-    layer = NgramTfIdf(VOCABULARY, BUCKETS, scale=3.0)
-    layer.adapt(token_ids(rng, [9, 7, 3]))
+    layer = NgramBag(VOCABULARY, BUCKETS, "naive_bayes", scale=3.0)
+    layer.adapt(token_ids(rng, [9, 7, 3]), labels=np.array([1, 0, 1]))
     inputs = keras.Input((None,), dtype="int32")
     model = keras.Model(inputs, SparseLinear(layer.num_features)(layer(inputs)))
     ids = token_ids(rng, [9, 2, 0])
@@ -103,24 +127,37 @@ def test_serializes_with_its_idf_and_compiles():
         (dict(vocabulary_size=0, num_buckets=8), "vocabulary_size=0"),
         (dict(vocabulary_size=8, num_buckets=2.5), "num_buckets=2.5"),
         (dict(vocabulary_size=8, num_buckets=8, scale=0.0), "scale=0.0"),
+        (dict(vocabulary_size=8, num_buckets=8, weighting="tfidf"), "weighting='tfidf'"),
     ],
 )
 def test_bad_arguments_name_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        NgramTfIdf(**kwargs)
+        NgramBag(**kwargs)
 
 
 def test_bad_inputs_name_the_value():
-    layer = NgramTfIdf(VOCABULARY, BUCKETS)
+    layer = NgramBag(VOCABULARY, BUCKETS)
     with pytest.raises(ValueError, match=r"token_ids.shape=\(2, 3, 4\)"):
         layer(np.zeros((2, 3, 4), "int32"))
     with pytest.raises(ValueError, match="no documents"):
         layer.adapt(np.zeros((0, 4), "int32"))
 
 
+def test_bad_labels_name_the_value_and_leave_the_weights_alone():
+    layer = NgramBag(VOCABULARY, BUCKETS, "naive_bayes")
+    ids = np.array([[5, 6], [7, 8]])
+    with pytest.raises(ValueError, match="Received: labels=None"):
+        layer.adapt(ids)
+    with pytest.raises(ValueError, match="Received: 3 labels for 2 documents"):
+        layer.adapt(ids, labels=np.array([0, 1, 1]))
+    with pytest.raises(ValueError, match=r"`labels` must be 0 or 1. Received: labels holding \[2\]"):
+        layer.adapt(ids, labels=np.array([0, 2]))
+    np.testing.assert_array_equal(layer.feature_weights.numpy(), np.ones(layer.num_features))
+
+
 def test_layer_contract():
     ids = np.array([[3, 7, 3, 7, 0], [9, 2, 4, 5, 1]], "int32")
     run_layer_test(
-        NgramTfIdf, dict(vocabulary_size=10, num_buckets=16), ids,
+        NgramBag, dict(vocabulary_size=10, num_buckets=16, weighting="naive_bayes"), ids,
         expected_num_trainable_weights=0, expected_num_non_trainable_weights=1, run_training=False,
     )
