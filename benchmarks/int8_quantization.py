@@ -50,7 +50,7 @@ from pipelines.train_imdb import SMOKE_MODEL  # noqa: E402
 
 PEER_RATIO = "batch32_vs_float"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 GOAL_FIELDS = ("accuracy", "points_vs_keras_float", "size_vs_float")  # shown beside the ratio in `make bench`'s table (benchmarks/run_all.py)
-BENCH_ARGS = ["--rounds", "5"]  # `make bench` (benchmarks/run_all.py): all 25,000 test reviews (the goal's set), fewer timing rounds
+BENCH_ARGS = ["--rounds", "3"]  # `make bench` (benchmarks/run_all.py): all 25,000 test reviews (the goal's set), fewer timing rounds
 
 MODELS = ("keras_float", "keras_int8", "onnx_float", "onnx_int8")
 FLOAT_PEER = {"keras_float": "keras_float", "keras_int8": "keras_float", "onnx_float": "onnx_float", "onnx_int8": "onnx_float"}
