@@ -136,14 +136,15 @@ class NgramBag(keras.layers.Layer):
         documents = 0
         for batch, batch_labels in _labelled_batches(data, labels, batch_size):
             features, counted = (ops.convert_to_numpy(t) for t in self.first_occurrences(batch))
-            if batch_labels is None:
-                if self.weighting == "naive_bayes":
-                    raise ValueError(
-                        "weighting='naive_bayes' learns from labelled documents: pass `labels` or a dataset "
-                        f"of (ids, label) pairs. Received: labels=None and data={type(data).__name__}"
-                    )
+            if self.weighting == "idf":  # the labels play no part: every document counts under 0
                 batch_labels = np.zeros(len(features), np.int64)
-            batch_labels = _binary_labels(batch_labels)
+            elif batch_labels is None:
+                raise ValueError(
+                    "weighting='naive_bayes' learns from labelled documents: pass `labels` or a dataset "
+                    f"of (ids, label) pairs. Received: labels=None and data={type(data).__name__}"
+                )
+            else:
+                batch_labels = _binary_labels(batch_labels)
             for label, count in counts.items():
                 holds = np.logical_and(counted, (batch_labels == label)[:, None])
                 np.add.at(count, features[holds], 1.0)

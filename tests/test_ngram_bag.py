@@ -86,6 +86,15 @@ def test_adapt_reads_datasets_of_labelled_batches_like_arrays(weighting):
     np.testing.assert_array_equal(from_array.feature_weights.numpy(), from_dataset.feature_weights.numpy())
 
 
+def test_idf_ignores_labels_of_any_kind():
+    rng = np.random.default_rng(3)
+    train_ids = token_ids(rng, [9, 7, 3, 5])
+    without, with_classes = NgramBag(VOCABULARY, BUCKETS), NgramBag(VOCABULARY, BUCKETS)
+    without.adapt(train_ids)
+    with_classes.adapt(tf.data.Dataset.from_tensor_slices((train_ids, np.array([0, 3, 4, 2]))).batch(2))
+    np.testing.assert_array_equal(without.feature_weights.numpy(), with_classes.feature_weights.numpy())
+
+
 def test_naive_bayes_weights_point_to_the_label_a_feature_is_seen_with():
     layer = NgramBag(VOCABULARY, BUCKETS, "naive_bayes")
     layer.adapt(np.array([[5, 6, 9], [5, 6, 9], [7, 8, 9], [7, 8, 9]]), labels=np.array([1, 1, 0, 0]))
