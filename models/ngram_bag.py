@@ -192,17 +192,24 @@ def hashed_bigrams(token_ids, multiplier, num_buckets):
 def _labelled_batches(data, labels, batch_size):
     """`(ids, labels)` batches from an array (with `labels` or None) or a dataset (labels from its
     pairs, else None)."""
-    if isinstance(data, np.ndarray):
-        if labels is not None and len(labels) != len(data):
+    if not isinstance(data, np.ndarray):
+        if labels is not None:
+            raise ValueError(
+                "`labels` goes with an array `data`; a dataset carries its labels as (ids, label) pairs. "
+                f"Received: labels of {len(labels)} items and data={type(data).__name__}"
+            )
+        for batch in data:
+            yield (batch[0], batch[1]) if isinstance(batch, tuple) else (batch, None)
+        return
+    if labels is not None:
+        labels = np.asarray(labels)
+        if len(labels) != len(data):
             raise ValueError(
                 f"`labels` must hold one label per document of `data`. Received: {len(labels)} labels for "
                 f"{len(data)} documents"
             )
-        for start in range(0, len(data), batch_size):
-            yield data[start : start + batch_size], None if labels is None else np.asarray(labels)[start : start + batch_size]
-        return
-    for batch in data:
-        yield (batch[0], batch[1]) if isinstance(batch, tuple) else (batch, None)
+    for start in range(0, len(data), batch_size):
+        yield data[start : start + batch_size], None if labels is None else labels[start : start + batch_size]
 
 
 def _binary_labels(labels):

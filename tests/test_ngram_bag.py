@@ -161,6 +161,8 @@ def test_bad_labels_name_the_value_and_leave_the_weights_alone():
         layer.adapt(ids, labels=np.array([0, 1, 1]))
     with pytest.raises(ValueError, match=r"`labels` must be 0 or 1. Received: labels holding \[2\]"):
         layer.adapt(ids, labels=np.array([0, 2]))
+    with pytest.raises(ValueError, match="Received: labels of 2 items and data=_BatchDataset"):
+        layer.adapt(tf.data.Dataset.from_tensor_slices(ids).batch(2), labels=np.array([0, 1]))
     np.testing.assert_array_equal(layer.feature_weights.numpy(), np.ones(layer.num_features))
 
 
