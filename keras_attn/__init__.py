@@ -13,6 +13,7 @@ from keras_attn.positions.alibi import ALiBi
 from keras_attn.layers.conversion import convert
 from keras_attn.layers.causal_self_attention import CausalSelfAttention
 from keras_attn.layers.cross_attention import CrossAttention
+from keras_attn.blocks.attention_pooling import AttentionPooling
 from keras_attn.blocks.feed_forward import FeedForward
 from keras_attn.families.linear_attention import LinearAttention
 from keras_attn.families.linformer_attention import LinformerSelfAttention
@@ -30,6 +31,7 @@ from keras_attn.blocks.transformer_encoder import TransformerEncoder
 
 __all__ = [
     "ALiBi",
+    "AttentionPooling",
     "CausalSelfAttention",
     "CrossAttention",
     "FeedForward",

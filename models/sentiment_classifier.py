@@ -2,10 +2,14 @@
 
 Two branches, each with its own logit, combined by a learnt weighted sum:
 
-- attention: `TokenAndPositionEmbedding` (with the padding mask) over the first
-  `sequence_length` tokens, `num_layers` `TransformerEncoder` blocks (`review_encoder`, which a
-  masked-language-model pretraining may initialise: `load_encoder_weights`) and
-  `MaskedGlobalPooling` over the real tokens (mean, max or both) feed a dense logit;
+- attention, on `attention_inputs`:
+  - "tokens": `TokenAndPositionEmbedding` (with the padding mask) over the first
+    `sequence_length` tokens, `num_layers` `TransformerEncoder` blocks (`review_encoder`, which a
+    masked-language-model pretraining may initialise: `load_encoder_weights`) and
+    `MaskedGlobalPooling` over the real tokens (mean, max or both) feed a dense logit;
+  - "ngrams": `WeightedNgramEmbedding` over the whole review (each position's unigram and hashed
+    bigram embeddings, scaled by the n-gram branch's feature weights) and `AttentionPooling` (a
+    learnt query attends over the positions) feed a dense logit;
 - n-gram: a sparse bag of the unigrams and hashed bigrams of the whole review (up to
   `max_tokens`), each weighted by its naive-Bayes log-count ratio (`NgramBag`), feeds a linear
   logit (`SparseLinear`): NBSVM's bag-of-n-grams logistic regression.
@@ -19,6 +23,7 @@ import dataclasses
 import keras
 import numpy as np
 
+from keras_attn import AttentionPooling
 from keras_attn import MaskedGlobalPooling
 from keras_attn import TokenAndPositionEmbedding
 from keras_attn import TransformerEncoder
@@ -28,9 +33,11 @@ from models.bigram_embedding import HashedBigramEmbedding
 from models.ngram_bag import WEIGHTINGS
 from models.ngram_bag import NgramBag
 from models.sparse_linear import SparseLinear
+from models.weighted_ngram_embedding import WeightedNgramEmbedding
 
 _POOLING_MODES = ("mean", "max")
 BRANCHES = ("attention", "ngram")
+ATTENTION_INPUTS = ("tokens", "ngrams")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +63,10 @@ class SentimentClassifierConfig:
         ngram_scale: norm of the n-gram vectors (see `NgramBag`).
         attention: the encoder blocks' self-attention family, a key of
             `keras_attn.attention_families.FAMILIES` ("dense": the blocks' own softmax attention).
+        attention_inputs: what the attention branch reads, one of `ATTENTION_INPUTS`: "tokens"
+            (token embeddings of the first `sequence_length` tokens through the encoder blocks) or
+            "ngrams" (`WeightedNgramEmbedding` of the whole review, `embedding_dim` wide, pooled by
+            `AttentionPooling` with `num_heads` heads; the encoder fields then play no part).
     """
 
     vocabulary_size: int = 20_000
@@ -73,6 +84,7 @@ class SentimentClassifierConfig:
     ngram_weighting: str = "naive_bayes"
     ngram_scale: float = 10.0
     attention: str = "dense"
+    attention_inputs: str = "tokens"
 
     def __post_init__(self):
         if self.attention not in attention_families.FAMILIES:
@@ -80,6 +92,7 @@ class SentimentClassifierConfig:
                 f"`attention` must be one of {sorted(attention_families.FAMILIES)}. Received: attention={self.attention!r}"
             )
         check_choice("ngram_weighting", self.ngram_weighting, WEIGHTINGS)
+        check_choice("attention_inputs", self.attention_inputs, ATTENTION_INPUTS)
         if not self.pooling or any(mode not in _POOLING_MODES for mode in self.pooling):
             raise ValueError(
                 f"`pooling` must be a non-empty sequence of {_POOLING_MODES}. Received: pooling={self.pooling!r}"
@@ -123,7 +136,7 @@ def self_attention_prototype(config):
 # (`review_encoder`): a pretrained encoder's must equal the classifier's to be loaded into it.
 ENCODER_FIELDS = (
     "vocabulary_size", "sequence_length", "embedding_dim", "num_layers", "num_heads", "intermediate_dim",
-    "position_encoding", "attention_bigram_buckets", "attention",
+    "position_encoding", "attention_bigram_buckets", "attention", "attention_inputs",
 )
 
 
@@ -203,12 +216,34 @@ def load_encoder_weights(classifier, encoder):
 
 
 def _attention_logit(token_ids, config):
-    """`review_encoder`, masked pooling, dropout, logit `(batch, 1)`."""
-    hidden = review_encoder(token_ids, config)  # (batch, seq, embedding_dim)
-    features = [MaskedGlobalPooling(mode, name=f"{mode}_pooling")(hidden) for mode in config.pooling]
-    features = features[0] if len(features) == 1 else keras.layers.Concatenate(name="attention_features")(features)
+    """The attention branch of `config.attention_inputs`: its features, dropout, logit `(batch, 1)`."""
+    if config.attention_inputs == "ngrams":
+        features = _ngram_attention_features(token_ids, config)
+    else:
+        hidden = review_encoder(token_ids, config)  # (batch, seq, embedding_dim)
+        features = [MaskedGlobalPooling(mode, name=f"{mode}_pooling")(hidden) for mode in config.pooling]
+        features = features[0] if len(features) == 1 else keras.layers.Concatenate(name="attention_features")(features)
     features = keras.layers.Dropout(config.dropout, name="attention_dropout")(features)
     return keras.layers.Dense(1, dtype="float32", name="attention_logit")(features)
+
+
+def _ngram_attention_features(token_ids, config):
+    """`(batch, embedding_dim)`: the whole review's weighted n-gram embeddings, attention-pooled."""
+    hidden = WeightedNgramEmbedding(
+        config.vocabulary_size, config.bigram_buckets, config.embedding_dim, name="weighted_ngram_embedding"
+    )(token_ids)  # (batch, seq, embedding_dim), masked at the padding
+    hidden = keras.layers.Dropout(config.dropout, name="embedding_dropout")(hidden)
+    return AttentionPooling(config.num_heads, config.embedding_dim // config.num_heads, name="attention_pooling")(hidden)
+
+
+def adapt_ngram_weights(classifier, batches):
+    """Learns the n-gram branch's feature weights from `batches` of `(token_ids, label)` (the
+    training split only) and gives them to the attention branch's `WeightedNgramEmbedding`, if it
+    has one: both read the same features."""
+    bag = classifier.get_layer("ngram_bag")
+    bag.adapt(batches)
+    if any(layer.name == "weighted_ngram_embedding" for layer in classifier.layers):
+        classifier.get_layer("weighted_ngram_embedding").feature_weights.assign(bag.feature_weights)
 
 
 def build_sentiment_classifier(config=SentimentClassifierConfig()):
@@ -220,8 +255,7 @@ def build_sentiment_classifier(config=SentimentClassifierConfig()):
     on data they did not see: measured on IMDB, one joint head, or a plain mean of the logits,
     leans on whichever branch memorises the training set fastest.
 
-    Call `model.get_layer("ngram_bag").adapt(...)` on the training token ids and labels before
-    training.
+    Call `adapt_ngram_weights(model, ...)` on the training token ids and labels before training.
 
     Args:
         config: a `SentimentClassifierConfig`.

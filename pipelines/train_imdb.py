@@ -40,6 +40,7 @@ from appkit.files import write_json_atomic
 from models import imdb_text
 from models.sentiment_classifier import BRANCHES
 from models.sentiment_classifier import SentimentClassifierConfig
+from models.sentiment_classifier import adapt_ngram_weights
 from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import fit_ensemble
 from models.sentiment_classifier import training_model
@@ -191,7 +192,7 @@ def train(args):
 
     with strategy.scope():
         model = build_sentiment_classifier(config)
-        model.get_layer("ngram_bag").adapt(batches(train_ids))  # feature weights from the training split only
+        adapt_ngram_weights(model, batches(train_ids))  # feature weights from the training split only
         if pretrained is not None:  # a resumed run's backup then replaces every weight
             encoder_checkpoint.load_into(model, pretrained)
         model.compile(

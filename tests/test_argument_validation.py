@@ -17,6 +17,7 @@ import keras_attn
 MHA_REQUIRED = {"num_heads": 2, "key_dim": 4}
 REQUIRED = {
     "ALiBi": {"num_heads": 2},
+    "AttentionPooling": MHA_REQUIRED,
     "CausalSelfAttention": MHA_REQUIRED,
     "CrossAttention": MHA_REQUIRED,
     "FeedForward": {"intermediate_dim": 4},

@@ -110,6 +110,7 @@ uses = {
     "LinearAttention": lambda: ka.LinearAttention(2, 8)(x),
     "LinformerSelfAttention": lambda: ka.LinformerSelfAttention(2, 8, max_length=8, projected_length=4)(x),
     "MaskedGlobalPooling": lambda: ka.MaskedGlobalPooling()(x),
+    "AttentionPooling": lambda: ka.AttentionPooling(2, 4)(x),
     "PositionEmbedding": lambda: ka.PositionEmbedding(8)(x),
     "RotaryEmbedding": lambda: ka.RotaryEmbedding()(q),
     "SinusoidalPositionEncoding": lambda: ka.SinusoidalPositionEncoding()(x),

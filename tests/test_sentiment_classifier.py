@@ -6,7 +6,9 @@ import pytest
 import tensorflow as tf
 
 from models import sentiment_classifier
+from models.sentiment_classifier import ATTENTION_INPUTS
 from models.sentiment_classifier import BRANCHES
+from models.sentiment_classifier import adapt_ngram_weights
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import fit_ensemble
@@ -120,7 +122,7 @@ def test_padding_does_not_change_the_prediction():
 
 @pytest.mark.parametrize(
     "changes",
-    [{}, {"pooling": ("max",), "position_encoding": "sinusoidal", "max_tokens": 6}],
+    [{}, {"pooling": ("max",), "position_encoding": "sinusoidal", "max_tokens": 6}, {"attention_inputs": "ngrams"}],
 )
 def test_configurations_serialize_and_compile(changes):
     config = dataclasses.replace(TINY, **changes)
@@ -130,10 +132,41 @@ def test_configurations_serialize_and_compile(changes):
     assert SentimentClassifierConfig.from_dict(config.to_dict()) == config
 
 
-def test_one_training_step_moves_every_weight():
+@pytest.mark.parametrize("attention_inputs", ATTENTION_INPUTS)
+def test_one_training_step_moves_every_weight(attention_inputs):
     ids = token_ids(np.random.default_rng(3), [10, 7, 5, 9])
     labels = np.array([1, 0, 1, 0], "float32")
-    layer_checks.assert_fit_one_step(build_sentiment_classifier(TINY), ids, labels, loss="binary_crossentropy")
+    model = build_sentiment_classifier(dataclasses.replace(TINY, attention_inputs=attention_inputs))
+    layer_checks.assert_fit_one_step(model, ids, labels, loss="binary_crossentropy")
+
+
+def test_ngram_attention_reads_the_whole_review_weighted_by_the_bags_feature_weights():
+    config = dataclasses.replace(TINY, attention_inputs="ngrams")
+    model = build_sentiment_classifier(config)
+    rng = np.random.default_rng(6)
+    ids = token_ids(rng, [10, 9, 9, 10, 9, 10])
+    labels = np.array([1, 0, 1, 0, 1, 0])
+    adapt_ngram_weights(model, tf.data.Dataset.from_tensor_slices((ids, labels)).batch(3))
+    bag_weights = keras.ops.convert_to_numpy(model.get_layer("ngram_bag").feature_weights)
+    assert np.ptp(bag_weights) > 0  # naive-Bayes ratios learnt, not the initial ones
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(model.get_layer("weighted_ngram_embedding").feature_weights), bag_weights
+    )
+    # Beyond sequence_length the "tokens" branch is blind; this one is not.
+    changed = ids.copy()
+    position = config.sequence_length + 1
+    changed[:, position] = np.where(ids[:, position] == 7, 8, 7)
+    before, after = branch_logits(model, ids)[0], branch_logits(model, changed)[0]
+    assert np.all(np.abs(after - before) > 1e-6)
+
+
+def test_a_token_encoder_checkpoint_does_not_fit_the_ngram_attention_branch(tmp_path):
+    from pipelines import encoder_checkpoint
+
+    checkpoint = encoder_checkpoint.EncoderCheckpoint(tmp_path, TINY, ["a", "b"], {})
+    encoder_checkpoint.check_fits(checkpoint, TINY, ["a", "b"])
+    with pytest.raises(ValueError, match="attention_inputs='ngrams' \\(checkpoint: 'tokens'\\)"):
+        encoder_checkpoint.check_fits(checkpoint, dataclasses.replace(TINY, attention_inputs="ngrams"), ["a", "b"])
 
 
 def test_mixed_precision_stays_close_to_float32():
@@ -142,6 +175,8 @@ def test_mixed_precision_stays_close_to_float32():
 
 
 def test_bad_configuration_names_the_value():
+    with pytest.raises(ValueError, match="attention_inputs='words'"):
+        SentimentClassifierConfig(attention_inputs="words")
     with pytest.raises(ValueError, match="pooling=\\('median',\\)"):
         SentimentClassifierConfig(pooling=("median",))
     with pytest.raises(ValueError, match="sequence_length=600, max_tokens=512"):

@@ -1,0 +1,94 @@
+"""AttentionPooling against a NumPy float64 attention from its own query and weights."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn import AttentionPooling
+from tests.layer_checks import run_layer_test
+
+
+def numpy_attention_pooling(layer, values, mask):
+    """Float64 oracle: the learnt query's multi-head softmax attention over the real positions."""
+    attention = layer.attention
+    weights = {w.path.split("/", 1)[1]: keras.ops.convert_to_numpy(w).astype(np.float64) for w in layer.weights}
+    values = np.asarray(values, np.float64)
+    query = weights["query"][:, 0] @ weights["attention/query/kernel"].reshape(values.shape[-1], -1)  # (1, heads * dim)
+    query = (query + weights["attention/query/bias"].reshape(1, -1)).reshape(attention.num_heads, -1)  # (heads, dim)
+    pooled = np.zeros((values.shape[0], values.shape[2]))
+    for row, (sequence, keep) in enumerate(zip(values, np.asarray(mask, bool))):
+        if not keep.any():
+            continue
+        keys = np.einsum("sf,fhd->shd", sequence, weights["attention/key/kernel"]) + weights["attention/key/bias"]
+        vals = np.einsum("sf,fhd->shd", sequence, weights["attention/value/kernel"]) + weights["attention/value/bias"]
+        logits = np.einsum("hd,shd->hs", query, keys) / np.sqrt(attention.key_dim)
+        logits = np.where(keep[None, :], logits, -np.inf)
+        probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probabilities /= probabilities.sum(axis=1, keepdims=True)  # (heads, seq)
+        heads = np.einsum("hs,shd->hd", probabilities, vals)
+        pooled[row] = np.einsum("hd,hdf->f", heads, weights["attention/attention_output/kernel"]) + weights["attention/attention_output/bias"]
+    return pooled
+
+
+def random_inputs(rng, batch=4, length=7, features=6):
+    values = rng.standard_normal((batch, length, features)).astype("float32")
+    lengths = np.array([length, 3, 1, 0])[:batch]
+    return values, np.arange(length)[None, :] < lengths[:, None]
+
+
+def built_layer(features=6, seed=0):
+    layer = AttentionPooling(num_heads=2, key_dim=3)
+    layer.build((None, None, features))
+    rng = np.random.default_rng(seed)
+    layer.set_weights([rng.standard_normal(w.shape).astype("float32") * 0.5 for w in layer.weights])  # biases too
+    return layer
+
+
+def test_matches_numpy_over_real_positions():
+    values, mask = random_inputs(np.random.default_rng(0))
+    layer = built_layer()
+    got = keras.ops.convert_to_numpy(layer(values, mask=mask))
+    np.testing.assert_allclose(got, numpy_attention_pooling(layer, values, mask), atol=1e-5)
+
+
+def test_fully_padded_row_pools_to_zeros_and_padding_never_leaks():
+    values, mask = random_inputs(np.random.default_rng(1))
+    layer = built_layer(seed=1)  # non-zero output bias: a masked row must still be zeros
+    got = keras.ops.convert_to_numpy(layer(values, mask=mask))
+    np.testing.assert_array_equal(got[3], 0.0)
+    polluted = np.where(mask[..., None], values, 1e4).astype("float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(polluted, mask=mask)), got, atol=1e-6)
+
+
+def test_without_mask_every_position_counts():
+    values, _ = random_inputs(np.random.default_rng(2))
+    layer = built_layer(seed=2)
+    everywhere = np.ones(values.shape[:2], bool)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(layer(values)), numpy_attention_pooling(layer, values, everywhere), atol=1e-5
+    )
+
+
+def test_keras_mask_from_embedding_is_used():
+    token_ids = np.array([[5, 3, 0, 0], [0, 0, 0, 0], [1, 2, 3, 4]])
+    tokens = keras.Input((None,), dtype="int32")
+    embedded = keras.layers.Embedding(10, 6, mask_zero=True)(tokens)
+    pooling = AttentionPooling(num_heads=2, key_dim=3)
+    model = keras.Model(tokens, [pooling(embedded), embedded])
+    pooled, vectors = (keras.ops.convert_to_numpy(t) for t in model(token_ids))
+    np.testing.assert_allclose(pooled, numpy_attention_pooling(pooling, vectors, token_ids != 0), atol=1e-5)
+
+
+def test_bad_arguments_name_the_value():
+    with pytest.raises(ValueError, match="num_heads"):
+        AttentionPooling(num_heads=0, key_dim=4)
+    with pytest.raises(ValueError, match=r"inputs.shape=\(2, 3\)"):
+        AttentionPooling(2, 4)(np.zeros((2, 3), "float32"))
+
+
+def test_layer_contract():
+    rng = np.random.default_rng(14)
+    run_layer_test(
+        AttentionPooling, dict(num_heads=2, key_dim=4), rng.standard_normal((2, 5, 6)).astype("float32"),
+        expected_num_trainable_weights=9,
+    )
