@@ -18,6 +18,7 @@ from export.imdb.onnx_predictor import OnnxSentimentPredictor
 from export.onnx_fused_attention import fused_attention_count
 from models import imdb_text
 from models.sentiment_classifier import SentimentClassifierConfig
+from models.sentiment_classifier import adapt_ngram_weights
 from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import fit_ensemble
 from pipelines import imdb_data
@@ -61,23 +62,27 @@ def accuracy_check(trained):
     return {"accuracy_reviews": trained.validation[0], "accuracy_labels": trained.validation[1]}
 
 
-@pytest.fixture(scope="module")
-def trained(small_imdb_archive, imdb_cache_dir, tmp_path_factory):
-    """A small classifier after a few steps on real reviews (parity needs no accuracy)."""
+def train_small(config, archive, cache_dir, run_dir):
+    """A small classifier of `config` after a few steps on real reviews (parity needs no accuracy)."""
     keras.utils.set_random_seed(7)
-    cache = imdb_data.load_cache(small_imdb_archive, imdb_cache_dir)
+    cache = imdb_data.load_cache(archive, cache_dir)
     splits = imdb_data.split_reviews(cache, validation_size=60)
-    vectorizer = imdb_text.adapt_review_vectorizer(splits.train.map(lambda text, label: text), CONFIG.vocabulary_size)
-    vocabulary = imdb_text.save_review_vocabulary(vectorizer, tmp_path_factory.mktemp("run") / "vocabulary.txt")
-    model = build_sentiment_classifier(CONFIG)
+    vectorizer = imdb_text.adapt_review_vectorizer(splits.train.map(lambda text, label: text), config.vocabulary_size)
+    vocabulary = imdb_text.save_review_vocabulary(vectorizer, run_dir / "vocabulary.txt")
+    model = build_sentiment_classifier(config)
     model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="binary_crossentropy")
-    batches = imdb_data.batched(imdb_data.token_ids(splits.train, vectorizer, CONFIG.max_tokens), 32, CONFIG.max_tokens)
-    model.get_layer("ngram_bag").adapt(batches)
+    batches = imdb_data.batched(imdb_data.token_ids(splits.train, vectorizer, config.max_tokens), 32, config.max_tokens)
+    adapt_ngram_weights(model, batches)
     model.fit(batches, epochs=1, verbose=0)
     fit_ensemble(model, batches.take(2))  # weights other than the initial mean
     test_reviews = [text.decode("utf-8") for text, _ in splits.test.as_numpy_iterator()]
     validation = [(text.decode("utf-8"), int(label)) for text, label in splits.validation.as_numpy_iterator()]
     return Trained(model, vectorizer, vocabulary, test_reviews, tuple(map(list, zip(*validation))))
+
+
+@pytest.fixture(scope="module")
+def trained(small_imdb_archive, imdb_cache_dir, tmp_path_factory):
+    return train_small(CONFIG, small_imdb_archive, imdb_cache_dir, tmp_path_factory.mktemp("run"))
 
 
 @pytest.fixture(scope="module")
@@ -503,3 +508,18 @@ def test_the_verify_command_names_a_changed_int8_model(exported, tmp_path, capsy
     model.write_bytes(bytes(data))
     message = _verify_fails(bundle, capsys)
     assert str(model) in message and "truncated or altered" in message
+
+
+def test_the_ngram_attention_branch_exports_with_parity(small_imdb_archive, imdb_cache_dir, tmp_path):
+    """`attention_inputs="ngrams"` (weighted n-gram embeddings, attention pooling) through the same
+    export: SavedModel, ONNX and the int8 model, each held to the Keras model."""
+    config = dataclasses.replace(CONFIG, attention_inputs="ngrams")
+    small = train_small(config, small_imdb_archive, imdb_cache_dir, tmp_path)
+    reviews = verified_export.verification_reviews(small.test_reviews)
+    result = verified_export.export_and_verify(
+        small.model, small.vectorizer, small.vocabulary, config.max_tokens, reviews, tmp_path / "export",
+        int8_tolerance=100.0, **accuracy_check(small),
+    )
+    parity = result["parity"]
+    for key in ("savedmodel_fresh_process_max_abs_diff", "saved_model_cli_max_abs_diff", "onnx_max_abs_diff"):
+        assert 0.0 <= parity[key] <= 1e-5
