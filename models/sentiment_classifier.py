@@ -242,8 +242,9 @@ def adapt_ngram_weights(classifier, batches):
     has one: both read the same features."""
     bag = classifier.get_layer("ngram_bag")
     bag.adapt(batches)
-    if any(layer.name == "weighted_ngram_embedding" for layer in classifier.layers):
-        classifier.get_layer("weighted_ngram_embedding").feature_weights.assign(bag.feature_weights)
+    for layer in classifier.layers:
+        if isinstance(layer, WeightedNgramEmbedding):
+            layer.feature_weights.assign(bag.feature_weights)
 
 
 def build_sentiment_classifier(config=SentimentClassifierConfig()):
