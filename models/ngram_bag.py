@@ -98,16 +98,11 @@ class NgramBag(keras.layers.Layer):
     def feature_ids(self, token_ids):
         """Feature ids `(batch, 2 * seq - 1)` of every unigram and bigram; 0 where none."""
         token_ids = checked_ids("token_ids", token_ids, self.vocabulary_size, "vocabulary_size")
-        token_ids = ops.cast(token_ids, "int32")
-        bigrams, real = hashed_bigrams(token_ids, self.multiplier, self.num_buckets)  # (batch, seq - 1) each
-        bigrams = ops.where(real, bigrams + self.vocabulary_size, ops.zeros_like(bigrams))
-        return ops.concatenate([token_ids, bigrams], axis=1)  # (batch, 2 * seq - 1)
+        return ngram_feature_ids(token_ids, self.vocabulary_size, self.num_buckets, self.multiplier)
 
     def first_occurrences(self, token_ids):
         """Sorted feature ids `(batch, 2 * seq - 1)` and where each feature is counted (once)."""
-        features = ops.sort(self.feature_ids(token_ids), axis=-1)  # (batch, 2 * seq - 1)
-        previous = ops.concatenate([ops.full_like(features[:, :1], -1), features[:, :-1]], axis=1)
-        return features, ops.logical_and(features != previous, features >= FIRST_TOKEN_ID)
+        return first_occurrences(self.feature_ids(token_ids))
 
     def call(self, token_ids):
         features, counted = self.first_occurrences(token_ids)  # (batch, 2 * seq - 1) each
@@ -178,6 +173,24 @@ class NgramBag(keras.layers.Layer):
             }
         )
         return config
+
+
+def ngram_feature_ids(token_ids, vocabulary_size, num_buckets, multiplier):
+    """Feature ids `(batch, 2 * seq - 1)` of every unigram and bigram of the token ids (unchecked:
+    `NgramBag.feature_ids` checks them): the token ids, then `vocabulary_size +` each bigram's
+    bucket; 0 where a bigram holds padding or an out-of-vocabulary token."""
+    token_ids = ops.cast(token_ids, "int32")
+    bigrams, real = hashed_bigrams(token_ids, multiplier, num_buckets)  # (batch, seq - 1) each
+    bigrams = ops.where(real, bigrams + vocabulary_size, ops.zeros_like(bigrams))
+    return ops.concatenate([token_ids, bigrams], axis=1)  # (batch, 2 * seq - 1)
+
+
+def first_occurrences(features):
+    """`(sorted, counted)`, both `(batch, n)`: the feature ids sorted, and True at the first
+    occurrence of each real feature (not at repeats, padding or out-of-vocabulary)."""
+    features = ops.sort(features, axis=-1)  # (batch, n)
+    previous = ops.concatenate([ops.full_like(features[:, :1], -1), features[:, :-1]], axis=1)
+    return features, ops.logical_and(features != previous, features >= FIRST_TOKEN_ID)
 
 
 def hashed_bigrams(token_ids, multiplier, num_buckets):

@@ -7,9 +7,9 @@ Two branches, each with its own logit, combined by a learnt weighted sum:
     `sequence_length` tokens, `num_layers` `TransformerEncoder` blocks (`review_encoder`, which a
     masked-language-model pretraining may initialise: `load_encoder_weights`) and
     `MaskedGlobalPooling` over the real tokens (mean, max or both) feed a dense logit;
-  - "ngrams": `WeightedNgramEmbedding` over the whole review (each position's unigram and hashed
-    bigram embeddings, scaled by the n-gram branch's feature weights) and `AttentionPooling` (a
-    learnt query attends over the positions) feed a dense logit;
+  - "ngrams": `WeightedNgramEmbedding` of the whole review's distinct unigrams and hashed bigrams
+    (each embedded once, scaled by the n-gram branch's feature weight) and `AttentionPooling` (a
+    learnt query attends over them) feed a dense logit;
 - n-gram: a sparse bag of the unigrams and hashed bigrams of the whole review (up to
   `max_tokens`), each weighted by its naive-Bayes log-count ratio (`NgramBag`), feeds a linear
   logit (`SparseLinear`): NBSVM's bag-of-n-grams logistic regression.
@@ -65,8 +65,9 @@ class SentimentClassifierConfig:
             `keras_attn.attention_families.FAMILIES` ("dense": the blocks' own softmax attention).
         attention_inputs: what the attention branch reads, one of `ATTENTION_INPUTS`: "tokens"
             (token embeddings of the first `sequence_length` tokens through the encoder blocks) or
-            "ngrams" (`WeightedNgramEmbedding` of the whole review, `embedding_dim` wide, pooled by
-            `AttentionPooling` with `num_heads` heads; the encoder fields then play no part).
+            "ngrams" (`WeightedNgramEmbedding` of the whole review's distinct n-grams,
+            `embedding_dim` wide, pooled by `AttentionPooling` with `num_heads` heads; the encoder
+            fields then play no part).
     """
 
     vocabulary_size: int = 20_000
@@ -228,10 +229,10 @@ def _attention_logit(token_ids, config):
 
 
 def _ngram_attention_features(token_ids, config):
-    """`(batch, embedding_dim)`: the whole review's weighted n-gram embeddings, attention-pooled."""
+    """`(batch, embedding_dim)`: the whole review's distinct n-grams, embedded and weighted, attention-pooled."""
     hidden = WeightedNgramEmbedding(
         config.vocabulary_size, config.bigram_buckets, config.embedding_dim, name="weighted_ngram_embedding"
-    )(token_ids)  # (batch, seq, embedding_dim), masked at the padding
+    )(token_ids)  # (batch, 2 * seq - 1, embedding_dim), masked to each n-gram's first occurrence
     hidden = keras.layers.Dropout(config.dropout, name="embedding_dropout")(hidden)
     return AttentionPooling(config.num_heads, config.embedding_dim // config.num_heads, name="attention_pooling")(hidden)
 

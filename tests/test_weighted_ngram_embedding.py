@@ -1,4 +1,4 @@
-"""WeightedNgramEmbedding against a NumPy lookup of the same unigrams, hashed bigrams and weights."""
+"""WeightedNgramEmbedding against a NumPy set of each review's distinct unigrams and hashed bigrams."""
 
 import keras
 import numpy as np
@@ -12,17 +12,13 @@ from tests.layer_checks import run_layer_test
 VOCABULARY, BUCKETS, WIDTH = 30, 11, 4
 
 
-def numpy_weighted_ngrams(ids, unigrams, bigrams, weights, multiplier):
-    """Float64 oracle: each position's weighted unigram plus the weighted bigram it starts (real tokens only)."""
-    out = np.zeros((*ids.shape, unigrams.shape[1]))
-    for row, sequence in enumerate(ids):
-        for i, token in enumerate(sequence):
-            if token >= 2:
-                out[row, i] += weights[token] * unigrams[token]
-            if i + 1 < len(sequence) and token >= 2 and sequence[i + 1] >= 2:
-                bucket = (int(token) * multiplier + int(sequence[i + 1])) % BUCKETS
-                out[row, i] += weights[VOCABULARY + bucket] * bigrams[bucket]
-    return out
+def numpy_distinct_ngrams(sequence, multiplier):
+    """Float64-side oracle: the sorted distinct feature ids of one review (real tokens only)."""
+    features = {int(token) for token in sequence if token >= 2}
+    for first, second in zip(sequence[:-1], sequence[1:]):
+        if first >= 2 and second >= 2:
+            features.add(VOCABULARY + (int(first) * multiplier + int(second)) % BUCKETS)
+    return sorted(features)
 
 
 def random_layer(seed=0):
@@ -33,33 +29,37 @@ def random_layer(seed=0):
     return layer
 
 
-def test_matches_numpy_with_oov_and_padding():
+def test_each_distinct_ngram_is_one_weighted_slot():
     ids = layer_checks.padded_token_ids(np.random.default_rng(1), [9, 5, 1, 0], 9, VOCABULARY)
     ids[0, 3] = 1  # out of vocabulary: no unigram, no bigram on either side
+    ids[1, 2:4] = ids[1, 0:2]  # a repeated unigram and bigram count once
     layer = random_layer()
-    unigrams, bigrams, weights = (keras.ops.convert_to_numpy(w).astype(np.float64) for w in (
-        layer.unigrams.embeddings, layer.bigrams.embeddings, layer.feature_weights))
-    np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(layer(ids)), numpy_weighted_ngrams(ids, unigrams, bigrams, weights, layer.multiplier),
-        atol=1e-5,
-    )
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer.compute_mask(ids)), ids != 0)
+    table, weights = (keras.ops.convert_to_numpy(w).astype(np.float64) for w in (layer.embeddings.embeddings, layer.feature_weights))
+    out = keras.ops.convert_to_numpy(layer(ids))
+    mask = keras.ops.convert_to_numpy(layer.compute_mask(ids))
+    assert out.shape == (4, 17, WIDTH)
+    for row, sequence in enumerate(ids):
+        features = numpy_distinct_ngrams(sequence, layer.multiplier)
+        np.testing.assert_allclose(out[row][mask[row]], weights[features, None] * table[features], atol=1e-5)
+        np.testing.assert_array_equal(out[row][~mask[row]], 0.0)
+    assert mask[1].sum() < 5 + 4  # the repeats were dropped
+    assert not mask[3].any()
 
 
 def test_features_are_indexed_as_the_ngram_bags():
     """A weight copied from an `NgramBag` of the same sizes lands on the same unigram and bigram."""
     ids = np.array([[5, 9, 0]], "int32")
     bag = NgramBag(VOCABULARY, BUCKETS)
-    features = keras.ops.convert_to_numpy(bag.feature_ids(ids))[0]  # unigrams 5, 9, 0, then the bigram (5, 9)
+    bigram = int(keras.ops.convert_to_numpy(bag.feature_ids(ids))[0, 3])  # unigrams 5, 9, 0, then the bigram (5, 9)
     layer = WeightedNgramEmbedding(VOCABULARY, BUCKETS, WIDTH)
     layer.build((None, None))
     weights = np.zeros(VOCABULARY + BUCKETS, "float32")
-    weights[features[3]] = 1.0  # only the bigram
+    weights[bigram] = 1.0  # only the bigram
     layer.feature_weights.assign(weights)
-    out = keras.ops.convert_to_numpy(layer(ids))
-    bucket = features[3] - VOCABULARY
-    np.testing.assert_allclose(out[0, 0], keras.ops.convert_to_numpy(layer.bigrams.embeddings)[bucket], atol=1e-7)
-    np.testing.assert_array_equal(out[0, 1:], 0.0)
+    out = keras.ops.convert_to_numpy(layer(ids))[0]
+    nonzero = np.flatnonzero(np.abs(out).sum(axis=-1))
+    assert len(nonzero) == 1
+    np.testing.assert_allclose(out[nonzero[0]], keras.ops.convert_to_numpy(layer.embeddings.embeddings)[bigram], atol=1e-7)
 
 
 def test_bad_arguments_name_the_value():
@@ -67,11 +67,13 @@ def test_bad_arguments_name_the_value():
         WeightedNgramEmbedding(VOCABULARY, 0, WIDTH)
     with pytest.raises(ValueError, match=r"token_ids.shape=\(3,\)"):
         WeightedNgramEmbedding(VOCABULARY, BUCKETS, WIDTH)(np.zeros((3,), "int32"))
+    with pytest.raises(ValueError, match=r"token_ids.*holding 30"):
+        WeightedNgramEmbedding(VOCABULARY, BUCKETS, WIDTH)(np.array([[2, 30]], "int32"))
 
 
 def test_layer_contract():
     ids = layer_checks.padded_token_ids(np.random.default_rng(2), [6, 4], 6, VOCABULARY)
     run_layer_test(
         WeightedNgramEmbedding, dict(vocabulary_size=VOCABULARY, num_buckets=BUCKETS, output_dim=WIDTH), ids,
-        expected_num_trainable_weights=2, expected_num_non_trainable_weights=1,
+        expected_num_trainable_weights=1, expected_num_non_trainable_weights=1,
     )
