@@ -230,11 +230,12 @@ def _attention_logit(token_ids, config):
 
 def _ngram_attention_features(token_ids, config):
     """`(batch, embedding_dim)`: the whole review's distinct n-grams, embedded and weighted, attention-pooled."""
-    hidden = WeightedNgramEmbedding(
+    hidden, counted = WeightedNgramEmbedding(
         config.vocabulary_size, config.bigram_buckets, config.embedding_dim, name="weighted_ngram_embedding"
-    )(token_ids)  # (batch, 2 * seq - 1, embedding_dim), masked to each n-gram's first occurrence
+    )(token_ids)  # (batch, 2 * seq - 1, embedding_dim) and each n-gram's first occurrence (batch, 2 * seq - 1)
     hidden = keras.layers.Dropout(config.dropout, name="embedding_dropout")(hidden)
-    return AttentionPooling(config.num_heads, config.embedding_dim // config.num_heads, name="attention_pooling")(hidden)
+    pooling = AttentionPooling(config.num_heads, config.embedding_dim // config.num_heads, name="attention_pooling")
+    return pooling(hidden, mask=counted)
 
 
 def adapt_ngram_weights(classifier, batches):

@@ -14,7 +14,7 @@ from models.serialization import register_serializable
 @register_serializable()
 class WeightedNgramEmbedding(keras.layers.Layer):
     """One slot per unigram and hashed-bigram feature of the review, `w[f] * E[f]` at the first
-    occurrence of each feature `f` and zeros elsewhere, masked to those first occurrences.
+    occurrence of each feature `f` and zeros elsewhere, with the mask of those first occurrences.
 
     Features are `NgramBag`'s (the token id, then `vocabulary_size +` the bigram's bucket, the same
     hash), in the same sorted order: each distinct n-gram counts once however often the review
@@ -39,7 +39,11 @@ class WeightedNgramEmbedding(keras.layers.Layer):
         token_ids: int `(batch, seq)` in `[0, vocabulary_size)`, 0 = padding.
 
     Returns:
-        `(batch, 2 * seq - 1, output_dim)`, with the Keras mask of the counted slots.
+        `(embeddings, counted)`: float `(batch, 2 * seq - 1, output_dim)` and bool `(batch, 2 * seq - 1)`,
+        True at the slots that hold a feature. The mask is an output, not a Keras mask: it falls
+        out of the sort that finds the distinct features, and a `compute_mask` would sort again
+        (in a functional model Keras records it as extra ops). Pass it on:
+        `AttentionPooling(...)(embeddings, mask=counted)`.
     """
 
     def __init__(self, vocabulary_size, num_buckets, output_dim, multiplier=30_011, **kwargs):
@@ -67,23 +71,21 @@ class WeightedNgramEmbedding(keras.layers.Layer):
             raise ValueError(f"`token_ids` must have rank 2 (batch, seq). Received: token_ids.shape={tuple(input_shape)}")
         self.embeddings.build((None,))
 
-    def distinct_ngrams(self, token_ids):
-        """`(features, counted)`, both `(batch, 2 * seq - 1)`: `NgramBag.first_occurrences`."""
-        return first_occurrences(ngram_feature_ids(token_ids, self.vocabulary_size, self.num_buckets, self.multiplier))
-
     def call(self, token_ids):
         token_ids = checked_ids("token_ids", token_ids, self.vocabulary_size, "vocabulary_size")
-        features, counted = self.distinct_ngrams(token_ids)  # (batch, 2 * seq - 1) each
+        features, counted = first_occurrences(
+            ngram_feature_ids(token_ids, self.vocabulary_size, self.num_buckets, self.multiplier)
+        )  # (batch, 2 * seq - 1) each, as `NgramBag.first_occurrences`
         weights = ops.where(counted, ops.take(self.feature_weights, features), 0.0)
         weights = ops.cast(ops.expand_dims(weights, -1), self.compute_dtype)  # (batch, 2 * seq - 1, 1)
-        return self.embeddings(features) * weights
+        return self.embeddings(features) * weights, counted
 
-    def compute_mask(self, token_ids, mask=None):
-        return self.distinct_ngrams(token_ids)[1]
-
-    def compute_output_shape(self, input_shape):
-        length = None if input_shape[1] is None else max(2 * input_shape[1] - 1, 0)
-        return (input_shape[0], length, self.output_dim)
+    def compute_output_spec(self, token_ids):
+        length = None if token_ids.shape[1] is None else max(2 * token_ids.shape[1] - 1, 0)
+        return (
+            keras.KerasTensor((token_ids.shape[0], length, self.output_dim), self.compute_dtype),
+            keras.KerasTensor((token_ids.shape[0], length), "bool"),
+        )
 
     def get_config(self):
         return {

@@ -35,8 +35,7 @@ def test_each_distinct_ngram_is_one_weighted_slot():
     ids[1, 2:4] = ids[1, 0:2]  # a repeated unigram and bigram count once
     layer = random_layer()
     table, weights = (keras.ops.convert_to_numpy(w).astype(np.float64) for w in (layer.embeddings.embeddings, layer.feature_weights))
-    out = keras.ops.convert_to_numpy(layer(ids))
-    mask = keras.ops.convert_to_numpy(layer.compute_mask(ids))
+    out, mask = (keras.ops.convert_to_numpy(t) for t in layer(ids))
     assert out.shape == (4, 17, WIDTH)
     for row, sequence in enumerate(ids):
         features = numpy_distinct_ngrams(sequence, layer.multiplier)
@@ -56,7 +55,7 @@ def test_features_are_indexed_as_the_ngram_bags():
     weights = np.zeros(VOCABULARY + BUCKETS, "float32")
     weights[bigram] = 1.0  # only the bigram
     layer.feature_weights.assign(weights)
-    out = keras.ops.convert_to_numpy(layer(ids))[0]
+    out = keras.ops.convert_to_numpy(layer(ids)[0])[0]
     nonzero = np.flatnonzero(np.abs(out).sum(axis=-1))
     assert len(nonzero) == 1
     np.testing.assert_allclose(out[nonzero[0]], keras.ops.convert_to_numpy(layer.embeddings.embeddings)[bigram], atol=1e-7)
