@@ -84,6 +84,8 @@ def test_bad_arguments_name_the_value():
         AttentionPooling(num_heads=0, key_dim=4)
     with pytest.raises(ValueError, match=r"inputs.shape=\(2, 3\)"):
         AttentionPooling(2, 4)(np.zeros((2, 3), "float32"))
+    with pytest.raises(ValueError, match=r"mask.shape=\(2, 4\)"):
+        AttentionPooling(2, 4)(np.zeros((2, 3, 8), "float32"), mask=np.ones((2, 4), bool))
 
 
 def test_layer_contract():

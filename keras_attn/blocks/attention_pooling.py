@@ -4,6 +4,8 @@ import keras
 from keras import ops
 
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
+from keras_attn.utils import check_padding_mask
+from keras_attn.utils import check_sequence_shape
 from keras_attn.validation import check_positive_int
 from keras_attn.validation import check_rate
 
@@ -54,11 +56,7 @@ class AttentionPooling(keras.layers.Layer):
         self.attention = MultiHeadAttention(num_heads, key_dim, dropout=dropout, dtype=self.dtype_policy, name="attention")
 
     def build(self, input_shape):
-        if len(input_shape) != 3 or input_shape[-1] is None:
-            raise ValueError(
-                "`inputs` must have rank 3 (batch, seq, features) with known features. "
-                f"Received: inputs.shape={tuple(input_shape)}"
-            )
+        check_sequence_shape("inputs", input_shape)
         features = input_shape[-1]
         self.query = self.add_weight(shape=(1, 1, features), initializer="glorot_uniform", name="query")
         self.attention.build((None, 1, features), (None, None, features))
@@ -68,6 +66,7 @@ class AttentionPooling(keras.layers.Layer):
         query = ops.broadcast_to(ops.cast(self.query, inputs.dtype), (batch, 1, inputs.shape[-1]))  # (batch, 1, features)
         if mask is None:
             return self.attention(query, inputs, training=training)[:, 0]
+        check_padding_mask("mask", mask, inputs.shape)
         mask = ops.cast(mask, "bool")  # (batch, seq)
         pooled = self.attention(query, inputs, attention_mask=ops.expand_dims(mask, 1), training=training)[:, 0]
         # A row with no real position reads nothing: zeros, not the output projection's bias.
