@@ -31,7 +31,8 @@ own, as TensorFlow's guide requires (saving is a collective: every worker saves)
 restores the chief's latest checkpoint (on a real cluster `output_dir` must be on a file system
 every worker reads), skips the steps of the interrupted epoch already trained, and goes on: the
 optimizer's step counter continues. A lost worker makes the others' collectives fail within
-`timeout_seconds`: they exit with an error, never hang.
+`timeout_seconds`: they raise `WorkerLostError`, and a worker's main wrapped in
+`exit_when_a_worker_is_lost()` then exits with an error, never hangs.
 """
 
 import contextlib
@@ -39,8 +40,10 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import keras
@@ -209,6 +212,26 @@ def collectives():
             "Rerun the same command on every worker to resume from the last checkpoint. "
             f"Received: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         ) from error
+
+
+@contextlib.contextmanager
+def exit_when_a_worker_is_lost(status=1):
+    """Ends the process with `status` and the error's traceback when a `WorkerLostError` leaves
+    the block, without the interpreter's shutdown: wrap a worker's whole main in it.
+
+    A process whose collectives were aborted cannot train again (TensorFlow: "Restart your program
+    to reset"), and its shutdown can hang: the aborted run's tf.data iterator is freed by the
+    final garbage collection, after Python stopped letting threads take the GIL, and its teardown
+    waits for a batch still in a `tf.py_function` that never returns (a gdb backtrace of the
+    survivor of a killed worker: `MultiDeviceBuffer::Reset` under `Py_FinalizeEx`, in 3 of 25 runs).
+    """
+    try:
+        yield
+    except WorkerLostError:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def loss_scaled(optimizer, policy):

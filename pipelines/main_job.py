@@ -25,6 +25,7 @@ from appkit.files import write_json_atomic
 from export import serving_layout
 from export.imdb.verified_export import export_and_verify
 from export.imdb.verified_export import verification_reviews
+from pipelines import distributed
 from pipelines import encoder_checkpoint
 from pipelines import imdb_report
 from pipelines import imdb_seeds
@@ -60,7 +61,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.cpu_devices:
         training.split_cpu(args.cpu_devices)  # before TensorFlow initialises its devices
-    with user_errors_exit(PROG, args.debug):
+    with user_errors_exit(PROG, args.debug), distributed.exit_when_a_worker_is_lost():
         # Both outputs are proved writable before hours of training, not after.
         require_writable_directory(args.output_dir, "--output-dir")
         require_writable_directory(args.export_dir, "--export-dir")

@@ -266,7 +266,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.cpu_devices:
         training.split_cpu(args.cpu_devices)  # before TensorFlow initialises its devices
-    with user_errors_exit(PROG, args.debug):
+    with user_errors_exit(PROG, args.debug), distributed.exit_when_a_worker_is_lost():
         require_writable_directory(args.output_dir, "--output-dir")
         run = train(args)
     print(json.dumps(run.summary, indent=2, sort_keys=True))

@@ -440,7 +440,7 @@ def evaluate_run(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    with user_errors_exit(PROG, args.debug):
+    with user_errors_exit(PROG, args.debug), distributed.exit_when_a_worker_is_lost():
         if not args.evaluate_only:
             require_writable_directory(args.output_dir, "--output-dir")
         summary = evaluate_run(args) if args.evaluate_only else train(args)

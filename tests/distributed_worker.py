@@ -99,6 +99,11 @@ def parse_args(argv=None):
 
 def main():
     args = parse_args()
+    with distributed.exit_when_a_worker_is_lost():
+        train(args)
+
+
+def train(args):
     keras.config.set_dtype_policy(args.mixed_precision)
     strategy = distributed.multi_worker_strategy(args.timeout)
     with strategy.scope():

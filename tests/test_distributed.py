@@ -236,6 +236,31 @@ def test_a_killed_worker_stops_the_other_and_the_rerun_resumes(tmp_path):
         assert final_weights(tmp_path / f"{task}.npz")[1] == steps
 
 
+EXIT_PROBE = """
+import atexit, sys
+from pipelines import distributed
+atexit.register(lambda: print("interpreter shutdown ran", flush=True))
+with distributed.exit_when_a_worker_is_lost():
+    raise {error}
+"""
+
+
+def test_a_lost_worker_ends_the_process_at_once_and_other_errors_pass_through():
+    """After a `WorkerLostError` the process exits 1 with its traceback and skips the interpreter's
+    shutdown (where a tf.data teardown can hang); any other error takes the normal way out."""
+    def run(error):
+        return subprocess.run([sys.executable, "-c", EXIT_PROBE.format(error=error)], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=120)
+
+    lost = run("distributed.WorkerLostError('the peer at 127.0.0.1:1234 stopped answering')")
+    assert lost.returncode == 1, lost.stderr[-2000:]
+    assert "WorkerLostError: the peer at 127.0.0.1:1234 stopped answering" in lost.stderr
+    assert "interpreter shutdown ran" not in lost.stdout
+    other = run("ValueError('`epochs` must be positive. Received: epochs=0')")
+    assert other.returncode == 1 and "ValueError: `epochs` must be positive" in other.stderr
+    assert "interpreter shutdown ran" in other.stdout
+
+
 def test_main_job_on_two_workers_exports_from_the_chief(small_imdb_archive, imdb_cache_dir, tmp_path):
     imdb_data.load_cache(small_imdb_archive, imdb_cache_dir, allow_download=False)  # decoded once, before the workers
     run_dir, export_dir = tmp_path / "run", tmp_path / "export"
