@@ -97,7 +97,6 @@ class NgramBag(keras.layers.Layer):
 
     def feature_ids(self, token_ids):
         """Feature ids `(batch, 2 * seq - 1)` of every unigram and bigram; 0 where none."""
-        token_ids = checked_ids("token_ids", token_ids, self.vocabulary_size, "vocabulary_size")
         return ngram_feature_ids(token_ids, self.vocabulary_size, self.num_buckets, self.multiplier)
 
     def first_occurrences(self, token_ids):
@@ -176,10 +175,11 @@ class NgramBag(keras.layers.Layer):
 
 
 def ngram_feature_ids(token_ids, vocabulary_size, num_buckets, multiplier):
-    """Feature ids `(batch, 2 * seq - 1)` of every unigram and bigram of the token ids (unchecked:
-    `NgramBag.feature_ids` checks them): the token ids, then `vocabulary_size +` each bigram's
-    bucket; 0 where a bigram holds padding or an out-of-vocabulary token."""
-    token_ids = ops.cast(token_ids, "int32")
+    """Feature ids `(batch, 2 * seq - 1)` of every unigram and bigram of the token ids, once every id
+    is known to lie in `[0, vocabulary_size)` (`checked_ids`): the token ids, then
+    `vocabulary_size +` each bigram's bucket; 0 where a bigram holds padding or an
+    out-of-vocabulary token."""
+    token_ids = ops.cast(checked_ids("token_ids", token_ids, vocabulary_size, "vocabulary_size"), "int32")
     bigrams, real = hashed_bigrams(token_ids, multiplier, num_buckets)  # (batch, seq - 1) each
     bigrams = ops.where(real, bigrams + vocabulary_size, ops.zeros_like(bigrams))
     return ops.concatenate([token_ids, bigrams], axis=1)  # (batch, 2 * seq - 1)

@@ -4,7 +4,6 @@ naive-Bayes log-count ratio): the set an attention pools, as NBSVM's bag counts 
 import keras
 from keras import ops
 
-from keras_attn.utils import checked_ids
 from keras_attn.validation import check_positive_int
 from models.ngram_bag import first_occurrences
 from models.ngram_bag import ngram_feature_ids
@@ -72,7 +71,6 @@ class WeightedNgramEmbedding(keras.layers.Layer):
         self.embeddings.build((None,))
 
     def call(self, token_ids):
-        token_ids = checked_ids("token_ids", token_ids, self.vocabulary_size, "vocabulary_size")
         features, counted = first_occurrences(
             ngram_feature_ids(token_ids, self.vocabulary_size, self.num_buckets, self.multiplier)
         )  # (batch, 2 * seq - 1) each, as `NgramBag.first_occurrences`

@@ -100,6 +100,8 @@ def test_bad_arguments_name_the_value():
         MaskedGlobalPooling(mode="median")
     with pytest.raises(ValueError, match=r"inputs.shape=\(2, 3\)"):
         MaskedGlobalPooling()(np.zeros((2, 3), "float32"))
+    with pytest.raises(ValueError, match=r"mask.shape=\(2, 4\)"):
+        MaskedGlobalPooling()(np.zeros((2, 3, 8), "float32"), mask=np.ones((2, 4), bool))
 
 
 @pytest.mark.parametrize("mode", ["mean", "max"])
