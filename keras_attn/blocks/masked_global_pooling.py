@@ -4,8 +4,6 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.utils import check_padding_mask
-
 _MODES = ("mean", "max")
 
 
@@ -60,7 +58,7 @@ class MaskedGlobalPooling(keras.layers.Layer):
         values = ops.cast(inputs, accumulation)  # (batch, seq, features)
         if mask is None:
             mask = ops.ones(ops.shape(inputs)[:2], dtype="bool")
-        check_padding_mask("mask", mask, inputs.shape)
+        _check_mask(mask, inputs)
         keep = ops.expand_dims(ops.cast(mask, "bool"), -1)  # (batch, seq, 1)
         count = ops.sum(ops.cast(keep, accumulation), axis=1)  # (batch, 1)
         if self.mode == "mean":
@@ -82,3 +80,12 @@ class MaskedGlobalPooling(keras.layers.Layer):
         config = super().get_config()
         config.update({"mode": self.mode})
         return config
+
+
+def _check_mask(mask, inputs):
+    """The mask must be `(batch, seq)` like the first two axes of `inputs` (where known)."""
+    mask_shape, expected = tuple(mask.shape), tuple(inputs.shape[:2])
+    if len(mask_shape) != 2 or any(m is not None and e is not None and m != e for m, e in zip(mask_shape, expected)):
+        raise ValueError(
+            f"`mask` must have shape (batch, seq)={expected}. Received: mask.shape={mask_shape}"
+        )
