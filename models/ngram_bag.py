@@ -1,4 +1,4 @@
-"""Weighted bags of token unigrams and hashed bigrams, computed in the graph from token ids."""
+"""Weighted bags of token unigrams and bigrams (hashed, or a learnt bigram vocabulary), computed in the graph from token ids."""
 
 import keras
 import numpy as np
@@ -12,15 +12,30 @@ from models.vocabulary import FIRST_TOKEN_ID
 
 # How `NgramBag.adapt` weighs each feature (see the class docstring).
 WEIGHTINGS = ("idf", "naive_bayes")
+# How a bigram becomes a feature id (see the class docstring).
+BIGRAM_IDS = ("hashed", "vocabulary")
+# The largest `vocabulary_size` whose bigram keys `a * vocabulary_size + b` fit in int32.
+MAX_VOCABULARY_FOR_BIGRAM_KEYS = 46_340
+_NO_KEY = np.iinfo(np.int32).max  # pads the sorted bigram vocabulary: above every real key
 
 
 @register_serializable()
 class NgramBag(keras.layers.Layer):
-    """Weighted bag (norm `scale`) of the unigrams and hashed bigrams of each token-id sequence, sparse.
+    """Weighted bag (norm `scale`) of the unigrams and bigrams of each token-id sequence, sparse.
 
-    Feature `t < vocabulary_size` is the token id `t`; feature `vocabulary_size + h` is the
-    bigram of neighbouring tokens `a, b` with `h = (a * multiplier + b) mod num_buckets`. A
-    feature's value is binary (present or not) times its weight, learnt by `adapt` from the
+    Feature `t < vocabulary_size` is the token id `t`; feature `vocabulary_size + h` is a bigram
+    of neighbouring tokens `a, b`, with `h` by `bigram_ids`:
+
+    - "hashed": `h = (a * multiplier + b) mod num_buckets`, so bigrams may share a bucket (and so
+      a weight);
+    - "vocabulary": `h` is the bigram's index in a bigram vocabulary that `adapt` learns, the
+      `num_buckets` bigrams found in most training documents: every bigram has its own feature,
+      and a bigram not in the vocabulary is none (as an out-of-vocabulary token). The lookup is a
+      binary search over the sorted keys `a * vocabulary_size + b` (gathers and comparisons:
+      under XLA and in ONNX Runtime alike); `vocabulary_size` is at most
+      `MAX_VOCABULARY_FOR_BIGRAM_KEYS` (int32 keys).
+
+    A feature's value is binary (present or not) times its weight, learnt by `adapt` from the
     training documents:
 
     - "idf": the smooth inverse document frequency of scikit-learn's
@@ -43,8 +58,9 @@ class NgramBag(keras.layers.Layer):
 
     Args:
         vocabulary_size: token ids are in `[0, vocabulary_size)`.
-        num_buckets: size of the hashed bigram space.
+        num_buckets: size of the bigram feature space: hash buckets, or bigrams in the vocabulary.
         weighting: one of `WEIGHTINGS`, what `adapt` learns.
+        bigram_ids: one of `BIGRAM_IDS`, how a bigram becomes a feature.
         multiplier: the hash multiplier, an odd prime; `a * multiplier + b` must stay below
             2**31 for every token id (int32 arithmetic): with the default, vocabularies up to
             71,000 tokens.
@@ -70,10 +86,13 @@ class NgramBag(keras.layers.Layer):
     1.0
     """
 
-    def __init__(self, vocabulary_size, num_buckets, weighting="idf", multiplier=30_011, scale=1.0, **kwargs):
+    def __init__(
+        self, vocabulary_size, num_buckets, weighting="idf", multiplier=30_011, scale=1.0, bigram_ids="hashed", **kwargs
+    ):
         check_positive_int("vocabulary_size", vocabulary_size)
         check_positive_int("num_buckets", num_buckets)
         check_choice("weighting", weighting, WEIGHTINGS)
+        check_bigram_ids(bigram_ids, vocabulary_size)
         check_positive_int("multiplier", multiplier)
         if not scale > 0:
             raise ValueError(f"`scale` must be positive. Received: scale={scale!r}")
@@ -84,10 +103,12 @@ class NgramBag(keras.layers.Layer):
         self.weighting = weighting
         self.multiplier = multiplier
         self.scale = scale
+        self.bigram_ids = bigram_ids
         self.num_features = vocabulary_size + num_buckets
         self.feature_weights = self.add_weight(
             shape=(self.num_features,), initializer="ones", trainable=False, dtype="float32", name="feature_weights"
         )
+        self.bigram_vocabulary = add_bigram_vocabulary(self) if bigram_ids == "vocabulary" else None
 
     def build(self, input_shape):
         if len(input_shape) != 2:
@@ -97,7 +118,9 @@ class NgramBag(keras.layers.Layer):
 
     def feature_ids(self, token_ids):
         """Feature ids `(batch, 2 * seq - 1)` of every unigram and bigram; 0 where none."""
-        return ngram_feature_ids(token_ids, self.vocabulary_size, self.num_buckets, self.multiplier)
+        return ngram_feature_ids(
+            token_ids, self.vocabulary_size, self.num_buckets, self.multiplier, self.bigram_vocabulary
+        )
 
     def first_occurrences(self, token_ids):
         """Sorted feature ids `(batch, 2 * seq - 1)` and where each feature is counted (once)."""
@@ -116,7 +139,9 @@ class NgramBag(keras.layers.Layer):
         return ops.einsum("bn,bnf->bf", values, one_hot)
 
     def adapt(self, data, labels=None, batch_size=256):
-        """Learns the feature weights (`weighting`) from the training documents only.
+        """Learns the feature weights (`weighting`) from the training documents only; with
+        `bigram_ids="vocabulary"`, first the bigram vocabulary: the `num_buckets` bigrams held by most
+        documents (ties: the smaller key `a * vocabulary_size + b`).
 
         Args:
             data: an int array `(documents, seq)` of token ids, or a dataset of `(batch, seq)` id
@@ -125,11 +150,19 @@ class NgramBag(keras.layers.Layer):
                 from here or from the dataset's pairs.
             batch_size: documents counted at once when `data` is an array.
         """
+        vocabulary = None  # the bigram vocabulary: learnt first, its features counted next
+        if self.bigram_vocabulary is not None:
+            vocabulary = frequent_bigrams(self._document_bigram_keys(data, labels, batch_size), self.num_buckets)
         # Documents holding each feature (once per document), by label.
         counts = {label: np.zeros(self.num_features, np.float64) for label in (0, 1)}
         documents = 0
         for batch, batch_labels in _labelled_batches(data, labels, batch_size):
-            features, counted = (ops.convert_to_numpy(t) for t in self.first_occurrences(batch))
+            features, counted = (
+                ops.convert_to_numpy(t)
+                for t in first_occurrences(
+                    ngram_feature_ids(batch, self.vocabulary_size, self.num_buckets, self.multiplier, vocabulary)
+                )
+            )
             if self.weighting == "idf":  # the labels play no part: every document counts under 0
                 batch_labels = np.zeros(len(features), np.int64)
             elif batch_labels is None:
@@ -150,7 +183,17 @@ class NgramBag(keras.layers.Layer):
         else:
             positive, negative = 1.0 + counts[1], 1.0 + counts[0]
             weights = np.log((positive / positive.sum()) / (negative / negative.sum()))
+        if vocabulary is not None:
+            self.bigram_vocabulary.assign(vocabulary)
         self.feature_weights.assign(weights.astype("float32"))
+
+    def _document_bigram_keys(self, data, labels, batch_size):
+        """Each document's distinct bigram keys, one array per batch (document index * 2**31 + key)."""
+        for batch, _ in _labelled_batches(data, labels, batch_size):
+            token_ids = ops.cast(checked_ids("token_ids", batch, self.vocabulary_size, "vocabulary_size"), "int32")
+            keys, real = (ops.convert_to_numpy(t) for t in bigram_keys(token_ids, self.vocabulary_size))
+            documents = np.broadcast_to(np.arange(len(keys), dtype=np.int64)[:, None], keys.shape)
+            yield np.unique(documents[real] * 2**31 + keys[real])
 
     def compute_output_shape(self, input_shape):
         length = None if input_shape[1] is None else max(2 * input_shape[1] - 1, 0)
@@ -169,18 +212,56 @@ class NgramBag(keras.layers.Layer):
                 "weighting": self.weighting,
                 "multiplier": self.multiplier,
                 "scale": self.scale,
+                "bigram_ids": self.bigram_ids,
             }
         )
         return config
 
 
-def ngram_feature_ids(token_ids, vocabulary_size, num_buckets, multiplier):
+def check_bigram_ids(bigram_ids, vocabulary_size):
+    """`bigram_ids` if it is one of `BIGRAM_IDS` that `vocabulary_size` allows, else a `ValueError`."""
+    check_choice("bigram_ids", bigram_ids, BIGRAM_IDS)
+    if bigram_ids == "vocabulary" and vocabulary_size > MAX_VOCABULARY_FOR_BIGRAM_KEYS:
+        raise ValueError(
+            f"bigram_ids='vocabulary' keys each bigram as an int32 `a * vocabulary_size + b`: `vocabulary_size` must "
+            f"be at most {MAX_VOCABULARY_FOR_BIGRAM_KEYS}. Received: vocabulary_size={vocabulary_size}"
+        )
+    return bigram_ids
+
+
+def add_bigram_vocabulary(layer):
+    """`layer`'s `(num_buckets,)` int32 weight of sorted bigram keys (`bigram_keys`), padded with a
+    key above every real one: the vocabulary of `bigram_ids="vocabulary"`, learnt by `NgramBag.adapt`."""
+    return layer.add_weight(
+        shape=(layer.num_buckets,),
+        initializer=keras.initializers.Constant(_NO_KEY),
+        trainable=False,
+        dtype="int32",
+        name="bigram_vocabulary",
+    )
+
+
+def frequent_bigrams(document_keys, size):
+    """The sorted `(size,)` int32 vocabulary of the `size` bigram keys held by most documents (ties:
+    the smaller key), padded with `_NO_KEY`, from `document_keys`: arrays of document * 2**31 + key."""
+    keys, documents = np.unique(np.concatenate([np.zeros(0, np.int64), *document_keys]) % 2**31, return_counts=True)
+    chosen = np.sort(keys[np.lexsort((keys, -documents))[:size]])
+    return np.concatenate([chosen, np.full(size - len(chosen), _NO_KEY, np.int64)]).astype(np.int32)
+
+
+def ngram_feature_ids(token_ids, vocabulary_size, num_buckets, multiplier, bigram_vocabulary=None):
     """Feature ids `(batch, 2 * seq - 1)` of every unigram and bigram of the token ids, once every id
     is known to lie in `[0, vocabulary_size)` (`checked_ids`): the token ids, then
-    `vocabulary_size +` each bigram's bucket; 0 where a bigram holds padding or an
-    out-of-vocabulary token."""
+    `vocabulary_size +` each bigram's bucket (or, given the sorted keys `bigram_vocabulary`, its
+    index there); 0 where a bigram holds padding or an out-of-vocabulary token, or is not in
+    `bigram_vocabulary`."""
     token_ids = ops.cast(checked_ids("token_ids", token_ids, vocabulary_size, "vocabulary_size"), "int32")
-    bigrams, real = hashed_bigrams(token_ids, multiplier, num_buckets)  # (batch, seq - 1) each
+    if bigram_vocabulary is None:
+        bigrams, real = hashed_bigrams(token_ids, multiplier, num_buckets)  # (batch, seq - 1) each
+    else:
+        keys, real = bigram_keys(token_ids, vocabulary_size)  # (batch, seq - 1) each
+        bigrams, known = sorted_index(keys, bigram_vocabulary)
+        real = ops.logical_and(real, known)
     bigrams = ops.where(real, bigrams + vocabulary_size, ops.zeros_like(bigrams))
     return ops.concatenate([token_ids, bigrams], axis=1)  # (batch, 2 * seq - 1)
 
@@ -200,6 +281,30 @@ def hashed_bigrams(token_ids, multiplier, num_buckets):
     first, second = token_ids[:, :-1], token_ids[:, 1:]  # (batch, seq - 1) each
     real = ops.logical_and(first >= FIRST_TOKEN_ID, second >= FIRST_TOKEN_ID)
     return ops.mod(first * multiplier + second, num_buckets), real
+
+
+def bigram_keys(token_ids, vocabulary_size):
+    """`(keys, real)`, both `(batch, seq - 1)`: `a * vocabulary_size + b` of each pair of neighbouring
+    int32 token ids `a, b` (distinct for distinct pairs), and whether both are real tokens."""
+    first, second = token_ids[:, :-1], token_ids[:, 1:]  # (batch, seq - 1) each
+    real = ops.logical_and(first >= FIRST_TOKEN_ID, second >= FIRST_TOKEN_ID)
+    return first * vocabulary_size + second, real
+
+
+def sorted_index(keys, table):
+    """`(index, found)`, both shaped as `keys`: the position of each key in the ascending int32
+    `table` and whether it is there. A binary search of `log2(len(table))` gathers and comparisons,
+    unrolled (no lookup-table op: it compiles under XLA and converts to ONNX)."""
+    size = int(table.shape[0])
+    below = ops.zeros_like(keys)  # how many entries of `table` are smaller than the key
+    step = 1 << (size.bit_length() - 1)  # the largest power of two <= size
+    while step:
+        candidate = below + step
+        smaller = ops.take(table, ops.minimum(candidate, size) - 1) < keys
+        below = ops.where(ops.logical_and(candidate <= size, smaller), candidate, below)
+        step >>= 1
+    index = ops.minimum(below, size - 1)
+    return index, ops.take(table, index) == keys
 
 
 def _labelled_batches(data, labels, batch_size):

@@ -32,6 +32,7 @@ from keras_attn.validation import check_choice
 from models.bigram_embedding import HashedBigramEmbedding
 from models.ngram_bag import WEIGHTINGS
 from models.ngram_bag import NgramBag
+from models.ngram_bag import check_bigram_ids
 from models.sparse_linear import SparseLinear
 from models.weighted_ngram_embedding import WeightedNgramEmbedding
 
@@ -55,7 +56,11 @@ class SentimentClassifierConfig:
         dropout: dropout in the blocks and before the attention head.
         pooling: pooling modes over the encoder outputs, concatenated: any of "mean", "max".
         position_encoding: "learned" or "sinusoidal".
-        bigram_buckets: size of the hashed bigram space of the n-gram branch.
+        bigram_buckets: size of the bigram feature space of the n-gram branch (and of
+            `attention_inputs="ngrams"`): hash buckets, or bigrams in the learnt vocabulary.
+        bigram_ids: how a bigram becomes a feature, one of `models.ngram_bag.BIGRAM_IDS` ("hashed":
+            a hash bucket; "vocabulary": its own feature among the `bigram_buckets` bigrams found
+            in most training reviews, `vocabulary_size` at most 46,340).
         attention_bigram_buckets: hashed bigram embeddings added to the attention branch's token
             embeddings (`HashedBigramEmbedding`), 0 for none.
         ngram_weighting: how the n-gram branch weighs its features, one of `models.ngram_bag.WEIGHTINGS`
@@ -81,6 +86,7 @@ class SentimentClassifierConfig:
     pooling: tuple = ("mean", "max")
     position_encoding: str = "learned"
     bigram_buckets: int = 2**20
+    bigram_ids: str = "hashed"
     attention_bigram_buckets: int = 0
     ngram_weighting: str = "naive_bayes"
     ngram_scale: float = 10.0
@@ -93,6 +99,7 @@ class SentimentClassifierConfig:
                 f"`attention` must be one of {sorted(attention_families.FAMILIES)}. Received: attention={self.attention!r}"
             )
         check_choice("ngram_weighting", self.ngram_weighting, WEIGHTINGS)
+        check_bigram_ids(self.bigram_ids, self.vocabulary_size)
         check_choice("attention_inputs", self.attention_inputs, ATTENTION_INPUTS)
         if not self.pooling or any(mode not in _POOLING_MODES for mode in self.pooling):
             raise ValueError(
@@ -231,7 +238,11 @@ def _attention_logit(token_ids, config):
 def _ngram_attention_features(token_ids, config):
     """`(batch, embedding_dim)`: the whole review's distinct n-grams, embedded and weighted, attention-pooled."""
     hidden, counted = WeightedNgramEmbedding(
-        config.vocabulary_size, config.bigram_buckets, config.embedding_dim, name="weighted_ngram_embedding"
+        config.vocabulary_size,
+        config.bigram_buckets,
+        config.embedding_dim,
+        bigram_ids=config.bigram_ids,
+        name="weighted_ngram_embedding",
     )(token_ids)  # (batch, 2 * seq - 1, embedding_dim) and each n-gram's first occurrence (batch, 2 * seq - 1)
     hidden = keras.layers.Dropout(config.dropout, name="embedding_dropout")(hidden)
     pooling = AttentionPooling(config.num_heads, config.embedding_dim // config.num_heads, name="attention_pooling")
@@ -247,6 +258,8 @@ def adapt_ngram_weights(classifier, batches):
     for layer in classifier.layers:
         if isinstance(layer, WeightedNgramEmbedding):
             layer.feature_weights.assign(bag.feature_weights)
+            if bag.bigram_vocabulary is not None:
+                layer.bigram_vocabulary.assign(bag.bigram_vocabulary)
 
 
 def build_sentiment_classifier(config=SentimentClassifierConfig()):
@@ -270,7 +283,12 @@ def build_sentiment_classifier(config=SentimentClassifierConfig()):
     """
     token_ids = keras.Input((None,), dtype="int32", name="token_ids")
     ngram_bag = NgramBag(
-        config.vocabulary_size, config.bigram_buckets, config.ngram_weighting, scale=config.ngram_scale, name="ngram_bag"
+        config.vocabulary_size,
+        config.bigram_buckets,
+        config.ngram_weighting,
+        scale=config.ngram_scale,
+        bigram_ids=config.bigram_ids,
+        name="ngram_bag",
     )
     features, values = ngram_bag(token_ids)  # (batch, 2 * seq - 1) each: a sparse weighted bag of n-grams
     logits = [

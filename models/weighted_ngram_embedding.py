@@ -5,6 +5,8 @@ import keras
 from keras import ops
 
 from keras_attn.validation import check_positive_int
+from models.ngram_bag import add_bigram_vocabulary
+from models.ngram_bag import check_bigram_ids
 from models.ngram_bag import first_occurrences
 from models.ngram_bag import ngram_feature_ids
 from models.serialization import register_serializable
@@ -16,7 +18,7 @@ class WeightedNgramEmbedding(keras.layers.Layer):
     occurrence of each feature `f` and zeros elsewhere, with the mask of those first occurrences.
 
     Features are `NgramBag`'s (the token id, then `vocabulary_size +` the bigram's bucket, the same
-    hash), in the same sorted order: each distinct n-gram counts once however often the review
+    hash, or its index in the same bigram vocabulary), in the same sorted order: each distinct n-gram counts once however often the review
     repeats it, as in NBSVM's binarised bag. `E` is a learnt table, one row per feature; `w` holds
     one fixed weight per feature: copy a trained bag's `feature_weights` in
     (`models.sentiment_classifier.adapt_ngram_weights`) and each slot is its n-gram's embedding
@@ -33,6 +35,7 @@ class WeightedNgramEmbedding(keras.layers.Layer):
         num_buckets: size of the hashed bigram space.
         output_dim: embedding width.
         multiplier: the bigram hash multiplier (int32 arithmetic: see `NgramBag`).
+        bigram_ids: one of `models.ngram_bag.BIGRAM_IDS`, as `NgramBag`'s.
 
     Call arguments:
         token_ids: int `(batch, seq)` in `[0, vocabulary_size)`, 0 = padding.
@@ -45,15 +48,17 @@ class WeightedNgramEmbedding(keras.layers.Layer):
         `AttentionPooling(...)(embeddings, mask=counted)`.
     """
 
-    def __init__(self, vocabulary_size, num_buckets, output_dim, multiplier=30_011, **kwargs):
+    def __init__(self, vocabulary_size, num_buckets, output_dim, multiplier=30_011, bigram_ids="hashed", **kwargs):
         check_positive_int("vocabulary_size", vocabulary_size)
         check_positive_int("num_buckets", num_buckets)
         check_positive_int("output_dim", output_dim)
+        check_bigram_ids(bigram_ids, vocabulary_size)
         super().__init__(**kwargs)
         self.vocabulary_size = vocabulary_size
         self.num_buckets = num_buckets
         self.output_dim = output_dim
         self.multiplier = multiplier
+        self.bigram_ids = bigram_ids
         self.embeddings = keras.layers.Embedding(
             vocabulary_size + num_buckets,
             output_dim,
@@ -64,6 +69,7 @@ class WeightedNgramEmbedding(keras.layers.Layer):
         self.feature_weights = self.add_weight(
             shape=(vocabulary_size + num_buckets,), initializer="ones", trainable=False, dtype="float32", name="feature_weights"
         )
+        self.bigram_vocabulary = add_bigram_vocabulary(self) if bigram_ids == "vocabulary" else None
 
     def build(self, input_shape):
         if len(input_shape) != 2:
@@ -72,7 +78,7 @@ class WeightedNgramEmbedding(keras.layers.Layer):
 
     def call(self, token_ids):
         features, counted = first_occurrences(
-            ngram_feature_ids(token_ids, self.vocabulary_size, self.num_buckets, self.multiplier)
+            ngram_feature_ids(token_ids, self.vocabulary_size, self.num_buckets, self.multiplier, self.bigram_vocabulary)
         )  # (batch, 2 * seq - 1) each, as `NgramBag.first_occurrences`
         weights = ops.where(counted, ops.take(self.feature_weights, features), 0.0)
         weights = ops.cast(ops.expand_dims(weights, -1), self.compute_dtype)  # (batch, 2 * seq - 1, 1)
@@ -92,4 +98,5 @@ class WeightedNgramEmbedding(keras.layers.Layer):
             "num_buckets": self.num_buckets,
             "output_dim": self.output_dim,
             "multiplier": self.multiplier,
+            "bigram_ids": self.bigram_ids,
         }

@@ -510,10 +510,12 @@ def test_the_verify_command_names_a_changed_int8_model(exported, tmp_path, capsy
     assert str(model) in message and "truncated or altered" in message
 
 
-def test_the_ngram_attention_branch_exports_with_parity(small_imdb_archive, imdb_cache_dir, tmp_path):
-    """`attention_inputs="ngrams"` (weighted n-gram embeddings, attention pooling) through the same
-    export: SavedModel, ONNX and the int8 model, each held to the Keras model."""
-    config = dataclasses.replace(CONFIG, attention_inputs="ngrams")
+@pytest.mark.parametrize("bigram_ids", ["hashed", "vocabulary"])
+def test_the_ngram_attention_branch_exports_with_parity(bigram_ids, small_imdb_archive, imdb_cache_dir, tmp_path):
+    """`attention_inputs="ngrams"` (weighted n-gram embeddings, attention pooling), with hashed bigrams
+    or a learnt bigram vocabulary (its binary search), through the same export: SavedModel, ONNX and
+    the int8 model, each held to the Keras model."""
+    config = dataclasses.replace(CONFIG, attention_inputs="ngrams", bigram_ids=bigram_ids)
     small = train_small(config, small_imdb_archive, imdb_cache_dir, tmp_path)
     reviews = verified_export.verification_reviews(small.test_reviews)
     result = verified_export.export_and_verify(

@@ -86,6 +86,54 @@ def test_adapt_reads_datasets_of_labelled_batches_like_arrays(weighting):
     np.testing.assert_array_equal(from_array.feature_weights.numpy(), from_dataset.feature_weights.numpy())
 
 
+def numpy_bigram_vocabulary(train_ids, size):
+    """Oracle: {(a, b): index} of the `size` bigrams in most documents (ties: smaller a * VOCABULARY + b),
+    indexed in ascending key order."""
+    documents = {}
+    for row in train_ids.astype(np.int64):
+        for pair in {(int(a), int(b)) for a, b in zip(row[:-1], row[1:]) if a >= 2 and b >= 2}:
+            documents[pair] = documents.get(pair, 0) + 1
+    chosen = sorted(documents, key=lambda pair: (-documents[pair], pair[0] * VOCABULARY + pair[1]))[:size]
+    return {pair: index for index, pair in enumerate(sorted(chosen, key=lambda pair: pair[0] * VOCABULARY + pair[1]))}
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_bigram_vocabulary_gives_each_frequent_bigram_its_own_feature(jit_compile):
+    rng = np.random.default_rng(5)
+    train_ids = token_ids(rng, [9, 9, 8, 9, 7, 9, 9, 6], width=9)
+    train_ids[:4, 2:5] = [11, 12, 13]  # (11, 12) and (12, 13) in 4 documents: surely chosen
+    labels = np.array([1, 0, 1, 1, 0, 0, 1, 0])
+    size = 6  # fewer than the distinct bigrams: the vocabulary is a choice
+    layer = NgramBag(VOCABULARY, size, "naive_bayes", bigram_ids="vocabulary")
+    layer.adapt(tf.data.Dataset.from_tensor_slices((train_ids, labels)).batch(3))  # three batches
+    vocabulary = numpy_bigram_vocabulary(train_ids, size)
+    assert len(vocabulary) == size and (11, 12) in vocabulary and (12, 13) in vocabulary
+    np.testing.assert_array_equal(
+        layer.bigram_vocabulary.numpy(), sorted(a * VOCABULARY + b for a, b in vocabulary)
+    )
+
+    def features(row):  # each document's feature set under that vocabulary
+        unigrams = {int(token) for token in row if token >= 2}
+        pairs = {(int(a), int(b)) for a, b in zip(row[:-1], row[1:])}
+        return unigrams | {VOCABULARY + vocabulary[pair] for pair in pairs if pair in vocabulary}
+
+    frequency = {label: np.ones(VOCABULARY + size) for label in (0, 1)}
+    for row, label in zip(train_ids, labels):
+        frequency[label][list(features(row))] += 1
+    p, q = frequency[1], frequency[0]
+    np.testing.assert_allclose(layer.feature_weights.numpy(), np.log((p / p.sum()) / (q / q.sum())), rtol=1e-6)
+    ids = np.concatenate([train_ids[:3], token_ids(rng, [9, 5])])  # two unseen documents
+    found = tf.function(layer.feature_ids, jit_compile=jit_compile)(tf.constant(ids, tf.int32))
+    for row, got in zip(ids, keras.ops.convert_to_numpy(found)):
+        assert set(got[got >= 2].tolist()) == features(row)  # padding (0) and OOV (1) are no feature
+
+
+def test_a_bigram_vocabulary_needs_int32_keys():
+    with pytest.raises(ValueError, match="must be at most 46340. Received: vocabulary_size=46341"):
+        NgramBag(46_341, 8, bigram_ids="vocabulary")
+    NgramBag(46_340, 8, bigram_ids="vocabulary")
+
+
 def test_idf_ignores_labels_of_any_kind():
     rng = np.random.default_rng(3)
     train_ids = token_ids(rng, [9, 7, 3, 5])
@@ -137,6 +185,7 @@ def test_serializes_with_its_weights_and_compiles():
         (dict(vocabulary_size=8, num_buckets=2.5), "num_buckets=2.5"),
         (dict(vocabulary_size=8, num_buckets=8, scale=0.0), "scale=0.0"),
         (dict(vocabulary_size=8, num_buckets=8, weighting="tfidf"), "weighting='tfidf'"),
+        (dict(vocabulary_size=8, num_buckets=8, bigram_ids="exact"), "bigram_ids='exact'"),
     ],
 )
 def test_bad_arguments_name_the_value(kwargs, message):
@@ -152,8 +201,9 @@ def test_bad_inputs_name_the_value():
         layer.adapt(np.zeros((0, 4), "int32"))
 
 
-def test_bad_labels_name_the_value_and_leave_the_weights_alone():
-    layer = NgramBag(VOCABULARY, BUCKETS, "naive_bayes")
+@pytest.mark.parametrize("bigram_ids", ["hashed", "vocabulary"])
+def test_bad_labels_name_the_value_and_leave_the_weights_alone(bigram_ids):
+    layer = NgramBag(VOCABULARY, BUCKETS, "naive_bayes", bigram_ids=bigram_ids)
     ids = np.array([[5, 6], [7, 8]])
     with pytest.raises(ValueError, match="Received: labels=None"):
         layer.adapt(ids)
@@ -164,11 +214,14 @@ def test_bad_labels_name_the_value_and_leave_the_weights_alone():
     with pytest.raises(ValueError, match="Received: labels of 2 items and data=_BatchDataset"):
         layer.adapt(tf.data.Dataset.from_tensor_slices(ids).batch(2), labels=np.array([0, 1]))
     np.testing.assert_array_equal(layer.feature_weights.numpy(), np.ones(layer.num_features))
+    if bigram_ids == "vocabulary":
+        np.testing.assert_array_equal(layer.bigram_vocabulary.numpy(), np.iinfo(np.int32).max)
 
 
-def test_layer_contract():
+@pytest.mark.parametrize("bigram_ids, weights", [("hashed", 1), ("vocabulary", 2)])
+def test_layer_contract(bigram_ids, weights):
     ids = np.array([[3, 7, 3, 7, 0], [9, 2, 4, 5, 1]], "int32")
     run_layer_test(
-        NgramBag, dict(vocabulary_size=10, num_buckets=16, weighting="naive_bayes"), ids,
-        expected_num_trainable_weights=0, expected_num_non_trainable_weights=1, run_training=False,
+        NgramBag, dict(vocabulary_size=10, num_buckets=16, weighting="naive_bayes", bigram_ids=bigram_ids), ids,
+        expected_num_trainable_weights=0, expected_num_non_trainable_weights=weights, run_training=False,
     )

@@ -122,7 +122,12 @@ def test_padding_does_not_change_the_prediction():
 
 @pytest.mark.parametrize(
     "changes",
-    [{}, {"pooling": ("max",), "position_encoding": "sinusoidal", "max_tokens": 6}, {"attention_inputs": "ngrams"}],
+    [
+        {},
+        {"pooling": ("max",), "position_encoding": "sinusoidal", "max_tokens": 6},
+        {"attention_inputs": "ngrams"},
+        {"attention_inputs": "ngrams", "bigram_ids": "vocabulary"},
+    ],
 )
 def test_configurations_serialize_and_compile(changes):
     config = dataclasses.replace(TINY, **changes)
@@ -140,8 +145,9 @@ def test_one_training_step_moves_every_weight(attention_inputs):
     layer_checks.assert_fit_one_step(model, ids, labels, loss="binary_crossentropy")
 
 
-def test_ngram_attention_reads_the_whole_review_weighted_by_the_bags_feature_weights():
-    config = dataclasses.replace(TINY, attention_inputs="ngrams")
+@pytest.mark.parametrize("bigram_ids", ["hashed", "vocabulary"])
+def test_ngram_attention_reads_the_whole_review_weighted_by_the_bags_feature_weights(bigram_ids):
+    config = dataclasses.replace(TINY, attention_inputs="ngrams", bigram_ids=bigram_ids)
     model = build_sentiment_classifier(config)
     rng = np.random.default_rng(6)
     ids = token_ids(rng, [10, 9, 9, 10, 9, 10])
@@ -149,9 +155,12 @@ def test_ngram_attention_reads_the_whole_review_weighted_by_the_bags_feature_wei
     adapt_ngram_weights(model, tf.data.Dataset.from_tensor_slices((ids, labels)).batch(3))
     bag_weights = keras.ops.convert_to_numpy(model.get_layer("ngram_bag").feature_weights)
     assert np.ptp(bag_weights) > 0  # naive-Bayes ratios learnt, not the initial ones
-    np.testing.assert_array_equal(
-        keras.ops.convert_to_numpy(model.get_layer("weighted_ngram_embedding").feature_weights), bag_weights
-    )
+    embedding = model.get_layer("weighted_ngram_embedding")
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(embedding.feature_weights), bag_weights)
+    if bigram_ids == "vocabulary":  # learnt (not the initial padding keys) and shared
+        bag_vocabulary = keras.ops.convert_to_numpy(model.get_layer("ngram_bag").bigram_vocabulary)
+        assert bag_vocabulary.min() < np.iinfo(np.int32).max
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(embedding.bigram_vocabulary), bag_vocabulary)
     # Beyond sequence_length the "tokens" branch is blind; this one is not.
     changed = ids.copy()
     position = config.sequence_length + 1

@@ -70,9 +70,29 @@ def test_bad_arguments_name_the_value():
         WeightedNgramEmbedding(VOCABULARY, BUCKETS, WIDTH)(np.array([[2, 30]], "int32"))
 
 
-def test_layer_contract():
+def test_a_bigram_vocabulary_copied_from_the_bag_finds_the_same_features():
+    ids = layer_checks.padded_token_ids(np.random.default_rng(7), [9, 8, 6], 9, VOCABULARY)
+    bag = NgramBag(VOCABULARY, BUCKETS, "naive_bayes", bigram_ids="vocabulary")
+    bag.adapt(ids, labels=np.array([1, 0, 1]))
+    layer = WeightedNgramEmbedding(VOCABULARY, BUCKETS, WIDTH, bigram_ids="vocabulary")
+    layer.build((None, None))
+    layer.bigram_vocabulary.assign(bag.bigram_vocabulary)
+    layer.feature_weights.assign(bag.feature_weights)
+    table = keras.ops.convert_to_numpy(layer.embeddings.embeddings).astype(np.float64)
+    features, first = (keras.ops.convert_to_numpy(t) for t in bag.first_occurrences(ids))
+    out, mask = (keras.ops.convert_to_numpy(t) for t in layer(ids))
+    weights = bag.feature_weights.numpy().astype(np.float64)
+    assert np.any(features[first] >= VOCABULARY)  # bigrams found in the vocabulary
+    for row in range(len(ids)):
+        counted = features[row][first[row]]  # the bag's distinct features of the review, sorted
+        np.testing.assert_allclose(out[row][mask[row]], weights[counted, None] * table[counted], atol=1e-5)
+
+
+@pytest.mark.parametrize("bigram_ids, weights", [("hashed", 1), ("vocabulary", 2)])
+def test_layer_contract(bigram_ids, weights):
     ids = layer_checks.padded_token_ids(np.random.default_rng(2), [6, 4], 6, VOCABULARY)
     run_layer_test(
-        WeightedNgramEmbedding, dict(vocabulary_size=VOCABULARY, num_buckets=BUCKETS, output_dim=WIDTH), ids,
-        expected_num_trainable_weights=1, expected_num_non_trainable_weights=1,
+        WeightedNgramEmbedding,
+        dict(vocabulary_size=VOCABULARY, num_buckets=BUCKETS, output_dim=WIDTH, bigram_ids=bigram_ids), ids,
+        expected_num_trainable_weights=1, expected_num_non_trainable_weights=weights,
     )
