@@ -190,7 +190,7 @@ class NgramBag(keras.layers.Layer):
     def _document_bigram_keys(self, data, labels, batch_size):
         """Each document's distinct bigram keys, one array per batch (document index * 2**31 + key)."""
         for batch, _ in _labelled_batches(data, labels, batch_size):
-            token_ids = ops.cast(checked_ids("token_ids", batch, self.vocabulary_size, "vocabulary_size"), "int32")
+            token_ids = checked_int32_ids(batch, self.vocabulary_size)
             keys, real = (ops.convert_to_numpy(t) for t in bigram_keys(token_ids, self.vocabulary_size))
             documents = np.broadcast_to(np.arange(len(keys), dtype=np.int64)[:, None], keys.shape)
             yield np.unique(documents[real] * 2**31 + keys[real])
@@ -255,7 +255,7 @@ def ngram_feature_ids(token_ids, vocabulary_size, num_buckets, multiplier, bigra
     `vocabulary_size +` each bigram's bucket (or, given the sorted keys `bigram_vocabulary`, its
     index there); 0 where a bigram holds padding or an out-of-vocabulary token, or is not in
     `bigram_vocabulary`."""
-    token_ids = ops.cast(checked_ids("token_ids", token_ids, vocabulary_size, "vocabulary_size"), "int32")
+    token_ids = checked_int32_ids(token_ids, vocabulary_size)
     if bigram_vocabulary is None:
         bigrams, real = hashed_bigrams(token_ids, multiplier, num_buckets)  # (batch, seq - 1) each
     else:
@@ -264,6 +264,11 @@ def ngram_feature_ids(token_ids, vocabulary_size, num_buckets, multiplier, bigra
         real = ops.logical_and(real, known)
     bigrams = ops.where(real, bigrams + vocabulary_size, ops.zeros_like(bigrams))
     return ops.concatenate([token_ids, bigrams], axis=1)  # (batch, 2 * seq - 1)
+
+
+def checked_int32_ids(token_ids, vocabulary_size):
+    """`token_ids` as int32 once every id is known to lie in `[0, vocabulary_size)` (`checked_ids`)."""
+    return ops.cast(checked_ids("token_ids", token_ids, vocabulary_size, "vocabulary_size"), "int32")
 
 
 def first_occurrences(features):
@@ -278,17 +283,17 @@ def hashed_bigrams(token_ids, multiplier, num_buckets):
     """`(buckets, real)`, both `(batch, seq - 1)`: the bucket `(a * multiplier + b) mod num_buckets`
     of each pair of neighbouring int32 token ids `a, b`, and whether both are real tokens (not
     padding or out-of-vocabulary)."""
-    first, second = token_ids[:, :-1], token_ids[:, 1:]  # (batch, seq - 1) each
-    real = ops.logical_and(first >= FIRST_TOKEN_ID, second >= FIRST_TOKEN_ID)
-    return ops.mod(first * multiplier + second, num_buckets), real
+    keys, real = bigram_keys(token_ids, multiplier)
+    return ops.mod(keys, num_buckets), real
 
 
-def bigram_keys(token_ids, vocabulary_size):
-    """`(keys, real)`, both `(batch, seq - 1)`: `a * vocabulary_size + b` of each pair of neighbouring
-    int32 token ids `a, b` (distinct for distinct pairs), and whether both are real tokens."""
+def bigram_keys(token_ids, multiplier):
+    """`(keys, real)`, both `(batch, seq - 1)`: `a * multiplier + b` of each pair of neighbouring
+    int32 token ids `a, b`, and whether both are real tokens. With `multiplier = vocabulary_size`
+    distinct pairs get distinct keys."""
     first, second = token_ids[:, :-1], token_ids[:, 1:]  # (batch, seq - 1) each
     real = ops.logical_and(first >= FIRST_TOKEN_ID, second >= FIRST_TOKEN_ID)
-    return first * vocabulary_size + second, real
+    return first * multiplier + second, real
 
 
 def sorted_index(keys, table):

@@ -14,14 +14,15 @@ from models.serialization import register_serializable
 
 @register_serializable()
 class WeightedNgramEmbedding(keras.layers.Layer):
-    """One slot per unigram and hashed-bigram feature of the review, `w[f] * E[f]` at the first
+    """One slot per unigram and bigram feature of the review, `w[f] * E[f]` at the first
     occurrence of each feature `f` and zeros elsewhere, with the mask of those first occurrences.
 
-    Features are `NgramBag`'s (the token id, then `vocabulary_size +` the bigram's bucket, the same
-    hash, or its index in the same bigram vocabulary), in the same sorted order: each distinct n-gram counts once however often the review
-    repeats it, as in NBSVM's binarised bag. `E` is a learnt table, one row per feature; `w` holds
-    one fixed weight per feature: copy a trained bag's `feature_weights` in
-    (`models.sentiment_classifier.adapt_ngram_weights`) and each slot is its n-gram's embedding
+    Features are `NgramBag`'s (the token id, then `vocabulary_size +` the bigram's bucket by the
+    same hash, or its index in the same bigram vocabulary), in the same sorted order: each distinct
+    n-gram counts once however often the review repeats it, as in NBSVM's binarised bag. `E` is a
+    learnt table, one row per feature; `w` holds one fixed weight per feature: copy a trained bag's
+    `feature_weights` (and `bigram_vocabulary`) in (`models.sentiment_classifier.adapt_ngram_weights`)
+    and each slot is its n-gram's embedding
     weighted by its naive-Bayes log-count ratio, so an attention over the slots reads the
     sentiment evidence of each n-gram ("not good" is one feature, with its sign and strength).
     Padding, out-of-vocabulary tokens and bigrams holding them are no feature.
@@ -32,7 +33,7 @@ class WeightedNgramEmbedding(keras.layers.Layer):
 
     Args:
         vocabulary_size: token vocabulary, padding (0) and OOV (1) included.
-        num_buckets: size of the hashed bigram space.
+        num_buckets: size of the bigram feature space: hash buckets, or bigrams in the vocabulary.
         output_dim: embedding width.
         multiplier: the bigram hash multiplier (int32 arithmetic: see `NgramBag`).
         bigram_ids: one of `models.ngram_bag.BIGRAM_IDS`, as `NgramBag`'s.
