@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: install browser main test docs bench
+.PHONY: install browser lint main test docs bench
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,13 @@ browser:
 main: install
 	$(PY) -m pipelines.main_job $(ARGS)
 
-test: install browser
+test: install browser lint
 	$(PY) -m pytest -n 2 --dist loadfile -q $(ARGS)
+
+# ruff: lint (pyflakes, pycodestyle, bugbear, import order) and the formatter, configured in pyproject.toml.
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # The reference site (MkDocs + mkdocstrings, from the docstrings) into site/, warnings as errors.
 docs: install

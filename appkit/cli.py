@@ -27,7 +27,9 @@ def _number(kind, text):
     try:
         return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+        ) from None
 
 
 def _checked(kind, accepts, requirement):

@@ -28,7 +28,18 @@ import sys
 from benchmarks import measurement
 
 PEER_RATIO = "time_vs_peer"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
-BENCH_ARGS = ["--lengths", "8192", "32768", "--modes", "forward_backward", "--cases", "blockwise", "lsh", "linformer", "linear_elu_causal"]  # `make bench` (benchmarks/run_all.py): fwd+bwd at two lengths x4 apart (the targets' 65,536 takes the peer alone minutes: BENCHMARKS.md's own section)
+BENCH_ARGS = [
+    "--lengths",
+    "8192",
+    "32768",
+    "--modes",
+    "forward_backward",
+    "--cases",
+    "blockwise",
+    "lsh",
+    "linformer",
+    "linear_elu_causal",
+]  # `make bench` (benchmarks/run_all.py): fwd+bwd at two lengths x4 apart (the targets' 65,536 takes the peer alone minutes: BENCHMARKS.md's own section)
 
 LENGTHS = (1024, 4096, 16384, 65536)
 CASES = ("dense", "blockwise", "blockwise_causal", "lsh", "linformer", "linear_elu", "favor", "linear_elu_causal")
@@ -71,7 +82,9 @@ def run_child(name, mode, length, width, heads):
     inputs = tf.random.normal((1, length, width), seed=0)
     seconds, baseline = measurement.time_one_step(layer, call, mode, inputs)
     peak = measurement.peak_rss_gb()
-    print(json.dumps({"seconds": seconds, "peak_rss_gb": peak, "baseline_rss_gb": baseline, "call_gb": peak - baseline}))
+    print(
+        json.dumps({"seconds": seconds, "peak_rss_gb": peak, "baseline_rss_gb": baseline, "call_gb": peak - baseline})
+    )
 
 
 def reason_not_to_run(name, mode, length, previous, args):
@@ -98,8 +111,19 @@ def measure(name, mode, length, previous, args):
     if reason:
         return {**row, "status": reason}
     arguments = [
-        "-m", "benchmarks.attention_families_scaling", "--child", "--case", name,
-        "--mode", mode, "--length", str(length), "--width", str(args.width), "--heads", str(args.heads),
+        "-m",
+        "benchmarks.attention_families_scaling",
+        "--child",
+        "--case",
+        name,
+        "--mode",
+        mode,
+        "--length",
+        str(length),
+        "--width",
+        str(args.width),
+        "--heads",
+        str(args.heads),
     ]
     return {**row, **measurement.run_watched_child(arguments, args.cap_gb, args.max_seconds)}
 
@@ -121,7 +145,9 @@ def growth(rows):
     out = {}
     for name in CASES:
         for mode in MODES:
-            done = sorted((r["length"], r["call_gb"]) for r in rows if (r["case"], r["mode"], r["status"]) == (name, mode, "ok"))
+            done = sorted(
+                (r["length"], r["call_gb"]) for r in rows if (r["case"], r["mode"], r["status"]) == (name, mode, "ok")
+            )
             if len(done) >= 2:
                 (short, short_gb), (long, long_gb) = done[-2], done[-1]
                 out[f"{name}/{mode}"] = {"lengths": [short, long], "memory_ratio": long_gb / short_gb}

@@ -24,10 +24,9 @@ the ratios come from the same run.
 import functools
 import sys
 
-from benchmarks import measurement
-
 import tensorflow as tf  # noqa: E402
 
+from benchmarks import measurement
 from keras_attn.layers.multi_head_attention import MultiHeadAttention  # noqa: E402
 
 PEER_RATIO = "recompute_over_cached"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
@@ -166,7 +165,9 @@ def main(argv=None):
         ],
     )
     config = {k: v for k, v in vars(args).items() if k != "output"}
-    measurement.write_results("cached_decoding" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
+    measurement.write_results(
+        "cached_decoding" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output
+    )
     return rows
 
 

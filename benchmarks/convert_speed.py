@@ -18,13 +18,12 @@ import argparse
 import json
 import sys
 
-from benchmarks import measurement
-
 import keras  # noqa: E402  (after measurement sets the backend)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_attn  # noqa: E402
+from benchmarks import measurement
 from keras_attn.core.attention import ATTENTION_IMPLEMENTATIONS  # noqa: E402
 
 PEER_RATIO = "time_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
@@ -38,7 +37,9 @@ def keras_model(vocabulary, width, heads, blocks):
     x = keras.layers.Embedding(vocabulary, width)(tokens)
     for index in range(blocks):
         h = keras.layers.LayerNormalization(name=f"block{index}_attention_norm")(x)
-        h = keras.layers.MultiHeadAttention(heads, width // heads, name=f"block{index}_attention")(h, h, use_causal_mask=True)
+        h = keras.layers.MultiHeadAttention(heads, width // heads, name=f"block{index}_attention")(
+            h, h, use_causal_mask=True
+        )
         x = keras.layers.Add()([x, h])
         h = keras.layers.LayerNormalization(name=f"block{index}_ffn_norm")(x)
         h = keras.layers.Dense(4 * width, activation="gelu", name=f"block{index}_up")(h)
@@ -108,20 +109,39 @@ def measure_length(length, args):
     candidates = models(args)
     probe = tokens[:, :-1]
     difference = float(tf.reduce_max(tf.abs(candidates["converted"](probe) - candidates["keras"](probe))))
-    best = measurement.best_seconds_round_robin({name: training_step(m, tokens) for name, m in candidates.items()}, args.repeats)
+    best = measurement.best_seconds_round_robin(
+        {name: training_step(m, tokens) for name, m in candidates.items()}, args.repeats
+    )
     rows = []
     for name in MODELS:
         arguments = [
-            "-m", "benchmarks.convert_speed", "--child", "--model", name, "--length", str(length),
-            *(f"--{flag}={getattr(args, flag)}" for flag in ("tokens", "width", "heads", "blocks", "vocabulary", "implementation")),
+            "-m",
+            "benchmarks.convert_speed",
+            "--child",
+            "--model",
+            name,
+            "--length",
+            str(length),
+            *(
+                f"--{flag}={getattr(args, flag)}"
+                for flag in ("tokens", "width", "heads", "blocks", "vocabulary", "implementation")
+            ),
         ]
         memory = measurement.run_watched_child(arguments, args.cap_gb)
-        rows.append({
-            "length": length, "batch": batch, "model": name, "ms_per_step": best[name] * 1e3,
-            "tokens_per_s": batch * length / best[name], "max_output_difference": difference,
-            "memory_status": memory["status"], "peak_rss_gb": memory.get("peak_rss_gb"), "step_gb": memory.get("step_gb"),
-            "rss_before_step_gb": memory.get("rss_before_step_gb"),
-        })
+        rows.append(
+            {
+                "length": length,
+                "batch": batch,
+                "model": name,
+                "ms_per_step": best[name] * 1e3,
+                "tokens_per_s": batch * length / best[name],
+                "max_output_difference": difference,
+                "memory_status": memory["status"],
+                "peak_rss_gb": memory.get("peak_rss_gb"),
+                "step_gb": memory.get("step_gb"),
+                "rss_before_step_gb": memory.get("rss_before_step_gb"),
+            }
+        )
         print(f"  {length} x{batch} {name}: {best[name] * 1e3:.1f} ms, {json.dumps(memory)}", flush=True)
     keras_row, converted_row = rows
     converted_row["time_vs_keras"] = converted_row["ms_per_step"] / keras_row["ms_per_step"]
@@ -150,7 +170,15 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     if args.smoke:
-        args.lengths, args.tokens, args.width, args.heads, args.blocks, args.vocabulary, args.repeats = [16], 32, 16, 2, 1, 50, 1
+        args.lengths, args.tokens, args.width, args.heads, args.blocks, args.vocabulary, args.repeats = (
+            [16],
+            32,
+            16,
+            2,
+            1,
+            50,
+            1,
+        )
     if args.child:
         return run_child(args)
     rows = []
@@ -174,7 +202,9 @@ def main(argv=None):
         ],
     )
     config = {k: v for k, v in vars(args).items() if k not in ("output", "child", "model", "length")}
-    measurement.write_results("convert_speed" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
+    measurement.write_results(
+        "convert_speed" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output
+    )
     return rows
 
 

@@ -28,10 +28,9 @@ threads, whose best times for identical programs came out up to 1.5x apart.
 
 import sys
 
-from benchmarks import measurement
-
 import tensorflow as tf  # noqa: E402
 
+from benchmarks import measurement
 from keras_attn import LinearAttention  # noqa: E402
 from keras_attn import TransformerDecoder  # noqa: E402
 
@@ -156,7 +155,9 @@ def main(argv=None):
     rows = measure(args)
     measurement.print_table(rows, COLUMNS)
     config = {k: v for k, v in vars(args).items() if k != "output"}
-    measurement.write_results("decoding_positions" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
+    measurement.write_results(
+        "decoding_positions" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output
+    )
     return rows
 
 

@@ -10,10 +10,9 @@ in float16) with Q·Kᵀ computed in float16 and cast to float32 afterwards. Bot
     python -m benchmarks.float32_logits
 """
 
-from benchmarks import measurement
-
 import tensorflow as tf  # noqa: E402
 
+from benchmarks import measurement
 from keras_attn import scaled_dot_product_attention  # noqa: E402
 from keras_attn.core.masks import causal_mask  # noqa: E402
 from keras_attn.core.softmax import masked_softmax  # noqa: E402
@@ -57,12 +56,14 @@ def measure(batch, lengths, heads, depth, repeats):
             },
             repeats,
         )
-        rows.append({
-            "length": length,
-            "float32_logits_ms": 1e3 * best["float32"],
-            "float16_logits_ms": 1e3 * best["float16"],
-            "float32_over_float16": best["float32"] / best["float16"],
-        })
+        rows.append(
+            {
+                "length": length,
+                "float32_logits_ms": 1e3 * best["float32"],
+                "float16_logits_ms": 1e3 * best["float16"],
+                "float32_over_float16": best["float32"] / best["float16"],
+            }
+        )
     return rows
 
 

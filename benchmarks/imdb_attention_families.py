@@ -30,12 +30,11 @@ import tempfile
 import threading
 import time
 
-from benchmarks import measurement
-
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks import measurement
 from keras_attn import FeedForward  # noqa: E402
 from keras_attn import LinearAttention  # noqa: E402
 from keras_attn import LinformerSelfAttention  # noqa: E402
@@ -50,7 +49,14 @@ from pipelines.imdb_data import load_cache  # noqa: E402
 from pipelines.imdb_data import split_reviews  # noqa: E402
 
 PEER_RATIO = "accuracy_vs_dense"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
-BENCH_ARGS = ["--families", "dense,linear_elu", "--train-cpu-seconds", "60", "--test-examples", "5000"]  # `make bench` (benchmarks/run_all.py): two families, a short budget: the full comparison is BENCHMARKS.md's own section
+BENCH_ARGS = [
+    "--families",
+    "dense,linear_elu",
+    "--train-cpu-seconds",
+    "60",
+    "--test-examples",
+    "5000",
+]  # `make bench` (benchmarks/run_all.py): two families, a short budget: the full comparison is BENCHMARKS.md's own section
 
 # Long Range Arena, Text task (Tay et al. 2020, table 1), by the family's model there.
 LRA_TEXT = {
@@ -70,7 +76,9 @@ def family_list(text):
     families = text.split(",")
     unknown = [family for family in families if family not in LRA_TEXT]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown families {unknown}: expected some of {list(LRA_TEXT)}. Received: {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"unknown families {unknown}: expected some of {list(LRA_TEXT)}. Received: {text!r}"
+        )
     return families
 
 
@@ -146,8 +154,11 @@ class CpuBudget(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
         if self.label and self.steps % self.report_every == 0:  # progress of a long run, to its log
-            print(f"{self.label}: step {self.steps}, {self.used():.0f} CPU s, "
-                  f"{time.perf_counter() - self.start_wall:.0f} s, loss {float(logs['loss']):.4f}", flush=True)
+            print(
+                f"{self.label}: step {self.steps}, {self.used():.0f} CPU s, "
+                f"{time.perf_counter() - self.start_wall:.0f} s, loss {float(logs['loss']):.4f}",
+                flush=True,
+            )
         if self.used() >= self.seconds:
             self.model.stop_training = True
 
@@ -264,8 +275,13 @@ def run_family(family, args):
     )
     budget = CpuBudget(args.train_cpu_seconds, args.learning_rate, label=family)
     # One endless pass over the shuffled reviews, stopped by the budget (at least one step).
-    model.fit(training_batches(train_ids, train_labels, args.batch_size, args.seed), steps_per_epoch=10**9,
-              epochs=1, verbose=0, callbacks=[budget])
+    model.fit(
+        training_batches(train_ids, train_labels, args.batch_size, args.seed),
+        steps_per_epoch=10**9,
+        epochs=1,
+        verbose=0,
+        callbacks=[budget],
+    )
     start_cpu, start_wall = cpu_seconds(), time.perf_counter()
     test_accuracy = accuracy(model, test_ids, test_labels, 2 * args.batch_size)
     lra_model, lra_accuracy = LRA_TEXT[family]
@@ -292,8 +308,19 @@ def run_in_subprocess(family, argv, core):
     """`run_family` in a fresh Python process pinned to CPU `core` with one thread per pool; its row."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
     with tempfile.NamedTemporaryFile(suffix=".json") as output:
-        command = ["taskset", "-c", str(core), sys.executable, "-m", "benchmarks.imdb_attention_families", *argv,
-                   "--family", family, "--row-output", output.name]
+        command = [
+            "taskset",
+            "-c",
+            str(core),
+            sys.executable,
+            "-m",
+            "benchmarks.imdb_attention_families",
+            *argv,
+            "--family",
+            family,
+            "--row-output",
+            output.name,
+        ]
         subprocess.run(command, check=True, env=environment)
         with open(output.name) as handle:
             row = json.load(handle)
@@ -333,15 +360,20 @@ def write_table(rows, families, args):
         row["accuracy_vs_dense"] = row["test_accuracy"] / dense if dense else None
     config = {k: v for k, v in vars(args).items() if k not in ("output", "family", "row_output")}
     missing = [family for family in families if family not in {row["family"] for row in rows}]
-    measurement.write_results("imdb_attention_families" + ("_smoke" if args.smoke else ""),
-                         {"config": config, "rows": rows, "families_missing": missing}, args.output)
+    measurement.write_results(
+        "imdb_attention_families" + ("_smoke" if args.smoke else ""),
+        {"config": config, "rows": rows, "families_missing": missing},
+        args.output,
+    )
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = measurement.parse_args(
         __doc__.splitlines()[0],
-        families=dict(type=family_list, default=list(LRA_TEXT), help=f"comma-separated families to run, of {', '.join(LRA_TEXT)}"),
+        families=dict(
+            type=family_list, default=list(LRA_TEXT), help=f"comma-separated families to run, of {', '.join(LRA_TEXT)}"
+        ),
         train_examples=dict(type=int, default=25_000, help="training reviews (one held out)"),
         test_examples=dict(type=int, default=25_000, help="test reviews scored (seeded order)"),
         train_cpu_seconds=dict(type=float, default=240.0, help="training CPU-time budget per family"),

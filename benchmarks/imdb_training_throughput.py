@@ -15,12 +15,11 @@ import inspect
 import sys
 import time
 
-from benchmarks import measurement
-
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import models.sentiment_classifier as sentiment_classifier  # noqa: E402
+from benchmarks import measurement
 from keras_attn import TransformerEncoder  # noqa: E402
 from models.imdb_text import adapt_review_vectorizer  # noqa: E402
 from models.imdb_text import dense_token_ids  # noqa: E402
@@ -39,13 +38,29 @@ class KerasSelfAttention(keras.layers.MultiHeadAttention):
         super().build(query_shape, query_shape if value_shape is None else value_shape, key_shape)
 
     def call(
-        self, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None,
-        attention_mask=None, return_attention_scores=False, training=None, use_causal_mask=False,
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
     ):
         return super().call(
-            query, query if value is None else value, key, query_mask=query_mask, value_mask=value_mask,
-            key_mask=key_mask, attention_mask=attention_mask, return_attention_scores=return_attention_scores,
-            training=training, use_causal_mask=use_causal_mask,
+            query,
+            query if value is None else value,
+            key,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+            use_causal_mask=use_causal_mask,
         )
 
 
@@ -112,8 +127,13 @@ def main(argv=None):
     if args.smoke:
         args.examples, args.batch_size, args.rounds, args.jit_compile = 8, 4, 1, "0"
         config = sentiment_classifier.SentimentClassifierConfig(
-            vocabulary_size=200, max_tokens=32, sequence_length=32, embedding_dim=8, num_heads=2,
-            intermediate_dim=8, bigram_buckets=64,
+            vocabulary_size=200,
+            max_tokens=32,
+            sequence_length=32,
+            embedding_dim=8,
+            num_heads=2,
+            intermediate_dim=8,
+            bigram_buckets=64,
         )
     jit_compile = {"auto": "auto", "1": True, "0": False}[str(args.jit_compile)]
     data = training_data(config, args.examples, args.batch_size)

@@ -31,12 +31,11 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from benchmarks import measurement
-
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from appkit.cli import positive_int  # noqa: E402
+from benchmarks import measurement
 from benchmarks.serving_latency import ort_session_options  # noqa: E402
 from export.imdb.onnx_bundle import write_onnx_bundle  # noqa: E402
 from export.imdb.onnx_predictor import MODEL_FILES  # noqa: E402
@@ -49,11 +48,23 @@ from pipelines.explain_imdb import load_classifier  # noqa: E402
 from pipelines.train_imdb import SMOKE_MODEL  # noqa: E402
 
 PEER_RATIO = "batch32_vs_float"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
-GOAL_FIELDS = ("accuracy", "points_vs_keras_float", "size_vs_float")  # shown beside the ratio in `make bench`'s table (benchmarks/run_all.py)
-BENCH_ARGS = ["--rounds", "3"]  # `make bench` (benchmarks/run_all.py): all 25,000 test reviews (the goal's set), fewer timing rounds
+GOAL_FIELDS = (
+    "accuracy",
+    "points_vs_keras_float",
+    "size_vs_float",
+)  # shown beside the ratio in `make bench`'s table (benchmarks/run_all.py)
+BENCH_ARGS = [
+    "--rounds",
+    "3",
+]  # `make bench` (benchmarks/run_all.py): all 25,000 test reviews (the goal's set), fewer timing rounds
 
 MODELS = ("keras_float", "keras_int8", "onnx_float", "onnx_int8")
-FLOAT_PEER = {"keras_float": "keras_float", "keras_int8": "keras_float", "onnx_float": "onnx_float", "onnx_int8": "onnx_float"}
+FLOAT_PEER = {
+    "keras_float": "keras_float",
+    "keras_int8": "keras_float",
+    "onnx_float": "onnx_float",
+    "onnx_int8": "onnx_float",
+}
 TEST_REVIEWS = 25_000
 _BATCH = 64  # reviews per call while measuring accuracy
 
@@ -66,9 +77,16 @@ def keras_int8_copy(model, config):
         warnings.simplefilter("ignore")
         quantized.quantize("int8")
     # Keras's own walk over nested layers (custom layers' sublayers are attributes, not `.layers`).
-    leaves = [layer for layer in quantized._flatten_layers(include_self=False) if not list(layer._flatten_layers(include_self=False))]
-    left_in_float = [f"{layer.name} ({type(layer).__name__})" for layer in leaves
-                     if layer.weights and layer.dtype_policy.quantization_mode is None]
+    leaves = [
+        layer
+        for layer in quantized._flatten_layers(include_self=False)
+        if not list(layer._flatten_layers(include_self=False))
+    ]
+    left_in_float = [
+        f"{layer.name} ({type(layer).__name__})"
+        for layer in leaves
+        if layer.weights and layer.dtype_policy.quantization_mode is None
+    ]
     return quantized, left_in_float
 
 
@@ -95,7 +113,9 @@ def main(argv=None):
     parser = measurement.parse_args(
         __doc__.splitlines()[0],
         run=dict(default="runs/imdb", help="a trained IMDB run directory (default runs/imdb, the main job's)"),
-        max_test=dict(type=positive_int, default=TEST_REVIEWS, help=f"test reviews scored (default all {TEST_REVIEWS:,})"),
+        max_test=dict(
+            type=positive_int, default=TEST_REVIEWS, help=f"test reviews scored (default all {TEST_REVIEWS:,})"
+        ),
         rounds=dict(type=positive_int, default=20, help="timing rounds per batch size (best of them is kept)"),
     )
     args = parser.parse_args(argv)
@@ -113,14 +133,19 @@ def main(argv=None):
     # Scored in batches of reviews of similar length (a batch is padded to its longest review).
     by_length = np.argsort([len(text) for text in texts], kind="stable")
     id_batches = [
-        dense_token_ids(tf.constant([texts[i] for i in by_length[start : start + _BATCH]]), vectorizer, config.max_tokens).numpy()
+        dense_token_ids(
+            tf.constant([texts[i] for i in by_length[start : start + _BATCH]]), vectorizer, config.max_tokens
+        ).numpy()
         for start in range(0, len(texts), _BATCH)
     ]
     with tempfile.TemporaryDirectory(prefix="int8_quantization_") as directory:
         directory = Path(directory)
         bundle = write_onnx_bundle(
-            model, save_review_vocabulary(vectorizer, directory / "vocabulary.txt"), vectorizer.vocabulary_size(),
-            config.max_tokens, directory / "onnx",
+            model,
+            save_review_vocabulary(vectorizer, directory / "vocabulary.txt"),
+            vectorizer.vocabulary_size(),
+            config.max_tokens,
+            directory / "onnx",
         )
         predict = {
             "keras_float": keras_predictor(model),
@@ -140,7 +165,7 @@ def main(argv=None):
         thirty_two = dense_token_ids(tf.constant(texts[:32]), vectorizer, config.max_tokens)
         seconds = {
             batch: measurement.best_seconds_round_robin(
-                {name: (lambda run=run: run(ids)) for name, run in predict.items()}, args.rounds
+                {name: (lambda run=run, ids=ids: run(ids)) for name, run in predict.items()}, args.rounds
             )
             for batch, ids in (("batch1", one_review.numpy()), ("batch32", thirty_two.numpy()))
         }
@@ -148,19 +173,21 @@ def main(argv=None):
     rows = []
     for name in MODELS:
         peer = FLOAT_PEER[name]
-        rows.append({
-            "model": name,
-            "test_reviews": len(texts),
-            "accuracy": accuracy[name],
-            "points_vs_keras_float": 100 * (accuracy[name] - accuracy["keras_float"]),
-            "labels_as_keras_float": float(np.mean(predicted[name] == predicted["keras_float"])),
-            "batch1_ms": 1e3 * seconds["batch1"][name],
-            "batch32_ms": 1e3 * seconds["batch32"][name],
-            "batch1_vs_float": seconds["batch1"][name] / seconds["batch1"][peer],
-            "batch32_vs_float": seconds["batch32"][name] / seconds["batch32"][peer],
-            "bytes": sizes[name],
-            "size_vs_float": sizes[name] / sizes[peer],
-        })
+        rows.append(
+            {
+                "model": name,
+                "test_reviews": len(texts),
+                "accuracy": accuracy[name],
+                "points_vs_keras_float": 100 * (accuracy[name] - accuracy["keras_float"]),
+                "labels_as_keras_float": float(np.mean(predicted[name] == predicted["keras_float"])),
+                "batch1_ms": 1e3 * seconds["batch1"][name],
+                "batch32_ms": 1e3 * seconds["batch32"][name],
+                "batch1_vs_float": seconds["batch1"][name] / seconds["batch1"][peer],
+                "batch32_vs_float": seconds["batch32"][name] / seconds["batch32"][peer],
+                "bytes": sizes[name],
+                "size_vs_float": sizes[name] / sizes[peer],
+            }
+        )
     measurement.print_table(
         rows,
         [
@@ -176,10 +203,16 @@ def main(argv=None):
             ("size_vs_float", "size / float", "{:.2f}"),
         ],
     )
-    print(f"test reviews: {len(texts):,}; layers with weights Keras left in float32: {', '.join(left_in_float) or 'none'}")
+    print(
+        f"test reviews: {len(texts):,}; layers with weights Keras left in float32: {', '.join(left_in_float) or 'none'}"
+    )
     payload = {
-        "config": {"run": None if args.smoke else args.run, "max_test": args.max_test, "rounds": args.rounds,
-                   "model": config.to_dict()},
+        "config": {
+            "run": None if args.smoke else args.run,
+            "max_test": args.max_test,
+            "rounds": args.rounds,
+            "model": config.to_dict(),
+        },
         "keras_int8_left_in_float": left_in_float,
         "rows": rows,
     }

@@ -26,15 +26,19 @@ with like.
 
 import sys
 
-from benchmarks import measurement
-
 import keras  # noqa: E402  (after measurement sets the backend)
 import tensorflow as tf  # noqa: E402
 
+from benchmarks import measurement
 from keras_attn.layers.multi_head_attention import MultiHeadAttention  # noqa: E402
 
-PEER_RATIO = "speedup_vs_keras_same_jit"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
-GOAL_FIELDS = ("cpu_speedup_vs_keras_same_jit", "fraction_of_matmul_peak")  # shown beside the ratio in `make bench`'s table (benchmarks/run_all.py)
+PEER_RATIO = (
+    "speedup_vs_keras_same_jit"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+)
+GOAL_FIELDS = (
+    "cpu_speedup_vs_keras_same_jit",
+    "fraction_of_matmul_peak",
+)  # shown beside the ratio in `make bench`'s table (benchmarks/run_all.py)
 BENCH_ARGS = ["--repeats", "3"]  # `make bench` (benchmarks/run_all.py): the issue's whole grid, fewer repeats
 
 DEFAULT_LENGTHS = (512, 1024, 2048)
@@ -90,10 +94,14 @@ def measure_cell(policy, causal, length, args):
     batch = max(1, args.tokens // length)
     inputs = tf.random.normal((batch, length, args.width))
     keras.mixed_precision.set_global_policy(policy)
-    matmul, matmul_flops = measurement.matmul_step(256 if args.smoke else 1024, keras.mixed_precision.global_policy().compute_dtype)
+    matmul, matmul_flops = measurement.matmul_step(
+        256 if args.smoke else 1024, keras.mixed_precision.global_policy().compute_dtype
+    )
     steps = {("matmul peak", None): matmul}
     steps |= {
-        (name, bool(jit)): training_step(make_layer(name, args.heads, args.width // args.heads), inputs, causal, bool(jit))
+        (name, bool(jit)): training_step(
+            make_layer(name, args.heads, args.width // args.heads), inputs, causal, bool(jit)
+        )
         for name in args.layers
         for jit in args.jit_compile
     }
@@ -182,7 +190,9 @@ def main(argv=None):
         keras.mixed_precision.set_global_policy(previous_policy)
     measurement.print_table(rows, COLUMNS)
     config = {k: v for k, v in vars(args).items() if k != "output"}
-    measurement.write_results("layer_throughput" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
+    measurement.write_results(
+        "layer_throughput" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output
+    )
     return rows
 
 

@@ -19,7 +19,14 @@ from benchmarks import measurement
 
 PEER_RATIO = "memory_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 GOAL_FIELDS = ("peak_rss_gb",)  # shown beside the ratio in `make bench`'s table (benchmarks/run_all.py)
-BENCH_ARGS = ["--forward-lengths", "4096", "32768", "--backward-lengths", "4096", "16384"]  # `make bench` (benchmarks/run_all.py): Keras's peer at 4,096 and one long length (the targets' 131,072 / 32,768: BENCHMARKS.md's own section)
+BENCH_ARGS = [
+    "--forward-lengths",
+    "4096",
+    "32768",
+    "--backward-lengths",
+    "4096",
+    "16384",
+]  # `make bench` (benchmarks/run_all.py): Keras's peer at 4,096 and one long length (the targets' 131,072 / 32,768: BENCHMARKS.md's own section)
 
 FORWARD_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 BACKWARD_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -43,11 +50,26 @@ def run_child(layer_name, mode, length, width, heads):
 def measure(layer_name, mode, length, args):
     """Runs one child with an RSS watchdog; returns a result row."""
     arguments = [
-        "-m", "benchmarks.memory_scaling", "--child",
-        "--layer", layer_name, "--mode", mode, "--length", str(length),
-        "--width", str(args.width), "--heads", str(args.heads),
+        "-m",
+        "benchmarks.memory_scaling",
+        "--child",
+        "--layer",
+        layer_name,
+        "--mode",
+        mode,
+        "--length",
+        str(length),
+        "--width",
+        str(args.width),
+        "--heads",
+        str(args.heads),
     ]
-    return {"layer": layer_name, "mode": mode, "length": length, **measurement.run_watched_child(arguments, args.cap_gb)}
+    return {
+        "layer": layer_name,
+        "mode": mode,
+        "length": length,
+        **measurement.run_watched_child(arguments, args.cap_gb),
+    }
 
 
 def main(argv=None):
@@ -93,7 +115,9 @@ def main(argv=None):
         ],
     )
     config = {k: v for k, v in vars(args).items() if k not in ("output", "child", "layer", "mode", "length")}
-    measurement.write_results("memory_scaling" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
+    measurement.write_results(
+        "memory_scaling" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output
+    )
     return rows
 
 

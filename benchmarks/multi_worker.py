@@ -22,27 +22,40 @@ import time
 from pathlib import Path
 
 from benchmarks import measurement
+from pipelines import imdb_data
+from pipelines import launch
 
 PEER_RATIO = "two_over_one_worker"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 BENCH_ARGS = ["--max-train", "512", "--epochs", "2"]  # `make bench` (benchmarks/run_all.py): a smaller run
-from pipelines import imdb_data
-from pipelines import launch
 
 _ONE_THREAD = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def start_workers(count, arguments, output_dir):
     """`count` train_imdb workers on loopback ports, worker i pinned to core i (modulo the cores)."""
-    command = [sys.executable, "-m", "pipelines.train_imdb", "--strategy", "multi_worker",
-               "--output-dir", str(output_dir), *arguments]
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.train_imdb",
+        "--strategy",
+        "multi_worker",
+        "--output-dir",
+        str(output_dir),
+        *arguments,
+    ]
     workers = []
     for index, config in enumerate(launch.tf_configs(count)):
         core = {index % os.cpu_count()}
-        workers.append(subprocess.Popen(
-            command, env={**os.environ, **_ONE_THREAD, "TF_CONFIG": config},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            preexec_fn=lambda core=core: os.sched_setaffinity(0, core),
-        ))
+        workers.append(
+            subprocess.Popen(
+                command,
+                env={**os.environ, **_ONE_THREAD, "TF_CONFIG": config},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                preexec_fn=lambda core=core: os.sched_setaffinity(0, core),
+            )
+        )
     return workers
 
 
@@ -89,9 +102,21 @@ def main(argv=None):
     imdb_data.load_cache(allow_download=False)  # decoded once, before the workers read it
 
     def training(epochs, *extra):
-        return ["--smoke", "--no-download", "--max-train", str(args.max_train), "--batch-size", str(args.batch_size),
-                "--epochs", str(epochs), "--patience", str(epochs), "--collective-timeout",
-                str(args.collective_timeout), *extra]
+        return [
+            "--smoke",
+            "--no-download",
+            "--max-train",
+            str(args.max_train),
+            "--batch-size",
+            str(args.batch_size),
+            "--epochs",
+            str(epochs),
+            "--patience",
+            str(epochs),
+            "--collective-timeout",
+            str(args.collective_timeout),
+            *extra,
+        ]
 
     examples = (args.max_train // args.batch_size) * args.batch_size  # approximately: buckets drop remainders
     rows = []
@@ -103,10 +128,16 @@ def main(argv=None):
         fault = training(1_000, "--checkpoint-every", "2")  # killed long before the end
         seconds, status = seconds_to_exit_after_a_kill(fault, Path(scratch) / "fault", args.collective_timeout)
     rows.append({"workers": 2, "kill_to_exit_seconds": seconds, "survivor_status": status})
-    measurement.print_table(rows, [("workers", "workers", "{}"), ("examples_per_second", "examples/s", "{:.1f}"),
-                              ("two_over_one_worker", "2 / 1", "{:.2f}"),
-                              ("kill_to_exit_seconds", "kill -> exit s", "{:.1f}"),
-                              ("survivor_status", "exit status", "{}")])
+    measurement.print_table(
+        rows,
+        [
+            ("workers", "workers", "{}"),
+            ("examples_per_second", "examples/s", "{:.1f}"),
+            ("two_over_one_worker", "2 / 1", "{:.2f}"),
+            ("kill_to_exit_seconds", "kill -> exit s", "{:.1f}"),
+            ("survivor_status", "exit status", "{}"),
+        ],
+    )
     name = "multi_worker" + ("_smoke" if args.smoke else "")
     measurement.write_results(name, {"settings": vars(args), "rows": rows}, args.output)
     print(json.dumps(rows))

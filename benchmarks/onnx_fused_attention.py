@@ -23,14 +23,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks import measurement
-
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from appkit.cli import positive_int  # noqa: E402
+from benchmarks import measurement
 from benchmarks.int8_quantization import onnx_session  # noqa: E402
 from export.imdb.onnx_bundle import write_onnx_bundle  # noqa: E402
 from export.imdb.onnx_predictor import FUSED_MODEL_FILE  # noqa: E402
@@ -66,8 +65,12 @@ def largest_differences(model, run, id_batches):
     for ids in id_batches:
         fused = run["fused"](ids).astype(np.float64)
         keras_probability = np.asarray(model(ids, training=False), np.float64).reshape(-1)
-        differences["fused_vs_keras"] = max(differences["fused_vs_keras"], float(np.max(np.abs(fused - keras_probability))))
-        differences["fused_vs_unfused"] = max(differences["fused_vs_unfused"], float(np.max(np.abs(fused - run["unfused"](ids)))))
+        differences["fused_vs_keras"] = max(
+            differences["fused_vs_keras"], float(np.max(np.abs(fused - keras_probability)))
+        )
+        differences["fused_vs_unfused"] = max(
+            differences["fused_vs_unfused"], float(np.max(np.abs(fused - run["unfused"](ids))))
+        )
     return differences
 
 
@@ -85,29 +88,45 @@ def main(argv=None):
     model, vectorizer, config = classifier(args, reviews)
     by_length = sorted(reviews, key=len)
     batches = {"batch1": [by_length[len(by_length) // 2]], "batch32": reviews[:32]}
-    ids = {batch: dense_token_ids(tf.constant(texts), vectorizer, config.max_tokens).numpy() for batch, texts in batches.items()}
+    ids = {
+        batch: dense_token_ids(tf.constant(texts), vectorizer, config.max_tokens).numpy()
+        for batch, texts in batches.items()
+    }
     # Parity also on the shortest and longest reviews together (the most padding) and an empty review (a row with every key masked).
-    parity_batches = [*ids.values(), dense_token_ids(tf.constant([by_length[0], by_length[-1], ""]), vectorizer, config.max_tokens).numpy()]
+    parity_batches = [
+        *ids.values(),
+        dense_token_ids(tf.constant([by_length[0], by_length[-1], ""]), vectorizer, config.max_tokens).numpy(),
+    ]
     with tempfile.TemporaryDirectory(prefix="onnx_fused_attention_") as directory:
         directory = Path(directory)
         bundle = write_onnx_bundle(
-            model, save_review_vocabulary(vectorizer, directory / "vocabulary.txt"), vectorizer.vocabulary_size(),
-            config.max_tokens, directory / "onnx",
+            model,
+            save_review_vocabulary(vectorizer, directory / "vocabulary.txt"),
+            vectorizer.vocabulary_size(),
+            config.max_tokens,
+            directory / "onnx",
         )
         fused_nodes = fused_attention_count(onnx.load(str(bundle / FUSED_MODEL_FILE)))
         run = {"unfused": onnx_session(bundle), "fused": onnx_session(bundle, fused=True)}
         differences = largest_differences(model, run, parity_batches)
         seconds = {
-            batch: measurement.best_seconds_round_robin({name: (lambda step=step: step(ids[batch])) for name, step in run.items()}, args.rounds)
+            batch: measurement.best_seconds_round_robin(
+                {name: (lambda step=step, batch=batch: step(ids[batch])) for name, step in run.items()}, args.rounds
+            )
             for batch in ids
         }
     rows = [
         {
-            "graph": graph, "batch": batch, "tokens": int(ids[batch].shape[1]),
-            "attention_layers": config.num_layers, "fused_nodes": fused_nodes if graph == "fused" else 0,
-            "ms": 1e3 * seconds[batch][graph], "ms_vs_unfused": seconds[batch][graph] / seconds[batch]["unfused"],
+            "graph": graph,
+            "batch": batch,
+            "tokens": int(ids[batch].shape[1]),
+            "attention_layers": config.num_layers,
+            "fused_nodes": fused_nodes if graph == "fused" else 0,
+            "ms": 1e3 * seconds[batch][graph],
+            "ms_vs_unfused": seconds[batch][graph] / seconds[batch]["unfused"],
         }
-        for batch in ids for graph in GRAPHS
+        for batch in ids
+        for graph in GRAPHS
     ]
     measurement.print_table(
         rows,
@@ -127,8 +146,11 @@ def main(argv=None):
     )
     measurement.write_results(
         "onnx_fused_attention" + ("_smoke" if args.smoke else ""),
-        {"config": {"run": args.run, "rounds": args.rounds, "model": config.to_dict()},
-         "max_abs_probability_difference": differences, "rows": rows},
+        {
+            "config": {"run": args.run, "rounds": args.rounds, "model": config.to_dict()},
+            "max_abs_probability_difference": differences,
+            "rows": rows,
+        },
         args.output,
     )
     return rows

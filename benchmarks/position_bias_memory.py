@@ -19,7 +19,12 @@ import sys
 from benchmarks import measurement
 
 PEER_RATIO = "memory_vs_no_bias"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
-BENCH_ARGS = ["--length", "16384", "--modes", "forward_backward"]  # `make bench` (benchmarks/run_all.py): fwd+bwd at 16,384 (the target's 65,536 takes minutes a child: BENCHMARKS.md's own section)
+BENCH_ARGS = [
+    "--length",
+    "16384",
+    "--modes",
+    "forward_backward",
+]  # `make bench` (benchmarks/run_all.py): fwd+bwd at 16,384 (the target's 65,536 takes minutes a child: BENCHMARKS.md's own section)
 
 BIASES = ("none", "alibi", "t5")
 MODES = ("forward", "forward_backward")
@@ -65,8 +70,19 @@ def main(argv=None):
     for mode in args.modes:
         for bias_name in args.biases:
             arguments = [
-                "-m", "benchmarks.position_bias_memory", "--child", "--bias", bias_name,
-                "--mode", mode, "--length", str(args.length), "--width", str(args.width), "--heads", str(args.heads),
+                "-m",
+                "benchmarks.position_bias_memory",
+                "--child",
+                "--bias",
+                bias_name,
+                "--mode",
+                mode,
+                "--length",
+                str(args.length),
+                "--width",
+                str(args.width),
+                "--heads",
+                str(args.heads),
             ]
             row = {"bias": bias_name, "mode": mode, "length": args.length}
             row.update(measurement.run_watched_child(arguments, args.cap_gb))

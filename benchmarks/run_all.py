@@ -132,7 +132,10 @@ def summary_section(name, status, seconds, results_dir):
 def replace_generated_section(markdown, summary):
     """`markdown` with the text between the markers replaced by `summary` (markers appended if absent)."""
     if BEGIN_MARKER not in markdown:
-        markdown = markdown.rstrip("\n") + f"\n\n## `make bench`: the latest run of every script\n\n{BEGIN_MARKER}\n{END_MARKER}\n"
+        markdown = (
+            markdown.rstrip("\n")
+            + f"\n\n## `make bench`: the latest run of every script\n\n{BEGIN_MARKER}\n{END_MARKER}\n"
+        )
     head, rest = markdown.split(BEGIN_MARKER, 1)
     _, tail = rest.split(END_MARKER, 1)
     return f"{head}{BEGIN_MARKER}\n{summary}{END_MARKER}{tail}"
@@ -142,7 +145,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=benchmark_scripts(), help="run these scripts only")
     parser.add_argument("--skip", nargs="+", default=[], choices=benchmark_scripts(), help="scripts not to run")
-    parser.add_argument("--smoke", action="store_true", help="every script with --smoke (tests); BENCHMARKS.md untouched")
+    parser.add_argument(
+        "--smoke", action="store_true", help="every script with --smoke (tests); BENCHMARKS.md untouched"
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     names = [name for name in (args.only or benchmark_scripts()) if name not in args.skip]
@@ -150,11 +155,15 @@ def main(argv=None):
     start = time.perf_counter()
     outcomes = {name: run_script(name, args.results_dir, args.smoke) for name in names}
     total = time.perf_counter() - start
-    sections = [summary_section(name, status, seconds, args.results_dir) for name, (status, seconds) in outcomes.items()]
+    sections = [
+        summary_section(name, status, seconds, args.results_dir) for name, (status, seconds) in outcomes.items()
+    ]
     summary = f"`make bench` ran {len(names)} scripts in {total / 60:.1f} min.\n\n" + "\n".join(sections)
     (args.results_dir / "summary.md").write_text(summary, encoding="utf-8")
     if not args.smoke:
-        BENCHMARKS_MD.write_text(replace_generated_section(BENCHMARKS_MD.read_text(encoding="utf-8"), summary), encoding="utf-8")
+        BENCHMARKS_MD.write_text(
+            replace_generated_section(BENCHMARKS_MD.read_text(encoding="utf-8"), summary), encoding="utf-8"
+        )
     failed = [name for name, (status, _) in outcomes.items() if status != 0]
     print(f"{len(names)} scripts in {total / 60:.1f} min; failed: {', '.join(failed) or 'none'}")
     return 0 if not failed else 1

@@ -32,12 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import measurement
-
 import numpy as np  # noqa: E402
 import onnxruntime  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks import measurement
 from export.imdb.onnx_bundle import write_onnx_bundle  # noqa: E402
 from export.imdb.onnx_predictor import OnnxSentimentPredictor  # noqa: E402
 from export.imdb.savedmodel import write_savedmodel  # noqa: E402
@@ -48,7 +47,12 @@ from models.sentiment_classifier import SentimentClassifierConfig  # noqa: E402
 from models.sentiment_classifier import build_sentiment_classifier  # noqa: E402
 
 PEER_RATIO = "p50_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
-GOAL_FIELDS = ("p50_ms", "p99_ms", "p99_over_p50", "throughput_vs_keras")  # shown beside the ratio in `make bench`'s table (benchmarks/run_all.py)
+GOAL_FIELDS = (
+    "p50_ms",
+    "p99_ms",
+    "p99_over_p50",
+    "throughput_vs_keras",
+)  # shown beside the ratio in `make bench`'s table (benchmarks/run_all.py)
 BENCH_ARGS = ["--requests", "200"]  # `make bench` (benchmarks/run_all.py): half the requests per configuration
 
 RUNTIMES = ("keras", "saved_model", "onnx_runtime")
@@ -122,11 +126,18 @@ def measure(runtimes, reviews, batch_size, clients, request_count, server_thread
     for runtime in RUNTIMES:
         latencies, wall = serve(runtimes[runtime], requests, clients, server_threads)
         p50, p99 = np.percentile(latencies, [50, 99])
-        rows.append({
-            "runtime": runtime, "batch": batch_size, "clients": clients, "requests": len(latencies),
-            "p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3, "p99_over_p50": p99 / p50,
-            "reviews_per_s": len(latencies) * batch_size / wall,
-        })
+        rows.append(
+            {
+                "runtime": runtime,
+                "batch": batch_size,
+                "clients": clients,
+                "requests": len(latencies),
+                "p50_ms": p50 * 1e3,
+                "p99_ms": p99 * 1e3,
+                "p99_over_p50": p99 / p50,
+                "reviews_per_s": len(latencies) * batch_size / wall,
+            }
+        )
     keras_row = rows[RUNTIMES.index("keras")]
     for row in rows:
         row["p50_vs_keras"] = row["p50_ms"] / keras_row["p50_ms"]
@@ -156,8 +167,13 @@ def main(argv=None):
     if args.smoke:
         args.batch_sizes, args.clients, args.requests, reviews_count = [1, 2], 2, 4, 4
         config = SentimentClassifierConfig(
-            vocabulary_size=200, max_tokens=32, sequence_length=32, embedding_dim=8, num_heads=2,
-            intermediate_dim=8, bigram_buckets=64,
+            vocabulary_size=200,
+            max_tokens=32,
+            sequence_length=32,
+            embedding_dim=8,
+            num_heads=2,
+            intermediate_dim=8,
+            bigram_buckets=64,
         )
     reviews = [text for text, _ in measurement.imdb_test_reviews(reviews_count)]
     rows = []
@@ -187,7 +203,9 @@ def main(argv=None):
         "config": {**{k: v for k, v in vars(args).items() if k != "output"}, "model": config.to_dict()},
         "max_abs_probability_difference": agreement,
     }
-    measurement.write_results("serving_latency" + ("_smoke" if args.smoke else ""), {**payload, "rows": rows}, args.output)
+    measurement.write_results(
+        "serving_latency" + ("_smoke" if args.smoke else ""), {**payload, "rows": rows}, args.output
+    )
     return rows
 
 

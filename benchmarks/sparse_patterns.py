@@ -28,8 +28,15 @@ import sys
 
 from benchmarks import measurement
 
-PEER_RATIO = "speedup_vs_dense_causal"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
-BENCH_ARGS = ["--lengths", "16384", "--modes", "forward_backward"]  # `make bench` (benchmarks/run_all.py): fwd+bwd at the targets' 16,384 (65,536: BENCHMARKS.md's own section)
+PEER_RATIO = (
+    "speedup_vs_dense_causal"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+)
+BENCH_ARGS = [
+    "--lengths",
+    "16384",
+    "--modes",
+    "forward_backward",
+]  # `make bench` (benchmarks/run_all.py): fwd+bwd at the targets' 16,384 (65,536: BENCHMARKS.md's own section)
 
 LENGTHS = (4096, 16384, 65536)
 CASES = ("dense_causal", "causal_strided", "block_local")
@@ -55,8 +62,8 @@ def run_child(case, mode, length, heads, depth, stride, repeats):
     """In the child: one case at one length; prints a JSON line."""
     import tensorflow as tf
 
-    from keras_attn.core import attention
     from keras_attn import patterns
+    from keras_attn.core import attention
     from keras_attn.kernels.call import AttentionCall
 
     baseline = measurement.peak_rss_gb()
@@ -78,7 +85,16 @@ def run_child(case, mode, length, heads, depth, stride, repeats):
 
     step = tf.function(forward if mode == "forward" else forward_backward)
     seconds = measurement.best_seconds_round_robin({case: lambda: step(query, key, value)}, rounds=repeats)[case]
-    print(json.dumps({"kernel": kernel, "seconds": seconds, "peak_rss_gb": measurement.peak_rss_gb(), "baseline_rss_gb": baseline}))
+    print(
+        json.dumps(
+            {
+                "kernel": kernel,
+                "seconds": seconds,
+                "peak_rss_gb": measurement.peak_rss_gb(),
+                "baseline_rss_gb": baseline,
+            }
+        )
+    )
 
 
 def main(argv=None):
@@ -104,7 +120,14 @@ def main(argv=None):
     if args.child:
         return run_child(args.case, args.mode, args.length, args.heads, args.depth, args.stride, args.repeats)
     if args.smoke:  # long enough for "auto" to take the strided kernel (STRIDED_MIN_QUERY_LEN)
-        args.lengths, args.dense_max_length, args.heads, args.depth, args.stride, args.repeats = [2048], 2048, 2, 8, 32, 1
+        args.lengths, args.dense_max_length, args.heads, args.depth, args.stride, args.repeats = (
+            [2048],
+            2048,
+            2,
+            8,
+            32,
+            1,
+        )
     rows = []
     for mode in args.modes:
         for length in args.lengths:
@@ -159,8 +182,23 @@ def _measure(case, mode, length, args):
         return {**row, "status": f"not run (dense causal only up to --dense-max-length {args.dense_max_length})"}
     repeats = 1 if length >= args.single_call_from else args.repeats
     command = [
-        "-m", "benchmarks.sparse_patterns", "--child", "--case", case, "--mode", mode, "--length", str(length),
-        "--heads", str(args.heads), "--depth", str(args.depth), "--stride", str(args.stride), "--repeats", str(repeats),
+        "-m",
+        "benchmarks.sparse_patterns",
+        "--child",
+        "--case",
+        case,
+        "--mode",
+        mode,
+        "--length",
+        str(length),
+        "--heads",
+        str(args.heads),
+        "--depth",
+        str(args.depth),
+        "--stride",
+        str(args.stride),
+        "--repeats",
+        str(repeats),
     ]
     result = measurement.run_watched_child(command, args.cap_gb)
     if result.get("status") == "ok":

@@ -27,11 +27,10 @@ import os
 import sys
 import tempfile
 
-from benchmarks import measurement
-
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks import measurement
 from export.serving_layout import SIGNATURE  # noqa: E402
 from export.translator.onnx_graphs import OnnxGreedyDecoder  # noqa: E402
 from export.translator.onnx_graphs import write_onnx  # noqa: E402
@@ -50,11 +49,22 @@ from pipelines.train_translator import DEFAULT_DATA  # noqa: E402
 from pipelines.translation_data import build_vocabularies  # noqa: E402
 
 PEER_RATIO = "x_keras_cached"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
-BENCH_ARGS = ["--sentences", "600", "--repeats", "1"]  # `make bench` (benchmarks/run_all.py): 600 of the 2,000 sentences, one timed pass (20 min in all)
+BENCH_ARGS = [
+    "--sentences",
+    "600",
+    "--repeats",
+    "1",
+]  # `make bench` (benchmarks/run_all.py): 600 of the 2,000 sentences, one timed pass (20 min in all)
 
 SMOKE_CONFIG = TranslatorConfig(
-    source_vocabulary_size=500, target_vocabulary_size=500, sequence_length=12, embedding_dim=16,
-    intermediate_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+    source_vocabulary_size=500,
+    target_vocabulary_size=500,
+    sequence_length=12,
+    embedding_dim=16,
+    intermediate_dim=32,
+    num_heads=2,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
 )
 
 
@@ -92,7 +102,11 @@ def candidates_for(model, vectorizers, sentences, batch_size, export_dir):
     def keras(beam_size, jit_compile, use_cache=True):
         length_penalty = decoding_defaults.LENGTH_PENALTY if beam_size > 1 else 0.0  # as the SavedModel serves
         decoder = make_decoder(
-            model, vectorizers, beam_size=beam_size, jit_compile=jit_compile, use_cache=use_cache,
+            model,
+            vectorizers,
+            beam_size=beam_size,
+            jit_compile=jit_compile,
+            use_cache=use_cache,
             length_penalty=length_penalty,
         )
         return lambda: np.concatenate([decoder(ids).numpy() for ids in source_batches])
@@ -141,8 +155,14 @@ def measure(model, vectorizers, sentences, batch_size, repeats):
         "beam-4": emitted_tokens(outputs["keras cached, beam 4"], vectorizers.end_id),
     }
     rows = [
-        {"runtime": name, "search": search, "sentences": len(sentences), "tokens": tokens[search],
-         "seconds": seconds[name], "tokens_per_s": tokens[search] / seconds[name]}
+        {
+            "runtime": name,
+            "search": search,
+            "sentences": len(sentences),
+            "tokens": tokens[search],
+            "seconds": seconds[name],
+            "tokens_per_s": tokens[search] / seconds[name],
+        }
         for name, (search, _) in candidates.items()
     ]
     peer = next(row["tokens_per_s"] for row in rows if row["runtime"] == "keras cached")
@@ -183,7 +203,9 @@ def main(argv=None):
         ],
     )
     config = {k: v for k, v in vars(args).items() if k != "output"}
-    measurement.write_results("translator_decoding" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output)
+    measurement.write_results(
+        "translator_decoding" + ("_smoke" if args.smoke else ""), {"config": config, "rows": rows}, args.output
+    )
     return rows
 
 

@@ -14,6 +14,7 @@ _DOCTEST_RUN = re.compile(r"(?m)^([ \t]*)>>> .*(?:\n\1(?!\s*$).*)*")
 def fenced_doctests(text):
     """`text` with each run of doctest lines (a `>>>` line up to the next blank line) fenced as
     ```pycon (checked on the built site by tests/test_docs_site.py)."""
+
     def fence(match):
         indent = match.group(1)
         return f"{indent}```pycon\n{match.group(0)}\n{indent}```"

@@ -46,11 +46,22 @@ def serve_in_fresh_process(saved_model_dir, inputs, signature="serving_default")
         inputs_path.write_text(json.dumps(inputs, ensure_ascii=False), encoding="utf-8")
         environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
         environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        command = [sys.executable, "-I", "-c", _SERVE_SCRIPT, str(Path(saved_model_dir).resolve()),
-                   str(inputs_path), str(outputs_path), ",".join(PROJECT_PACKAGES), signature]
+        command = [
+            sys.executable,
+            "-I",
+            "-c",
+            _SERVE_SCRIPT,
+            str(Path(saved_model_dir).resolve()),
+            str(inputs_path),
+            str(outputs_path),
+            ",".join(PROJECT_PACKAGES),
+            signature,
+        ]
         result = subprocess.run(command, cwd=scratch, env=environment, capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            raise ExportVerificationError(f"Reloading the SavedModel in a fresh process failed:\n{result.stderr[-4000:]}")
+            raise ExportVerificationError(
+                f"Reloading the SavedModel in a fresh process failed:\n{result.stderr[-4000:]}"
+            )
         payload = json.loads(outputs_path.read_text(encoding="utf-8"))
     if payload["project_modules"]:
         raise ExportVerificationError(f"The fresh process imported project code: {payload['project_modules']}")

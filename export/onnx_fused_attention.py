@@ -162,9 +162,14 @@ def _masked_logits(graph, name, softmax):
             if mask is None or value is None or value.size != 1 or inverse is None or inverse.input[0] != mask:
                 continue
             if not float(value.reshape(())) <= _MASKING_FILL:
-                _refuse(softmax, f"the masked logits' fill {float(value.reshape(())):g} is above {_MASKING_FILL:g}: not a mask")
+                _refuse(
+                    softmax,
+                    f"the masked logits' fill {float(value.reshape(())):g} is above {_MASKING_FILL:g}: not a mask",
+                )
             return scores, filled, [add, keep]
-    _refuse(softmax, f"Add node {add.name!r} is not a masked `where` of the scores (Cast(m) * scores + fill * Cast(Not(m)))")
+    _refuse(
+        softmax, f"Add node {add.name!r} is not a masked `where` of the scores (Cast(m) * scores + fill * Cast(Not(m)))"
+    )
 
 
 def _shape_tail(graph, name):
@@ -219,12 +224,22 @@ def match_attention(graph, softmax):
     merge = graph.only_consumer(product.output[0])
     if merge is None or merge.op_type != "Transpose" or list(_attribute(merge, "perm", [])) != _TO_HEADS:
         _refuse(softmax, "the weighted values are not transposed back to (batch, length, heads, depth)")
-    core = [queries, keys, scores] + ([scale_node] if scale_node else []) + where_nodes + [softmax, values, product, merge]
+    core = (
+        [queries, keys, scores] + ([scale_node] if scale_node else []) + where_nodes + [softmax, values, product, merge]
+    )
     _chain(graph, [node.output[0] for node in core[:-1]], softmax)
     heads, depth = _head_shape(graph, queries.input[0], softmax)
     return _AttentionCore(
-        query=queries.input[0], key=keys.input[0], value=values.input[0], bias=bias, scale=scale, heads=heads,
-        depth=depth, output=merge.output[0], replaced=core, product=product,
+        query=queries.input[0],
+        key=keys.input[0],
+        value=values.input[0],
+        bias=bias,
+        scale=scale,
+        heads=heads,
+        depth=depth,
+        output=merge.output[0],
+        replaced=core,
+        product=product,
     )
 
 
@@ -243,13 +258,20 @@ def _fused_nodes(core, index):
         inputs.append(f"{prefix}/{role}")
         nodes.append(helper.make_node("Reshape", [name, flat], [inputs[-1]], name=f"{prefix}/{role}_reshape"))
     attention = helper.make_node(
-        FUSED_OP, inputs + ["", "", core.bias or ""], [f"{prefix}/output"], name=f"{prefix}/{FUSED_OP}",
-        domain=FUSED_DOMAIN, num_heads=core.heads, scale=core.scale,
+        FUSED_OP,
+        inputs + ["", "", core.bias or ""],
+        [f"{prefix}/output"],
+        name=f"{prefix}/{FUSED_OP}",
+        domain=FUSED_DOMAIN,
+        num_heads=core.heads,
+        scale=core.scale,
     )
     if not core.bias:
         del attention.input[3:]
     nodes.append(attention)
-    nodes.append(helper.make_node("Reshape", [attention.output[0], split], [core.output], name=f"{prefix}/output_reshape"))
+    nodes.append(
+        helper.make_node("Reshape", [attention.output[0], split], [core.output], name=f"{prefix}/output_reshape")
+    )
     return nodes, initializers
 
 
@@ -294,7 +316,9 @@ def fuse_attention(model):
     graph = _Graph(model.graph)
     softmaxes = [node for node in model.graph.node if node.op_type == "Softmax" and node.domain in ("", "ai.onnx")]
     if not softmaxes:
-        raise ValueError(f"`model` holds no Softmax: no attention core to fuse. Received: model graph {model.graph.name!r}")
+        raise ValueError(
+            f"`model` holds no Softmax: no attention core to fuse. Received: model graph {model.graph.name!r}"
+        )
     cores = [match_attention(graph, softmax) for softmax in softmaxes]
     for index, core in enumerate(cores):
         nodes, initializers = _fused_nodes(core, index)

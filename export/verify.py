@@ -36,8 +36,12 @@ def versions_under(path):
     versions = [entry for entry in path.iterdir() if entry.name.isdigit() and entry.is_dir()]
     if versions:
         return [max(versions, key=lambda entry: int(entry.name))]
-    found = [version for entry in sorted(path.iterdir()) if entry.is_dir() and not entry.name.startswith(".")
-             for version in _versions_or_none(entry)]
+    found = [
+        version
+        for entry in sorted(path.iterdir())
+        if entry.is_dir() and not entry.name.startswith(".")
+        for version in _versions_or_none(entry)
+    ]
     if not found:
         raise ExportIntegrityError(f"{path} holds no published export version (no {MANIFEST} below it)")
     return found

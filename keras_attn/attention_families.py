@@ -49,7 +49,9 @@ def capabilities_table():
     rows = ["| family | class | " + " | ".join(_TABLE_FIELDS) + " |", "|" + " --- |" * (len(_TABLE_FIELDS) + 2)]
     for name, family in FAMILIES.items():
         declared = dataclasses.asdict(family.capabilities)
-        cells = ["no" if declared[field] in (False, None) else "yes" if declared[field] is True else declared[field]
-                 for field in _TABLE_FIELDS]
+        cells = [
+            "no" if declared[field] in (False, None) else "yes" if declared[field] is True else declared[field]
+            for field in _TABLE_FIELDS
+        ]
         rows.append(f"| `{name}` | `{family.__name__}` | " + " | ".join(cells) + " |")
     return "\n".join(rows)

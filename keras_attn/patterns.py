@@ -376,7 +376,9 @@ def get(identifier, name="pattern"):
     if isinstance(identifier, dict):
         pattern = keras.saving.deserialize_keras_object(identifier)
         return _check_pattern(name, pattern)
-    raise TypeError(f"`{name}` must be a keras_attn.patterns.Pattern, its config or None. Received: {name}={identifier!r}")
+    raise TypeError(
+        f"`{name}` must be a keras_attn.patterns.Pattern, its config or None. Received: {name}={identifier!r}"
+    )
 
 
 def from_shorthands(pattern=None, is_causal=False, sliding_window=None):

@@ -24,16 +24,6 @@ def compiled_by_xla():
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
-
-
-
-
-
-
-
-
-
-
 def clone_initializer(initializer):
     """A fresh copy of `initializer`, so that sublayers never share one seeded instance."""
     return initializer.__class__.from_config(initializer.get_config())

@@ -37,8 +37,11 @@ def check_number(name, value, *, above=None, at_least=None, below=None, integer=
         and (below is None or value < below)
     )
     if not valid:
-        bounds = [f"> {above}" if above is not None else None, f">= {at_least}" if at_least is not None else None,
-                  f"< {below}" if below is not None else None]
+        bounds = [
+            f"> {above}" if above is not None else None,
+            f">= {at_least}" if at_least is not None else None,
+            f"< {below}" if below is not None else None,
+        ]
         expected = ("an integer" if integer else "a finite number") + "".join(f" {b}" for b in bounds if b)
         expected = expected.replace(" >= 0 < 1", " in [0, 1)") + (" or None" if allow_none else "")
         raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")

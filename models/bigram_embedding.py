@@ -49,5 +49,9 @@ class HashedBigramEmbedding(keras.layers.Layer):
         return (*input_shape, self.output_dim)
 
     def get_config(self):
-        return {**super().get_config(), "num_buckets": self.num_buckets, "output_dim": self.output_dim,
-                "multiplier": self.multiplier}
+        return {
+            **super().get_config(),
+            "num_buckets": self.num_buckets,
+            "output_dim": self.output_dim,
+            "multiplier": self.multiplier,
+        }

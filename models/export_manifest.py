@@ -42,7 +42,8 @@ def _files(version_dir):
     return sorted(
         path.relative_to(root).as_posix()
         for path in root.rglob("*")
-        if path.is_file() and path.relative_to(root).as_posix() not in _UNLISTED
+        if path.is_file()
+        and path.relative_to(root).as_posix() not in _UNLISTED
         and "__pycache__" not in path.relative_to(root).parts
     )
 
@@ -60,7 +61,9 @@ def write_manifest(version_dir, model_id, export_format, vocabulary_sizes, libra
         "keras_attn_version": library_version,
         "serving_input": serving_input,
         "vocabulary_sizes": dict(vocabulary_sizes),
-        "files": {name: {"sha256": file_sha256(root / name), "bytes": (root / name).stat().st_size} for name in _files(root)},
+        "files": {
+            name: {"sha256": file_sha256(root / name), "bytes": (root / name).stat().st_size} for name in _files(root)
+        },
     }
     temporary = root / (MANIFEST + ".tmp")
     temporary.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

@@ -78,5 +78,7 @@ def build_masked_language_model(config):
     hidden = keras.layers.LayerNormalization(epsilon=1e-5, name="mlm_layer_norm")(hidden)
     token_embedding = encoder.get_layer("token_and_position_embedding").token_embedding
     logits = TiedTokenLogits(token_embedding, name="mlm_logits")(hidden)  # (batch, targets, vocabulary_size)
-    model = keras.Model({"token_ids": encoder.input, "masked_positions": masked_positions}, logits, name="masked_language_model")
+    model = keras.Model(
+        {"token_ids": encoder.input, "masked_positions": masked_positions}, logits, name="masked_language_model"
+    )
     return model, encoder

@@ -4,9 +4,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn.utils import checked_ids
 from keras_attn.validation import check_choice
 from keras_attn.validation import check_positive_int
-from keras_attn.utils import checked_ids
 from models.serialization import register_serializable
 from models.vocabulary import FIRST_TOKEN_ID
 
@@ -339,5 +339,7 @@ def _binary_labels(labels):
     """`labels` as an int64 vector of 0/1: anything else is a `ValueError` naming it."""
     labels = np.asarray(labels).reshape(-1)
     if not np.all((labels == 0) | (labels == 1)):
-        raise ValueError(f"`labels` must be 0 or 1. Received: labels holding {sorted(set(labels.tolist()) - {0, 1})[:5]}")
+        raise ValueError(
+            f"`labels` must be 0 or 1. Received: labels holding {sorted(set(labels.tolist()) - {0, 1})[:5]}"
+        )
     return labels.astype(np.int64)

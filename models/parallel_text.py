@@ -52,8 +52,7 @@ def read_pairs(path):
         columns = line.split("\t")
         if len(columns) < 2:
             raise ValueError(
-                f"Every line of `path` needs two tab-separated columns. Received: path={path!r}, "
-                f"line {number}={line!r}"
+                f"Every line of `path` needs two tab-separated columns. Received: path={path!r}, line {number}={line!r}"
             )
         first.append(columns[0].strip())
         second.append(columns[1].strip())

@@ -124,7 +124,9 @@ class SentimentClassifierConfig:
 _FAMILY_OPTIONS = {
     "lsh": lambda config: {"chunk_size": 64, "num_buckets": max(2, 2 * (config.sequence_length // 128)), "seed": 0},
     "linformer": lambda config: {
-        "max_length": config.sequence_length, "projected_length": min(64, config.sequence_length), "seed": 0,
+        "max_length": config.sequence_length,
+        "projected_length": min(64, config.sequence_length),
+        "seed": 0,
     },
 }
 
@@ -143,8 +145,16 @@ def self_attention_prototype(config):
 # The fields of `SentimentClassifierConfig` that shape the attention branch's encoder
 # (`review_encoder`): a pretrained encoder's must equal the classifier's to be loaded into it.
 ENCODER_FIELDS = (
-    "vocabulary_size", "sequence_length", "embedding_dim", "num_layers", "num_heads", "intermediate_dim",
-    "position_encoding", "attention_bigram_buckets", "attention", "attention_inputs",
+    "vocabulary_size",
+    "sequence_length",
+    "embedding_dim",
+    "num_layers",
+    "num_heads",
+    "intermediate_dim",
+    "position_encoding",
+    "attention_bigram_buckets",
+    "attention",
+    "attention_inputs",
 )
 
 
@@ -175,7 +185,12 @@ def review_encoder(token_ids, config):
     )(first_tokens)  # (batch, seq, embedding_dim)
     if config.attention_bigram_buckets:
         hidden = keras.layers.Add(name="token_and_bigram_embedding")(
-            [hidden, HashedBigramEmbedding(config.attention_bigram_buckets, config.embedding_dim, name="bigram_embedding")(first_tokens)]
+            [
+                hidden,
+                HashedBigramEmbedding(config.attention_bigram_buckets, config.embedding_dim, name="bigram_embedding")(
+                    first_tokens
+                ),
+            ]
         )
     hidden = keras.layers.Dropout(config.dropout, name="embedding_dropout")(hidden)
     for index in range(config.num_layers):

@@ -3,8 +3,8 @@
 import keras
 from keras import ops
 
-from keras_attn.validation import check_positive_int
 from keras_attn.utils import checked_ids
+from keras_attn.validation import check_positive_int
 from models.serialization import register_serializable
 
 
@@ -38,9 +38,7 @@ class SparseLinear(keras.layers.Layer):
     (1, 1)
     """
 
-    def __init__(
-        self, num_features, units=1, kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs
-    ):
+    def __init__(self, num_features, units=1, kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
         check_positive_int("num_features", num_features)
         check_positive_int("units", units)
         super().__init__(**kwargs)

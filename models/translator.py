@@ -11,9 +11,9 @@ import dataclasses
 import keras
 from keras import ops
 
-from keras_attn.positions.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.blocks.transformer_decoder import TransformerDecoder
 from keras_attn.blocks.transformer_encoder import TransformerEncoder
+from keras_attn.positions.token_and_position_embedding import TokenAndPositionEmbedding
 from models.serialization import register_serializable
 from models.translator_self_attention import block_options
 from models.translator_self_attention import check_choice
@@ -145,14 +145,22 @@ class Translator(keras.Model):
         self.target_dropout = keras.layers.Dropout(dropout, name="target_dropout")
         self.encoder_layers = [
             TransformerEncoder(
-                intermediate_dim, num_heads, dropout=dropout, norm_first=True, name=f"encoder_{index}",
+                intermediate_dim,
+                num_heads,
+                dropout=dropout,
+                norm_first=True,
+                name=f"encoder_{index}",
                 **self_attention(causal=False),
             )
             for index in range(num_encoder_layers)
         ]
         self.decoder_layers = [
             TransformerDecoder(
-                intermediate_dim, num_heads, dropout=dropout, norm_first=True, name=f"decoder_{index}",
+                intermediate_dim,
+                num_heads,
+                dropout=dropout,
+                norm_first=True,
+                name=f"decoder_{index}",
                 **self_attention(causal=True),
             )
             for index in range(num_decoder_layers)
@@ -160,9 +168,7 @@ class Translator(keras.Model):
         self.encoder_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="encoder_norm")
         self.decoder_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="decoder_norm")
         if tie_embeddings:
-            self.output_bias = self.add_weight(
-                name="output_bias", shape=(target_vocabulary_size,), initializer="zeros"
-            )
+            self.output_bias = self.add_weight(name="output_bias", shape=(target_vocabulary_size,), initializer="zeros")
         else:
             self.output_projection = keras.layers.Dense(target_vocabulary_size, name="output_projection")
 

@@ -40,9 +40,10 @@ def alignment_maps(model, vectorizers, sentence, target_ids):
     source_tokens = [source_vocabulary[i] for i in source_ids[0].tolist() if i != PADDING_ID]
     tokens, produced = produced_tokens(vectorizers, target_ids)
     if not tokens:
-        raise ValueError(f"`target_ids` holds no produced token. Received: target_ids={np.asarray(target_ids).tolist()}")
+        raise ValueError(
+            f"`target_ids` holds no produced token. Received: target_ids={np.asarray(target_ids).tolist()}"
+        )
     target_in = np.asarray(target_ids)[None, : len(produced)].astype("int32")  # [start] w1 .. (1, produced)
     weights = attention_weights(model, (source_ids, target_in))
     cross = {block.cross_attention.path: weights[block.cross_attention.path] for block in model.decoder_layers}
     return attention_maps(cross, tokens, source_tokens)
-

@@ -1,10 +1,10 @@
 """A trained translator's run directory: what training writes and what translating and exporting read.
 
-    <run>/translator.keras          the model
-    <run>/run_config.json           the data file, its columns, source and target languages, ...
-    <run>/split.json                the seeded train / validation / test indices (and the data's sha256)
-    <run>/source_vocabulary.txt     the vocabularies (`models.translation_text.TranslationVectorizers`)
-    <run>/target_vocabulary.txt
+<run>/translator.keras          the model
+<run>/run_config.json           the data file, its columns, source and target languages, ...
+<run>/split.json                the seeded train / validation / test indices (and the data's sha256)
+<run>/source_vocabulary.txt     the vocabularies (`models.translation_text.TranslationVectorizers`)
+<run>/target_vocabulary.txt
 """
 
 import json

@@ -5,8 +5,8 @@ Ids follow `keras.layers.TextVectorization`: 0 is padding (`keras_attn`'s embedd
 ids are not in the file, which is the format `TextVectorization(vocabulary=path)` reads back.
 """
 
-from keras_attn.positions.token_and_position_embedding import PADDING_ID
 from appkit.files import write_text_atomic
+from keras_attn.positions.token_and_position_embedding import PADDING_ID
 
 OOV_ID = 1
 FIRST_TOKEN_ID = 2

@@ -68,18 +68,26 @@ class WeightedNgramEmbedding(keras.layers.Layer):
             name="embeddings",
         )
         self.feature_weights = self.add_weight(
-            shape=(vocabulary_size + num_buckets,), initializer="ones", trainable=False, dtype="float32", name="feature_weights"
+            shape=(vocabulary_size + num_buckets,),
+            initializer="ones",
+            trainable=False,
+            dtype="float32",
+            name="feature_weights",
         )
         self.bigram_vocabulary = add_bigram_vocabulary(self) if bigram_ids == "vocabulary" else None
 
     def build(self, input_shape):
         if len(input_shape) != 2:
-            raise ValueError(f"`token_ids` must have rank 2 (batch, seq). Received: token_ids.shape={tuple(input_shape)}")
+            raise ValueError(
+                f"`token_ids` must have rank 2 (batch, seq). Received: token_ids.shape={tuple(input_shape)}"
+            )
         self.embeddings.build((None,))
 
     def call(self, token_ids):
         features, counted = first_occurrences(
-            ngram_feature_ids(token_ids, self.vocabulary_size, self.num_buckets, self.multiplier, self.bigram_vocabulary)
+            ngram_feature_ids(
+                token_ids, self.vocabulary_size, self.num_buckets, self.multiplier, self.bigram_vocabulary
+            )
         )  # (batch, 2 * seq - 1) each, as `NgramBag.first_occurrences`
         weights = ops.where(counted, ops.take(self.feature_weights, features), 0.0)
         weights = ops.cast(ops.expand_dims(weights, -1), self.compute_dtype)  # (batch, 2 * seq - 1, 1)

@@ -205,8 +205,13 @@ def collectives():
     """A collective that failed or timed out inside becomes a `WorkerLostError` saying what to do."""
     try:
         yield
-    except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
-            tf.errors.InternalError, tf.errors.AbortedError) as error:
+    except (
+        tf.errors.UnavailableError,
+        tf.errors.DeadlineExceededError,
+        tf.errors.CancelledError,
+        tf.errors.InternalError,
+        tf.errors.AbortedError,
+    ) as error:
         raise WorkerLostError(
             "a collective with the other workers failed or timed out: a worker died or stopped answering. "
             "Rerun the same command on every worker to resume from the last checkpoint. "
@@ -257,7 +262,9 @@ def _poisoned(gradients, finite):
 
     def add(gradient):
         if isinstance(gradient, tf.IndexedSlices):
-            return tf.IndexedSlices(gradient.values + tf.cast(poison, gradient.dtype), gradient.indices, gradient.dense_shape)
+            return tf.IndexedSlices(
+                gradient.values + tf.cast(poison, gradient.dtype), gradient.indices, gradient.dense_shape
+            )
         return gradient + tf.cast(poison, gradient.dtype)
 
     return [None if g is None else add(g) for g in gradients]
@@ -277,7 +284,9 @@ class DistributedTrainer:
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
         self.statistics = _Statistics(losses, metrics, counted)
         self.loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-        self._gradients = tf.function(self._replica_gradients, jit_compile=True) if jit_compile else self._replica_gradients
+        self._gradients = (
+            tf.function(self._replica_gradients, jit_compile=True) if jit_compile else self._replica_gradients
+        )
         self._functions = {}
 
     def _function(self, step, spec):
@@ -442,7 +451,11 @@ def fit_distributed(
             checkpoint.restore(latest)
         with collectives():  # a lost worker: a clear error, never a hang
             trainer.check_same_step(_optimizer_step(optimizer), latest)
-            history = [row for row in resumable_training.read_history(output_dir) if row["epoch"] < int(state["epoch"])] if chief else []
+            history = (
+                [row for row in resumable_training.read_history(output_dir) if row["epoch"] < int(state["epoch"])]
+                if chief
+                else []
+            )
             writer = tf.summary.create_file_writer(str(write_dir / "tensorboard" / "train")) if chief else None
 
             def save():
@@ -452,7 +465,9 @@ def fit_distributed(
             while int(state["epoch"]) < epochs and int(state["stale_epochs"]) < patience:
                 epoch, skip = int(state["epoch"]), int(state["step_in_epoch"])
                 started = time.perf_counter()
-                progress = keras.utils.Progbar(None, verbose=verbose if chief else 0, stateful_metrics=trainer.statistics.names)
+                progress = keras.utils.Progbar(
+                    None, verbose=verbose if chief else 0, stateful_metrics=trainer.statistics.names
+                )
                 if chief and verbose:
                     print(f"Epoch {epoch + 1}/{epochs}" + (f" (resumed after step {skip})" if skip else ""), flush=True)
                 totals = {}

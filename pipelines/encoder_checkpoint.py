@@ -151,7 +151,9 @@ def check_fits(checkpoint, config, vocabulary):
             (index for index, (ours, theirs) in enumerate(zip(vocabulary, checkpoint.vocabulary)) if ours != theirs),
             min(len(vocabulary), len(checkpoint.vocabulary)),
         )
-        ours, theirs = (tokens[first] if first < len(tokens) else None for tokens in (vocabulary, checkpoint.vocabulary))
+        ours, theirs = (
+            tokens[first] if first < len(tokens) else None for tokens in (vocabulary, checkpoint.vocabulary)
+        )
         raise ValueError(
             f"The pretrained encoder in {checkpoint.directory} was trained on another vocabulary: this run's "
             f"vectoriser has {ours!r} where the checkpoint has {theirs!r} (token {first}). Pretrain with the "

@@ -39,7 +39,9 @@ def load_classifier(run_dir):
     run_dir = Path(run_dir)
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
-        raise ValueError(f"`run_dir` holds no summary.json (a finished training run). Received: run_dir={str(run_dir)!r}")
+        raise ValueError(
+            f"`run_dir` holds no summary.json (a finished training run). Received: run_dir={str(run_dir)!r}"
+        )
     retrain = f"train the classifier again into {run_dir} (python -m pipelines.train_imdb --output-dir {run_dir})"
     with reading(summary_path, retrain):
         summary = json.loads(summary_path.read_text())
@@ -80,7 +82,9 @@ def write_explanation(path, explained, text):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m pipelines.explain_imdb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m pipelines.explain_imdb",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--run", default="runs/imdb", help="training output directory (default runs/imdb)")
     parser.add_argument("--output", metavar="PATH", help="also write the maps: .html (offline page) or .png")

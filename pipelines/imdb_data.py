@@ -43,6 +43,7 @@ _MEMBER = re.compile(r"^aclImdb/(train|test)/(pos|neg)/(\d+)_(\d+)\.txt$")
 _SHUFFLE_SEED = 20110619  # fixed: the stored order (and so the validation slice) never changes
 _CACHE_VERSION = 1
 
+
 class ImdbDataError(ValueError):
     """The IMDB data could not be found or read; the message lists every place looked at."""
 
@@ -203,7 +204,8 @@ def load_cache(data=None, cache_dir=None, allow_download=True, environ=None):
     else:
         if not allow_download:
             raise ImdbDataError(
-                "No IMDB archive found; looked at: " + "; ".join(looked)
+                "No IMDB archive found; looked at: "
+                + "; ".join(looked)
                 + ". Downloading through TFDS is disabled. Pass --data PATH to the "
                 f"{ARCHIVE_NAMES[0]} archive or set ${DATA_ENV_VARS[0]}."
             )
@@ -213,7 +215,8 @@ def load_cache(data=None, cache_dir=None, allow_download=True, environ=None):
                 reviews = _read_tfds(cache_root / "tfds")
             except Exception as error:  # noqa: BLE001 - any TFDS failure becomes one clear error
                 raise ImdbDataError(
-                    "No IMDB archive found; looked at: " + "; ".join(looked)
+                    "No IMDB archive found; looked at: "
+                    + "; ".join(looked)
                     + f"; TFDS imdb_reviews failed too: {error}"
                 ) from error
             _write_cache(target, reviews, source="tfds:imdb_reviews")
@@ -243,9 +246,7 @@ def split_reviews(cache, validation_size, max_train=None, max_test=None):
     """
     available = cache.counts["train"]
     if not 0 < validation_size < available:
-        raise ValueError(
-            f"`validation_size` must be in (0, {available}). Received: validation_size={validation_size}"
-        )
+        raise ValueError(f"`validation_size` must be in (0, {available}). Received: validation_size={validation_size}")
     train_count = available - validation_size
     train_count = train_count if max_train is None else min(max_train, train_count)
     test_count = cache.counts["test"] if max_test is None else min(max_test, cache.counts["test"])
@@ -264,9 +265,7 @@ def token_ids(reviews, vectorizer, sequence_length):
     vectorized = reviews.batch(256).map(
         lambda texts, labels: (vectorizer(texts), labels), num_parallel_calls=tf.data.AUTOTUNE
     )
-    return vectorized.unbatch().map(
-        lambda ids, label: (tf.cast(ids[:sequence_length], tf.int32), label)
-    ).cache()
+    return vectorized.unbatch().map(lambda ids, label: (tf.cast(ids[:sequence_length], tf.int32), label)).cache()
 
 
 def batched(ids, batch_size, sequence_length, shuffle=False, seed=None, drop_remainder=False):

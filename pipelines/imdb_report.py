@@ -12,10 +12,10 @@ import dataclasses
 import keras
 import numpy as np
 
+from appkit.files import write_text_atomic
 from keras_attn.visualization import explorer_html
 from keras_attn.visualization import figure_data_uri
 from keras_attn.visualization import token_highlight_html
-from appkit.files import write_text_atomic
 from models.review_attention import explain_review
 from models.sentiment_classifier import BRANCHES
 from pipelines import imdb_ablation
@@ -52,7 +52,9 @@ def confusion_figure(matrix):
     figure, ax = pyplot.subplots(figsize=(4, 3.6), layout="constrained")
     ax.imshow(matrix, cmap="Blues")
     for (row, column), count in np.ndenumerate(matrix):
-        ax.text(column, row, f"{count:,}", ha="center", va="center", color="black" if count < matrix.max() / 2 else "white")
+        ax.text(
+            column, row, f"{count:,}", ha="center", va="center", color="black" if count < matrix.max() / 2 else "white"
+        )
     ax.set_xticks([0, 1], ["negative", "positive"])
     ax.set_yticks([0, 1], ["negative", "positive"])
     ax.set_xlabel("predicted")
@@ -98,10 +100,14 @@ def seed_spread_html(seeds):
 def ablation_html(summary):
     """This run's attention branch and ensemble above the measured variants of `pipelines.imdb_ablation`."""
     seeds = summary.get("seeds")
-    over_seeds = "" if not seeds else (
-        f"over {len(seeds['seeds'])} seeds: attention {100 * seeds['attention']['mean']:.2f} % "
-        f"± {100 * seeds['attention']['std']:.2f}, ensemble {100 * seeds['ensemble']['mean']:.2f} % "
-        f"± {100 * seeds['ensemble']['std']:.2f}"
+    over_seeds = (
+        ""
+        if not seeds
+        else (
+            f"over {len(seeds['seeds'])} seeds: attention {100 * seeds['attention']['mean']:.2f} % "
+            f"± {100 * seeds['attention']['std']:.2f}, ensemble {100 * seeds['ensemble']['mean']:.2f} % "
+            f"± {100 * seeds['ensemble']['std']:.2f}"
+        )
     )
     this_run = (
         f"this run (seed {summary['seed']})",
@@ -119,7 +125,10 @@ def report_html(summary, history, matrix, examples):
     """The page. `summary` is the main job's; `history` the epoch rows; `examples` from `example_reviews`."""
     headline = [
         ("test accuracy (ensemble)", f"{summary['test_accuracy']:.4f}"),
-        *((f"test accuracy ({branch} branch)", f"{value:.4f}") for branch, value in summary["test_accuracy_by_branch"].items()),
+        *(
+            (f"test accuracy ({branch} branch)", f"{value:.4f}")
+            for branch, value in summary["test_accuracy_by_branch"].items()
+        ),
         ("validation accuracy", f"{summary['validation_accuracy']:.4f}"),
         ("attention family", summary["attention"]),
         ("epochs", summary["epochs_run"]),
@@ -129,11 +138,14 @@ def report_html(summary, history, matrix, examples):
     parity = summary.get("exports", {}).get("parity", {})
     parity_rows = [(name, f"{value:.2e}") for name, value in parity.items() if name.endswith("max_abs_diff")]
     sections = [
-        "<h2>Results</h2>", table_html(headline, ("", "value")),
+        "<h2>Results</h2>",
+        table_html(headline, ("", "value")),
         *seed_spread_html(summary.get("seeds")),
         *ablation_html(summary),
         "<h2>Export parity (max abs difference of the probability)</h2>",
-        table_html(parity_rows, ("export", f"on {parity.get('reviews', 0)} test reviews")) if parity_rows else "<p>no export in this run</p>",
+        table_html(parity_rows, ("export", f"on {parity.get('reviews', 0)} test reviews"))
+        if parity_rows
+        else "<p>no export in this run</p>",
     ]
     int8 = summary.get("exports", {}).get("int8")
     if int8:  # checked by accuracy: its rounded weights cannot keep the parity above
@@ -151,14 +163,17 @@ def report_html(summary, history, matrix, examples):
             ),
         ]
     if history:
-        sections += ["<h2>Learning curves</h2>", image_html(figure_data_uri(learning_curves_figure(history)), "learning curves")]
+        sections += [
+            "<h2>Learning curves</h2>",
+            image_html(figure_data_uri(learning_curves_figure(history)), "learning curves"),
+        ]
     sections += [
         f"<h2>Confusion matrix ({int(matrix.sum()):,} test reviews)</h2>",
         image_html(figure_data_uri(confusion_figure(matrix)), "confusion matrix"),
         "<h2>What the attention branch looked at</h2>",
     ]
     maps = []
-    for number, (right, text, label, explained) in enumerate(examples, start=1):
+    for number, (right, _text, label, explained) in enumerate(examples, start=1):
         verdict = "right" if right else "wrong"
         caption = f"Review {number} ({verdict}): label {'positive' if label else 'negative'}, p(positive) = {explained.probability:.4f}"
         sections.append(token_highlight_html(explained.tokens, explained.received, title=caption))

@@ -25,7 +25,9 @@ def train_other_seeds(args, count):
     """The summaries of `count - 1` more runs of `train_imdb` with the flags `args` and the next seeds."""
     summaries = []
     for seed in range(args.seed + 1, args.seed + count):
-        seed_args = argparse.Namespace(**{**vars(args), "seed": seed, "output_dir": str(seed_run_directory(args.output_dir, seed))})
+        seed_args = argparse.Namespace(
+            **{**vars(args), "seed": seed, "output_dir": str(seed_run_directory(args.output_dir, seed))}
+        )
         summaries.append(train_imdb.train(seed_args).summary)
     return summaries
 

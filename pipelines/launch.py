@@ -91,7 +91,8 @@ def _stop(processes):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
-        prog="python -m pipelines.launch", description=__doc__.split("\n")[0],
+        prog="python -m pipelines.launch",
+        description=__doc__.split("\n")[0],
         usage="python -m pipelines.launch [--workers N] [--grace-seconds S] [--debug] -- COMMAND ...",
     )
     parser.add_argument("--workers", type=positive_int, default=2, help="worker processes (worker 0 is the chief)")

@@ -50,7 +50,9 @@ def parse_args(argv=None):
     export_flags.add_argument("--export-dir", default="artifacts/export", help="root of the TF Serving layout")
     export_flags.add_argument("--model-name", type=_model_name, default="imdb_sentiment")
     export_flags.add_argument(
-        "--seeds", type=positive_int, default=3,
+        "--seeds",
+        type=positive_int,
+        default=3,
         help="runs with seeds --seed, --seed + 1, ...: the test accuracies' mean and spread (the first is exported)",
     )
     return train_imdb.parse_args(argv, prog=PROG, parents=[export_flags], description=__doc__.split("\n")[0])
@@ -102,8 +104,13 @@ def main(argv=None):
     }
     report_started = time.perf_counter()
     imdb_report.write_report(
-        run.output_dir / "report.html", summary, resumable_training.read_history(run.output_dir), run.model,
-        run.vectorizer, run.config, run.splits.test,
+        run.output_dir / "report.html",
+        summary,
+        resumable_training.read_history(run.output_dir),
+        run.model,
+        run.vectorizer,
+        run.config,
+        run.splits.test,
     )
     summary["report_seconds"] = round(time.perf_counter() - report_started, 1)
     summary["main_job_seconds"] = round(time.perf_counter() - started, 1)

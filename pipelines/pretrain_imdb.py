@@ -56,8 +56,14 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     train_imdb.add_data_arguments(parser)
     training.add_training_arguments(
-        parser, output_dir=f"runs/{encoder_checkpoint.DEFAULT_DIRECTORY_NAME}", epochs=EPOCHS, learning_rate=2e-3,
-        weight_decay=0.01, warmup_fraction=0.1, patience=2, jit_compile_help="XLA-compile the train/eval steps",
+        parser,
+        output_dir=f"runs/{encoder_checkpoint.DEFAULT_DIRECTORY_NAME}",
+        epochs=EPOCHS,
+        learning_rate=2e-3,
+        weight_decay=0.01,
+        warmup_fraction=0.1,
+        patience=2,
+        jit_compile_help="XLA-compile the train/eval steps",
     )
     parser.add_argument("--batch-size", type=positive_int, default=32)
     training.add_config_arguments(parser, pretraining_config(SentimentClassifierConfig()))
@@ -78,7 +84,9 @@ def pretraining_config(config):
 def model_config(args):
     """The classifier's default (or smoke) configuration with pretraining's dropout, overridden by
     the model flags given: the encoder fields must be the classifier's for it to load the result."""
-    return training.configured(pretraining_config(train_imdb.SMOKE_MODEL if args.smoke else SentimentClassifierConfig()), args)
+    return training.configured(
+        pretraining_config(train_imdb.SMOKE_MODEL if args.smoke else SentimentClassifierConfig()), args
+    )
 
 
 def masked_batches(ids, batch_size, config, seed, shuffle):
@@ -91,10 +99,14 @@ def masked_batches(ids, batch_size, config, seed, shuffle):
         imdb_data.batched(ids, batch_size, config.sequence_length, shuffle=shuffle, seed=seed, drop_remainder=shuffle)
     )
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=shuffle).batch(2)  # (2,) int64 each
-    return tf.data.Dataset.zip(batches, seeds).map(
-        lambda batch, batch_seed: mask_tokens(batch[0], batch_seed, config.vocabulary_size),
-        num_parallel_calls=tf.data.AUTOTUNE,
-    ).prefetch(tf.data.AUTOTUNE)
+    return (
+        tf.data.Dataset.zip(batches, seeds)
+        .map(
+            lambda batch, batch_seed: mask_tokens(batch[0], batch_seed, config.vocabulary_size),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+        .prefetch(tf.data.AUTOTUNE)
+    )
 
 
 def pretrain(args):
@@ -118,7 +130,9 @@ def pretrain(args):
     with strategy.scope():
         model, encoder = build_masked_language_model(config)
         model.compile(
-            optimizer=training.adamw_with_warmup(args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay),
+            optimizer=training.adamw_with_warmup(
+                args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay
+            ),
             # The mean over the masked tokens (the weights), not over the filler slots too.
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
             weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="masked_accuracy")],
@@ -126,12 +140,26 @@ def pretrain(args):
         )
     # One machine only (parse_args refuses multi_worker): the multi-worker arguments are unused.
     fitted = training.fit(
-        args, strategy, policy, model, total_steps, train_batches, validation_batches,
-        monitor="val_loss", mode="min", losses=None, metrics=None, epoch_batches=None,
+        args,
+        strategy,
+        policy,
+        model,
+        total_steps,
+        train_batches,
+        validation_batches,
+        monitor="val_loss",
+        mode="min",
+        losses=None,
+        metrics=None,
+        epoch_batches=None,
     )
     summary = {
-        "data": {"source": splits.source, "cache": str(cache.directory), "train": splits.counts["train"],
-                 "validation": splits.counts["validation"]},
+        "data": {
+            "source": splits.source,
+            "cache": str(cache.directory),
+            "train": splits.counts["train"],
+            "validation": splits.counts["validation"],
+        },
         "parameters": model.count_params(),
         "encoder_parameters": encoder.count_params(),
         "masking": {"rate": MASK_RATE, "mask_id": MASK_ID},
@@ -140,7 +168,10 @@ def pretrain(args):
         "weight_decay": args.weight_decay,
         "training_seconds": round(sum(epoch["epoch_seconds"] for epoch in fitted.history), 1),
         "epochs": [
-            {key: row[key] for key in ("epoch", "loss", "masked_accuracy", "val_loss", "val_masked_accuracy", "epoch_seconds")}
+            {
+                key: row[key]
+                for key in ("epoch", "loss", "masked_accuracy", "val_loss", "val_masked_accuracy", "epoch_seconds")
+            }
             for row in fitted.history
         ],
     }

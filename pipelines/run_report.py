@@ -6,6 +6,7 @@ import html
 
 def table_html(rows, header=("", "")):
     """A table of `rows` (tuples as long as `header`); each row's first cell is its heading."""
+
     def row_html(row):
         name, *values = (html.escape(str(cell)) for cell in row)
         return f"<tr><th>{name}</th>" + "".join(f"<td>{value}</td>" for value in values) + "</tr>"
@@ -28,7 +29,14 @@ def learning_curves_figure(history):
         for name in sorted(k for k in history[0] if k.endswith(kind) and not k.startswith("val_")):
             line = ax.plot(epochs, [row[name] for row in history], marker="o", label=name)[0]
             if f"val_{name}" in history[0]:
-                ax.plot(epochs, [row[f"val_{name}"] for row in history], "--", marker="o", color=line.get_color(), label=f"val_{name}")
+                ax.plot(
+                    epochs,
+                    [row[f"val_{name}"] for row in history],
+                    "--",
+                    marker="o",
+                    color=line.get_color(),
+                    label=f"val_{name}",
+                )
         ax.set_xlabel("epoch")
         ax.set_title(kind)
         ax.legend(fontsize=7)

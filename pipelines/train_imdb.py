@@ -85,7 +85,10 @@ class TrainingRun:
 PROG = "python -m pipelines.train_imdb"
 
 
-def parse_args(argv=None, prog=PROG, parents=(), description=__doc__.split("\n")[0]):
+DESCRIPTION = __doc__.split("\n")[0]
+
+
+def parse_args(argv=None, prog=PROG, parents=(), description=DESCRIPTION):
     """The flags, each checked against its range: a bad value exits 2 with one line, before any work.
 
     A command that trains the classifier and does more (the main job) passes its own flags as
@@ -94,8 +97,14 @@ def parse_args(argv=None, prog=PROG, parents=(), description=__doc__.split("\n")
     parser = argparse.ArgumentParser(prog=prog, description=description, parents=parents)
     add_data_arguments(parser)
     training.add_training_arguments(
-        parser, output_dir="runs/imdb", epochs=2, learning_rate=2e-3, weight_decay=0.05, warmup_fraction=0.1,
-        patience=2, jit_compile_help="XLA-compile the train/eval steps",
+        parser,
+        output_dir="runs/imdb",
+        epochs=2,
+        learning_rate=2e-3,
+        weight_decay=0.05,
+        warmup_fraction=0.1,
+        patience=2,
+        jit_compile_help="XLA-compile the train/eval steps",
     )
     parser.add_argument(
         "--cpu-devices", type=positive_int, help="split the CPU into N logical devices (mirrored training without GPUs)"
@@ -124,11 +133,14 @@ def add_data_arguments(parser):
     parser.add_argument("--cache-dir", help="decoded-data cache (default $KERAS_ATTN_CACHE or ~/.cache/keras_attn)")
     parser.add_argument("--no-download", action="store_true", help="never fall back to a TFDS download")
     parser.add_argument(
-        "--smoke", action="store_true",
+        "--smoke",
+        action="store_true",
         help="tiny model and a few hundred reviews (tests); data and model flags given explicitly still win",
     )
     parser.add_argument(
-        "--validation-size", type=positive_int, help=f"training reviews held out (default {VALIDATION_SIZE:,}; --smoke: 64)"
+        "--validation-size",
+        type=positive_int,
+        help=f"training reviews held out (default {VALIDATION_SIZE:,}; --smoke: 64)",
     )
     parser.add_argument("--max-train", type=positive_int, help="cap on training reviews")
 
@@ -207,9 +219,7 @@ def train(args):
                 args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay
             ),
             loss={branch: keras.losses.BinaryCrossentropy() for branch in BRANCHES},
-            metrics={
-                name: [keras.metrics.BinaryAccuracy(name="accuracy")] for name in (*BRANCHES, "probability")
-            },
+            metrics={name: [keras.metrics.BinaryAccuracy(name="accuracy")] for name in (*BRANCHES, "probability")},
             jit_compile=args.jit_compile,
         )
     fitted = training.fit(
@@ -224,15 +234,17 @@ def train(args):
         mode=MONITOR_MODE,
         losses={branch: keras.losses.BinaryCrossentropy() for branch in BRANCHES},
         metrics={f"{name}_accuracy": distributed.accuracy(name) for name in (*BRANCHES, "probability")},
-        epoch_batches=lambda epoch: batches(
-            train_ids, shuffle=True, seed=args.seed + epoch, drop_remainder=True
-        ).map(every_output),
+        epoch_batches=lambda epoch: batches(train_ids, shuffle=True, seed=args.seed + epoch, drop_remainder=True).map(
+            every_output
+        ),
     )
     with strategy.scope():
         ensemble = fit_ensemble(model, validation_batches)
     if fitted.distributed_trainer is not None:  # global figures: every worker evaluates its share
         validation = {
-            "accuracy": fitted.distributed_trainer.evaluate(validation_batches.map(every_output))["probability_accuracy"]
+            "accuracy": fitted.distributed_trainer.evaluate(validation_batches.map(every_output))[
+                "probability_accuracy"
+            ]
         }
         test = fitted.distributed_trainer.evaluate(test_batches.map(every_output))
     else:

@@ -67,13 +67,13 @@ from models.translator import TokenAccuracy
 from models.translator import TranslatorConfig
 from models.translator import build_translator
 from models.translator import translation_loss
-from models.vocabulary import PADDING_ID
 from models.translator_run import MODEL_FILE
 from models.translator_run import RUN_CONFIG
 from models.translator_run import SPLIT_FILE
 from models.translator_run import load_run
 from models.translator_run import read_split
 from models.translator_run import write_split
+from models.vocabulary import PADDING_ID
 from pipelines import distributed
 from pipelines import training
 from pipelines import translation_data
@@ -98,7 +98,12 @@ NUM_EXAMPLES = 8
 
 
 def compile_translator(
-    model, learning_rate, total_steps, warmup_fraction=0.05, weight_decay=0.01, jit_compile=False,
+    model,
+    learning_rate,
+    total_steps,
+    warmup_fraction=0.05,
+    weight_decay=0.01,
+    jit_compile=False,
     label_smoothing=0.0,
 ):
     """AdamW with linear warm-up then cosine decay, the padding-aware (label-smoothed) loss and
@@ -124,8 +129,14 @@ def parse_args(argv=None):
     parser.add_argument("--target", default="en", help="target language code")
     parser.add_argument("--smoke", action="store_true", help="tiny model and ~1,500 pairs (tests)")
     training.add_training_arguments(
-        parser, output_dir="runs/translator", epochs=7, learning_rate=1.5e-3, weight_decay=0.01, warmup_fraction=0.05,
-        patience=3, jit_compile_help="XLA-compile training and decoding",
+        parser,
+        output_dir="runs/translator",
+        epochs=7,
+        learning_rate=1.5e-3,
+        weight_decay=0.01,
+        warmup_fraction=0.05,
+        patience=3,
+        jit_compile_help="XLA-compile training and decoding",
     )
     parser.add_argument(
         "--label-smoothing", type=fraction, default=0.1, help="share of the target put uniformly on the vocabulary"
@@ -136,15 +147,21 @@ def parse_args(argv=None):
     parser.add_argument("--max-pairs", type=positive_int, help="use only the first N pairs of the file")
     parser.add_argument("--max-test", type=positive_int, help="cap on test pairs scored with BLEU")
     parser.add_argument(
-        "--split-by", choices=translation_data.SPLIT_METHODS, default="source",
+        "--split-by",
+        choices=translation_data.SPLIT_METHODS,
+        default="source",
         help="source: every pair of a source sentence in one split (default); pair: the old split over pairs",
     )
     parser.add_argument(
-        "--beam-size", type=positive_int, default=decoding_defaults.BEAM_SIZE,
+        "--beam-size",
+        type=positive_int,
+        default=decoding_defaults.BEAM_SIZE,
         help="the beam scored beside greedy decoding (1: greedy only); the headline BLEU is the beam's",
     )
     parser.add_argument(
-        "--length-penalty", type=non_negative_float, default=decoding_defaults.LENGTH_PENALTY,
+        "--length-penalty",
+        type=non_negative_float,
+        default=decoding_defaults.LENGTH_PENALTY,
         help="beam search's GNMT length-normalisation exponent (0: raw log-probability)",
     )
     parser.add_argument(
@@ -174,9 +191,7 @@ def load_split_pairs(args, output_dir):
     Returns:
         `(pairs, method)`: `{split: (sources, targets)}` and the split's method ("source" or "pair").
     """
-    sources, targets = orient_pairs(
-        read_pairs(args.data), pair_columns(args), args.source, args.target
-    )
+    sources, targets = orient_pairs(read_pairs(args.data), pair_columns(args), args.source, args.target)
     max_pairs = args.max_pairs or (SMOKE_DATA["max_pairs"] if args.smoke else None)
     if max_pairs:
         sources, targets = sources[:max_pairs], targets[:max_pairs]
@@ -185,13 +200,9 @@ def load_split_pairs(args, output_dir):
         split, method = read_split(split_path)
     else:
         method = args.split_by
-        split = translation_data.split_pairs(
-            sources, method, args.seed, args.validation_fraction, args.test_fraction
-        )
+        split = translation_data.split_pairs(sources, method, args.seed, args.validation_fraction, args.test_fraction)
         write_split(split_path, split, args.data, args.seed, method)
-    pairs = {
-        name: ([sources[i] for i in indices], [targets[i] for i in indices]) for name, indices in split.items()
-    }
+    pairs = {name: ([sources[i] for i in indices], [targets[i] for i in indices]) for name, indices in split.items()}
     return pairs, method
 
 
@@ -211,9 +222,7 @@ def load_or_build_vectorizers(pairs, config, output_dir):
     source_vocabulary, target_vocabulary = translation_data.build_vocabularies(
         *pairs["train"], config.source_vocabulary_size, config.target_vocabulary_size
     )
-    vectorizers = TranslationVectorizers(
-        source_vocabulary, target_vocabulary, config.sequence_length
-    )
+    vectorizers = TranslationVectorizers(source_vocabulary, target_vocabulary, config.sequence_length)
     vectorizers.save(output_dir)
     return vectorizers
 
@@ -270,7 +279,12 @@ def _train(args, output_dir):
     with strategy.scope():
         model = build_translator(config)
         compile_translator(
-            model, args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay, args.jit_compile,
+            model,
+            args.learning_rate,
+            total_steps,
+            args.warmup_fraction,
+            args.weight_decay,
+            args.jit_compile,
             args.label_smoothing,
         )
     started = time.perf_counter()
@@ -312,9 +326,7 @@ def _train(args, output_dir):
         **training.run_summary(args, policy, strategy, fitted),
         "tokens_per_batch": args.tokens_per_batch,
         "training_seconds": round(training_seconds, 1),
-        "training_seconds_all_epochs": round(
-            sum(row.get("epoch_seconds", 0.0) for row in epochs), 1
-        ),
+        "training_seconds_all_epochs": round(sum(row.get("epoch_seconds", 0.0) for row in epochs), 1),
         "cpu_count": os.cpu_count(),
         "test_token_accuracy": test["token_accuracy"],
         "test_loss": test["loss"],
@@ -346,8 +358,11 @@ def check_workers_agree(strategy, pairs, vectorizers):
     flags, or an `--output-dir` the workers do not share) would otherwise train on mismatched ids.
     """
     digest = hashlib.sha256()
-    for texts in [*(side for name in sorted(pairs) for side in pairs[name]),
-                  vectorizers.source_vocabulary, vectorizers.target_vocabulary]:
+    for texts in [
+        *(side for name in sorted(pairs) for side in pairs[name]),
+        vectorizers.source_vocabulary,
+        vectorizers.target_vocabulary,
+    ]:
         digest.update("\n".join(texts).encode("utf-8") + b"\0")
     fingerprint = int.from_bytes(digest.digest()[:4], "big") % 2**30
     with distributed.collectives():

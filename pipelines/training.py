@@ -37,7 +37,15 @@ SEED = 1337
 
 
 def add_training_arguments(
-    parser, *, output_dir, epochs, learning_rate, weight_decay, warmup_fraction, patience, jit_compile_help,
+    parser,
+    *,
+    output_dir,
+    epochs,
+    learning_rate,
+    weight_decay,
+    warmup_fraction,
+    patience,
+    jit_compile_help,
 ):
     """The flags every trainer takes (each trainer's defaults given here): `--output-dir`,
     `--mixed-precision` (float32 by default for every trainer), `--jit-compile`, `--strategy` with its multi-worker options, `--epochs`,
@@ -45,19 +53,28 @@ def add_training_arguments(
     `--seed` and `--debug`."""
     parser.add_argument("--output-dir", default=output_dir, help="checkpoints, logs, vocabularies, summary")
     parser.add_argument(
-        "--mixed-precision", choices=PRECISION_POLICIES, default="float32", help="dtype policy (default float32)",
+        "--mixed-precision",
+        choices=PRECISION_POLICIES,
+        default="float32",
+        help="dtype policy (default float32)",
     )
     parser.add_argument("--jit-compile", action="store_true", help=jit_compile_help)
     parser.add_argument(
-        "--strategy", choices=(*STRATEGIES, distributed.MULTI_WORKER), default="default",
+        "--strategy",
+        choices=(*STRATEGIES, distributed.MULTI_WORKER),
+        default="default",
         help="multi_worker: MultiWorkerMirroredStrategy over the TF_CONFIG cluster (see pipelines.launch)",
     )
     parser.add_argument(
-        "--checkpoint-every", type=positive_int, default=distributed.CHECKPOINT_EVERY,
+        "--checkpoint-every",
+        type=positive_int,
+        default=distributed.CHECKPOINT_EVERY,
         help="multi_worker: training steps between checkpoints (also one per epoch)",
     )
     parser.add_argument(
-        "--collective-timeout", type=positive_int, default=distributed.TIMEOUT_SECONDS,
+        "--collective-timeout",
+        type=positive_int,
+        default=distributed.TIMEOUT_SECONDS,
         help="multi_worker: seconds before a collective with a lost worker fails",
     )
     parser.add_argument("--epochs", type=positive_int, default=epochs)
@@ -161,8 +178,22 @@ class FitResult:
     distributed_trainer: distributed.DistributedTrainer | None = None
 
 
-def fit(args, strategy, policy, model, total_steps, train_batches, validation_batches, *, monitor, mode,
-        losses, metrics, epoch_batches, counted=distributed.per_example):
+def fit(
+    args,
+    strategy,
+    policy,
+    model,
+    total_steps,
+    train_batches,
+    validation_batches,
+    *,
+    monitor,
+    mode,
+    losses,
+    metrics,
+    epoch_batches,
+    counted=distributed.per_example,
+):
     """Trains `model` for `args.epochs`, resuming the run found in `args.output_dir`, and loads the
     weights of its best epoch (`monitor`, better when `mode` is "min" lower, "max" higher).
 
@@ -175,7 +206,9 @@ def fit(args, strategy, policy, model, total_steps, train_batches, validation_ba
     """
     output_dir = Path(args.output_dir)  # a multi-worker run's chief writes it, the others their own
     if args.strategy != distributed.MULTI_WORKER:
-        callbacks = resumable_training.training_callbacks(output_dir, monitor=monitor, mode=mode, patience=args.patience)
+        callbacks = resumable_training.training_callbacks(
+            output_dir, monitor=monitor, mode=mode, patience=args.patience
+        )
         history = model.fit(  # shuffle=False: the dataset shuffles itself (Keras would warn each epoch)
             train_batches, validation_data=validation_batches, epochs=args.epochs, callbacks=callbacks, shuffle=False
         )
@@ -183,7 +216,9 @@ def fit(args, strategy, policy, model, total_steps, train_batches, validation_ba
         epochs = resumable_training.read_history(output_dir)
         this_invocation = len(history.epoch)
         return FitResult(
-            epochs, this_invocation, resumable_training.resumed_from_epoch(len(epochs), this_invocation),
+            epochs,
+            this_invocation,
+            resumable_training.resumed_from_epoch(len(epochs), this_invocation),
             best_epoch(epochs, monitor, mode),
         )
     with strategy.scope():
@@ -209,8 +244,11 @@ def fit(args, strategy, policy, model, total_steps, train_batches, validation_ba
     )
     resumable_training.restore_best_weights(model, output_dir)  # the chief's, on every worker
     return FitResult(
-        fitted.history, fitted.epochs_this_invocation, fitted.first_epoch or None,
-        best_epoch(fitted.history, monitor, mode), fitted.trainer,
+        fitted.history,
+        fitted.epochs_this_invocation,
+        fitted.first_epoch or None,
+        best_epoch(fitted.history, monitor, mode),
+        fitted.trainer,
     )
 
 

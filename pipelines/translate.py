@@ -25,7 +25,6 @@ from appkit.cli import positive_int
 from appkit.cli import user_errors_exit
 from models import decoding_defaults  # imports nothing
 
-
 ATTENTION_SUFFIXES = (".html", ".png")
 
 
@@ -105,11 +104,15 @@ def main(argv=None):
     origin.add_argument("--run", help="training output directory (checkpoint + vocabularies)")
     origin.add_argument("--export", help="SavedModel directory (a version, or the model's versions)")
     parser.add_argument(
-        "--beam-size", type=positive_int, default=decoding_defaults.BEAM_SIZE,
+        "--beam-size",
+        type=positive_int,
+        default=decoding_defaults.BEAM_SIZE,
         help=f"1 = greedy (default {decoding_defaults.BEAM_SIZE}; an export serves {decoding_defaults.BEAM_SIZE} and 1)",
     )
     parser.add_argument(
-        "--attention", metavar="PATH", help="also write the cross-attention alignments: .html (explorer) or .png (--run only)"
+        "--attention",
+        metavar="PATH",
+        help="also write the cross-attention alignments: .html (explorer) or .png (--run only)",
     )
     parser.add_argument("sentences", nargs="*", help="sentences to translate (default: one per line on stdin)")
     add_debug_flag(parser)
@@ -126,7 +129,9 @@ def main(argv=None):
         parser.error(f"--beam-size with --export must be 1 or {decoding_defaults.BEAM_SIZE}, got {args.beam_size}")
     with user_errors_exit(parser.prog, args.debug):
         if args.run:
-            translations = translate_with_run(args.run, sentences, beam_size=args.beam_size, attention_path=args.attention)
+            translations = translate_with_run(
+                args.run, sentences, beam_size=args.beam_size, attention_path=args.attention
+            )
         else:
             translations = translate_with_export(args.export, sentences, greedy=args.beam_size == 1)
     for translation in translations:

@@ -13,7 +13,6 @@ from models.translation_text import START_TOKEN
 from models.translation_text import translation_vectorizer
 from pipelines.batching import bucket_boundaries
 
-
 SPLIT_METHODS = ("source", "pair")
 
 
@@ -163,9 +162,7 @@ def make_dataset(
     if max_batch_size:
         batch_sizes = [min(size, max_batch_size) for size in batch_sizes]
     dataset = dataset.bucket_by_sequence_length(
-        element_length_func=lambda inputs, target_out: tf.maximum(
-            tf.size(inputs[0]), tf.size(target_out)
-        ),
+        element_length_func=lambda inputs, target_out: tf.maximum(tf.size(inputs[0]), tf.size(target_out)),
         bucket_boundaries=boundaries,
         bucket_batch_sizes=batch_sizes,
         pad_to_bucket_boundary=True,

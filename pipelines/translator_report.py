@@ -8,9 +8,9 @@ the learning curves, and the cross-attention alignments of the run's example tes
 import dataclasses
 import html
 
+from appkit.files import write_text_atomic
 from keras_attn.visualization import explorer_html
 from keras_attn.visualization import figure_data_uri
-from appkit.files import write_text_atomic
 from models.decoding import make_decoder
 from models.translator_attention import alignment_maps
 from pipelines.run_report import image_html
@@ -44,9 +44,15 @@ def report_html(summary, history, example_maps):
     """The page: `summary` of `train_translator`, its epoch rows, and `example_maps` per example."""
     test_set = summary["test_set"]
     figures = [
-        ("test BLEU", f"{summary['test_bleu']} on {summary['bleu_sentences']:,} sentences (beam {summary['beam_size']})"),
-        ("test set", f"{test_set['sources']:,} source sentences ({summary['split']['method']}-disjoint split), "
-                     f"{test_set['pairs']:,} references"),
+        (
+            "test BLEU",
+            f"{summary['test_bleu']} on {summary['bleu_sentences']:,} sentences (beam {summary['beam_size']})",
+        ),
+        (
+            "test set",
+            f"{test_set['sources']:,} source sentences ({summary['split']['method']}-disjoint split), "
+            f"{test_set['pairs']:,} references",
+        ),
         *search_rows(summary),
         ("BLEU signature", summary["bleu_signature"]),
         ("chrF signature", summary["chrf_signature"]),
@@ -57,7 +63,10 @@ def report_html(summary, history, example_maps):
     ]
     sections = ["<h2>Results</h2>", table_html(figures, ("", "value"))]
     if history:
-        sections += ["<h2>Learning curves</h2>", image_html(figure_data_uri(learning_curves_figure(history)), "learning curves")]
+        sections += [
+            "<h2>Learning curves</h2>",
+            image_html(figure_data_uri(learning_curves_figure(history)), "learning curves"),
+        ]
     sections += ["<h2>Example test sentences</h2>", examples_html(summary["examples"])]
     maps = [
         dataclasses.replace(m, name=f"{number}. {example['source']} | {m.name}")
@@ -70,9 +79,7 @@ def report_html(summary, history, example_maps):
 
 def write_report(path, summary, history, model, vectorizers):
     """Writes the report of a finished run (alignments decoded with the run's beam size)."""
-    decoder = make_decoder(
-        model, vectorizers, beam_size=summary["beam_size"], length_penalty=summary["length_penalty"]
-    )
+    decoder = make_decoder(model, vectorizers, beam_size=summary["beam_size"], length_penalty=summary["length_penalty"])
     example_maps = []
     for example in summary["examples"]:
         target_ids = decoder(vectorizers.source_ids([example["source"]])).numpy()[0]

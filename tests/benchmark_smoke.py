@@ -26,4 +26,7 @@ def assert_smoke_run(name, tmp_path, capsys, monkeypatch, small_imdb_archive, im
         assert any(row.get(goal) is not None for row in rows), goal
     # The conditions are the machine's load on its cores, printed and recorded.
     cpus, load = written["machine"]["cpus"], written["machine"]["load_average"]
-    assert f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1, 5, 15 min) on {cpus} cores" in capsys.readouterr().out
+    assert (
+        f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1, 5, 15 min) on {cpus} cores"
+        in capsys.readouterr().out
+    )

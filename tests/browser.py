@@ -50,8 +50,12 @@ def open_url(url):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.on("console", lambda message: message.type == "error" and errors.append(message.text))
             page.on("pageerror", lambda error: errors.append(str(error)))
-            page.on("requestfailed", lambda request: _network_error(request) and errors.append(
-                f"request failed: {request.url} ({request.failure})"))
+            page.on(
+                "requestfailed",
+                lambda request: (
+                    _network_error(request) and errors.append(f"request failed: {request.url} ({request.failure})")
+                ),
+            )
             page.goto(url)
             yield page
         finally:

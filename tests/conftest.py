@@ -7,6 +7,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+# The IMDB archive fixtures, for every test module that names them as arguments.
+pytest_plugins = ["tests.imdb_fixtures"]
+
 
 @pytest.fixture(autouse=True)
 def _float32_policy_and_seed():

@@ -42,9 +42,13 @@ def data(examples, seed=0, infinite_at=None):
 
 
 def dataset(features, labels, batch_size, seconds_per_batch=0.0):
-    batches = tf.data.Dataset.from_tensor_slices((features, {"probability": labels})).batch(batch_size, drop_remainder=True)
+    batches = tf.data.Dataset.from_tensor_slices((features, {"probability": labels})).batch(
+        batch_size, drop_remainder=True
+    )
     if seconds_per_batch:
-        batches = batches.map(lambda x, y: (tf.py_function(lambda t: time.sleep(seconds_per_batch) or t, [x], tf.float32), y))
+        batches = batches.map(
+            lambda x, y: (tf.py_function(lambda t: time.sleep(seconds_per_batch) or t, [x], tf.float32), y)
+        )
         batches = batches.map(lambda x, y: (tf.ensure_shape(x, (batch_size, FEATURES)), y))
     return batches
 
@@ -73,8 +77,11 @@ def translator_objective():
     from models.translator import translation_loss
     from models.vocabulary import PADDING_ID
 
-    return (distributed.unreduced(translation_loss()), {"token_accuracy": distributed.token_accuracy()},
-            distributed.real_tokens(PADDING_ID))
+    return (
+        distributed.unreduced(translation_loss()),
+        {"token_accuracy": distributed.token_accuracy()},
+        distributed.real_tokens(PADDING_ID),
+    )
 
 
 def parse_args(argv=None):
@@ -93,7 +100,9 @@ def parse_args(argv=None):
     parser.add_argument("--infinite-at", type=int, help="classifier: the example whose features are inf")
     parser.add_argument("--jit-compile", action="store_true")
     parser.add_argument("--mixed-precision", default="float32")
-    parser.add_argument("--timeout", type=float, default=120, help="collective timeout: generous, the test machine is shared")
+    parser.add_argument(
+        "--timeout", type=float, default=120, help="collective timeout: generous, the test machine is shared"
+    )
     return parser.parse_args(argv)
 
 
@@ -139,8 +148,11 @@ def train(args):
         checkpoint_every=args.checkpoint_every,
     )
     task_type, task_id, _ = distributed.cluster_task()
-    np.savez(os.path.join(args.weights_out, f"{task_id}.npz"), *model.get_weights(),
-             iterations=int(tf.convert_to_tensor(optimizer.iterations.value)))
+    np.savez(
+        os.path.join(args.weights_out, f"{task_id}.npz"),
+        *model.get_weights(),
+        iterations=int(tf.convert_to_tensor(optimizer.iterations.value)),
+    )
 
 
 if __name__ == "__main__":

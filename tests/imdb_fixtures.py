@@ -3,8 +3,8 @@
 `small_imdb_archive` copies a few hundred real reviews (both splits, both labels, the original
 member paths) into a tar.gz under pytest's temporary directory, once per session. It never
 downloads: without the real archive (`../shared/data`, `$KERAS_ATTN_DATA`, `$IMDB_DATA_DIR`)
-the tests that need it are skipped. Import the fixtures into a test module with
-`from tests.imdb_fixtures import imdb_cache_dir, small_imdb_archive  # noqa: F401`.
+the tests that need it are skipped. The fixtures are
+registered for every module by `pytest_plugins` in tests/conftest.py.
 `interrupted_after_first_epoch` stops the training commands after their first committed epoch.
 """
 
@@ -77,7 +77,8 @@ def interrupted_after_first_epoch():
     make_callbacks = resumable_training.training_callbacks
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(
-            resumable_training, "training_callbacks",
+            resumable_training,
+            "training_callbacks",
             lambda *a, **k: make_callbacks(*a, **k) + [_InterruptAfterFirstEpoch()],
         )
         yield

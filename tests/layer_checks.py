@@ -282,14 +282,18 @@ def assert_padding_invariant(layer, x, mask, appended=3, atol=1e-5):
     mask = np.asarray(mask, bool)
     output = np.asarray(layer(x, query_mask=mask, value_mask=mask))
     changed = np.where(mask[..., None], x, np.float32(40.0))
-    np.testing.assert_allclose(np.asarray(layer(changed, query_mask=mask, value_mask=mask))[mask], output[mask], atol=atol, err_msg="content")
+    np.testing.assert_allclose(
+        np.asarray(layer(changed, query_mask=mask, value_mask=mask))[mask], output[mask], atol=atol, err_msg="content"
+    )
     batch, _, features = x.shape
     longer = np.concatenate([x, np.ones((batch, appended, features), x.dtype)], axis=1)
     longer_mask = np.concatenate([mask, np.zeros((batch, appended), bool)], axis=1)
     longer_output = np.asarray(layer(longer, query_mask=longer_mask, value_mask=longer_mask))[:, : x.shape[1]]
     np.testing.assert_allclose(longer_output[mask], output[mask], atol=atol, err_msg="appended padding")
     assert np.all(output[~mask] == 0), "padded rows must be zero"
-    assert np.all(np.asarray(layer(x, query_mask=np.zeros_like(mask), value_mask=np.zeros_like(mask))) == 0), "an all-padding sequence must give zeros"
+    assert np.all(np.asarray(layer(x, query_mask=np.zeros_like(mask), value_mask=np.zeros_like(mask))) == 0), (
+        "an all-padding sequence must give zeros"
+    )
 
 
 def _symbolic(inputs):
@@ -357,10 +361,14 @@ def run_layer_test(
         assert keras.backend.standardize_dtype(spec.dtype) == keras.backend.standardize_dtype(value.dtype), index
     if type(layer).compute_output_shape is not keras.layers.Layer.compute_output_shape and not call_kwargs:
         shapes = keras.tree.map_structure(lambda leaf: tuple(leaf.shape), _symbolic(inputs))
-        computed = layer.compute_output_shape(*shapes) if isinstance(inputs, tuple) else layer.compute_output_shape(shapes)
+        computed = (
+            layer.compute_output_shape(*shapes) if isinstance(inputs, tuple) else layer.compute_output_shape(shapes)
+        )
         computed = [computed] if isinstance(computed[0], (int, type(None))) else list(computed)
         for index, (shape, value) in enumerate(zip(computed, eager_leaves)):
-            assert tuple(shape)[1:] == tuple(value.shape)[1:], f"compute_output_shape[{index}]: {shape} vs {value.shape}"
+            assert tuple(shape)[1:] == tuple(value.shape)[1:], (
+                f"compute_output_shape[{index}]: {shape} vs {value.shape}"
+            )
 
     if expected_num_trainable_weights is not None:
         assert len(layer.trainable_weights) == expected_num_trainable_weights

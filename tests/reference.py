@@ -107,8 +107,7 @@ def attention_gradients(query, key, value, output_gradient, mask=None, bias=None
     return d_query, d_key, d_value, d_logits
 
 
-def multi_head_attention(weights, query, value, key=None, mask=None, bias=None, is_causal=False,
-                         sliding_window=None):
+def multi_head_attention(weights, query, value, key=None, mask=None, bias=None, is_causal=False, sliding_window=None):
     """Float64 multi-head attention from a keras_attn / Keras `MultiHeadAttention`'s weights.
 
     Args:
@@ -121,8 +120,9 @@ def multi_head_attention(weights, query, value, key=None, mask=None, bias=None, 
     q = np.einsum("btf,fhd->bthd", query, wq) + bq
     k = np.einsum("btf,fhd->bthd", key, wk) + bk
     v = np.einsum("btf,fhd->bthd", value, wv) + bv
-    attended, attention_weights = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-                                            sliding_window=sliding_window)
+    attended, attention_weights = attention(
+        q, k, v, mask=mask, bias=bias, is_causal=is_causal, sliding_window=sliding_window
+    )
     return np.einsum("bthd,hdo->bto", attended, wo) + bo, attention_weights
 
 
@@ -209,13 +209,24 @@ def transformer_encoder(weights, x, mask=None, norm_first=False, epsilon=1e-5, s
     x = residual_block(
         x,
         lambda h: multi_head_attention(attention, h, h, mask=mask, bias=bias, sliding_window=sliding_window)[0],
-        *norm1, epsilon, norm_first,
+        *norm1,
+        epsilon,
+        norm_first,
     )
     return residual_block(x, lambda h: feed_forward(h, *ffn), *norm2, epsilon, norm_first)
 
 
-def transformer_decoder(weights, x, encoder=None, self_mask=None, cross_mask=None, norm_first=False,
-                        epsilon=1e-5, is_causal=True, self_bias=None):
+def transformer_decoder(
+    weights,
+    x,
+    encoder=None,
+    self_mask=None,
+    cross_mask=None,
+    norm_first=False,
+    epsilon=1e-5,
+    is_causal=True,
+    self_bias=None,
+):
     """Float64 Transformer decoder block from a `TransformerDecoder`'s `get_weights()`.
 
     Weight order: self-attention (8), its layer norm (2), [cross-attention (8), its layer norm
@@ -227,14 +238,19 @@ def transformer_decoder(weights, x, encoder=None, self_mask=None, cross_mask=Non
     x = residual_block(
         x,
         lambda h: multi_head_attention(self_attention, h, h, mask=self_mask, bias=self_bias, is_causal=is_causal)[0],
-        *norm1, epsilon, norm_first,
+        *norm1,
+        epsilon,
+        norm_first,
     )
     if encoder is not None:
         cross_attention, norm2, rest = rest[:8], rest[8:10], rest[10:]
         encoder = np.asarray(encoder, np.float64)
         x = residual_block(
-            x, lambda h: multi_head_attention(cross_attention, h, encoder, mask=cross_mask)[0],
-            *norm2, epsilon, norm_first,
+            x,
+            lambda h: multi_head_attention(cross_attention, h, encoder, mask=cross_mask)[0],
+            *norm2,
+            epsilon,
+            norm_first,
         )
     ffn, norm3 = rest[:4], rest[4:6]
     return residual_block(x, lambda h: feed_forward(h, *ffn), *norm3, epsilon, norm_first)
@@ -320,8 +336,9 @@ def linear_attention_weights(query_features, key_features, mask=None, is_causal=
     return weights
 
 
-def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, is_causal=False, self_logit=-1e5,
-                  return_weights=False):
+def lsh_attention(
+    query, value, rotations, num_buckets, chunk_size, mask=None, is_causal=False, self_logit=-1e5, return_weights=False
+):
     """Float64 Reformer attention, query by query: each round's window in the (bucket, position) order.
 
     `query` `(batch, seq, heads, depth)` (keys are its unit-length rows), `value` `(batch, seq,
@@ -343,14 +360,17 @@ def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, i
             rotated = np.einsum("td,drk->rtk", key[b, :, h], np.asarray(rotations, np.float64)[h])
             rounds = []
             for r in range(rotated.shape[0]):
-                buckets = np.zeros(length, int) if num_buckets == 1 else np.argmax(
-                    np.concatenate([rotated[r], -rotated[r]], -1), -1)
+                buckets = (
+                    np.zeros(length, int)
+                    if num_buckets == 1
+                    else np.argmax(np.concatenate([rotated[r], -rotated[r]], -1), -1)
+                )
                 buckets = np.where(valid[b], buckets, num_buckets)
                 order = sorted(range(length), key=lambda t: (buckets[t], t))
                 rank = {t: i for i, t in enumerate(order)}
                 for i in range(length):
                     chunk = rank[i] // chunk_size
-                    window = order[max(chunk - 1, 0) * chunk_size:(chunk + 1) * chunk_size]
+                    window = order[max(chunk - 1, 0) * chunk_size : (chunk + 1) * chunk_size]
                     keys = [j for j in window if valid[b, j] and valid[b, i]]
                     if is_causal:  # the chunk_size latest tokens of its own bucket, itself included
                         keys = [j for j in range(i + 1) if valid[b, j] and valid[b, i] and buckets[j] == buckets[i]]
@@ -358,9 +378,9 @@ def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, i
                     if not keys:
                         rounds.append((r, i, -np.inf, np.zeros(value.shape[-1]), np.zeros(length)))
                         continue
-                    logits = np.array([
-                        self_logit if j == i else query[b, i, h] @ key[b, j, h] / np.sqrt(depth) for j in keys
-                    ])
+                    logits = np.array(
+                        [self_logit if j == i else query[b, i, h] @ key[b, j, h] / np.sqrt(depth) for j in keys]
+                    )
                     top = logits.max()
                     lse = top + np.log(np.exp(logits - top).sum())
                     probabilities = np.zeros(length)
@@ -414,7 +434,8 @@ def t5_relative_position_bucket(relative_position, bidirectional=True, num_bucke
     is_small = n < max_exact
     with np.errstate(divide="ignore", invalid="ignore"):
         val_if_large = max_exact + (
-            np.log(n.astype(np.float32) / max_exact) / np.float32(np.log(max_distance / max_exact))
+            np.log(n.astype(np.float32) / max_exact)
+            / np.float32(np.log(max_distance / max_exact))
             * (num_buckets - max_exact)
         )
     val_if_large = np.minimum(np.where(is_small, 0, val_if_large).astype(np.int64), num_buckets - 1)

@@ -92,7 +92,9 @@ def train(scenario, kill, attempt):
     features = np.random.default_rng(0).normal(size=(8 * STEPS_PER_EPOCH, 3)).astype("float32")
     targets = features @ np.array([[1.0], [-2.0], [0.5]], "float32")
     model = build_model()
-    callbacks = resumable_training.training_callbacks(output_dir, monitor="val_loss", mode="min", patience=scenario["patience"])
+    callbacks = resumable_training.training_callbacks(
+        output_dir, monitor="val_loss", mode="min", patience=scenario["patience"]
+    )
     monitor = ScriptedMonitor(scenario["val_losses"], output_dir.parent / "record", kill)
     callbacks.insert(-1, monitor)  # before ResumableTraining: it commits the scripted value
     callbacks.append(Snapshot(output_dir, output_dir.parent / "snapshots" / f"attempt-{attempt}"))

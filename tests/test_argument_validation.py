@@ -107,9 +107,18 @@ KINDS = {
     "layer_norm_epsilon": "positive_number",
     "norm_first": "bool",
 }
-for _name in ("kernel_initializer", "bias_initializer", "kernel_regularizer", "bias_regularizer",
-              "activity_regularizer", "kernel_constraint", "bias_constraint", "initializer",
-              "embeddings_initializer", "projection_initializer"):
+for _name in (
+    "kernel_initializer",
+    "bias_initializer",
+    "kernel_regularizer",
+    "bias_regularizer",
+    "activity_regularizer",
+    "kernel_constraint",
+    "bias_constraint",
+    "initializer",
+    "embeddings_initializer",
+    "projection_initializer",
+):
     KINDS[_name] = OBJECT
 
 
@@ -123,7 +132,10 @@ def _parameters(class_name):
     for klass in getattr(keras_attn, class_name).__mro__:
         if klass.__module__.startswith("keras_attn") and "__init__" in vars(klass):
             for parameter in list(inspect.signature(klass.__init__).parameters.values())[1:]:
-                if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL) and parameter.name not in names:
+                if (
+                    parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)
+                    and parameter.name not in names
+                ):
                     names.append(parameter.name)
     return names
 

@@ -15,14 +15,14 @@ from hypothesis import strategies as st
 
 import keras_attn
 from keras_attn.core import attention as attention_module
-from keras_attn.kernels import chunked
-from keras_attn.kernels import kernels_table
-from keras_attn.kernels.call import AttentionCall
+from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.core.masks import causal_mask
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import padding_mask_to_attention_mask
-from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.core.masks import sliding_window_mask
+from keras_attn.kernels import chunked
+from keras_attn.kernels import kernels_table
+from keras_attn.kernels.call import AttentionCall
 from keras_attn.patterns import Causal
 from tests import reference
 from tests.layer_checks import assert_gradients_match_finite_differences
@@ -93,8 +93,20 @@ def _assert_matches_reference(actual, weights, expected, expected_weights, atol=
     seed=st.integers(0, 2**16),
 )
 def test_matches_reference(
-    small_query_chunks, batch, query_len, key_len, kv_heads, groups, depth, value_depth, mask_layout, use_bias,
-    is_causal, sliding_window, scale, seed,
+    small_query_chunks,
+    batch,
+    query_len,
+    key_len,
+    kv_heads,
+    groups,
+    depth,
+    value_depth,
+    mask_layout,
+    use_bias,
+    is_causal,
+    sliding_window,
+    scale,
+    seed,
 ):
     rng = np.random.default_rng(seed)
     heads = kv_heads * groups
@@ -221,7 +233,12 @@ def test_dropout_zeroes_or_rescales_each_weight_in_training_only():
     value = np.broadcast_to(np.eye(6, dtype="float32")[None, :, None, :], (2, 6, 2, 6))
     rate = 0.5
     attend = functools.partial(
-        scaled_dot_product_attention, query, key, value, dropout_rate=rate, return_weights=True,
+        scaled_dot_product_attention,
+        query,
+        key,
+        value,
+        dropout_rate=rate,
+        return_weights=True,
         seed_generator=keras.random.SeedGenerator(0),
     )
     eval_output, eval_weights = scaled_dot_product_attention(query, key, value, return_weights=True)
@@ -248,7 +265,9 @@ def test_half_precision_inputs_softmax_in_float32(dtype):
     assert keras.backend.standardize_dtype(weights.dtype) == dtype
     output, weights = output.numpy().astype(np.float64), weights.numpy().astype(np.float64)
     _assert_rows_exactly_zero(output, weights, fully_masked)
-    expected, expected_weights = reference.attention(*(np.asarray(x, np.float64) for x in (query, key, value)), mask=mask)
+    expected, expected_weights = reference.attention(
+        *(np.asarray(x, np.float64) for x in (query, key, value)), mask=mask
+    )
     tolerance = HALF_TOLERANCES[dtype]
     np.testing.assert_allclose(weights, expected_weights, atol=tolerance)
     np.testing.assert_allclose(output, expected, atol=tolerance * np.abs(expected).max())
@@ -289,7 +308,14 @@ def test_gradients_match_finite_differences():
 
     def attend(query, key, value, bias, training=False):
         return scaled_dot_product_attention(
-            query, key, value, mask=mask, bias=bias, is_causal=True, scale=0.7, training=training,
+            query,
+            key,
+            value,
+            mask=mask,
+            bias=bias,
+            is_causal=True,
+            scale=0.7,
+            training=training,
             return_weights=True,
         )
 
@@ -322,9 +348,7 @@ def test_mask_helpers_match_numpy():
     np.testing.assert_array_equal(causal_mask(4, 6)[0, 0], cols <= rows)
     np.testing.assert_array_equal(causal_mask(4, 6, query_offset=2)[0, 0], cols <= rows + 2)
     np.testing.assert_array_equal(sliding_window_mask(4, 6, 2)[0, 0], np.abs(rows - cols) < 2)
-    np.testing.assert_array_equal(
-        sliding_window_mask(4, 6, 2, query_offset=2)[0, 0], np.abs(rows + 2 - cols) < 2
-    )
+    np.testing.assert_array_equal(sliding_window_mask(4, 6, 2, query_offset=2)[0, 0], np.abs(rows + 2 - cols) < 2)
     query_mask = np.array([[1, 1, 0], [1, 0, 0]], bool)
     key_mask = np.array([[1, 0, 1, 1], [0, 1, 1, 1]], bool)
     merged = padding_mask_to_attention_mask(query_mask, key_mask)

@@ -81,8 +81,9 @@ def test_padded_keys_and_values_never_reach_real_outputs(lengths, poison, implem
     output = scaled_dot_product_attention(
         q, poisoned_k, poisoned_v, mask=mask, is_causal=is_causal, implementation=implementation
     )
-    expected, _ = reference.attention(q, np.where(real[..., None, None], k, 0), np.where(real[..., None, None], v, 0),
-                                      mask=mask, is_causal=is_causal)
+    expected, _ = reference.attention(
+        q, np.where(real[..., None, None], k, 0), np.where(real[..., None, None], v, 0), mask=mask, is_causal=is_causal
+    )
     output = np.asarray(output)
     assert np.all(np.isfinite(output[real]))
     np.testing.assert_allclose(output[real], expected[real], atol=1e-5)
@@ -108,7 +109,7 @@ def test_masked_global_pooling_rejects_a_mask_not_shaped_batch_seq(mask_shape):
     from keras_attn.blocks.masked_global_pooling import MaskedGlobalPooling
 
     inputs = np.ones((2, 5, 3), np.float32)
-    with pytest.raises(ValueError, match=rf"`mask` must have shape \(batch, seq\)=\(2, 5\)\. Received: mask\.shape="):
+    with pytest.raises(ValueError, match=r"`mask` must have shape \(batch, seq\)=\(2, 5\)\. Received: mask\.shape="):
         MaskedGlobalPooling()(inputs, mask=np.ones(mask_shape, bool))
 
 
@@ -251,7 +252,9 @@ def test_a_masking_bias_gives_the_weights_of_the_boolean_mask(masking_bias):
         weights = np.asarray(weights, np.float64)
         assert np.all(weights[0, 0][~allowed] == 0.0) and np.all(np.asarray(output)[0, 1] == 0.0)
         np.testing.assert_allclose(weights, expected_weights, atol=1e-3 if dtype == "float16" else 1e-6)
-        np.testing.assert_allclose(np.asarray(output, np.float64), expected_output, atol=1e-2 if dtype == "float16" else 1e-5)
+        np.testing.assert_allclose(
+            np.asarray(output, np.float64), expected_output, atol=1e-2 if dtype == "float16" else 1e-5
+        )
 
 
 def test_minus_inf_attention_bias_through_multi_head_attention():
@@ -282,8 +285,9 @@ def _layers():
         "TransformerEncoder": lambda: ka.TransformerEncoder(intermediate_dim=8, num_heads=2),
         "TransformerDecoder": lambda: ka.TransformerDecoder(intermediate_dim=8, num_heads=2),
         "LinearAttention": lambda: ka.LinearAttention(num_heads=2, key_dim=4),
-        "LinformerSelfAttention": lambda: ka.LinformerSelfAttention(num_heads=2, key_dim=4, max_length=8,
-                                                                    projected_length=2),
+        "LinformerSelfAttention": lambda: ka.LinformerSelfAttention(
+            num_heads=2, key_dim=4, max_length=8, projected_length=2
+        ),
         "LSHSelfAttention": lambda: ka.LSHSelfAttention(num_heads=2, key_dim=4, num_buckets=2, chunk_size=2),
         "RotaryEmbedding": ka.RotaryEmbedding,
         "SinusoidalPositionEncoding": ka.SinusoidalPositionEncoding,
@@ -300,38 +304,76 @@ _ONES = np.ones((2, 4), bool)
 
 # (layer, positional inputs, keyword arguments, text the ValueError must hold: argument and value)
 BAD_LAYER_CALLS = [
-    ("TokenAndPositionEmbedding", (_IDS - 1,), {}, "`token_ids` must hold whole-number ids in [0, vocabulary_size=10)"
-     ". Received: token_ids holding -1"),
+    (
+        "TokenAndPositionEmbedding",
+        (_IDS - 1,),
+        {},
+        "`token_ids` must hold whole-number ids in [0, vocabulary_size=10). Received: token_ids holding -1",
+    ),
     ("TokenAndPositionEmbedding", (_IDS + 1,), {}, "token_ids holding 10"),
     ("TokenAndPositionEmbedding", (_IDS + 0.5,), {}, "token_ids holding 0.5"),
     ("TokenAndPositionEmbedding", (_IDS,), {"start_index": 5}, "5 + 4 = 9 exceeds sequence_length=8"),
     ("TokenAndPositionEmbedding", (_IDS,), {"start_index": -1}, "start_index=-1"),
-    ("NgramBag", (_IDS + 1,), {}, "`token_ids` must hold whole-number ids in [0, vocabulary_size=10). Received: "
-     "token_ids holding 10"),
+    (
+        "NgramBag",
+        (_IDS + 1,),
+        {},
+        "`token_ids` must hold whole-number ids in [0, vocabulary_size=10). Received: token_ids holding 10",
+    ),
     ("NgramBag", (_IDS - 4,), {}, "token_ids holding -4, -3, -2, -1"),
-    ("SparseLinear", ((np.array([[1, 10]]), np.ones((1, 2), np.float32)),), {},
-     "`features` must hold whole-number ids in [0, num_features=10). Received: features holding 10"),
+    (
+        "SparseLinear",
+        ((np.array([[1, 10]]), np.ones((1, 2), np.float32)),),
+        {},
+        "`features` must hold whole-number ids in [0, num_features=10). Received: features holding 10",
+    ),
     ("SparseLinear", ((np.array([[-1, 2]]), np.ones((1, 2), np.float32)),), {}, "features holding -1"),
-    ("PositionEmbedding", (_X,), {"start_index": 1.5}, "`start_index` must be an int >= 0 or an integer tensor. "
-     "Received: start_index=1.5"),
+    (
+        "PositionEmbedding",
+        (_X,),
+        {"start_index": 1.5},
+        "`start_index` must be an int >= 0 or an integer tensor. Received: start_index=1.5",
+    ),
     ("PositionEmbedding", (_X,), {"start_index": -1}, "start_index=-1"),
-    ("PositionEmbedding", (_X,), {"start_index": 5}, "start_index + input length = 5 + 4 = 9 exceeds sequence_length=8"),
+    (
+        "PositionEmbedding",
+        (_X,),
+        {"start_index": 5},
+        "start_index + input length = 5 + 4 = 9 exceeds sequence_length=8",
+    ),
     ("RotaryEmbedding", (_X.reshape(2, 4, 2, 4),), {"start_index": -1}, "start_index=-1"),
     ("RotaryEmbedding", (_X.reshape(2, 4, 2, 4),), {"start_index": 1.5}, "start_index=1.5"),
     ("SinusoidalPositionEncoding", (_X,), {"start_index": -3}, "start_index=-3"),
     ("SinusoidalPositionEncoding", (_X,), {"start_index": 0.5}, "start_index=0.5"),
-    ("LinearAttention", (_X,), {"query_mask": _ONES[:, :3]}, "`query_mask` must have shape (batch, seq)=(2, 4) of "
-     "the inputs. Received: query_mask.shape=(2, 3)"),
+    (
+        "LinearAttention",
+        (_X,),
+        {"query_mask": _ONES[:, :3]},
+        "`query_mask` must have shape (batch, seq)=(2, 4) of the inputs. Received: query_mask.shape=(2, 3)",
+    ),
     ("LinearAttention", (_X,), {"value_mask": np.ones((2, 4, 4), bool)}, "value_mask.shape=(2, 4, 4)"),
-    ("LinearAttention", (_X, _X[:, :3]), {}, "LinearAttention does not support cross (its capabilities declare "
-     "cross=False)."),
+    (
+        "LinearAttention",
+        (_X, _X[:, :3]),
+        {},
+        "LinearAttention does not support cross (its capabilities declare cross=False).",
+    ),
     ("LinformerSelfAttention", (_X,), {"key_mask": _ONES[:, :3]}, "key_mask.shape=(2, 3)"),
     ("LinformerSelfAttention", (np.ones((2, 9, 8), np.float32),), {}, "`query` is longer than `max_length=8`"),
     ("LinformerSelfAttention", (_X,), {"use_causal_mask": True}, "LinformerSelfAttention does not support causal"),
     ("LSHSelfAttention", (_X,), {"query_mask": np.ones((3, 4), bool)}, "query_mask.shape=(3, 4)"),
-    ("LSHSelfAttention", (_X,), {"attention_mask": np.ones((2, 4, 4), bool)}, "Received: attention_mask.shape=(2, 4, 4)"),
-    ("TransformerEncoder", (_X,), {"padding_mask": _ONES[:, :3]}, "`padding_mask` must have shape (batch, seq)=(2, 4)"
-     " of the inputs. Received: padding_mask.shape=(2, 3)"),
+    (
+        "LSHSelfAttention",
+        (_X,),
+        {"attention_mask": np.ones((2, 4, 4), bool)},
+        "Received: attention_mask.shape=(2, 4, 4)",
+    ),
+    (
+        "TransformerEncoder",
+        (_X,),
+        {"padding_mask": _ONES[:, :3]},
+        "`padding_mask` must have shape (batch, seq)=(2, 4) of the inputs. Received: padding_mask.shape=(2, 3)",
+    ),
     ("TransformerEncoder", (_X,), {"padding_mask": np.ones((3, 4), bool)}, "padding_mask.shape=(3, 4)"),
     ("TransformerEncoder", (_X,), {"padding_mask": np.ones((2, 4, 1), bool)}, "padding_mask.shape=(2, 4, 1)"),
     ("TransformerDecoder", (_X, _X[:, :3]), {"encoder_padding_mask": _ONES}, "encoder_padding_mask.shape=(2, 4)"),
@@ -341,9 +383,12 @@ BAD_LAYER_CALLS = [
     ("CrossAttention", (_X, _X[:1]), {}, "`query`, `key` and `value` must have the same batch size"),
     ("CrossAttention", (_X, _X[:, :3]), {"value_mask": _ONES}, "value_mask.shape=(2, 4)"),
     ("MultiHeadAttention", (_X, _X[:1]), {}, "key.shape=(1, 4, 2, 4)"),
-    ("MultiHeadAttention", (_X[:, :1], _X[:, :1]), {"cache": np.zeros((2, 2, 6, 2, 4), np.float32),
-     "cache_update_index": 1.5}, "`cache_update_index` must be an int >= 0 or an integer tensor. Received: "
-     "cache_update_index=1.5"),
+    (
+        "MultiHeadAttention",
+        (_X[:, :1], _X[:, :1]),
+        {"cache": np.zeros((2, 2, 6, 2, 4), np.float32), "cache_update_index": 1.5},
+        "`cache_update_index` must be an int >= 0 or an integer tensor. Received: cache_update_index=1.5",
+    ),
     ("MultiHeadAttention", (_X, _X), {"attention_bias": np.zeros((1, 1, 4, 4), bool)}, "bias.dtype=bool"),
 ]
 
@@ -363,8 +408,11 @@ def test_out_of_range_token_ids_fail_at_run_time_in_tf_function(name):
     layer(_IDS)  # builds it
     call = tf.function(lambda ids: layer(ids))
     for bad in (_IDS - 1, _IDS + 1):
-        with pytest.raises(tf.errors.InvalidArgumentError, match=r"`token_ids` must hold whole-number ids in \[0, "
-                                                                 r"vocabulary_size=10\)"):
+        with pytest.raises(
+            tf.errors.InvalidArgumentError,
+            match=r"`token_ids` must hold whole-number ids in \[0, "
+            r"vocabulary_size=10\)",
+        ):
             call(tf.constant(bad))
     np.testing.assert_array_equal(np.asarray(call(tf.constant(_IDS))[0]), np.asarray(layer(_IDS)[0]))
 

@@ -61,7 +61,9 @@ def _family(name, policy="float32"):
 
 def _inputs(seed=0):
     rng = np.random.default_rng(seed)
-    return rng.standard_normal((2, LENGTH, HIDDEN)).astype("float32"), rng.standard_normal((2, CONTEXT, 5)).astype("float32")
+    return rng.standard_normal((2, LENGTH, HIDDEN)).astype("float32"), rng.standard_normal((2, CONTEXT, 5)).astype(
+        "float32"
+    )
 
 
 def _float64_reference(name, layer, query, padding, causal, context=None, context_padding=None):
@@ -69,8 +71,11 @@ def _float64_reference(name, layer, query, padding, causal, context=None, contex
     if name == "dense":
         key_padding = padding if context is None else context_padding
         return reference.multi_head_attention(
-            layer.get_weights(), query, query if context is None else context,
-            mask=reference.padding_attention_mask(padding, key_padding), is_causal=causal,
+            layer.get_weights(),
+            query,
+            query if context is None else context,
+            mask=reference.padding_attention_mask(padding, key_padding),
+            is_causal=causal,
         )
     if name == "lsh":
         return lsh_reference(layer, query, padding, is_causal=causal, return_weights=True)
@@ -97,7 +102,7 @@ def test_registry_builds_each_family_by_name_with_its_declared_capabilities():
 
 
 def test_the_families_guide_shows_the_declared_capabilities():
-    guide = (keras_attn.__file__.rsplit("/", 2)[0] + "/docs/guides/attention_families.md")
+    guide = keras_attn.__file__.rsplit("/", 2)[0] + "/docs/guides/attention_families.md"
     with open(guide, encoding="utf-8") as handle:
         assert attention_families.capabilities_table() in handle.read()
 
@@ -110,11 +115,15 @@ def test_family_through_the_one_convention(name, mode, padded, policy):
     context_padding = CONTEXT_PADDING if padded and cross else None
     layer = _family(name, policy)
     masks = dict(query_mask=padding, value_mask=context_padding if cross else padding)
-    output, scores = layer(
-        x, context if cross else None, use_causal_mask=causal, return_attention_scores=True, **masks
-    )
+    output, scores = layer(x, context if cross else None, use_causal_mask=causal, return_attention_scores=True, **masks)
     expected, expected_scores = _float64_reference(
-        name, layer, x.astype(np.float64), padding, causal, context.astype(np.float64) if cross else None, context_padding
+        name,
+        layer,
+        x.astype(np.float64),
+        padding,
+        causal,
+        context.astype(np.float64) if cross else None,
+        context_padding,
     )
     output, scores = (np.asarray(keras.ops.convert_to_numpy(t), np.float64) for t in (output, scores))
     np.testing.assert_allclose(output, expected, atol=ATOL[policy], err_msg="output")
@@ -123,7 +132,9 @@ def test_family_through_the_one_convention(name, mode, padded, policy):
     # Scores: zero outside the allowed keys, each real row summing to 1 (LSH: over its buckets).
     query_real = np.ones((2, LENGTH), bool) if padding is None else padding
     key_len = scores.shape[-1]
-    key_real = np.ones((2, key_len), bool) if name == "linformer" or masks["value_mask"] is None else masks["value_mask"]
+    key_real = (
+        np.ones((2, key_len), bool) if name == "linformer" or masks["value_mask"] is None else masks["value_mask"]
+    )
     allowed = _allowed(scores.shape, query_real, key_real, causal)
     assert np.all(scores[~allowed] == 0)
     sums = scores.sum(-1)  # (batch, heads, query)
@@ -139,11 +150,13 @@ def test_output_is_the_scores_times_the_values(name, causal):
     weights = {w.path.split("/", 1)[1]: np.asarray(w.numpy(), np.float64) for w in layer.weights}
     value = reference.project_heads(x, weights["value/kernel"], weights["value/bias"])  # (batch, seq, heads, value_dim)
     if name == "linformer":  # the values projected along the length, real tokens first
-        value = np.stack([
-            weights["value_length_projection"][: QUERY_PADDING[b].sum()].T @ value[b, QUERY_PADDING[b]].reshape(
-                QUERY_PADDING[b].sum(), -1
-            ) for b in range(2)
-        ]).reshape(2, -1, HEADS, value.shape[-1])
+        value = np.stack(
+            [
+                weights["value_length_projection"][: QUERY_PADDING[b].sum()].T
+                @ value[b, QUERY_PADDING[b]].reshape(QUERY_PADDING[b].sum(), -1)
+                for b in range(2)
+            ]
+        ).reshape(2, -1, HEADS, value.shape[-1])
     attended = np.einsum("bhqk,bkhd->bqhd", np.asarray(scores, np.float64), value)
     kernel = weights["attention_output/kernel"]
     expected = reference.merge_heads(attended, kernel, weights["attention_output/bias"])
@@ -154,9 +167,7 @@ def test_output_is_the_scores_times_the_values(name, causal):
 def test_scores_are_the_same_eager_in_a_graph_and_under_xla(name, causal):
     x, _ = _inputs(3)
     layer = _family(name)
-    assert_jit_matches_eager(
-        layer, x, query_mask=QUERY_PADDING, use_causal_mask=causal, return_attention_scores=True
-    )
+    assert_jit_matches_eager(layer, x, query_mask=QUERY_PADDING, use_causal_mask=causal, return_attention_scores=True)
 
 
 def _random_block(block, seed=0):
@@ -168,7 +179,9 @@ def _random_block(block, seed=0):
 
 def _block_reference(name, block, x, padding, causal):
     """The post-norm block in float64 around the family's float64 reference."""
-    norm1, ffn, norm2 = (lambda w: (w[:2], w[2:6], w[6:]))([np.asarray(w, np.float64) for w in block.get_weights()[-8:]])
+    norm1, ffn, norm2 = (lambda w: (w[:2], w[2:6], w[6:]))(
+        [np.asarray(w, np.float64) for w in block.get_weights()[-8:]]
+    )
     attention = type(block.self_attention).from_config(block.self_attention.get_config())  # its weight paths unnested
     attention.build(x.shape)
     attention.set_weights(block.self_attention.get_weights())
@@ -207,7 +220,9 @@ def test_each_family_refuses_what_its_capabilities_exclude_naming_it():
     for name, family in FAMILIES.items():
         capabilities, layer = family.capabilities, _family(name)
         if not capabilities.cross:
-            with pytest.raises(ValueError, match=rf"{family.__name__} does not support cross .*value.shape=\(2, 5, 5\)"):
+            with pytest.raises(
+                ValueError, match=rf"{family.__name__} does not support cross .*value.shape=\(2, 5, 5\)"
+            ):
                 layer(x, context)
         if not capabilities.attention_mask:
             with pytest.raises(ValueError, match=rf"{family.__name__} does not support attention_mask"):

@@ -26,7 +26,10 @@ def numpy_attention_pooling(layer, values, mask):
         probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
         probabilities /= probabilities.sum(axis=1, keepdims=True)  # (heads, seq)
         heads = np.einsum("hs,shd->hd", probabilities, vals)
-        pooled[row] = np.einsum("hd,hdf->f", heads, weights["attention/attention_output/kernel"]) + weights["attention/attention_output/bias"]
+        pooled[row] = (
+            np.einsum("hd,hdf->f", heads, weights["attention/attention_output/kernel"])
+            + weights["attention/attention_output/bias"]
+        )
     return pooled
 
 
@@ -91,6 +94,8 @@ def test_bad_arguments_name_the_value():
 def test_layer_contract():
     rng = np.random.default_rng(14)
     run_layer_test(
-        AttentionPooling, dict(num_heads=2, key_dim=4), rng.standard_normal((2, 5, 6)).astype("float32"),
+        AttentionPooling,
+        dict(num_heads=2, key_dim=4),
+        rng.standard_normal((2, 5, 6)).astype("float32"),
         expected_num_trainable_weights=9,
     )

@@ -17,8 +17,6 @@ from benchmarks import float32_logits
 from benchmarks import run_all
 from benchmarks import sparse_patterns
 from tests.benchmark_smoke import assert_smoke_run
-from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
-from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 
 SMOKE_RUN_BESIDE_THE_DISTRIBUTED_TESTS = "multi_worker"  # tests/test_distributed.py
 
@@ -30,8 +28,12 @@ def test_the_benchmark_scripts_are_found():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [name for name in benchmark_scripts() if name != SMOKE_RUN_BESIDE_THE_DISTRIBUTED_TESTS])
-def test_smoke_run_writes_rows_with_the_peer_ratio(name, tmp_path, monkeypatch, capsys, small_imdb_archive, imdb_cache_dir):
+@pytest.mark.parametrize(
+    "name", [name for name in benchmark_scripts() if name != SMOKE_RUN_BESIDE_THE_DISTRIBUTED_TESTS]
+)
+def test_smoke_run_writes_rows_with_the_peer_ratio(
+    name, tmp_path, monkeypatch, capsys, small_imdb_archive, imdb_cache_dir
+):
     assert_smoke_run(name, tmp_path, capsys, monkeypatch, small_imdb_archive, imdb_cache_dir)
 
 
@@ -42,7 +44,10 @@ def test_sparse_patterns_update_replaces_only_the_points_run(tmp_path):
     path = tmp_path / "sparse_patterns.json"
     old_rows = [row("dense_causal", 4096, 1.0), row("causal_strided", 4096, 2.0), row("block_local", 4096, 3.0)]
     path.write_text(json.dumps({"config": {"lengths": [4096]}, "rows": old_rows}))
-    payload = {"config": {"cases": ["causal_strided"]}, "rows": [row("causal_strided", 4096, 0.5), row("causal_strided", 8192, 4.0)]}
+    payload = {
+        "config": {"cases": ["causal_strided"]},
+        "rows": [row("causal_strided", 4096, 0.5), row("causal_strided", 8192, 4.0)],
+    }
 
     updated = sparse_patterns._updated(str(path), payload, "2026-01-01 00:00 UTC")
 

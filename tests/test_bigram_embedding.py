@@ -33,7 +33,9 @@ def test_matches_the_numpy_lookup_with_zeros_for_padding_unknown_words_and_the_l
 
 def test_layer_contract():
     ids = layer_checks.padded_token_ids(np.random.default_rng(1), [6, 4], 6, VOCABULARY)
-    run_layer_test(HashedBigramEmbedding, dict(num_buckets=BUCKETS, output_dim=WIDTH), ids, expected_num_trainable_weights=1)
+    run_layer_test(
+        HashedBigramEmbedding, dict(num_buckets=BUCKETS, output_dim=WIDTH), ids, expected_num_trainable_weights=1
+    )
 
 
 def test_bad_sizes_name_the_argument():

@@ -4,15 +4,14 @@ Small blocks (8 queries x 16 keys) over lengths that are not multiples of them, 
 several query chunks, several key blocks, padding and, under causal/window masks, block skipping.
 """
 
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from keras_attn.core import attention
-from keras_attn.core import softmax
 from keras_attn.core import masks
+from keras_attn.core import softmax
 from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.kernels import blockwise as blockwise_module
 from keras_attn.kernels.blockwise import blockwise_attention
@@ -66,7 +65,9 @@ def _reference(query, key, value, case):
     if offset:
         # The reference aligns queries at the top left: prepend `offset` queries and drop them.
         padded = np.concatenate([np.zeros_like(query[:, :offset]), query], axis=1)
-        extra = {name: np.pad(case[name], [(0, 0)] * 2 + [(offset, 0), (0, 0)]) for name in ("mask", "bias") if name in case}
+        extra = {
+            name: np.pad(case[name], [(0, 0)] * 2 + [(offset, 0), (0, 0)]) for name in ("mask", "bias") if name in case
+        }
         output, weights = reference.attention(padded, key, value, **{**case, **extra})
         return output[:, offset:], weights[:, :, offset:]
     return reference.attention(query, key, value, **case)
@@ -98,7 +99,9 @@ def test_gradients_match_dense_path(name):
     def dense(query, key, value, bias=None):
         return scaled_dot_product_attention(query, key, value, bias=bias, implementation="dense", **case)
 
-    for got, want in zip(output_gradients(blockwise, inputs, output_grad), output_gradients(dense, inputs, output_grad)):
+    for got, want in zip(
+        output_gradients(blockwise, inputs, output_grad), output_gradients(dense, inputs, output_grad)
+    ):
         np.testing.assert_allclose(got, want, atol=FLOAT32_ATOL)
 
 
@@ -121,7 +124,9 @@ def test_fully_masked_rows_give_zero_output_and_zero_query_gradient():
     assert np.all(np.isfinite(query_grad))
 
 
-@pytest.mark.parametrize("structure", [dict(is_causal=True), dict(sliding_window=4), dict(is_causal=True, sliding_window=9)])
+@pytest.mark.parametrize(
+    "structure", [dict(is_causal=True), dict(sliding_window=4), dict(is_causal=True, sliding_window=9)]
+)
 def test_blocks_outside_the_causal_or_window_band_are_never_computed(structure):
     # NaN keys/values wherever the structure masks every query: a computed block would multiply
     # zero weights by NaN values (and NaN logits) and poison the output and the gradients.
@@ -157,8 +162,15 @@ def _dropped_weights(seed, rate, case, query, key):
     """The dropped-out weights `(batch, heads, q, k)`: attend to one-hot values, one per key."""
     one_hot = np.broadcast_to(np.eye(KEY_LEN, dtype="float32")[None, :, None, :], (BATCH, KEY_LEN, HEADS, KEY_LEN))
     output = blockwise_attention(
-        query, key, one_hot, scale=DEPTH**-0.5, dropout_rate=rate, training=True,
-        seed_generator=keras.random.SeedGenerator(seed), **BLOCKS, **case,
+        query,
+        key,
+        one_hot,
+        scale=DEPTH**-0.5,
+        dropout_rate=rate,
+        training=True,
+        seed_generator=keras.random.SeedGenerator(seed),
+        **BLOCKS,
+        **case,
     )  # (batch, q, heads, k)
     return np.transpose(output.numpy(), (0, 2, 1, 3))
 
@@ -186,8 +198,15 @@ def test_dropout_gradients_use_the_forward_masks():
 
     def blockwise(query, key, value):
         return blockwise_attention(
-            query, key, value, scale=DEPTH**-0.5, dropout_rate=rate, training=True,
-            seed_generator=keras.random.SeedGenerator(seed), **BLOCKS, **case,
+            query,
+            key,
+            value,
+            scale=DEPTH**-0.5,
+            dropout_rate=rate,
+            training=True,
+            seed_generator=keras.random.SeedGenerator(seed),
+            **BLOCKS,
+            **case,
         )
 
     def dense_with_the_same_masks(query, key, value):
@@ -197,7 +216,10 @@ def test_dropout_gradients_use_the_forward_masks():
         return tf.einsum("bhqk,bkhd->bqhd", weights, value)
 
     inputs = (query, key, value)
-    got_grads, want_grads = output_gradients(blockwise, inputs, output_grad), output_gradients(dense_with_the_same_masks, inputs, output_grad)
+    got_grads, want_grads = (
+        output_gradients(blockwise, inputs, output_grad),
+        output_gradients(dense_with_the_same_masks, inputs, output_grad),
+    )
     for got, want in zip(got_grads, want_grads):
         np.testing.assert_allclose(got, want, atol=FLOAT32_ATOL)
 

@@ -83,7 +83,9 @@ def test_cached_decoding_with_a_padding_mask_over_the_cache():
     full = layer(x, query_mask=padding, value_mask=padding).numpy()
     cache = _empty_cache()
     for index in range(LENGTH):
-        output, cache = layer(x[:, index : index + 1], query_mask=padding, value_mask=padding, cache=cache, cache_update_index=index)
+        output, cache = layer(
+            x[:, index : index + 1], query_mask=padding, value_mask=padding, cache=cache, cache_update_index=index
+        )
         real = padding[:, index]
         np.testing.assert_allclose(output.numpy()[real], full[real, index : index + 1], atol=ATOL)
         # The mask covers the cache, not this step: it must not be attached to the output.
@@ -103,6 +105,9 @@ def test_serialization_round_trip():
 def test_layer_contract():
     rng = np.random.default_rng(12)
     run_layer_test(
-        CausalSelfAttention, dict(num_heads=2, key_dim=4, num_key_value_heads=1, sliding_window=3),
-        rng.standard_normal((2, 6, 8)).astype("float32"), expected_num_trainable_weights=8, unchanged_ok=("key/bias",),
+        CausalSelfAttention,
+        dict(num_heads=2, key_dim=4, num_key_value_heads=1, sliding_window=3),
+        rng.standard_normal((2, 6, 8)).astype("float32"),
+        expected_num_trainable_weights=8,
+        unchanged_ok=("key/bias",),
     )

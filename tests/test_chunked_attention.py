@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn.core import softmax
 from keras_attn.core import masks
+from keras_attn.core import softmax
 from keras_attn.core.attention import scaled_dot_product_attention
-from keras_attn.kernels.chunked import pattern_query_chunks
 from keras_attn.kernels.chunked import chunked_attention
+from keras_attn.kernels.chunked import pattern_query_chunks
 from keras_attn.patterns import from_shorthands
 from tests import reference
 from tests.layer_checks import output_gradients
@@ -44,7 +44,9 @@ CASES = {
     "window": dict(sliding_window=2),
     "causal_offset_longer_keys": dict(is_causal=True, query_offset=6, key_len=17),
     "window_offset_chunks_without_keys": dict(sliding_window=2, query_offset=9, key_len=10),
-    "full_bias_and_mask": dict(is_causal=True, bias=(1, HEADS, QUERY_LEN, KEY_LEN), mask=(BATCH, 1, QUERY_LEN, KEY_LEN)),
+    "full_bias_and_mask": dict(
+        is_causal=True, bias=(1, HEADS, QUERY_LEN, KEY_LEN), mask=(BATCH, 1, QUERY_LEN, KEY_LEN)
+    ),
     "key_bias_window": dict(is_causal=True, sliding_window=3, bias=(BATCH, 1, 1, KEY_LEN)),
     "query_bias_and_padding": dict(sliding_window=4, bias=(BATCH, HEADS, QUERY_LEN, 1), mask=(BATCH, 1, 1, KEY_LEN)),
     "no_pattern": dict(),
@@ -103,8 +105,14 @@ def _dropped_weights(seed, rate, query, key):
     """The dropped-out weights `(batch, heads, q, k)`: attend to one-hot values, one per key."""
     one_hot = np.broadcast_to(np.eye(KEY_LEN)[None, :, None, :], (BATCH, KEY_LEN, HEADS, KEY_LEN))
     output = chunked_attention(
-        query, key, tf.constant(one_hot), is_causal=True, scale=DEPTH**-0.5, dropout_rate=rate,
-        seed_generator=keras.random.SeedGenerator(seed), chunk_size=CHUNK,
+        query,
+        key,
+        tf.constant(one_hot),
+        is_causal=True,
+        scale=DEPTH**-0.5,
+        dropout_rate=rate,
+        seed_generator=keras.random.SeedGenerator(seed),
+        chunk_size=CHUNK,
     )  # (batch, q, heads, k)
     return np.transpose(output.numpy(), (0, 2, 1, 3))
 
@@ -122,8 +130,14 @@ def test_dropout_drops_normalised_weights_and_the_gradient_uses_the_forward_mask
 
     def chunked(query, key, value):
         return chunked_attention(
-            query, key, value, is_causal=True, scale=DEPTH**-0.5, dropout_rate=rate,
-            seed_generator=keras.random.SeedGenerator(seed), chunk_size=CHUNK,
+            query,
+            key,
+            value,
+            is_causal=True,
+            scale=DEPTH**-0.5,
+            dropout_rate=rate,
+            seed_generator=keras.random.SeedGenerator(seed),
+            chunk_size=CHUNK,
         )
 
     def dense_with_the_same_masks(query, key, value):
@@ -132,7 +146,10 @@ def test_dropout_drops_normalised_weights_and_the_gradient_uses_the_forward_mask
         return tf.einsum("bhqk,bkhd->bqhd", weights, value)
 
     inputs = [query, key, value]
-    got_grads, want_grads = output_gradients(chunked, inputs, output_grad), output_gradients(dense_with_the_same_masks, inputs, output_grad)
+    got_grads, want_grads = (
+        output_gradients(chunked, inputs, output_grad),
+        output_gradients(dense_with_the_same_masks, inputs, output_grad),
+    )
     for got, want in zip(got_grads, want_grads):
         np.testing.assert_allclose(got, want, atol=1e-12)
 

@@ -45,7 +45,7 @@ def _token_model(causal=True, blocks=2):
 def _tokens(seed=0):
     """Two sequences, the second padded (token 0) over its last third."""
     tokens = np.random.default_rng(seed).integers(1, 50, (2, LENGTH)).astype("int32")
-    tokens[1, 2 * LENGTH // 3:] = 0
+    tokens[1, 2 * LENGTH // 3 :] = 0
     return tokens
 
 
@@ -54,8 +54,7 @@ def _attention_classes(model):
 
 
 def _all_layers(layer):
-    for child in layer._flatten_layers(include_self=False, recursive=True):
-        yield child
+    yield from layer._flatten_layers(include_self=False, recursive=True)
 
 
 @keras.saving.register_keras_serializable(package="test_convert")
@@ -81,7 +80,9 @@ class CachedAttentionDouble(keras.layers.MultiHeadAttention):
             key, value = key_cache, value_cache
         else:
             key, value = self._key_dense(key), self._value_dense(value)
-        output, _ = self._compute_attention(query=query, key=key, value=value, attention_mask=attention_mask, training=training)
+        output, _ = self._compute_attention(
+            query=query, key=key, value=value, attention_mask=attention_mask, training=training
+        )
         output = self._output_dense(output)
         return output if cache is None else (output, cache)
 
@@ -121,7 +122,9 @@ def test_functional_model_outputs_equal_the_original(implementation):
     fast, report = keras_attn.convert(model, implementation=implementation, return_report=True)
 
     assert _attention_classes(fast) == [keras_attn.MultiHeadAttention] * 2
-    assert {layer.implementation for layer in _all_layers(fast) if isinstance(layer, keras_attn.MultiHeadAttention)} == {implementation}
+    assert {
+        layer.implementation for layer in _all_layers(fast) if isinstance(layer, keras_attn.MultiHeadAttention)
+    } == {implementation}
     assert _attention_classes(model) == [keras.layers.MultiHeadAttention] * 2  # the original is untouched
     assert report.converted == (f"{model.name}/block0_attention", f"{model.name}/block1_attention")
     assert report.unconverted == ()
@@ -196,7 +199,9 @@ def test_keras_file_round_trip_of_the_converted_model(tmp_path):
     reloaded = keras.saving.load_model(path)
 
     assert _attention_classes(reloaded) == [keras_attn.MultiHeadAttention] * 2
-    assert {layer.implementation for layer in _all_layers(reloaded) if isinstance(layer, keras_attn.MultiHeadAttention)} == {"blockwise"}
+    assert {
+        layer.implementation for layer in _all_layers(reloaded) if isinstance(layer, keras_attn.MultiHeadAttention)
+    } == {"blockwise"}
     tokens = _tokens(3)
     assert _max_difference(reloaded(tokens), fast(tokens)) == 0.0
 
@@ -218,7 +223,9 @@ class ScaledQueryAttention(keras.layers.MultiHeadAttention):
 
 def test_a_subclass_calling_super_call_and_layers_already_ours(tmp_path):
     inputs = keras.Input((LENGTH, WIDTH))
-    x = ScaledQueryAttention(HEADS, WIDTH // HEADS, query_scale=0.5, name="scaled")(inputs, inputs, use_causal_mask=True)
+    x = ScaledQueryAttention(HEADS, WIDTH // HEADS, query_scale=0.5, name="scaled")(
+        inputs, inputs, use_causal_mask=True
+    )
     x = keras_attn.MultiHeadAttention(HEADS, WIDTH // HEADS, implementation="blockwise", name="ours")(x, x)
     model = keras.Model(inputs, x, name="model")
     fast, report = keras_attn.convert(model, implementation="dense", return_report=True)
@@ -275,7 +282,9 @@ def test_a_subclass_keeps_its_call_and_runs_our_attention(tmp_path, monkeypatch)
     monkeypatch.setattr(conversion, "_CONVERTED_CLASSES", {})
     reloaded = keras.saving.load_model(path)
     reloaded_layer = reloaded.get_layer("cached")
-    assert isinstance(reloaded_layer, CachedAttentionDouble) and isinstance(reloaded_layer, keras_attn.MultiHeadAttention)
+    assert isinstance(reloaded_layer, CachedAttentionDouble) and isinstance(
+        reloaded_layer, keras_attn.MultiHeadAttention
+    )
     assert reloaded_layer.implementation == "blockwise"
     assert _max_difference(reloaded([x, causal]), fast([x, causal])) == 0.0
     assert reloaded_layer.get_config()[conversion._CONVERTED_FROM] == "test_convert>CachedAttentionDouble"
@@ -315,8 +324,13 @@ def test_converted_models_reload_in_a_fresh_process(tmp_path):
         expected[name] = ops.convert_to_numpy(fast([arrays[k] for k in sorted(arrays)]))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-c", _RELOAD_IN_A_FRESH_PROCESS, *(str(tmp_path / name) for name in cases)],
-                            cwd=root, env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", _RELOAD_IN_A_FRESH_PROCESS, *(str(tmp_path / name) for name in cases)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for name in cases:
         assert _max_difference(np.load(tmp_path / f"{name}.reloaded.npy"), expected[name]) == 0.0
@@ -382,7 +396,12 @@ def test_layers_it_cannot_replace_are_named_with_the_reason():
     assert [path for path, _ in report.unconverted][:2] == ["mixed/own_softmax", "mixed/own_kernel"]
     assert report.unconverted[2][0].startswith("mixed/block/multi_head_attention")
     assert "not converted: mixed/own_kernel" in str(report)
-    assert [type(layer).__name__ for layer in fast.layers[1:]] == ["MultiHeadAttention", "OwnSoftmaxAttention", "OwnKernelAttention", "BlockLayer"]
+    assert [type(layer).__name__ for layer in fast.layers[1:]] == [
+        "MultiHeadAttention",
+        "OwnSoftmaxAttention",
+        "OwnKernelAttention",
+        "BlockLayer",
+    ]
     assert isinstance(fast.layers[1], keras_attn.MultiHeadAttention)
     x = np.random.default_rng(7).normal(size=(2, LENGTH, WIDTH)).astype("float32")
     assert _max_difference(fast(x), model(x)) < TOLERANCE
@@ -390,10 +409,14 @@ def test_layers_it_cannot_replace_are_named_with_the_reason():
 
 def test_quantized_layers_and_subclassed_models_are_reported():
     inputs = keras.Input((LENGTH, WIDTH))
-    model = keras.Model(inputs, keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS, name="attention")(inputs, inputs), name="q")
+    model = keras.Model(
+        inputs, keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS, name="attention")(inputs, inputs), name="q"
+    )
     model.quantize("int8")
     for strict in (True, False):  # clone_model would rebuild the layers unquantized: never a copy
-        with pytest.raises(ValueError, match=r"convert the model before Model.quantize.*quantized layers \[.*'attention/query'"):
+        with pytest.raises(
+            ValueError, match=r"convert the model before Model.quantize.*quantized layers \[.*'attention/query'"
+        ):
             keras_attn.convert(model, strict=strict)
     # Converted first, then quantized: the copy quantizes like the original.
     fresh = keras.Model(inputs, keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS)(inputs, inputs))
@@ -416,7 +439,9 @@ def test_quantized_layers_and_subclassed_models_are_reported():
     for strict in (True, False):
         with pytest.raises(ValueError, match="`convert` copies Functional and Sequential models") as raised:
             keras_attn.convert(subclassed, strict=strict)
-        assert re.search(r"sub/multi_head_attention\w*: inside the subclassed model `sub` \(Subclassed\)", str(raised.value))
+        assert re.search(
+            r"sub/multi_head_attention\w*: inside the subclassed model `sub` \(Subclassed\)", str(raised.value)
+        )
 
 
 @pytest.mark.parametrize(
@@ -437,4 +462,3 @@ def test_a_layer_is_not_a_model():
     layer = keras.layers.MultiHeadAttention(2, 4)
     with pytest.raises(ValueError, match=r"`model` must be a keras.Model .* Received: model=<MultiHeadAttention"):
         keras_attn.convert(layer)
-

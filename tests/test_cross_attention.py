@@ -38,11 +38,19 @@ def test_equals_multi_head_attention(config):
     reference.set_weights(layer.get_weights())
     attention_mask = np.random.default_rng(1).random((BATCH, QUERY_LEN, CONTEXT_LEN)) < 0.8
     output, scores = layer(
-        query, context, query_mask=query_mask, value_mask=context_mask, attention_mask=attention_mask,
+        query,
+        context,
+        query_mask=query_mask,
+        value_mask=context_mask,
+        attention_mask=attention_mask,
         return_attention_scores=True,
     )
     expected, expected_scores = reference(
-        query, context, query_mask=query_mask, value_mask=context_mask, attention_mask=attention_mask,
+        query,
+        context,
+        query_mask=query_mask,
+        value_mask=context_mask,
+        attention_mask=attention_mask,
         return_attention_scores=True,
     )
     assert output.shape == (BATCH, QUERY_LEN, config.get("output_shape", QUERY_DIM))
@@ -70,9 +78,7 @@ def test_keras_masks_of_both_inputs_are_used_and_the_query_mask_propagates():
     query, context = query_embedding(TARGET), context_embedding(SOURCE)
     output = layer(query, context)
     np.testing.assert_array_equal(output._keras_mask, TARGET != 0)
-    explicit = layer(
-        keras.ops.copy(query), keras.ops.copy(context), query_mask=TARGET != 0, value_mask=SOURCE != 0
-    )
+    explicit = layer(keras.ops.copy(query), keras.ops.copy(context), query_mask=TARGET != 0, value_mask=SOURCE != 0)
     np.testing.assert_allclose(output, explicit, atol=ATOL)
     np.testing.assert_allclose(model([TARGET, SOURCE]), explicit, atol=ATOL)
 
@@ -84,8 +90,11 @@ def test_precomputed_context_cache_equals_the_plain_call():
     cache = keras.ops.stack([layer.key_dense(context), layer.value_dense(context)], axis=1)
     for step in range(QUERY_LEN):
         output, returned_cache = layer(
-            query[:, step : step + 1], context, query_mask=query_mask[:, step : step + 1],
-            value_mask=context_mask, cache=cache,
+            query[:, step : step + 1],
+            context,
+            query_mask=query_mask[:, step : step + 1],
+            value_mask=context_mask,
+            cache=cache,
         )
         np.testing.assert_allclose(output, expected.numpy()[:, step : step + 1], atol=ATOL)
         np.testing.assert_array_equal(returned_cache, cache)
@@ -100,6 +109,9 @@ def test_layer_contract():
     rng = np.random.default_rng(13)
     inputs = (rng.standard_normal((2, 5, 8)).astype("float32"), rng.standard_normal((2, 4, 6)).astype("float32"))
     run_layer_test(
-        CrossAttention, dict(num_heads=2, key_dim=4), inputs, expected_num_trainable_weights=8,
+        CrossAttention,
+        dict(num_heads=2, key_dim=4),
+        inputs,
+        expected_num_trainable_weights=8,
         unchanged_ok=("key/bias",),
     )

@@ -12,8 +12,8 @@ from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.kernels.call import AttentionCall
 from keras_attn.patterns import Causal
 from tests import reference
-from tests.layer_checks import assert_jit_matches_eager
 from tests.kernel_registry import kernels_refusing
+from tests.layer_checks import assert_jit_matches_eager
 from tests.layer_checks import output_gradients
 
 BATCH, QUERY_LEN, KEY_LEN, HEADS, DEPTH = 2, 5, 6, 3, 4
@@ -118,7 +118,9 @@ def test_jit_compiled_hard_attention_equals_eager():
     mask = _mask_with_an_empty_row(rng)
 
     def attend(query, key, value):
-        return scaled_dot_product_attention(query, key, value, mask=mask, is_causal=True, hard=True, return_weights=True)
+        return scaled_dot_product_attention(
+            query, key, value, mask=mask, is_causal=True, hard=True, return_weights=True
+        )
 
     assert_jit_matches_eager(attend, (query, key, value), atol=1e-6)
 

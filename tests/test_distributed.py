@@ -28,8 +28,6 @@ from pipelines import train_imdb
 from tests import distributed_worker
 from tests.benchmark_smoke import assert_smoke_run
 from tests.reference import log_softmax as reference_log_softmax
-from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
-from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -44,8 +42,15 @@ def initial_weights(path, build=distributed_worker.build_model):
 
 
 def worker_args(tmp_path, *extra):
-    return ["--output-dir", str(tmp_path / "run"), "--initial", str(tmp_path / "initial.npz"),
-            "--weights-out", str(tmp_path), *extra]
+    return [
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--initial",
+        str(tmp_path / "initial.npz"),
+        "--weights-out",
+        str(tmp_path),
+        *extra,
+    ]
 
 
 def run_two_workers(tmp_path, *extra):
@@ -70,8 +75,9 @@ def final_weights(path):
 def test_two_workers_match_one_process_fit_with_the_global_batch(tmp_path):
     initial = initial_weights(tmp_path / "initial.npz")
     log = io.StringIO()
-    status = launch.launch([*WORKER, *worker_args(tmp_path, "--examples", "64", "--global-batch-size", "16")], 2,
-                           output=log)
+    status = launch.launch(
+        [*WORKER, *worker_args(tmp_path, "--examples", "64", "--global-batch-size", "16")], 2, output=log
+    )
     assert status == 0, log.getvalue()[-3000:]
     (chief, chief_steps), (other, other_steps) = (final_weights(tmp_path / f"{task}.npz") for task in (0, 1))
     assert chief_steps == other_steps == 64 // 16
@@ -149,8 +155,9 @@ def test_the_xla_step_gives_the_weights_of_keras_fit(tmp_path):
     of one-process `fit` over the same global batches, as the plain step's (the classifier: one
     batch shape, one XLA compilation; the translator's buckets would compile once per shape)."""
     initial = initial_weights(tmp_path / "initial.npz")
-    (chief, steps), (other, _) = run_two_workers(tmp_path, "--examples", "64", "--global-batch-size", "16",
-                                                 "--jit-compile")
+    (chief, steps), (other, _) = run_two_workers(
+        tmp_path, "--examples", "64", "--global-batch-size", "16", "--jit-compile"
+    )
     assert steps == 64 // 16
     assert_same_weights(other, chief, rtol=0, atol=0)
     reference = distributed_worker.build_model()
@@ -179,8 +186,16 @@ def test_a_step_not_finite_on_one_worker_is_skipped_by_both_under_mixed_float16(
     in the all-reduce), then train on the other batches like float32 `fit` on those batches."""
     initial = initial_weights(tmp_path / "initial.npz")
     (chief, chief_steps), (other, other_steps) = run_two_workers(
-        tmp_path, "--examples", "64", "--global-batch-size", "16", "--infinite-at", "15",
-        "--mixed-precision", "mixed_float16")
+        tmp_path,
+        "--examples",
+        "64",
+        "--global-batch-size",
+        "16",
+        "--infinite-at",
+        "15",
+        "--mixed-precision",
+        "mixed_float16",
+    )
     assert chief_steps == other_steps == 64 // 16 - 1  # the skipped step does not count
     assert_same_weights(other, chief, rtol=0, atol=0)
     reference = distributed_worker.build_model()
@@ -194,12 +209,29 @@ def test_a_step_not_finite_on_one_worker_is_skipped_by_both_under_mixed_float16(
 def test_a_killed_worker_stops_the_other_and_the_rerun_resumes(tmp_path):
     initial_weights(tmp_path / "initial.npz")
     steps, timeout = 16, 10
-    args = worker_args(tmp_path, "--examples", str(steps * 4), "--global-batch-size", "4", "--checkpoint-every", "2",
-                       "--seconds-per-batch", "0.3", "--timeout", str(timeout))
+    args = worker_args(
+        tmp_path,
+        "--examples",
+        str(steps * 4),
+        "--global-batch-size",
+        "4",
+        "--checkpoint-every",
+        "2",
+        "--seconds-per-batch",
+        "0.3",
+        "--timeout",
+        str(timeout),
+    )
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}  # SIGABRT prints every thread's stack
     workers = [
-        subprocess.Popen([*WORKER, *args], env={**env, "TF_CONFIG": config}, cwd=REPO_ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [*WORKER, *args],
+            env={**env, "TF_CONFIG": config},
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for config in launch.tf_configs(2)
     ]
     checkpoints = tmp_path / "run" / "checkpoints"
@@ -228,8 +260,17 @@ def test_a_killed_worker_stops_the_other_and_the_rerun_resumes(tmp_path):
     assert 0 < interrupted_at < steps
 
     log = io.StringIO()
-    rerun = worker_args(tmp_path, "--examples", str(steps * 4), "--global-batch-size", "4", "--checkpoint-every", "2",
-                        "--timeout", str(timeout))
+    rerun = worker_args(
+        tmp_path,
+        "--examples",
+        str(steps * 4),
+        "--global-batch-size",
+        "4",
+        "--checkpoint-every",
+        "2",
+        "--timeout",
+        str(timeout),
+    )
     assert launch.launch([*WORKER, *rerun], 2, output=log) == 0, log.getvalue()[-3000:]
     assert f"resumed after step {interrupted_at}" in log.getvalue()
     for task in (0, 1):  # the step counter went on: every step trained exactly once
@@ -248,9 +289,15 @@ with distributed.exit_when_a_worker_is_lost():
 def test_a_lost_worker_ends_the_process_at_once_and_other_errors_pass_through():
     """After a `WorkerLostError` the process exits 1 with its traceback and skips the interpreter's
     shutdown (where a tf.data teardown can hang); any other error takes the normal way out."""
+
     def run(error):
-        return subprocess.run([sys.executable, "-c", EXIT_PROBE.format(error=error)], cwd=REPO_ROOT,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-c", EXIT_PROBE.format(error=error)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     lost = run("distributed.WorkerLostError('the peer at 127.0.0.1:1234 stopped answering')")
     assert lost.returncode == 1, lost.stderr[-2000:]
@@ -264,9 +311,27 @@ def test_a_lost_worker_ends_the_process_at_once_and_other_errors_pass_through():
 def test_main_job_on_two_workers_exports_from_the_chief(small_imdb_archive, imdb_cache_dir, tmp_path):
     imdb_data.load_cache(small_imdb_archive, imdb_cache_dir, allow_download=False)  # decoded once, before the workers
     run_dir, export_dir = tmp_path / "run", tmp_path / "export"
-    command = [sys.executable, "-m", "pipelines.main_job", "--smoke", "--data", str(small_imdb_archive),
-               "--cache-dir", str(imdb_cache_dir), "--no-download", "--output-dir", str(run_dir),
-               "--export-dir", str(export_dir), "--epochs", "1", "--batch-size", "16", "--strategy", "multi_worker"]
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.main_job",
+        "--smoke",
+        "--data",
+        str(small_imdb_archive),
+        "--cache-dir",
+        str(imdb_cache_dir),
+        "--no-download",
+        "--output-dir",
+        str(run_dir),
+        "--export-dir",
+        str(export_dir),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--strategy",
+        "multi_worker",
+    ]
     log = io.StringIO()
     assert launch.launch(command, 2, output=log) == 0, log.getvalue()[-3000:]
     summary = json.loads((run_dir / "main_job.json").read_text())
@@ -289,9 +354,24 @@ def test_translator_on_two_workers_exports_from_the_chief_like_one_machine(tmp_p
     from tests.translation_fixtures import require_data
 
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "pipelines.train_translator", "--data", str(require_data()), "--smoke",
-               "--strategy", "multi_worker", "--epochs", "1", "--max-pairs", "300", "--max-test", "8",
-               "--output-dir", str(run_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.train_translator",
+        "--data",
+        str(require_data()),
+        "--smoke",
+        "--strategy",
+        "multi_worker",
+        "--epochs",
+        "1",
+        "--max-pairs",
+        "300",
+        "--max-test",
+        "8",
+        "--output-dir",
+        str(run_dir),
+    ]
     log = io.StringIO()
     assert launch.launch(command, 2, output=log) == 0, log.getvalue()[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -304,10 +384,16 @@ def test_translator_on_two_workers_exports_from_the_chief_like_one_machine(tmp_p
     # The same verification as a one-machine run: a fresh-process SavedModel reload and ONNX, token for token.
     printed = io.StringIO()
     with redirect_stdout(printed):
-        verified_export.main(["--run", str(run_dir), "--export-dir", str(tmp_path / "export"), "--verify-sentences", "16"])
+        verified_export.main(
+            ["--run", str(run_dir), "--export-dir", str(tmp_path / "export"), "--verify-sentences", "16"]
+        )
     report = json.loads(printed.getvalue())
-    assert report == {"export": str(tmp_path / "export" / "translator" / "1"), "sentences": 16,
-                      "saved_model_matches": True, "onnx_matches": True}
+    assert report == {
+        "export": str(tmp_path / "export" / "translator" / "1"),
+        "sentences": 16,
+        "saved_model_matches": True,
+        "onnx_matches": True,
+    }
 
 
 @pytest.mark.slow

@@ -23,8 +23,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 LIGHT_REQUIREMENTS = {"tensorflow", "keras", "numpy"}
 EXTRAS = {"viz", "export", "data", "apps", "docs", "test", "all", "gpu"}
 OPTIONAL_MODULES = (
-    "onnx", "tf2onnx", "onnxruntime", "tensorflow_datasets", "matplotlib", "sacrebleu", "playwright",
-    "tensorflow_serving", "appkit", "models", "pipelines", "export",
+    "onnx",
+    "tf2onnx",
+    "onnxruntime",
+    "tensorflow_datasets",
+    "matplotlib",
+    "sacrebleu",
+    "playwright",
+    "tensorflow_serving",
+    "appkit",
+    "models",
+    "pipelines",
+    "export",
 )
 
 pytestmark = pytest.mark.slow
@@ -36,7 +46,9 @@ def dist(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
     subprocess.run(
         [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO_ROOT)],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     (wheel,) = out.glob("keras_attn-*.whl")
     (sdist,) = out.glob("keras_attn-*.tar.gz")
@@ -143,7 +155,9 @@ def test_importing_and_using_every_public_name_loads_nothing_optional(dist, tmp_
         archive.extractall(site)
     result = subprocess.run(
         [sys.executable, "-c", _USE_EVERY_PUBLIC_NAME, str(site)],
-        cwd=tmp_path, capture_output=True, text=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])

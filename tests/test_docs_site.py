@@ -29,8 +29,13 @@ def site(tmp_path_factory):
     """The site built with warnings as errors, served on a loopback port."""
     out = tmp_path_factory.mktemp("site")
     pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-                            cwd=REPO_ROOT, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -50,7 +55,9 @@ def test_every_page_loads_every_link_resolves_and_every_public_name_has_its_page
             seen.add(url)
             response = page.goto(url, wait_until="networkidle")  # the search worker loads before we leave
             assert response is not None and response.status == 200, url
-            examples = page.eval_on_selector_all("article pre", "blocks => blocks.filter(b => b.innerText.includes('>>>')).length")
+            examples = page.eval_on_selector_all(
+                "article pre", "blocks => blocks.filter(b => b.innerText.includes('>>>')).length"
+            )
             pages[url] = (page.inner_text("article"), examples)
             for href in page.eval_on_selector_all("article a[href]", "links => links.map(a => a.href)"):
                 target, _, anchor = href.partition("#")
@@ -76,10 +83,12 @@ def test_every_page_loads_every_link_resolves_and_every_public_name_has_its_page
             assert "Parameters:" in text, f"keras_attn.{name}: no arguments"
 
 
-
 def test_the_guides_python_examples_run():
-    blocks = [block for guide in sorted((REPO_ROOT / "docs").rglob("*.md"))
-              for block in re.findall(r"```python\n(.*?)```", guide.read_text(), flags=re.DOTALL)]
+    blocks = [
+        block
+        for guide in sorted((REPO_ROOT / "docs").rglob("*.md"))
+        for block in re.findall(r"```python\n(.*?)```", guide.read_text(), flags=re.DOTALL)
+    ]
     assert len(blocks) >= 4
     for block in blocks:
         exec(compile(block, "docs", "exec"), {"__name__": "docs_example"})

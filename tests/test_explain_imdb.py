@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from appkit.files import write_json_atomic
 from keras_attn.visualization import attention_weights
 from keras_attn.visualization.explorer import decode_weights
 from keras_attn.visualization.explorer import embedded_data
-from appkit.files import write_json_atomic
 from models import imdb_text
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
@@ -39,8 +39,14 @@ def run(tmp_path_factory):
     keras.utils.set_random_seed(5)
     vectorizer = imdb_text.adapt_review_vectorizer(tf.data.Dataset.from_tensor_slices(TEXTS), 100)
     config = SentimentClassifierConfig(
-        vocabulary_size=vectorizer.vocabulary_size(), max_tokens=32, sequence_length=16, embedding_dim=8,
-        num_heads=2, intermediate_dim=16, num_layers=2, bigram_buckets=64,
+        vocabulary_size=vectorizer.vocabulary_size(),
+        max_tokens=32,
+        sequence_length=16,
+        embedding_dim=8,
+        num_heads=2,
+        intermediate_dim=16,
+        num_layers=2,
+        bigram_buckets=64,
     )
     model = build_sentiment_classifier(config)
     ids = imdb_text.dense_token_ids(TEXTS, vectorizer, config.max_tokens)
@@ -65,7 +71,9 @@ def test_reloaded_classifier_gives_the_same_probability_and_maps(run):
     words = "a wonderful moving film but the plot was zzzunknown and thin".split()
     assert explained.tokens == [w if w in vectorizer.get_vocabulary() else "[UNK]" for w in words]
     expected = attention_weights(model, ids)
-    assert [m.name for m in explained.maps] == list(expected) == ["encoder_0/self_attention", "encoder_1/self_attention"]
+    assert (
+        [m.name for m in explained.maps] == list(expected) == ["encoder_0/self_attention", "encoder_1/self_attention"]
+    )
     for attention_map, weights in zip(explained.maps, expected.values()):
         np.testing.assert_allclose(attention_map.weights, weights[0], atol=1e-6)
     np.testing.assert_allclose(explained.received.sum(), 1.0, atol=1e-5)
@@ -116,7 +124,11 @@ def test_a_corrupt_checkpoint_or_summary_is_named_with_what_to_do(run, tmp_path,
     with pytest.raises(SystemExit):
         explain_imdb.main(["--run", str(broken), "good"])
     error = capsys.readouterr().err.strip()
-    assert error.count("\n") == 0 and str(broken / resumable_training.BEST_WEIGHTS) in error and "train the classifier again" in error
+    assert (
+        error.count("\n") == 0
+        and str(broken / resumable_training.BEST_WEIGHTS) in error
+        and "train the classifier again" in error
+    )
     (broken / "summary.json").write_text("{")
     with pytest.raises(SystemExit):
         explain_imdb.main(["--run", str(broken), "good"])

@@ -11,9 +11,9 @@ import onnx
 import pytest
 import tensorflow as tf
 
+from export import verify
 from export.imdb import onnx_predictor
 from export.imdb import verified_export
-from export import verify
 from export.imdb.onnx_predictor import OnnxSentimentPredictor
 from export.onnx_fused_attention import fused_attention_count
 from models import imdb_text
@@ -23,10 +23,7 @@ from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import fit_ensemble
 from pipelines import imdb_data
 from pipelines import translate
-from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
-from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 from tests.serving_checks import warmup_requests
-from models import imdb_text
 
 CONFIG = SentimentClassifierConfig(
     vocabulary_size=800,
@@ -90,7 +87,12 @@ def exported(trained, tmp_path_factory):
     export_dir = tmp_path_factory.mktemp("export")
     reviews = verified_export.verification_reviews(trained.test_reviews)
     result = verified_export.export_and_verify(
-        trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews, export_dir,
+        trained.model,
+        trained.vectorizer,
+        trained.vocabulary,
+        CONFIG.max_tokens,
+        reviews,
+        export_dir,
         int8_tolerance=100.0,  # a few steps of training: the check's figures are tested, not the tiny model's loss
         **accuracy_check(trained),
     )
@@ -138,8 +140,12 @@ def test_parity_figures_are_reported_within_tolerance(exported):
     parity = result["parity"]
     assert parity["reviews"] == len(reviews)
     assert max(parity["token_lengths"]) == CONFIG.max_tokens and min(parity["token_lengths"]) == 0
-    for key in ("savedmodel_fresh_process_max_abs_diff", "saved_model_cli_max_abs_diff", "onnx_max_abs_diff",
-                "onnx_fused_max_abs_diff"):
+    for key in (
+        "savedmodel_fresh_process_max_abs_diff",
+        "saved_model_cli_max_abs_diff",
+        "onnx_max_abs_diff",
+        "onnx_fused_max_abs_diff",
+    ):
         assert 0.0 <= parity[key] <= 1e-5
 
 
@@ -182,8 +188,13 @@ def test_onnx_bundle_runs_without_project_code(exported, trained, tmp_path):
         "assert not [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'export')]; "
         "print(json.dumps(p['probability'].tolist()))"
     )
-    result = subprocess.run([sys.executable, "-c", script, str(bundle), json.dumps(reviews)],
-                            cwd=tmp_path, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(bundle), json.dumps(reviews)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr
     np.testing.assert_allclose(json.loads(result.stdout), keras_probabilities(trained, reviews), atol=1e-5)
 
@@ -193,8 +204,14 @@ def test_export_never_overwrites_a_version(exported, trained):
     first = export_dir / "imdb_sentiment" / "1" / "saved_model.pb"
     before = (first.read_bytes(), first.stat().st_mtime_ns)
     result = verified_export.export_and_verify(
-        trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews[:4], export_dir,
-        int8_tolerance=100.0, **accuracy_check(trained),
+        trained.model,
+        trained.vectorizer,
+        trained.vocabulary,
+        CONFIG.max_tokens,
+        reviews[:4],
+        export_dir,
+        int8_tolerance=100.0,
+        **accuracy_check(trained),
     )
     assert result["savedmodel"] == str(export_dir / "imdb_sentiment" / "2")
     assert result["onnx"] == str(export_dir / "onnx" / "imdb_sentiment" / "2")
@@ -207,12 +224,15 @@ def test_disagreeing_export_is_refused_and_removed(exported, trained, monkeypatc
     other = keras.models.clone_model(trained.model)
     other.set_weights([w * 1.01 for w in trained.model.get_weights()])
     write_onnx = verified_export.onnx_bundle.write_onnx_bundle
-    monkeypatch.setattr(
-        verified_export.onnx_bundle, "write_onnx_bundle", lambda model, *args: write_onnx(other, *args)
-    )
+    monkeypatch.setattr(verified_export.onnx_bundle, "write_onnx_bundle", lambda model, *args: write_onnx(other, *args))
     with pytest.raises(verified_export.ExportVerificationError, match="ONNX Runtime: probabilities differ"):
         verified_export.export_and_verify(
-            trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews[:6], export_dir,
+            trained.model,
+            trained.vectorizer,
+            trained.vocabulary,
+            CONFIG.max_tokens,
+            reviews[:6],
+            export_dir,
             **accuracy_check(trained),
         )
     assert sorted(p.name for p in (export_dir / "imdb_sentiment").iterdir()) == published
@@ -234,9 +254,16 @@ def test_a_fused_model_that_disagrees_is_refused_and_nothing_published(exported,
         return written
 
     monkeypatch.setattr(verified_export.onnx_bundle, "write_fused_attention_model", write_off_by_one_percent)
-    with pytest.raises(verified_export.ExportVerificationError, match="ONNX Runtime, fused attention: probabilities differ"):
+    with pytest.raises(
+        verified_export.ExportVerificationError, match="ONNX Runtime, fused attention: probabilities differ"
+    ):
         verified_export.export_and_verify(
-            trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, reviews[:6], export_dir,
+            trained.model,
+            trained.vectorizer,
+            trained.vocabulary,
+            CONFIG.max_tokens,
+            reviews[:6],
+            export_dir,
             **accuracy_check(trained),
         )
     assert sorted(p.name for p in (export_dir / "onnx" / "imdb_sentiment").iterdir()) == published
@@ -279,8 +306,13 @@ def test_onnx_tokenisation_of_non_utf8_bytes_equals_training(exported, trained):
 
 @pytest.mark.parametrize(
     "texts, named",
-    [(None, "texts=None"), (42, "texts=42"), (["ok", 3], "texts[1]"), (["ok", None], "texts[1]"),
-     (np.array([["a"], ["b"]]), "texts=array")],
+    [
+        (None, "texts=None"),
+        (42, "texts=42"),
+        (["ok", 3], "texts[1]"),
+        (["ok", None], "texts[1]"),
+        (np.array([["a"], ["b"]]), "texts=array"),
+    ],
 )
 def test_onnx_predictor_rejects_what_is_not_text(exported, texts, named):
     export_dir, _, _ = exported
@@ -310,7 +342,10 @@ def test_the_verify_command_proves_every_published_version(exported, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(line.startswith("ok ") and "imdb_sentiment" in line for line in lines)
     manifest = json.loads((export_dir / "imdb_sentiment" / "1" / "manifest.json").read_text())
-    assert manifest["vocabulary_sizes"]["reviews"] == len((export_dir / "imdb_sentiment" / "1" / "assets" / "vocabulary.txt").read_text().splitlines()) + 2
+    assert (
+        manifest["vocabulary_sizes"]["reviews"]
+        == len((export_dir / "imdb_sentiment" / "1" / "assets" / "vocabulary.txt").read_text().splitlines()) + 2
+    )
     assert onnx_predictor.MODEL_ID == imdb_text.MODEL_ID  # the bundle's copy of the one id
 
 
@@ -352,7 +387,10 @@ def test_an_imdb_export_given_to_the_translator_is_refused_in_one_line(exported,
 def test_the_signature_refuses_a_two_dimensional_batch_naming_the_shape(exported):
     export_dir, _, _ = exported
     serve = tf.saved_model.load(str(export_dir / "imdb_sentiment" / "1")).signatures["serving_default"]
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"input_must_be_a_1d_batch_of_strings|not compatible with expected shape \[\?\]"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"input_must_be_a_1d_batch_of_strings|not compatible with expected shape \[\?\]",
+    ):
         serve(reviews=tf.constant([["a good film", "a bad film"]]))
 
 
@@ -404,7 +442,9 @@ def test_the_int8_check_reports_both_accuracies_on_the_callers_reviews(exported,
     int8_labels = OnnxSentimentPredictor(_bundle(exported), quantized=True).predict(reviews)["label"]
     assert figures["float_keras_accuracy"] == pytest.approx(np.mean(float_labels == np.asarray(labels)))
     assert figures["int8_onnx_accuracy"] == pytest.approx(np.mean(int8_labels == np.asarray(labels)))
-    assert figures["points_lost"] == pytest.approx(100 * (figures["float_keras_accuracy"] - figures["int8_onnx_accuracy"]))
+    assert figures["points_lost"] == pytest.approx(
+        100 * (figures["float_keras_accuracy"] - figures["int8_onnx_accuracy"])
+    )
 
 
 def test_an_int8_model_below_the_tolerance_is_refused_and_nothing_published(exported, trained, tmp_path):
@@ -415,8 +455,15 @@ def test_an_int8_model_below_the_tolerance_is_refused_and_nothing_published(expo
     pattern = r"model\.int8\.onnx: int8 ONNX accuracy .*% on \d+ labelled reviews .* float Keras model's 100\.00% \(tolerance -1 points\)"
     with pytest.raises(verified_export.ExportVerificationError, match=pattern):
         verified_export.export_and_verify(
-            trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, exported[1][:4], export_dir,
-            accuracy_reviews=reviews, accuracy_labels=labels, int8_tolerance=-1,
+            trained.model,
+            trained.vectorizer,
+            trained.vocabulary,
+            CONFIG.max_tokens,
+            exported[1][:4],
+            export_dir,
+            accuracy_reviews=reviews,
+            accuracy_labels=labels,
+            int8_tolerance=-1,
         )
     assert not [path for path in export_dir.rglob("*") if path.is_file() or path.name.isdigit()]
 
@@ -434,7 +481,12 @@ def test_a_loss_exactly_at_the_tolerance_passes(exported, trained):
     assert figures["points_lost"] == lost and figures["float_keras_accuracy"] == 1.0
     with pytest.raises(verified_export.ExportVerificationError, match="model.int8.onnx"):
         verified_export.verify_int8_accuracy(
-            trained.model, trained.vectorizer, CONFIG.max_tokens, _bundle(exported), reviews, labels,
+            trained.model,
+            trained.vectorizer,
+            CONFIG.max_tokens,
+            _bundle(exported),
+            reviews,
+            labels,
             tolerance=lost - 0.01,
         )
 
@@ -457,7 +509,12 @@ def test_bad_int8_check_arguments_are_named_before_anything_is_written(trained, 
         check["accuracy_labels"] = [1] * len(arguments["accuracy_reviews"])
     with pytest.raises(ValueError, match=re.escape(named)):
         verified_export.export_and_verify(
-            trained.model, trained.vectorizer, trained.vocabulary, CONFIG.max_tokens, ["a review"], tmp_path / "export",
+            trained.model,
+            trained.vectorizer,
+            trained.vocabulary,
+            CONFIG.max_tokens,
+            ["a review"],
+            tmp_path / "export",
             **check,
         )
     assert not (tmp_path / "export").exists()
@@ -519,8 +576,14 @@ def test_the_ngram_attention_branch_exports_with_parity(bigram_ids, small_imdb_a
     small = train_small(config, small_imdb_archive, imdb_cache_dir, tmp_path)
     reviews = verified_export.verification_reviews(small.test_reviews)
     result = verified_export.export_and_verify(
-        small.model, small.vectorizer, small.vocabulary, config.max_tokens, reviews, tmp_path / "export",
-        int8_tolerance=100.0, **accuracy_check(small),
+        small.model,
+        small.vectorizer,
+        small.vocabulary,
+        config.max_tokens,
+        reviews,
+        tmp_path / "export",
+        int8_tolerance=100.0,
+        **accuracy_check(small),
     )
     parity = result["parity"]
     for key in ("savedmodel_fresh_process_max_abs_diff", "saved_model_cli_max_abs_diff", "onnx_max_abs_diff"):

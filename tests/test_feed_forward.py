@@ -78,6 +78,8 @@ def test_bad_arguments_name_the_value():
 def test_layer_contract():
     rng = np.random.default_rng(15)
     run_layer_test(
-        FeedForward, dict(intermediate_dim=16, dropout=0.1), rng.standard_normal((2, 5, 8)).astype("float32"),
+        FeedForward,
+        dict(intermediate_dim=16, dropout=0.1),
+        rng.standard_normal((2, 5, 8)).astype("float32"),
         expected_num_trainable_weights=4,
     )

@@ -7,11 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from models import imdb_text
 from pipelines import imdb_data
 from tests.imdb_fixtures import PER_CLASS
-from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
-from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
-from models import imdb_text
 
 
 def archive_reviews(archive):

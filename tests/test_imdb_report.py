@@ -23,16 +23,37 @@ from tests.test_explain_imdb import run  # noqa: F401  (the fixture)
 
 LABELS = [1, 0, 0, 1]  # the tiny model gets some right and some wrong
 SUMMARY = {
-    "test_accuracy": 0.5, "test_accuracy_by_branch": {"attention": 0.25, "ngram": 0.75}, "validation_accuracy": 0.6, "attention": "dense",
-    "seed": 1337, "epochs_run": 2, "training_seconds": 12.5, "train_examples_per_second": 40.0, "data": {"source": "tiny", "test": 4},
+    "test_accuracy": 0.5,
+    "test_accuracy_by_branch": {"attention": 0.25, "ngram": 0.75},
+    "validation_accuracy": 0.6,
+    "attention": "dense",
+    "seed": 1337,
+    "epochs_run": 2,
+    "training_seconds": 12.5,
+    "train_examples_per_second": 40.0,
+    "data": {"source": "tiny", "test": 4},
     "exports": {
         "parity": {"reviews": 4, "onnx_max_abs_diff": 1.2e-7, "saved_model_cli_max_abs_diff": 6e-8},
-        "int8": {"reviews": 2500, "tolerance_points": 0.3, "float_keras_accuracy": 0.9096, "int8_onnx_accuracy": 0.9084,
-                 "points_lost": 0.12, "float_onnx_bytes": 7708229, "int8_onnx_bytes": 2114966, "size_ratio": 0.2744},
+        "int8": {
+            "reviews": 2500,
+            "tolerance_points": 0.3,
+            "float_keras_accuracy": 0.9096,
+            "int8_onnx_accuracy": 0.9084,
+            "points_lost": 0.12,
+            "float_onnx_bytes": 7708229,
+            "int8_onnx_bytes": 2114966,
+            "size_ratio": 0.2744,
+        },
     },
 }
 HISTORY = [
-    {"epoch": float(e), "loss": 1.0 - 0.1 * e, "attention_accuracy": 0.5 + 0.1 * e, "val_loss": 1.1 - 0.1 * e, "val_attention_accuracy": 0.5 + 0.05 * e}
+    {
+        "epoch": float(e),
+        "loss": 1.0 - 0.1 * e,
+        "attention_accuracy": 0.5 + 0.1 * e,
+        "val_loss": 1.1 - 0.1 * e,
+        "val_attention_accuracy": 0.5 + 0.05 * e,
+    }
     for e in range(3)
 ]
 
@@ -62,7 +83,14 @@ def test_report_is_self_contained_with_figures_and_the_examples_maps(report):
     assert not re.search(r'\b(src|href)\s*=\s*"(?!data:image/png;base64,)', page)
     assert "0.5000" in page and "1.20e-07" in page and "attention branch" in page
     int8_rows = re.search(r"int8 ONNX model \(checked by accuracy.*?</table>", page, re.S).group(0)
-    for shown in ("2,500 validation reviews", "0.9096", "7,708,229", "0.9084", "2,114,966 (0.27x)", "0.12 (at most 0.3)"):
+    for shown in (
+        "2,500 validation reviews",
+        "0.9096",
+        "7,708,229",
+        "0.9084",
+        "2,114,966 (0.27x)",
+        "0.12 (at most 0.3)",
+    ):
         assert shown in int8_rows
     pngs = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(pngs) == 2  # learning curves, confusion matrix
@@ -89,9 +117,7 @@ def test_report_shows_the_ablation_under_this_runs_figures(report):
     header, *rows = re.findall(r"<tr><th>(.*?)</th>(.*?)</tr>", table)
     assert header[0] == imdb_ablation.HEADER[0]
     assert rows[0] == ("this run (seed 1337)", "<td>25.00 %</td><td>50.00 %</td><td></td>")
-    expected = [
-        tuple(html.escape(cell) for cell in imdb_ablation.cells(row)) for row in imdb_ablation.ROWS
-    ]
+    expected = [tuple(html.escape(cell) for cell in imdb_ablation.cells(row)) for row in imdb_ablation.ROWS]
     shown = [(name, *re.findall(r"<td>(.*?)</td>", cells)) for name, cells in rows[1:]]
     assert shown == expected
 

@@ -44,7 +44,8 @@ FAMILIES = {
     "window_alibi": (lambda: {"sliding_window": WINDOW, **_alibi()}, ("window", WINDOW)),
     "window_t5": (lambda: {"sliding_window": WINDOW, **_t5()}, ("window", WINDOW)),
     "window_block_local": (
-        lambda: {"sliding_window": 6, "attention_pattern": BlockLocal(4)}, ("and", ("window", 6), ("block", 4))
+        lambda: {"sliding_window": 6, "attention_pattern": BlockLocal(4)},
+        ("and", ("window", 6), ("block", 4)),
     ),
     "causal_strided": (
         lambda: {"attention_pattern": Causal() & (SlidingWindow(3) | Strided(3))},
@@ -53,11 +54,13 @@ FAMILIES = {
     "dense_t5": (_t5, ("causal",)),
     "hard": (lambda: {"self_attention": MultiHeadAttention(HEADS, HIDDEN // HEADS, hard=True)}, None),
     "window_hard": (
-        lambda: {"self_attention": MultiHeadAttention(HEADS, HIDDEN // HEADS, hard=True, sliding_window=WINDOW)}, None
+        lambda: {"self_attention": MultiHeadAttention(HEADS, HIDDEN // HEADS, hard=True, sliding_window=WINDOW)},
+        None,
     ),
     "linear": (lambda: {"self_attention": LinearAttention(HEADS, HIDDEN // HEADS, causal=True)}, None),
     "linear_favor": (
-        lambda: {"self_attention": LinearAttention(HEADS, HIDDEN // HEADS, feature_map="favor", causal=True)}, None
+        lambda: {"self_attention": LinearAttention(HEADS, HIDDEN // HEADS, feature_map="favor", causal=True)},
+        None,
     ),
 }
 
@@ -99,7 +102,9 @@ def cached_pass(stack, x, chunks=CHUNKS, step=None):
     for length in chunks:
         h = x[:, start : start + length]
         for i, decoder in enumerate(stack):
-            h, caches[i] = step(decoder, h, self_attention_cache=caches[i], self_attention_cache_update_index=tf.constant(start))
+            h, caches[i] = step(
+                decoder, h, self_attention_cache=caches[i], self_attention_cache_update_index=tf.constant(start)
+            )
         assert _shapes(caches) == first_shapes  # no cache grows with the position
         outputs.append(h.numpy())
         start += length
@@ -118,8 +123,14 @@ def numpy_stack(stack, x, spec):
     for decoder in stack:
         position_bias = decoder.self_attention.position_bias
         x = reference.transformer_decoder(
-            [np.asarray(w, np.float64) for w in decoder.weights if position_bias is None or w.path not in _paths(position_bias)],
-            x, self_mask=mask, self_bias=_numpy_bias(position_bias, positions),
+            [
+                np.asarray(w, np.float64)
+                for w in decoder.weights
+                if position_bias is None or w.path not in _paths(position_bias)
+            ],
+            x,
+            self_mask=mask,
+            self_bias=_numpy_bias(position_bias, positions),
         )
     return x
 
@@ -193,7 +204,9 @@ def test_the_ring_buffer_holds_each_slot_newest_position():
 def test_window_decoding_compiled_with_xla_and_a_tensor_index(family):
     stack, x = decoder_stack(FAMILIES[family][0]), sequence(3)
     compiled = {id(decoder): tf.function(decoder.__call__, jit_compile=True) for decoder in stack}
-    cached, _ = cached_pass(stack, x, chunks=(1,) * LENGTH, step=lambda decoder, *a, **k: compiled[id(decoder)](*a, **k))
+    cached, _ = cached_pass(
+        stack, x, chunks=(1,) * LENGTH, step=lambda decoder, *a, **k: compiled[id(decoder)](*a, **k)
+    )
     np.testing.assert_allclose(cached, full_pass(stack, x), atol=ATOL)
 
 
@@ -202,7 +215,9 @@ def test_a_family_that_cannot_decode_incrementally_says_why(name):
     capabilities = REGISTERED_FAMILIES[name].capabilities
     assert capabilities.cache in ("key_value", "recurrent") or capabilities.why_not("cache")
     if capabilities.cache is None and capabilities.causal:  # a decoder asking it for a cache quotes the reason
-        decoder = TransformerDecoder(16, HEADS, self_attention=REGISTERED_FAMILIES[name](HEADS, HIDDEN // HEADS, causal=True))
+        decoder = TransformerDecoder(
+            16, HEADS, self_attention=REGISTERED_FAMILIES[name](HEADS, HIDDEN // HEADS, causal=True)
+        )
         decoder.build((None, None, HIDDEN))
         with pytest.raises(ValueError, match=rf"does not support cache .*{capabilities.why_not('cache')[:20]}"):
             decoder.initial_self_attention_cache(BATCH, LENGTH)
@@ -233,7 +248,11 @@ def test_bad_window_cache_calls_raise_naming_the_argument(arguments, message):
 
 @pytest.mark.parametrize(
     "shape",
-    [(BATCH + 1, 2, WINDOW, HEADS, HIDDEN // HEADS), (BATCH, 2, WINDOW, HEADS + 1, HIDDEN // HEADS), (BATCH, 2, WINDOW, HEADS)],
+    [
+        (BATCH + 1, 2, WINDOW, HEADS, HIDDEN // HEADS),
+        (BATCH, 2, WINDOW, HEADS + 1, HIDDEN // HEADS),
+        (BATCH, 2, WINDOW, HEADS),
+    ],
 )
 def test_a_window_cache_of_the_wrong_shape_is_refused(shape):
     layer, token, _ = _window_layer()

@@ -39,7 +39,6 @@ class TestKerasMultiHeadAttentionSuite(_keras_tests.MultiHeadAttentionTest):
     """Every test of Keras's file, on `keras_attn.MultiHeadAttention`."""
 
 
-
 def test_the_whole_keras_file_runs_on_our_class():
     tests = [name for name in dir(TestKerasMultiHeadAttentionSuite) if name.startswith("test")]
     assert len(tests) == KERAS_TEST_COUNT, f"{len(tests)} tests in {KERAS_TEST_FILE}"

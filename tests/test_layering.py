@@ -162,4 +162,8 @@ def test_function_level_and_relative_imports_are_read(tmp_path, monkeypatch):
     (package / "b.py").write_text("")
     (package / "a.py").write_text("def f():\n    from pipelines.resumable_training import x\n    from . import b\n")
     known = {"models", "models.a", "models.b", "pipelines.resumable_training"}
-    assert imported_modules("models.a", package / "a.py", known) == {"pipelines.resumable_training", "models.b", "models"}
+    assert imported_modules("models.a", package / "a.py", known) == {
+        "pipelines.resumable_training",
+        "models.b",
+        "models",
+    }

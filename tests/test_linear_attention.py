@@ -40,7 +40,7 @@ def _reference(layer, x, mask=None, is_causal=None, return_weights=False):
     if layer.feature_map == "elu":
         query_features, key_features = reference.elu_plus_one(query), reference.elu_plus_one(key)
     else:
-        scale = layer.key_dim ** -0.25
+        scale = layer.key_dim**-0.25
         query_features = reference.favor_features(query * scale, weights["random_features"])
         key_features = reference.favor_features(key * scale, weights["random_features"])
     attended = reference.linear_attention_recurrence(query_features, key_features, value, mask, is_causal)
@@ -138,7 +138,9 @@ def test_long_causal_inputs_in_recomputed_segments_equal_one_pass(monkeypatch, f
     expected = _output_and_gradients(layer, x, mask, cotangent)
     monkeypatch.setattr(linear_attention, "RECOMPUTE_SEGMENT_LENGTH", 5)  # 5 segments, the last of 3 tokens
     for jit_compile in (None, False, True):
-        assert_outputs_close(_output_and_gradients(layer, x, mask, cotangent, jit_compile), expected, atol=2e-6, rtol=1e-5)
+        assert_outputs_close(
+            _output_and_gradients(layer, x, mask, cotangent, jit_compile), expected, atol=2e-6, rtol=1e-5
+        )
     np.testing.assert_allclose(layer(x, query_mask=mask), _reference(layer, x, mask), atol=ATOL, rtol=1e-4)
 
 
@@ -196,7 +198,9 @@ def test_keras_mask_is_used_and_propagated():
     model = _token_model()
     output = model.layers[2](model.layers[1](tokens))
     np.testing.assert_array_equal(output._keras_mask, tokens != 0)
-    np.testing.assert_allclose(model(tokens), model.layers[2](model.layers[1](tokens), query_mask=tokens != 0), atol=1e-6)
+    np.testing.assert_allclose(
+        model(tokens), model.layers[2](model.layers[1](tokens), query_mask=tokens != 0), atol=1e-6
+    )
 
 
 def test_run_layer_test():

@@ -96,7 +96,9 @@ def test_padding_content_amount_and_place_never_change_real_outputs(variant):
     assert_padding_invariant(layer, x, PADDING)
     left_padded = np.concatenate([x[1:, 5:], x[1:, :5]], axis=1)  # the same 5 tokens after 4 pads
     left_mask = np.arange(9)[None, :] >= 4
-    np.testing.assert_allclose(layer(left_padded, query_mask=left_mask)[0, 4:], layer(x, query_mask=PADDING)[1, :5], atol=1e-5)
+    np.testing.assert_allclose(
+        layer(left_padded, query_mask=left_mask)[0, 4:], layer(x, query_mask=PADDING)[1, :5], atol=1e-5
+    )
 
 
 def test_causal_request_explains_why_it_is_refused():

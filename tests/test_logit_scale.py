@@ -90,7 +90,9 @@ def test_every_kernel_takes_beta_up_to_the_float32_limit(kernel_name, beta, larg
     factor = np.sqrt(largest_logit / 1e30)
     query, key = query * factor, key * factor
     pattern = _pattern_for(kernel_name, query, key, value)
-    output = scaled_dot_product_attention(query, key, value, mask=mask, pattern=pattern, scale=beta, implementation=kernel_name)
+    output = scaled_dot_product_attention(
+        query, key, value, mask=mask, pattern=pattern, scale=beta, implementation=kernel_name
+    )
     want, _ = reference.attention(query, key, value, mask=mask & _pattern_mask(pattern, LENGTH), scale=beta)
     np.testing.assert_allclose(np.asarray(output), want, atol=2e-5)
 
@@ -128,7 +130,9 @@ def test_every_kernel_gives_the_gradients_of_beta_times_the_logits_at_any_beta(k
     inputs = [tf.constant(t) for t in (query, key, value)]
     with tf.GradientTape() as tape:
         tape.watch(inputs)
-        output = scaled_dot_product_attention(*inputs, mask=mask, pattern=pattern, scale=beta, implementation=kernel_name)
+        output = scaled_dot_product_attention(
+            *inputs, mask=mask, pattern=pattern, scale=beta, implementation=kernel_name
+        )
         loss = tf.reduce_sum(output * output_gradient)
     allowed = mask & _pattern_mask(pattern, LENGTH)
     want_gradients = reference.attention_gradients(query, key, value, output_gradient, mask=allowed, scale=beta)
@@ -143,7 +147,9 @@ def test_every_kernel_gives_a_tensor_beta_its_gradient(kernel_name):
     pattern = _pattern_for(kernel_name, query, key, value)
     beta = tf.Variable(0.7)
     with tf.GradientTape() as tape:
-        output = scaled_dot_product_attention(query, key, value, pattern=pattern, scale=beta, implementation=kernel_name)
+        output = scaled_dot_product_attention(
+            query, key, value, pattern=pattern, scale=beta, implementation=kernel_name
+        )
         loss = tf.reduce_sum(output * output_gradient)
     allowed = _pattern_mask(pattern, LENGTH)
     d_logits = reference.attention_gradients(query, key, value, output_gradient, mask=allowed, scale=0.7)[3]
@@ -167,7 +173,11 @@ def test_every_kernel_shifts_then_scales_beta_above_1_with_a_bias(kernel_name):
     with tf.GradientTape() as tape:
         tape.watch(inputs)
         output = scaled_dot_product_attention(
-            *inputs[:3], mask=mask, bias=None if bias is None else inputs[3], pattern=pattern, scale=3.0,
+            *inputs[:3],
+            mask=mask,
+            bias=None if bias is None else inputs[3],
+            pattern=pattern,
+            scale=3.0,
             implementation=kernel_name,
         )
         loss = tf.reduce_sum(output * output_gradient)
@@ -177,7 +187,9 @@ def test_every_kernel_shifts_then_scales_beta_above_1_with_a_bias(kernel_name):
     want_d_query, want_d_key, want_d_value, want_d_logits = reference.attention_gradients(
         query, key, value, output_gradient, mask=allowed, bias=bias, scale=3.0
     )
-    wants = [want_d_query, want_d_key, want_d_value] + ([] if bias is None else [want_d_logits.sum(axis=0, keepdims=True)])
+    wants = [want_d_query, want_d_key, want_d_value] + (
+        [] if bias is None else [want_d_logits.sum(axis=0, keepdims=True)]
+    )
     for got, want in zip(tape.gradient(loss, inputs), wants):
         np.testing.assert_allclose(np.asarray(got), want, atol=1e-4)
 
@@ -195,9 +207,14 @@ def test_float16_inputs_get_float32_logits_on_every_kernel(kernel_name):
     query, key, value = _overflowing_float16_inputs(seed=11)
     pattern = _pattern_for(kernel_name, *(t.astype("float16") for t in (query, key, value)))
     outputs = {
-        dtype: np.asarray(scaled_dot_product_attention(
-            *(t.astype(dtype) for t in (query, key, value)), pattern=pattern, implementation=kernel_name,
-        ), "float32")
+        dtype: np.asarray(
+            scaled_dot_product_attention(
+                *(t.astype(dtype) for t in (query, key, value)),
+                pattern=pattern,
+                implementation=kernel_name,
+            ),
+            "float32",
+        )
         for dtype in ("float16", "float32")
     }
     assert np.all(np.isfinite(outputs["float16"]))

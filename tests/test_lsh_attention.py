@@ -36,7 +36,8 @@ def _weights(layer):
 def _projected(layer, x):
     weights = _weights(layer)
     query, value = (
-        reference.project_heads(x, weights[f"{name}/kernel"], weights.get(f"{name}/bias")) for name in ("query", "value")
+        reference.project_heads(x, weights[f"{name}/kernel"], weights.get(f"{name}/bias"))
+        for name in ("query", "value")
     )
     return weights, query, value
 
@@ -45,8 +46,14 @@ def _reference(layer, x, mask=None, is_causal=None, return_weights=False):
     """Float64 output (and weights) of `layer`; causal as the layer unless `is_causal` says."""
     weights, query, value = _projected(layer, x)
     attended, scores = reference.lsh_attention(
-        query, value, weights["rotations"], layer.num_buckets, layer.chunk_size, mask,
-        layer.causal if is_causal is None else is_causal, return_weights=True,
+        query,
+        value,
+        weights["rotations"],
+        layer.num_buckets,
+        layer.chunk_size,
+        mask,
+        layer.causal if is_causal is None else is_causal,
+        return_weights=True,
     )
     output = reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
     return (output, scores) if return_weights else output
@@ -165,8 +172,10 @@ def test_run_layer_test():
     )
 
 
-@pytest.mark.parametrize("kwargs,name", [(dict(num_buckets=3), "num_buckets"), (dict(chunk_size=0), "chunk_size"),
-                                         (dict(num_hashes=None), "num_hashes")])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [(dict(num_buckets=3), "num_buckets"), (dict(chunk_size=0), "chunk_size"), (dict(num_hashes=None), "num_hashes")],
+)
 def test_bad_arguments_are_named(kwargs, name):
     with pytest.raises(ValueError, match=name):
         _layer(**kwargs)

@@ -90,9 +90,7 @@ def test_serialization_and_jit(mode):
 @pytest.mark.parametrize("mode", ["mean", "max"])
 def test_gradients_match_finite_differences(mode):
     values, mask = random_inputs(np.random.default_rng(5))
-    layer_checks.assert_gradients_match_finite_differences(
-        lambda: MaskedGlobalPooling(mode=mode), values, mask=mask
-    )
+    layer_checks.assert_gradients_match_finite_differences(lambda: MaskedGlobalPooling(mode=mode), values, mask=mask)
 
 
 def test_bad_arguments_name_the_value():
@@ -108,6 +106,9 @@ def test_bad_arguments_name_the_value():
 def test_layer_contract(mode):
     rng = np.random.default_rng(14)
     run_layer_test(
-        MaskedGlobalPooling, dict(mode=mode), rng.standard_normal((2, 5, 3)).astype("float32"),
-        expected_num_trainable_weights=0, run_training=False,
+        MaskedGlobalPooling,
+        dict(mode=mode),
+        rng.standard_normal((2, 5, 3)).astype("float32"),
+        expected_num_trainable_weights=0,
+        run_training=False,
     )

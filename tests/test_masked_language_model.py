@@ -15,8 +15,14 @@ from models.sentiment_classifier import load_encoder_weights
 from models.token_masking import mask_tokens
 
 CONFIG = SentimentClassifierConfig(
-    vocabulary_size=40, max_tokens=32, sequence_length=16, embedding_dim=8, num_heads=2, intermediate_dim=16,
-    bigram_buckets=64, dropout=0.0,
+    vocabulary_size=40,
+    max_tokens=32,
+    sequence_length=16,
+    embedding_dim=8,
+    num_heads=2,
+    intermediate_dim=16,
+    bigram_buckets=64,
+    dropout=0.0,
 )
 
 
@@ -61,8 +67,11 @@ def test_loss_falls_on_tiny_data():
     rng = np.random.default_rng(1)
     pairs = rng.integers(2, CONFIG.vocabulary_size, (64, 2))
     ids = np.tile(pairs, (1, 8)).astype("int32")  # (64, 16)
-    batches = tf.data.Dataset.from_tensor_slices(ids).batch(16).enumerate().map(
-        lambda index, batch: mask_tokens(batch, tf.stack([index, 0]), CONFIG.vocabulary_size, rate=0.3)
+    batches = (
+        tf.data.Dataset.from_tensor_slices(ids)
+        .batch(16)
+        .enumerate()
+        .map(lambda index, batch: mask_tokens(batch, tf.stack([index, 0]), CONFIG.vocabulary_size, rate=0.3))
     )
     model.compile(
         optimizer=keras.optimizers.Adam(1e-2),

@@ -35,8 +35,9 @@ def _padding(lengths, max_len):
     return np.arange(max_len)[None, :] < np.asarray(lengths)[:, None]  # (batch, max_len)
 
 
-def _allowed(query_len, key_len, query_mask=None, value_mask=None, attention_mask=None, causal=False,
-             sliding_window=None):
+def _allowed(
+    query_len, key_len, query_mask=None, value_mask=None, attention_mask=None, causal=False, sliding_window=None
+):
     """NumPy `(batch, query_len, key_len)` mask of what each query may attend to."""
     rows, cols = np.arange(query_len)[:, None], np.arange(key_len)[None, :]
     allowed = np.ones((BATCH, query_len, key_len), bool)
@@ -108,8 +109,11 @@ def test_matches_keras_with_the_same_weights(case):
     inputs = (query, value) if key is None else (query, value, key)
     keras_layer, ours = _twin_layers(inputs, **config)
     allowed = _allowed(
-        query.shape[1], value.shape[1], causal=call_options.get("use_causal_mask", False),
-        sliding_window=config.get("sliding_window"), **masks,
+        query.shape[1],
+        value.shape[1],
+        causal=call_options.get("use_causal_mask", False),
+        sliding_window=config.get("sliding_window"),
+        **masks,
     )
     # Keras reads query/value masks from the inputs' Keras masks; the merged 3-D mask is the same.
     keras_mask = allowed if masks else None
@@ -124,7 +128,9 @@ def test_matches_keras_with_the_same_weights(case):
     for got, want in ((output, expected), (output_only, expected_output_only)):
         np.testing.assert_allclose(got.numpy()[rows], want.numpy()[rows], atol=ATOL)
     scores, expected_scores = scores.numpy(), expected_scores.numpy()
-    np.testing.assert_allclose(scores.transpose(0, 2, 1, 3)[rows], expected_scores.transpose(0, 2, 1, 3)[rows], atol=ATOL)
+    np.testing.assert_allclose(
+        scores.transpose(0, 2, 1, 3)[rows], expected_scores.transpose(0, 2, 1, 3)[rows], atol=ATOL
+    )
     assert np.all(scores.transpose(0, 2, 1, 3)[~rows] == 0)
 
 
@@ -154,12 +160,22 @@ def test_matches_float64_reference(config, cross, use_causal_mask):
     bias = rng.standard_normal((1, config["num_heads"], QUERY_LEN, key_len))
     layer = _float64_layer((query, value), **config)
     output, scores = layer(
-        query, value, query_mask=query_mask, value_mask=value_mask, attention_bias=bias,
-        use_causal_mask=use_causal_mask, return_attention_scores=True,
+        query,
+        value,
+        query_mask=query_mask,
+        value_mask=value_mask,
+        attention_bias=bias,
+        use_causal_mask=use_causal_mask,
+        return_attention_scores=True,
     )
-    mask = (query_mask[:, None, :, None] & value_mask[:, None, None, :])  # (batch, 1, q, k)
+    mask = query_mask[:, None, :, None] & value_mask[:, None, None, :]  # (batch, 1, q, k)
     expected, expected_scores = reference.multi_head_attention(
-        layer.get_weights(), query, value, mask=mask, bias=bias, is_causal=use_causal_mask,
+        layer.get_weights(),
+        query,
+        value,
+        mask=mask,
+        bias=bias,
+        is_causal=use_causal_mask,
         sliding_window=config.get("sliding_window"),
     )
     np.testing.assert_allclose(output, expected, atol=1e-10)
@@ -176,8 +192,13 @@ def test_blockwise_implementation_matches_float64_reference(use_causal_mask):
     bias = rng.standard_normal((1, 4, QUERY_LEN, KEY_LEN))
     output = layer(query, value, value_mask=value_mask, attention_bias=bias, use_causal_mask=use_causal_mask)
     expected, _ = reference.multi_head_attention(
-        layer.get_weights(), query, value, mask=value_mask[:, None, None, :], bias=bias,
-        is_causal=use_causal_mask, sliding_window=3,
+        layer.get_weights(),
+        query,
+        value,
+        mask=value_mask[:, None, None, :],
+        bias=bias,
+        is_causal=use_causal_mask,
+        sliding_window=3,
     )
     np.testing.assert_allclose(output, expected, atol=1e-10)
 
@@ -279,9 +300,7 @@ def test_keras_masks_from_embedding_match_keras_and_propagate(use_causal_mask):
     ours_model = _token_model(MultiHeadAttention, use_causal_mask)
     ours_model.set_weights(keras_model.get_weights())
     unpadded = tokens != 0
-    np.testing.assert_allclose(
-        ours_model(tokens).numpy()[unpadded], keras_model(tokens).numpy()[unpadded], atol=ATOL
-    )
+    np.testing.assert_allclose(ours_model(tokens).numpy()[unpadded], keras_model(tokens).numpy()[unpadded], atol=ATOL)
     embedded = ours_model.layers[1](tokens)
     output = ours_model.layers[2](embedded, embedded, use_causal_mask=use_causal_mask)
     np.testing.assert_array_equal(output._keras_mask, unpadded)
@@ -293,9 +312,7 @@ def test_explicit_masks_are_honoured_eagerly_in_graphs_and_over_keras_masks():
     query, value = _normal(rng, BATCH, QUERY_LEN, QUERY_DIM), _normal(rng, BATCH, KEY_LEN, VALUE_DIM)
     value_mask = _padding([3, 5], KEY_LEN)
     layer(query, value)
-    expected = reference.multi_head_attention(
-        layer.get_weights(), query, value, mask=value_mask[:, None, None, :]
-    )[0]
+    expected = reference.multi_head_attention(layer.get_weights(), query, value, mask=value_mask[:, None, None, :])[0]
     np.testing.assert_allclose(layer(query, value, value_mask=value_mask), expected, atol=ATOL)
     graph = tf.function(lambda q, v, m: layer(q, v, value_mask=m))
     np.testing.assert_allclose(graph(query, value, value_mask), expected, atol=ATOL)
@@ -317,8 +334,17 @@ def _cross_model(**config):
 
 
 GENERIC_CONFIG = dict(
-    num_heads=4, key_dim=3, value_dim=5, num_key_value_heads=2, sliding_window=4, use_gate=True, output_shape=9,
-    bias_initializer="random_normal", kernel_regularizer="l2", activity_regularizer="l1", scale=0.8,
+    num_heads=4,
+    key_dim=3,
+    value_dim=5,
+    num_key_value_heads=2,
+    sliding_window=4,
+    use_gate=True,
+    output_shape=9,
+    bias_initializer="random_normal",
+    kernel_regularizer="l2",
+    activity_regularizer="l1",
+    scale=0.8,
     attention_pattern=GlobalTokens(1) | Strided(2),
 )
 
@@ -338,8 +364,13 @@ def test_serialization_round_trip():
     layer = reloaded.layers[-1]
     assert isinstance(layer, MultiHeadAttention)
     for name, value in GENERIC_CONFIG.items():
-        if name not in ("bias_initializer", "kernel_regularizer", "activity_regularizer", "output_shape",
-                        "attention_pattern"):
+        if name not in (
+            "bias_initializer",
+            "kernel_regularizer",
+            "activity_regularizer",
+            "output_shape",
+            "attention_pattern",
+        ):
             assert getattr(layer, name) == value, name
     assert repr(layer.attention_pattern) == repr(GENERIC_CONFIG["attention_pattern"])
     # As in Keras, the activity regulariser applies to the projections' outputs.
@@ -348,7 +379,9 @@ def test_serialization_round_trip():
 
 
 def test_config_accepts_keras_config_and_round_trips():
-    keras_layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, value_dim=3, output_shape=(5,), sliding_window=2)
+    keras_layer = keras.layers.MultiHeadAttention(
+        num_heads=2, key_dim=4, value_dim=3, output_shape=(5,), sliding_window=2
+    )
     ours = MultiHeadAttention.from_config(keras_layer.get_config())
     assert (ours.num_heads, ours.key_dim, ours.value_dim, ours.sliding_window) == (2, 4, 3, 2)
     assert_config_round_trip(ours)
@@ -364,7 +397,11 @@ def test_jit_matches_eager():
     query, value, query_mask, value_mask = _cross_inputs()
     layer(query, value)
     assert_jit_matches_eager(
-        layer, (query, value), query_mask=query_mask, value_mask=value_mask, use_causal_mask=True,
+        layer,
+        (query, value),
+        query_mask=query_mask,
+        value_mask=value_mask,
+        use_causal_mask=True,
         return_attention_scores=True,
     )
 
@@ -372,10 +409,13 @@ def test_jit_matches_eager():
 def test_gradients_match_finite_differences():
     query, value, query_mask, value_mask = _cross_inputs(query_len=3, key_len=4)
     assert_gradients_match_finite_differences(
-        lambda: MultiHeadAttention(num_heads=2, key_dim=2, num_key_value_heads=1, use_gate=True,
-                                   bias_initializer="random_normal"),
+        lambda: MultiHeadAttention(
+            num_heads=2, key_dim=2, num_key_value_heads=1, use_gate=True, bias_initializer="random_normal"
+        ),
         (query[:, :, :4], value[:, :, :3]),
-        query_mask=query_mask, value_mask=value_mask, use_causal_mask=True,
+        query_mask=query_mask,
+        value_mask=value_mask,
+        use_causal_mask=True,
     )
 
 
@@ -431,15 +471,28 @@ def test_bad_constructor_arguments(arguments, message):
         (lambda q, v: (q, v, None, dict(query_mask=np.ones((2, 4), bool))), "query_mask.shape=(2, 4)"),
         (lambda q, v: (q, v, None, dict(attention_mask=np.ones((7,), bool))), "attention_mask.shape=(7,)"),
         (lambda q, v: (q, v, None, dict(attention_mask=np.ones((2, 4, 7), bool))), "attention_mask.shape=(2, 4, 7)"),
-        (lambda q, v: (q, v, None, dict(attention_mask=np.ones((2, 3, 5, 7), bool))), "attention_mask.shape=(2, 3, 5, 7)"),
+        (
+            lambda q, v: (q, v, None, dict(attention_mask=np.ones((2, 3, 5, 7), bool))),
+            "attention_mask.shape=(2, 3, 5, 7)",
+        ),
         (lambda q, v: (q, v, None, dict(attention_bias=np.ones((2, 3, 5, 7)))), "attention_bias.shape=(2, 3, 5, 7)"),
         (lambda q, v: (q, v, None, dict(cache=np.zeros((2, 2, 7, 2, 3)))), "cache.shape=(2, 2, 7, 2, 3)"),
         (lambda q, v: (q, v, None, dict(cache_update_index=3)), "cache_update_index=3"),
     ],
     ids=[
-        "query_rank", "value_rank", "key_value_lengths", "query_mask_rank", "value_mask_rank", "value_mask_length",
-        "query_mask_length", "attention_mask_rank", "attention_mask_shape", "attention_mask_heads", "bias_heads",
-        "cache_shape", "index_without_cache",
+        "query_rank",
+        "value_rank",
+        "key_value_lengths",
+        "query_mask_rank",
+        "value_mask_rank",
+        "value_mask_length",
+        "query_mask_length",
+        "attention_mask_rank",
+        "attention_mask_shape",
+        "attention_mask_heads",
+        "bias_heads",
+        "cache_shape",
+        "index_without_cache",
     ],
 )
 def test_bad_call_arguments(call, message):
@@ -463,10 +516,15 @@ def _cross_attention_model(layer_class, **config):
 
 @pytest.mark.parametrize("mode", ["int8", "float8"])
 @pytest.mark.parametrize("build_model", [_self_attention_model, _cross_attention_model], ids=["fused", "separate"])
-@pytest.mark.parametrize("config", [dict(num_heads=2, key_dim=4), dict(num_heads=3, key_dim=4, use_gate=True, use_bias=False)])
+@pytest.mark.parametrize(
+    "config", [dict(num_heads=2, key_dim=4), dict(num_heads=3, key_dim=4, use_gate=True, use_bias=False)]
+)
 def test_quantized_model_matches_quantized_keras(mode, build_model, config):
     """`Model.quantize` on the fused and the separate projection paths gives Keras's quantized outputs."""
-    keras_model, ours = build_model(keras.layers.MultiHeadAttention, **config), build_model(MultiHeadAttention, **config)
+    keras_model, ours = (
+        build_model(keras.layers.MultiHeadAttention, **config),
+        build_model(MultiHeadAttention, **config),
+    )
     ours.set_weights(keras_model.get_weights())
     rng = np.random.default_rng(3)
     inputs = [_normal(rng, 2, *tensor.shape[1:]) for tensor in keras_model.inputs]
@@ -527,9 +585,13 @@ def test_overridden_compute_attention_is_called_with_every_mask_merged():
     seen = {}
 
     class Temperature(MultiHeadAttention):
-        def _compute_attention(self, query, key, value, attention_mask=None, training=None, return_attention_scores=False):
+        def _compute_attention(
+            self, query, key, value, attention_mask=None, training=None, return_attention_scores=False
+        ):
             seen["mask"] = np.asarray(attention_mask)
-            return super()._compute_attention(query * 2.0, key, value, attention_mask, training, return_attention_scores)
+            return super()._compute_attention(
+                query * 2.0, key, value, attention_mask, training, return_attention_scores
+            )
 
     rng = np.random.default_rng(6)
     x = _normal(rng, BATCH, 5, 8)
@@ -550,8 +612,14 @@ def test_overridden_compute_attention_is_called_with_every_mask_merged():
     [
         (dict(num_heads=2, key_dim=4, num_key_value_heads=1, use_gate=True), dict(use_causal_mask=True)),
         (
-            dict(num_heads=2, key_dim=3, value_dim=5, output_shape=6, scale=0.7,
-                 attention_pattern=BlockLocal(2) | GlobalTokens(1)),
+            dict(
+                num_heads=2,
+                key_dim=3,
+                value_dim=5,
+                output_shape=6,
+                scale=0.7,
+                attention_pattern=BlockLocal(2) | GlobalTokens(1),
+            ),
             dict(return_attention_scores=True),
         ),
     ],
@@ -559,7 +627,10 @@ def test_overridden_compute_attention_is_called_with_every_mask_merged():
 def test_layer_contract(init_kwargs, call_kwargs):
     rng = np.random.default_rng(9)
     run_layer_test(
-        MultiHeadAttention, init_kwargs, (_normal(rng, 2, 5, 8), _normal(rng, 2, 4, 6)), call_kwargs,
+        MultiHeadAttention,
+        init_kwargs,
+        (_normal(rng, 2, 5, 8), _normal(rng, 2, 4, 6)),
+        call_kwargs,
         expected_num_trainable_weights=10 if init_kwargs.get("use_gate") else 8,
         unchanged_ok=("key/bias",),  # softmax is shift-invariant along the keys: zero gradient
     )
@@ -600,7 +671,6 @@ def test_output_shape_sizes_must_be_positive():
         MultiHeadAttention(num_heads=2, key_dim=4, output_shape=(4, -5))
 
 
-
 def test_attention_pattern_must_be_a_pattern():
     with pytest.raises(TypeError, match="attention_pattern='causal'"):
         MultiHeadAttention(num_heads=2, key_dim=4, attention_pattern="causal")
@@ -623,7 +693,9 @@ def test_scale_hard_and_pattern_match_the_float64_reference(hard):
     output, scores = layer(query, value, value_mask=padding, return_attention_scores=True)
     q, k, v, (wo, bo) = _projected(layer, query, value)
     positions = np.arange(6)
-    allowed = reference.pattern_allowed(("and", ("causal",), ("or", ("window", 2), ("strided", 3))), positions, positions)
+    allowed = reference.pattern_allowed(
+        ("and", ("causal",), ("or", ("window", 2), ("strided", 3))), positions, positions
+    )
     mask = allowed[None, None] & padding[:, None, None, :]  # (batch, 1, q, k)
     attend = reference.hard_attention if hard else reference.attention
     attended, weights = attend(q, k, v, mask=mask, scale=0.35)
@@ -631,7 +703,11 @@ def test_scale_hard_and_pattern_match_the_float64_reference(hard):
     np.testing.assert_allclose(np.asarray(output), np.einsum("bthd,hdo->bto", attended, wo) + bo, atol=ATOL)
     # the op with the same pattern on the layer's projections
     op = scaled_dot_product_attention(
-        *(t.astype("float32") for t in (q, k, v)), mask=padding[:, None, None, :], pattern=pattern, scale=0.35, hard=hard
+        *(t.astype("float32") for t in (q, k, v)),
+        mask=padding[:, None, None, :],
+        pattern=pattern,
+        scale=0.35,
+        hard=hard,
     )
     np.testing.assert_allclose(np.asarray(op), attended, atol=ATOL)
 
@@ -693,8 +769,9 @@ def test_hard_attention_layer_is_jit_stable_mixed_precision_finite_and_trains():
 def test_pattern_and_hard_survive_a_keras_file_round_trip():
     def model():
         inputs = keras.Input((6, 8))
-        layer = MultiHeadAttention(num_heads=2, key_dim=4, hard=True, scale=0.9,
-                                   attention_pattern=Causal() & (SlidingWindow(2) | Strided(3)))
+        layer = MultiHeadAttention(
+            num_heads=2, key_dim=4, hard=True, scale=0.9, attention_pattern=Causal() & (SlidingWindow(2) | Strided(3))
+        )
         return keras.Model(inputs, layer(inputs, inputs))
 
     reloaded = assert_serialization_round_trip(model, _normal(np.random.default_rng(25), BATCH, 6, 8))
@@ -710,10 +787,14 @@ def test_onnx_export_of_hard_patterned_attention_equals_keras(tmp_path):
     from export.onnx_conversion import OPSET  # noqa: PLC0415 (the project's opset)
 
     inputs, mask = keras.Input((None, 8)), keras.Input((None,), dtype="bool")
-    layer = MultiHeadAttention(num_heads=2, key_dim=4, hard=True, scale=0.9,
-                               attention_pattern=Causal() & (SlidingWindow(2) | Strided(3)))
+    layer = MultiHeadAttention(
+        num_heads=2, key_dim=4, hard=True, scale=0.9, attention_pattern=Causal() & (SlidingWindow(2) | Strided(3))
+    )
     model = keras.Model([inputs, mask], layer(inputs, inputs, query_mask=mask, value_mask=mask))
-    signature = [tf.TensorSpec([None, None, 8], tf.float32, name="x"), tf.TensorSpec([None, None], tf.bool, name="mask")]
+    signature = [
+        tf.TensorSpec([None, None, 8], tf.float32, name="x"),
+        tf.TensorSpec([None, None], tf.bool, name="mask"),
+    ]
     predict = tf.function(lambda x, m: model([x, m], training=False), input_signature=signature)
     path = str(tmp_path / "attention.onnx")
     tf2onnx.convert.from_function(predict, input_signature=signature, opset=OPSET, output_path=path)

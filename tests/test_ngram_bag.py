@@ -108,9 +108,7 @@ def test_a_bigram_vocabulary_gives_each_frequent_bigram_its_own_feature(jit_comp
     layer.adapt(tf.data.Dataset.from_tensor_slices((train_ids, labels)).batch(3))  # three batches
     vocabulary = numpy_bigram_vocabulary(train_ids, size)
     assert len(vocabulary) == size and (11, 12) in vocabulary and (12, 13) in vocabulary
-    np.testing.assert_array_equal(
-        layer.bigram_vocabulary.numpy(), sorted(a * VOCABULARY + b for a, b in vocabulary)
-    )
+    np.testing.assert_array_equal(layer.bigram_vocabulary.numpy(), sorted(a * VOCABULARY + b for a, b in vocabulary))
 
     def features(row):  # each document's feature set under that vocabulary
         unigrams = {int(token) for token in row if token >= 2}
@@ -222,6 +220,10 @@ def test_bad_labels_name_the_value_and_leave_the_weights_alone(bigram_ids):
 def test_layer_contract(bigram_ids, weights):
     ids = np.array([[3, 7, 3, 7, 0], [9, 2, 4, 5, 1]], "int32")
     run_layer_test(
-        NgramBag, dict(vocabulary_size=10, num_buckets=16, weighting="naive_bayes", bigram_ids=bigram_ids), ids,
-        expected_num_trainable_weights=0, expected_num_non_trainable_weights=weights, run_training=False,
+        NgramBag,
+        dict(vocabulary_size=10, num_buckets=16, weighting="naive_bayes", bigram_ids=bigram_ids),
+        ids,
+        expected_num_trainable_weights=0,
+        expected_num_non_trainable_weights=weights,
+        run_training=False,
     )

@@ -32,8 +32,14 @@ from tests.layer_checks import padded_token_ids
 ATOL = 1e-4  # the parity bound; measured differences are about 1e-7
 VOCABULARY = 50
 CLASSIFIER = SentimentClassifierConfig(
-    vocabulary_size=VOCABULARY, max_tokens=24, sequence_length=16, embedding_dim=8, num_layers=2, num_heads=2,
-    intermediate_dim=8, bigram_buckets=64,
+    vocabulary_size=VOCABULARY,
+    max_tokens=24,
+    sequence_length=16,
+    embedding_dim=8,
+    num_layers=2,
+    num_heads=2,
+    intermediate_dim=8,
+    bigram_buckets=64,
 )
 LENGTHS = ([24, 9, 1, 0], 24)  # full, padded, one token, padding only
 
@@ -113,7 +119,9 @@ def test_a_softmax_outside_attention_is_refused_by_name(tmp_path):
     graph = converted(model, tmp_path / "softmax.onnx")
     softmax = next(node.name for node in graph.graph.node if node.op_type == "Softmax")
     # Its logits are the dense layer's MatMul of the pooled embeddings, not of transposed queries and keys.
-    with pytest.raises(ValueError, match=re.escape(f"Softmax node {softmax!r}: the query operand of the scores is not a Transpose")):
+    with pytest.raises(
+        ValueError, match=re.escape(f"Softmax node {softmax!r}: the query operand of the scores is not a Transpose")
+    ):
         fuse_attention(graph)
 
 
@@ -123,7 +131,9 @@ def test_attention_whose_weights_are_also_an_output_is_refused(tmp_path):
     embedded = keras.layers.Embedding(VOCABULARY, 8, mask_zero=True)(ids_input)
     attended, scores = MultiHeadAttention(num_heads=2, key_dim=4)(embedded, embedded, return_attention_scores=True)
     graph = converted(keras.Model(ids_input, [attended, scores]), tmp_path / "scores.onnx")
-    with pytest.raises(ValueError, match="cannot fuse the attention at Softmax node .*also read outside the attention core"):
+    with pytest.raises(
+        ValueError, match="cannot fuse the attention at Softmax node .*also read outside the attention core"
+    ):
         fuse_attention(graph)
 
 

@@ -17,17 +17,17 @@ from keras_attn import RelativePositionBias
 from keras_attn import TransformerDecoder
 from keras_attn import TransformerEncoder
 from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.core.position_bias import PositionBias
 from keras_attn.kernels.blockwise import blockwise_attention
 from keras_attn.kernels.chunked import chunked_attention
 from keras_attn.patterns import Causal
 from keras_attn.patterns import SlidingWindow
 from keras_attn.patterns import Strided
-from keras_attn.core.position_bias import PositionBias
 from tests import reference
+from tests.kernel_registry import kernels_taking
 from tests.layer_checks import assert_jit_matches_eager
 from tests.layer_checks import assert_mixed_precision_close
 from tests.layer_checks import assert_serialization_round_trip
-from tests.kernel_registry import kernels_taking
 from tests.layer_checks import run_layer_test
 
 BATCH, HEADS, DEPTH = 2, 3, 4
@@ -85,7 +85,9 @@ def _numpy_bias(layer, query_positions, key_positions):
 def _table_gradient(layer, bias_gradient, query_positions, key_positions):
     """`(num_buckets, heads)`: the bias gradient `(batch, heads, q, k)` summed over each bucket."""
     relative = np.asarray(key_positions)[None, :] - np.asarray(query_positions)[:, None]
-    buckets = reference.t5_relative_position_bucket(relative, layer.bidirectional, layer.num_buckets, layer.max_distance)
+    buckets = reference.t5_relative_position_bucket(
+        relative, layer.bidirectional, layer.num_buckets, layer.max_distance
+    )
     per_pair = np.asarray(bias_gradient).sum(0)  # (heads, q, k)
     table = np.zeros((layer.num_buckets, layer.num_heads))
     for head in range(layer.num_heads):
@@ -105,7 +107,9 @@ def _inputs(rng, query_len, key_len):
 @pytest.mark.parametrize("bias_name", ["alibi", "t5_bidirectional", "t5_causal"])
 @pytest.mark.parametrize("pattern_name", sorted(PATTERNS))
 @pytest.mark.parametrize("query_len, key_len, query_offset", [(13, 13, 0), (5, 14, 9)])
-def test_kernels_match_reference_values_and_gradients(kernel, bias_name, pattern_name, query_len, key_len, query_offset):
+def test_kernels_match_reference_values_and_gradients(
+    kernel, bias_name, pattern_name, query_len, key_len, query_offset
+):
     layer = _biases()[bias_name]
     pattern, spec = PATTERNS[pattern_name]
     query, key, value, padding = _inputs(np.random.default_rng(query_len), query_len, key_len)
@@ -154,7 +158,10 @@ def test_position_bias_adds_to_an_explicit_bias():
 
 def test_auto_never_drops_the_bias_on_a_kernel_without_one():
     # A long strided pattern: "auto" would pick the strided kernel, which takes no position bias.
-    pattern, spec = Causal() & (SlidingWindow(32) | Strided(32)), ("and", ("causal",), ("or", ("window", 32), ("strided", 32)))
+    pattern, spec = (
+        Causal() & (SlidingWindow(32) | Strided(32)),
+        ("and", ("causal",), ("or", ("window", 32), ("strided", 32))),
+    )
     layer = _biases()["alibi"]
     length = 2048  # "auto" takes the strided kernel from STRIDED_MIN_QUERY_LEN queries
     query, key, value = (t[:1] for t in _inputs(np.random.default_rng(2), length, length)[:3])
@@ -185,8 +192,15 @@ def test_blockwise_takes_a_tensor_offset_under_xla():
     query, key, value, _ = _inputs(np.random.default_rng(3), 2, 11)
     compiled = tf.function(
         lambda offset: blockwise_attention(
-            query, key, value, pattern=Causal(), query_offset=offset, scale=0.5,
-            query_block_size=2, key_block_size=3, position_bias=layer,
+            query,
+            key,
+            value,
+            pattern=Causal(),
+            query_offset=offset,
+            scale=0.5,
+            query_block_size=2,
+            key_block_size=3,
+            position_bias=layer,
         ),
         jit_compile=True,
     )
@@ -228,8 +242,12 @@ def test_multi_head_attention_matches_reference_and_trains_the_table_on_every_pa
     positions = np.arange(11)
     layer(x, x)  # builds the weights
     expected, _ = reference.multi_head_attention(
-        _without_bias_weights(layer, position_bias), x, x, mask=reference.padding_attention_mask(padding, padding),
-        bias=_numpy_bias(position_bias, positions, positions), is_causal=True,
+        _without_bias_weights(layer, position_bias),
+        x,
+        x,
+        mask=reference.padding_attention_mask(padding, padding),
+        bias=_numpy_bias(position_bias, positions, positions),
+        is_causal=True,
     )
     table_grads = {}
     for implementation in POSITION_BIAS_KERNELS:
@@ -256,7 +274,11 @@ def test_cached_decoding_equals_full_decoding(implementation, bias_name):
     steps = [prefill]
     for index in range(3, 7):
         step, cache = layer(
-            x[:, index : index + 1], x[:, index : index + 1], use_causal_mask=True, cache=cache, cache_update_index=index
+            x[:, index : index + 1],
+            x[:, index : index + 1],
+            use_causal_mask=True,
+            cache=cache,
+            cache_update_index=index,
         )
         steps.append(step)
     np.testing.assert_allclose(tf.concat(steps, axis=1), full, atol=FLOAT32_ATOL)
@@ -334,7 +356,9 @@ def test_transformer_encoder_matches_reference():
     output = encoder(x, padding_mask=padding)
     positions = np.arange(9)
     expected = reference.transformer_encoder(
-        _without_bias_weights(encoder, position_bias), x, mask=reference.padding_attention_mask(padding, padding),
+        _without_bias_weights(encoder, position_bias),
+        x,
+        mask=reference.padding_attention_mask(padding, padding),
         bias=_numpy_bias(position_bias, positions, positions),
     )
     real = padding[..., None]
@@ -343,7 +367,9 @@ def test_transformer_encoder_matches_reference():
 
 
 def test_transformer_decoder_cached_decoding_equals_full_decoding():
-    decoder = TransformerDecoder(intermediate_dim=16, num_heads=HEADS, key_dim=KEY_DIM, position_bias=_biases()["alibi"])
+    decoder = TransformerDecoder(
+        intermediate_dim=16, num_heads=HEADS, key_dim=KEY_DIM, position_bias=_biases()["alibi"]
+    )
     target, _ = _sequence(np.random.default_rng(11), 5)
     source, _ = _sequence(np.random.default_rng(12), 4)
     full = decoder(target, source)
@@ -352,8 +378,11 @@ def test_transformer_decoder_cached_decoding_equals_full_decoding():
     steps = []
     for index in range(5):
         step, cache, cross = decoder(
-            target[:, index : index + 1], source, self_attention_cache=cache,
-            self_attention_cache_update_index=index, cross_attention_cache=cross,
+            target[:, index : index + 1],
+            source,
+            self_attention_cache=cache,
+            self_attention_cache_update_index=index,
+            cross_attention_cache=cross,
         )
         steps.append(step)
     np.testing.assert_allclose(tf.concat(steps, axis=1), full, atol=1e-5)
@@ -362,7 +391,9 @@ def test_transformer_decoder_cached_decoding_equals_full_decoding():
 
 def test_blocks_round_trip_through_keras_files():
     tokens = keras.Input((None, WIDTH))
-    x = TransformerEncoder(16, HEADS, key_dim=KEY_DIM, position_bias=RelativePositionBias(HEADS, num_buckets=8, max_distance=10))(tokens)
+    x = TransformerEncoder(
+        16, HEADS, key_dim=KEY_DIM, position_bias=RelativePositionBias(HEADS, num_buckets=8, max_distance=10)
+    )(tokens)
     x = TransformerDecoder(16, HEADS, key_dim=KEY_DIM, position_bias=ALiBi(HEADS))(x)
     model = keras.Model(tokens, x)
     reloaded = assert_serialization_round_trip(model, _sequence(np.random.default_rng(13), 6)[0])
@@ -386,8 +417,10 @@ def test_onnx_export_matches_keras_on_the_dense_and_blockwise_kernels(bias_name,
     signature = [tf.TensorSpec([None, None, WIDTH], tf.float32, name="x")]
     path = str(tmp_path / "model.onnx")
     tf2onnx.convert.from_function(
-        tf.function(lambda x: model(x, training=False), input_signature=signature), input_signature=signature,
-        opset=OPSET, output_path=path,
+        tf.function(lambda x: model(x, training=False), input_signature=signature),
+        input_signature=signature,
+        opset=OPSET,
+        output_path=path,
     )
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     for length in (3, 11):  # dynamic length: the bias follows the positions

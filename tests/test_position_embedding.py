@@ -20,7 +20,7 @@ def test_returns_table_rows_broadcast_to_inputs(start_index):
     table = keras.ops.convert_to_numpy(layer.position_embeddings)
     inputs = np.random.default_rng(0).standard_normal((3, 6, 4)).astype("float32")
     got = keras.ops.convert_to_numpy(layer(inputs, start_index=start_index))
-    np.testing.assert_array_equal(got, np.broadcast_to(table[start_index:start_index + 6], (3, 6, 4)))
+    np.testing.assert_array_equal(got, np.broadcast_to(table[start_index : start_index + 6], (3, 6, 4)))
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
@@ -90,6 +90,8 @@ def test_bad_arguments_name_the_value():
 def test_layer_contract():
     rng = np.random.default_rng(16)
     run_layer_test(
-        PositionEmbedding, dict(sequence_length=8), rng.standard_normal((2, 5, 4)).astype("float32"),
+        PositionEmbedding,
+        dict(sequence_length=8),
+        rng.standard_normal((2, 5, 4)).astype("float32"),
         expected_num_trainable_weights=1,
     )

@@ -15,16 +15,23 @@ from pipelines import resumable_training
 from pipelines import train_imdb
 from pipelines import training
 from tests.imdb_fixtures import Interrupt
-from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
 from tests.imdb_fixtures import interrupted_after_first_epoch
-from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
 
 def data_args(archive, cache_dir, output_dir, *extra):
-    return ["--smoke", "--data", str(archive), "--cache-dir", str(cache_dir), "--no-download",
-            "--output-dir", str(output_dir), *extra]
+    return [
+        "--smoke",
+        "--data",
+        str(archive),
+        "--cache-dir",
+        str(cache_dir),
+        "--no-download",
+        "--output-dir",
+        str(output_dir),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +63,18 @@ def test_a_stopped_pretraining_resumes_and_then_leaves_a_checkpoint(pretrained):
     # The review labels are never read: the data counts are the training split's, and no test split.
     assert summary["data"]["train"] == 300 - train_imdb.SMOKE_DATA["validation_size"] and "test" not in summary["data"]
     assert summary["model"]["embedding_dim"] == train_imdb.SMOKE_MODEL.embedding_dim
-    assert (directory / encoder_checkpoint.VOCABULARY).is_file() and (directory / encoder_checkpoint.ENCODER_WEIGHTS).is_file()
+    assert (directory / encoder_checkpoint.VOCABULARY).is_file() and (
+        directory / encoder_checkpoint.ENCODER_WEIGHTS
+    ).is_file()
 
 
 def checkpoint_arrays(path):
     """Every array of a `.weights.h5` file under `layers/`, read with h5py (not Keras)."""
     arrays = []
     with h5py.File(path, "r") as weights:
-        weights["layers"].visititems(lambda name, item: arrays.append(item[()]) if isinstance(item, h5py.Dataset) else None)
+        weights["layers"].visititems(
+            lambda name, item: arrays.append(item[()]) if isinstance(item, h5py.Dataset) else None
+        )
     return arrays
 
 
@@ -78,8 +89,13 @@ def initial_encoder_weights(monkeypatch):
     fit = training.fit
 
     def recording(args, strategy, policy, model, *rest, **options):
-        seen.append([weight for name in ("token_and_position_embedding", "encoder_0")
-                     for weight in model.get_layer(name).get_weights()])
+        seen.append(
+            [
+                weight
+                for name in ("token_and_position_embedding", "encoder_0")
+                for weight in model.get_layer(name).get_weights()
+            ]
+        )
         return fit(args, strategy, policy, model, *rest, **options)
 
     monkeypatch.setattr(training, "fit", recording)
@@ -134,7 +150,9 @@ def test_a_checkpoint_that_does_not_fit_is_an_error_naming_what_differs(
     assert not list(tmp_path.glob("*.weights.h5"))  # refused before training
 
 
-def test_a_named_directory_without_a_finished_checkpoint_is_an_error(small_imdb_archive, imdb_cache_dir, tmp_path, capsys):
+def test_a_named_directory_without_a_finished_checkpoint_is_an_error(
+    small_imdb_archive, imdb_cache_dir, tmp_path, capsys
+):
     with pytest.raises(SystemExit):
         train_imdb.main(data_args(small_imdb_archive, imdb_cache_dir, tmp_path / "run", "--pretrained", str(tmp_path)))
     line = capsys.readouterr().err.strip().splitlines()[-1]

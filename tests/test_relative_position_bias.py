@@ -43,8 +43,10 @@ def test_bias_is_the_table_at_the_buckets(bidirectional):
     np.testing.assert_array_equal(got, expected.astype("float32"))
     batched = layer(np.stack([query_positions, query_positions - 20]), np.stack([key_positions] * 2))
     np.testing.assert_array_equal(
-        batched[1:], reference.relative_position_bias(layer.table.numpy(), query_positions - 20, key_positions,
-                                                      bidirectional, max_distance=12).astype("float32")
+        batched[1:],
+        reference.relative_position_bias(
+            layer.table.numpy(), query_positions - 20, key_positions, bidirectional, max_distance=12
+        ).astype("float32"),
     )
 
 
@@ -70,6 +72,8 @@ def test_the_table_stays_float32_under_mixed_precision():
 def test_layer_contract():
     positions = np.tile(np.arange(6, dtype="int32"), (2, 1))
     run_layer_test(
-        RelativePositionBias, dict(num_heads=2, num_buckets=8, max_distance=10),
-        (positions + 3, positions), expected_num_trainable_weights=1,
+        RelativePositionBias,
+        dict(num_heads=2, num_buckets=8, max_distance=10),
+        (positions + 3, positions),
+        expected_num_trainable_weights=1,
     )

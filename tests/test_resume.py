@@ -28,13 +28,23 @@ SCENARIOS = {
     # moves (1, 2, 4, 6): after `committed` and `history_written` the new best checkpoint is not
     # yet written, after `best_written` it is.
     "every_step": {
-        "epochs": 7, "val_losses": [0.5, 0.3, 0.4, 0.2, 0.35, 0.1, 0.3], "patience": 10,
-        "attempts": [["mid_epoch", 1], ["weights_saved", 1], ["committed", 1], ["history_written", 3],
-                     ["best_written", 5], None],
+        "epochs": 7,
+        "val_losses": [0.5, 0.3, 0.4, 0.2, 0.35, 0.1, 0.3],
+        "patience": 10,
+        "attempts": [
+            ["mid_epoch", 1],
+            ["weights_saved", 1],
+            ["committed", 1],
+            ["history_written", 3],
+            ["best_written", 5],
+            None,
+        ],
     },
     # Killed once early stopping had decided (patience 2, best epoch 2): the rerun trains nothing.
     "early_stopped": {
-        "epochs": 6, "val_losses": [0.5, 0.3, 0.4, 0.45, 0.2, 0.1], "patience": 2,
+        "epochs": 6,
+        "val_losses": [0.5, 0.3, 0.4, 0.45, 0.2, 0.1],
+        "patience": 2,
         "attempts": [["committed", 3], None],
     },
 }
@@ -50,11 +60,16 @@ def runs(tmp_path_factory):
     (root / "scenarios.json").write_text(json.dumps(scenarios))
     result = subprocess.run(
         [sys.executable, "-m", "tests.resume_driver", str(root / "scenarios.json")],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     reports = json.loads(result.stdout.strip().splitlines()[-1])
-    return {name: (Path(scenario["output_dir"]), report) for name, scenario, report in zip(SCENARIOS, scenarios, reports)}
+    return {
+        name: (Path(scenario["output_dir"]), report) for name, scenario, report in zip(SCENARIOS, scenarios, reports)
+    }
 
 
 def _expected_epochs_done(attempts):
@@ -98,8 +113,11 @@ def _check_resumed_run(output_dir, reports, scenario, epochs_run, best_epoch):
         if done:  # what the rerun republished before training: the committed epochs and their best
             snapshot = output_dir.parent / "snapshots" / f"attempt-{attempt}"
             assert [int(row["epoch"]) for row in resumable_training.read_history(snapshot)] == list(range(done))
-            _check_best_weights(snapshot / resumable_training.BEST_WEIGHTS, output_dir.parent / "record",
-                                _best(scenario["val_losses"][:done]))
+            _check_best_weights(
+                snapshot / resumable_training.BEST_WEIGHTS,
+                output_dir.parent / "record",
+                _best(scenario["val_losses"][:done]),
+            )
     history = resumable_training.read_history(output_dir)
     assert [int(row["epoch"]) for row in history] == list(range(epochs_run))  # one row each, none twice
     assert [row["val_loss"] for row in history] == scenario["val_losses"][:epochs_run]
@@ -114,13 +132,17 @@ def test_every_kill_point_resumes_without_losing_or_repeating_an_epoch(runs):
     _check_resumed_run(output_dir, reports, scenario, epochs_run=7, best_epoch=5)
     summary = reports[-1]["summary"]
     assert summary == {
-        "epochs_run": 7, "epochs_this_invocation": 1, "resumed_from_epoch": 6,
+        "epochs_run": 7,
+        "epochs_this_invocation": 1,
+        "resumed_from_epoch": 6,
         "optimizer_iterations": 7 * resume_driver.STEPS_PER_EPOCH,  # each epoch trained once into the weights
     }
     state = resumable_training.read_training_state(output_dir)
     assert state["epochs"] == 7 and state["best_epoch"] == 5
     assert sorted(path.name for path in (output_dir / "backup").iterdir()) == [
-        "epoch-6.weights.h5", "epoch-7.weights.h5", "training_state.json"
+        "epoch-6.weights.h5",
+        "epoch-7.weights.h5",
+        "training_state.json",
     ]
 
 

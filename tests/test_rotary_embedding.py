@@ -52,7 +52,7 @@ def test_sequence_equals_position_by_position():
     layer = RotaryEmbedding()
     whole = keras.ops.convert_to_numpy(layer(inputs, start_index=3))
     for t in range(6):
-        step = keras.ops.convert_to_numpy(layer(inputs[:, t:t + 1], start_index=3 + t))
+        step = keras.ops.convert_to_numpy(layer(inputs[:, t : t + 1], start_index=3 + t))
         np.testing.assert_allclose(step[:, 0], whole[:, t], atol=1e-6)
 
 
@@ -86,6 +86,9 @@ def test_bad_arguments_name_the_value():
 def test_layer_contract():
     rng = np.random.default_rng(17)
     run_layer_test(
-        RotaryEmbedding, dict(max_wavelength=100), rng.standard_normal((2, 5, 2, 4)).astype("float32"),
-        expected_num_trainable_weights=0, run_training=False,
+        RotaryEmbedding,
+        dict(max_wavelength=100),
+        rng.standard_normal((2, 5, 2, 4)).astype("float32"),
+        expected_num_trainable_weights=0,
+        run_training=False,
     )

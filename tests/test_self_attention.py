@@ -65,7 +65,9 @@ def test_keras_mask_from_embedding_is_used_and_propagated():
     embedded = embedding(tokens)
     output = layer(embedded)
     np.testing.assert_array_equal(output._keras_mask, tokens != 0)
-    explicit = layer(tf.identity(embedded), query_mask=tokens != 0, value_mask=tokens != 0)  # a copy carries no Keras mask
+    explicit = layer(
+        tf.identity(embedded), query_mask=tokens != 0, value_mask=tokens != 0
+    )  # a copy carries no Keras mask
     np.testing.assert_allclose(output, explicit, atol=ATOL)
     np.testing.assert_allclose(model(tokens), explicit, atol=ATOL)
     unmasked = layer(tf.identity(embedded))
@@ -81,6 +83,10 @@ def test_serialization_round_trip():
 def test_layer_contract():
     rng = np.random.default_rng(11)
     run_layer_test(
-        SelfAttention, dict(num_heads=2, key_dim=4, use_gate=True), rng.standard_normal((2, 5, 8)).astype("float32"),
-        dict(return_attention_scores=True), expected_num_trainable_weights=10, unchanged_ok=("key/bias",),
+        SelfAttention,
+        dict(num_heads=2, key_dim=4, use_gate=True),
+        rng.standard_normal((2, 5, 8)).astype("float32"),
+        dict(return_attention_scores=True),
+        expected_num_trainable_weights=10,
+        unchanged_ok=("key/bias",),
     )

@@ -8,8 +8,8 @@ import tensorflow as tf
 from models import sentiment_classifier
 from models.sentiment_classifier import ATTENTION_INPUTS
 from models.sentiment_classifier import BRANCHES
-from models.sentiment_classifier import adapt_ngram_weights
 from models.sentiment_classifier import SentimentClassifierConfig
+from models.sentiment_classifier import adapt_ngram_weights
 from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import fit_ensemble
 from models.sentiment_classifier import training_model

@@ -118,6 +118,9 @@ def test_bad_arguments_name_the_value():
 def test_layer_contract(merge_mode):
     rng = np.random.default_rng(18)
     run_layer_test(
-        SinusoidalPositionEncoding, dict(merge_mode=merge_mode), rng.standard_normal((2, 5, 6)).astype("float32"),
-        expected_num_trainable_weights=0, run_training=False,
+        SinusoidalPositionEncoding,
+        dict(merge_mode=merge_mode),
+        rng.standard_normal((2, 5, 6)).astype("float32"),
+        expected_num_trainable_weights=0,
+        run_training=False,
     )

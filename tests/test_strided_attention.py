@@ -12,15 +12,15 @@ import pytest
 import tensorflow as tf
 
 from keras_attn.core import attention as attention_module
-from keras_attn.kernels import strided_layout
 from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.kernels import strided_layout
 from keras_attn.kernels.call import AttentionCall
+from keras_attn.kernels.strided import strided_attention
 from keras_attn.patterns import BlockLocal
 from keras_attn.patterns import Causal
 from keras_attn.patterns import GlobalTokens
 from keras_attn.patterns import SlidingWindow
 from keras_attn.patterns import Strided
-from keras_attn.kernels.strided import strided_attention
 from tests import reference
 from tests.layer_checks import assert_jit_matches_eager
 
@@ -51,8 +51,7 @@ def small_steps(monkeypatch):
 
 def _inputs(rng, query_len, key_len, dtype="float64"):
     return [
-        rng.standard_normal((BATCH, length, HEADS, DEPTH)).astype(dtype)
-        for length in (query_len, key_len, key_len)
+        rng.standard_normal((BATCH, length, HEADS, DEPTH)).astype(dtype) for length in (query_len, key_len, key_len)
     ]
 
 
@@ -111,7 +110,9 @@ def test_matches_float64_reference_values_and_gradients(small_steps, name, mask_
     assert np.all(np.transpose(np.asarray(output), (0, 2, 1, 3))[without_keys] == 0.0)
 
     output_gradient = np.broadcast_to(np.cos(np.arange(DEPTH)), expected.shape)  # d loss / d output
-    for got, want in zip(grads, reference.attention_gradients(query, key, value, output_gradient, mask=merged, scale=0.5)):
+    for got, want in zip(
+        grads, reference.attention_gradients(query, key, value, output_gradient, mask=merged, scale=0.5)
+    ):
         np.testing.assert_allclose(got, want, atol=1e-12)
 
 

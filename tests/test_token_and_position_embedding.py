@@ -21,16 +21,14 @@ def numpy_embedding(layer, token_ids, start_index=0):
         table = np.asarray(layer.position_embedding.position_embeddings, np.float64)
     else:
         table = reference.sinusoidal_encoding(start_index + length, layer.embedding_dim)
-    return tokens + table[start_index:start_index + length]
+    return tokens + table[start_index : start_index + length]
 
 
 @pytest.mark.parametrize("position_encoding", ["learned", "sinusoidal"])
 @pytest.mark.parametrize("scale_embeddings", [False, True])
 @pytest.mark.parametrize("start_index", [0, 4])
 def test_matches_numpy(position_encoding, scale_embeddings, start_index):
-    layer = TokenAndPositionEmbedding(
-        10, 16, 6, position_encoding=position_encoding, scale_embeddings=scale_embeddings
-    )
+    layer = TokenAndPositionEmbedding(10, 16, 6, position_encoding=position_encoding, scale_embeddings=scale_embeddings)
     got = keras.ops.convert_to_numpy(layer(TOKEN_IDS, start_index=start_index))
     np.testing.assert_allclose(got, numpy_embedding(layer, TOKEN_IDS, start_index), atol=1e-6)
 
@@ -40,7 +38,7 @@ def test_step_by_step_equals_whole_sequence(position_encoding):
     layer = TokenAndPositionEmbedding(10, 8, 6, position_encoding=position_encoding)
     whole = keras.ops.convert_to_numpy(layer(TOKEN_IDS))
     for t in range(TOKEN_IDS.shape[1]):
-        step = keras.ops.convert_to_numpy(layer(TOKEN_IDS[:, t:t + 1], start_index=t))
+        step = keras.ops.convert_to_numpy(layer(TOKEN_IDS[:, t : t + 1], start_index=t))
         np.testing.assert_allclose(step[:, 0], whole[:, t], atol=1e-6)
 
 
@@ -53,7 +51,9 @@ def test_mask_is_ids_not_zero_and_propagates(position_encoding):
     pooled = keras.Model(ids, keras.layers.GlobalAveragePooling1D()(embedded))
     vectors = keras.Model(ids, embedded)
     np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(pooled(TOKEN_IDS))[2], keras.ops.convert_to_numpy(vectors(TOKEN_IDS))[2, 0], atol=1e-6
+        keras.ops.convert_to_numpy(pooled(TOKEN_IDS))[2],
+        keras.ops.convert_to_numpy(vectors(TOKEN_IDS))[2, 0],
+        atol=1e-6,
     )
     unmasked = TokenAndPositionEmbedding(10, 8, 4, mask_zero=False)
     assert unmasked.compute_mask(TOKEN_IDS) is None
@@ -127,6 +127,8 @@ def test_padding_never_changes_real_outputs_of_a_following_encoder(position_enco
 def test_layer_contract():
     ids = np.array([[3, 7, 1, 0, 0], [9, 2, 4, 5, 1]], "int32")
     run_layer_test(
-        TokenAndPositionEmbedding, dict(vocabulary_size=10, sequence_length=6, embedding_dim=4), ids,
+        TokenAndPositionEmbedding,
+        dict(vocabulary_size=10, sequence_length=6, embedding_dim=4),
+        ids,
         expected_num_trainable_weights=2,
     )

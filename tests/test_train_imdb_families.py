@@ -15,8 +15,6 @@ from keras_attn import TransformerEncoder
 from keras_attn.attention_families import FAMILIES
 from pipelines import main_job
 from pipelines import train_imdb
-from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
-from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 from tests.test_train_imdb_smoke import smoke_args
 
 pytestmark = pytest.mark.slow
@@ -25,9 +23,19 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_family_trains_reloads_and_exports(family, small_imdb_archive, imdb_cache_dir, tmp_path):  # noqa: F811
     run_dir, export_dir = tmp_path / "run", tmp_path / "export"
-    summary = main_job.main(smoke_args(
-        small_imdb_archive, imdb_cache_dir, run_dir, "--epochs", "1", "--attention", family, "--export-dir", str(export_dir)
-    ))
+    summary = main_job.main(
+        smoke_args(
+            small_imdb_archive,
+            imdb_cache_dir,
+            run_dir,
+            "--epochs",
+            "1",
+            "--attention",
+            family,
+            "--export-dir",
+            str(export_dir),
+        )
+    )
     training = json.loads((run_dir / "summary.json").read_text())
     assert training["model"]["attention"] == summary["attention"] == family
     assert f"<tr><th>attention family</th><td>{family}</td></tr>" in (run_dir / "report.html").read_text()
@@ -53,7 +61,10 @@ def test_an_unknown_family_is_refused_before_any_work(capsys):
     with pytest.raises(SystemExit) as exit_info:
         train_imdb.parse_args(["--attention", "sparse"])
     assert exit_info.value.code == 2
-    assert "`attention` must be one of ['dense', 'linear', 'linformer', 'lsh']. Received: attention='sparse'" in capsys.readouterr().err
+    assert (
+        "`attention` must be one of ['dense', 'linear', 'linformer', 'lsh']. Received: attention='sparse'"
+        in capsys.readouterr().err
+    )
 
 
 class _NoOnnxAttention(LinearAttention):

@@ -20,23 +20,32 @@ from pipelines import main_job
 from pipelines import resumable_training
 from pipelines import train_imdb
 from tests.imdb_fixtures import Interrupt
-from tests.imdb_fixtures import imdb_cache_dir  # noqa: F401
 from tests.imdb_fixtures import interrupted_after_first_epoch
-from tests.imdb_fixtures import small_imdb_archive  # noqa: F401
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def smoke_args(archive, cache_dir, output_dir, *extra):
-    return ["--smoke", "--data", str(archive), "--cache-dir", str(cache_dir), "--no-download",
-            "--output-dir", str(output_dir), *extra]
+    return [
+        "--smoke",
+        "--data",
+        str(archive),
+        "--cache-dir",
+        str(cache_dir),
+        "--no-download",
+        "--output-dir",
+        str(output_dir),
+        *extra,
+    ]
 
 
 def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsys):
     export_dir = tmp_path / "export"
     summary = main_job.main(
-        smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path / "run", "--epochs", "1", "--export-dir", str(export_dir))
+        smoke_args(
+            small_imdb_archive, imdb_cache_dir, tmp_path / "run", "--epochs", "1", "--export-dir", str(export_dir)
+        )
     )
     printed = capsys.readouterr().out
     assert json.loads(printed[printed.rindex("\n{\n") + 1 :]) == summary
@@ -62,7 +71,9 @@ def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsy
     for name, key in (("ensemble", None), ("attention", "attention"), ("ngram", "ngram")):
         values = [run["test_accuracy"] if key is None else run["test_accuracy_by_branch"][key] for run in seed_runs]
         assert seeds[name]["values"] == values
-        assert seeds[name]["mean"] == pytest.approx(np.mean(values)) and seeds[name]["std"] == pytest.approx(np.std(values, ddof=1))
+        assert seeds[name]["mean"] == pytest.approx(np.mean(values)) and seeds[name]["std"] == pytest.approx(
+            np.std(values, ddof=1)
+        )
     exports = summary["exports"]
     assert exports["savedmodel"] == str(export_dir / "imdb_sentiment" / "1")
     assert (Path(exports["onnx"]) / "model.onnx").is_file()
@@ -121,7 +132,9 @@ def test_rerunning_an_interrupted_run_resumes_it(small_imdb_archive, imdb_cache_
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_with_xla(small_imdb_archive, imdb_cache_dir, tmp_path, policy):
     run = train_imdb.main(
-        smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "1", "--mixed-precision", policy, "--jit-compile")
+        smoke_args(
+            small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "1", "--mixed-precision", policy, "--jit-compile"
+        )
     )
     assert run.summary["precision"] == policy and run.summary["jit_compile"] is True
     assert run.model.get_layer("token_and_position_embedding").dtype_policy.name == policy
@@ -132,8 +145,9 @@ def test_mixed_precision_with_xla(small_imdb_archive, imdb_cache_dir, tmp_path, 
 
 def test_mirrored_strategy_over_two_logical_cpus(small_imdb_archive, imdb_cache_dir, tmp_path):
     # Logical devices must be configured before TensorFlow initialises: the CLI in a fresh process.
-    args = smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "1", "--strategy", "mirrored",
-                      "--cpu-devices", "2")
+    args = smoke_args(
+        small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "1", "--strategy", "mirrored", "--cpu-devices", "2"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     command = [sys.executable, "-m", "pipelines.train_imdb", *args]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
@@ -152,7 +166,9 @@ def test_first_epoch_shows_its_steps_and_no_framework_warnings(small_imdb_archiv
     printed = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # without the terminal colours
     assert "/Unknown" not in printed  # Keras's progress bar before it knows the steps
     assert re.search(r"\b(\d+)/\1 ", printed), printed[-2000:]  # "N/N" at the end of epoch 1
-    framework = [str(w.message) for w in caught if "shuffle=True" in str(w.message) or "ran out of data" in str(w.message)]
+    framework = [
+        str(w.message) for w in caught if "shuffle=True" in str(w.message) or "ran out of data" in str(w.message)
+    ]
     assert framework == []
 
 

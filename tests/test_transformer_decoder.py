@@ -5,11 +5,11 @@ import tensorflow as tf
 
 from keras_attn import TokenAndPositionEmbedding
 from keras_attn import TransformerDecoder
+from keras_attn.blocks.transformer_decoder import compute_cross_attention_cache
 from keras_attn.patterns import BlockLocal
 from keras_attn.patterns import GlobalTokens
 from keras_attn.patterns import SlidingWindow
 from keras_attn.patterns import Strided
-from keras_attn.blocks.transformer_decoder import compute_cross_attention_cache
 from tests import layer_checks
 from tests import reference
 from tests.layer_checks import run_layer_test
@@ -88,10 +88,10 @@ def test_future_tokens_never_change_earlier_outputs(norm_first):
     reference_output = to_numpy(decoder(target, source))
     for t in range(TARGET - 1):
         changed = target.copy()
-        changed[:, t + 1:] = 50.0 * np.random.default_rng(t).standard_normal(changed[:, t + 1:].shape)
+        changed[:, t + 1 :] = 50.0 * np.random.default_rng(t).standard_normal(changed[:, t + 1 :].shape)
         output = to_numpy(decoder(changed, source))
-        np.testing.assert_allclose(output[:, :t + 1], reference_output[:, :t + 1], atol=1e-6)
-        assert not np.allclose(output[:, t + 1:], reference_output[:, t + 1:])
+        np.testing.assert_allclose(output[:, : t + 1], reference_output[:, : t + 1], atol=1e-6)
+        assert not np.allclose(output[:, t + 1 :], reference_output[:, t + 1 :])
 
 
 def test_padding_content_never_changes_real_outputs():
@@ -102,7 +102,9 @@ def test_padding_content_never_changes_real_outputs():
     clean = to_numpy(decoder(target, source, **masks))
     dirty_target = np.where(TARGET_PADDING[..., None], target, noisy_target).astype("float32")
     dirty_source = np.where(SOURCE_PADDING[..., None], source, noisy_source).astype("float32")
-    np.testing.assert_allclose(to_numpy(decoder(dirty_target, source, **masks))[TARGET_PADDING], clean[TARGET_PADDING], atol=1e-6)
+    np.testing.assert_allclose(
+        to_numpy(decoder(dirty_target, source, **masks))[TARGET_PADDING], clean[TARGET_PADDING], atol=1e-6
+    )
     np.testing.assert_allclose(to_numpy(decoder(target, dirty_source, **masks)), clean, atol=1e-6)
     unmasked = to_numpy(decoder(target, dirty_source, decoder_padding_mask=TARGET_PADDING))
     assert not np.allclose(unmasked, clean, atol=1e-3)  # without the source mask it does leak
@@ -150,8 +152,11 @@ def decode_step_by_step(decoder, target, source, chunks, step=None):
     for length in chunks:
         kwargs = {} if cross is None else {"cross_attention_cache": cross}
         results = step(
-            target[:, start:start + length], source, self_attention_cache=cache,
-            self_attention_cache_update_index=tf.constant(start), **kwargs
+            target[:, start : start + length],
+            source,
+            self_attention_cache=cache,
+            self_attention_cache_update_index=tf.constant(start),
+            **kwargs,
         )
         outputs.append(to_numpy(results[0]))
         cache = results[1]
@@ -192,14 +197,19 @@ def test_cached_decoding_compiled_with_xla_and_masks():
     cross = decoder.compute_cross_attention_cache(source)
     step = tf.function(
         lambda x, padding, cache, index: decoder(
-            x, source, decoder_padding_mask=padding, encoder_padding_mask=SOURCE_PADDING,
-            self_attention_cache=cache, self_attention_cache_update_index=index, cross_attention_cache=cross,
+            x,
+            source,
+            decoder_padding_mask=padding,
+            encoder_padding_mask=SOURCE_PADDING,
+            self_attention_cache=cache,
+            self_attention_cache_update_index=index,
+            cross_attention_cache=cross,
         ),
         jit_compile=True,
     )
     outputs = []
     for t in range(TARGET):
-        output, cache, _ = step(target[:, t:t + 1], TARGET_PADDING[:, t:t + 1], cache, tf.constant(t))
+        output, cache, _ = step(target[:, t : t + 1], TARGET_PADDING[:, t : t + 1], cache, tf.constant(t))
         outputs.append(to_numpy(output))
     assert np.max(np.abs(np.concatenate(outputs, axis=1) - full)) <= 1e-5
 
@@ -214,9 +224,12 @@ def test_cached_decoding_from_keras_masked_embeddings():
     cross = decoder.compute_cross_attention_cache(source)
     outputs = []
     for t in range(TARGET):
-        step_tokens = embedding(TARGET_IDS[:, t:t + 1], start_index=t)
+        step_tokens = embedding(TARGET_IDS[:, t : t + 1], start_index=t)
         output, cache, cross = decoder(
-            step_tokens, source, self_attention_cache=cache, self_attention_cache_update_index=t,
+            step_tokens,
+            source,
+            self_attention_cache=cache,
+            self_attention_cache_update_index=t,
             cross_attention_cache=cross,
         )
         outputs.append(to_numpy(output))
@@ -233,8 +246,11 @@ def test_cached_cross_attention_needs_no_encoder_sequence():
     outputs = []
     for t in range(TARGET):
         output, cache, cross = decoder(
-            target[:, t:t + 1], encoder_padding_mask=SOURCE_PADDING, self_attention_cache=cache,
-            self_attention_cache_update_index=t, cross_attention_cache=cross,
+            target[:, t : t + 1],
+            encoder_padding_mask=SOURCE_PADDING,
+            self_attention_cache=cache,
+            self_attention_cache_update_index=t,
+            cross_attention_cache=cross,
         )
         outputs.append(to_numpy(output))
     assert np.max(np.abs(np.concatenate(outputs, axis=1) - full)) <= 1e-5
@@ -262,8 +278,17 @@ def test_serialization_mixed_precision_jit_with_masks(norm_first):
     layer_checks.assert_jit_matches_eager(factory(), inputs, training=False)
     layer_checks.assert_config_round_trip(
         TransformerDecoder(
-            8, 4, key_dim=3, dropout=0.1, attention_dropout=0.2, activation="gelu", layer_norm_epsilon=1e-6,
-            norm_first=True, sliding_window=3, num_key_value_heads=2, kernel_initializer="he_normal",
+            8,
+            4,
+            key_dim=3,
+            dropout=0.1,
+            attention_dropout=0.2,
+            activation="gelu",
+            layer_norm_epsilon=1e-6,
+            norm_first=True,
+            sliding_window=3,
+            num_key_value_heads=2,
+            kernel_initializer="he_normal",
             bias_initializer="ones",
         )
     )
@@ -287,7 +312,9 @@ def test_gradients_match_finite_differences_and_fit():
         encoder_padding_mask=SOURCE_PADDING[:2, :4],
     )
     layer_checks.assert_fit_one_step(
-        translator_factory()(), [TARGET_IDS, SOURCE_IDS], np.zeros((BATCH, TARGET, 20), "float32"),
+        translator_factory()(),
+        [TARGET_IDS, SOURCE_IDS],
+        np.zeros((BATCH, TARGET, 20), "float32"),
         unchanged_ok=("key/bias",),
     )
 
@@ -308,8 +335,12 @@ def test_bad_arguments_name_the_value():
     with pytest.raises(ValueError, match=r"encoder_padding_mask.shape=\(3,\)"):
         decoder(target, source, encoder_padding_mask=SOURCE_PADDING[:, 0])
     with pytest.raises(ValueError, match=r"cross_attention_cache=None"):
-        decoder(target, source, self_attention_cache=decoder.initial_self_attention_cache(BATCH, TARGET),
-                self_attention_cache_update_index=0)
+        decoder(
+            target,
+            source,
+            self_attention_cache=decoder.initial_self_attention_cache(BATCH, TARGET),
+            self_attention_cache_update_index=0,
+        )
     decoder_only = built_decoder(cross=False)
     with pytest.raises(ValueError, match=r"built without cross-attention.*encoder_sequence=\(3, 5, 12\)"):
         decoder_only(target, source)

@@ -2,8 +2,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn import TokenAndPositionEmbedding
 from keras_attn import MultiHeadAttention
+from keras_attn import TokenAndPositionEmbedding
 from keras_attn import TransformerEncoder
 from keras_attn.patterns import BlockLocal
 from keras_attn.patterns import GlobalTokens
@@ -56,8 +56,11 @@ def test_grouped_query_heads_sliding_window_and_key_dim_match_reference():
     inputs = random_inputs(2)
     encoder = built_encoder(num_heads=4, num_key_value_heads=2, key_dim=3, sliding_window=2, norm_first=True)
     expected = reference.transformer_encoder(
-        numpy_weights(encoder), inputs, mask=reference.padding_attention_mask(PADDING, PADDING),
-        norm_first=True, sliding_window=2,
+        numpy_weights(encoder),
+        inputs,
+        mask=reference.padding_attention_mask(PADDING, PADDING),
+        norm_first=True,
+        sliding_window=2,
     )
     got = encoder(inputs, padding_mask=PADDING)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(got), expected, atol=1e-5)
@@ -133,8 +136,17 @@ def test_serialization_mixed_precision_jit_with_masks(norm_first):
     layer_checks.assert_jit_matches_eager(factory(), TOKEN_IDS, training=False)
     layer_checks.assert_config_round_trip(
         TransformerEncoder(
-            8, 4, key_dim=3, dropout=0.1, attention_dropout=0.2, activation="gelu", layer_norm_epsilon=1e-6,
-            norm_first=True, sliding_window=3, num_key_value_heads=2, kernel_initializer="he_normal",
+            8,
+            4,
+            key_dim=3,
+            dropout=0.1,
+            attention_dropout=0.2,
+            activation="gelu",
+            layer_norm_epsilon=1e-6,
+            norm_first=True,
+            sliding_window=3,
+            num_key_value_heads=2,
+            kernel_initializer="he_normal",
             bias_initializer="ones",
         )
     )
@@ -193,8 +205,10 @@ def test_long_inputs_take_blockwise_attention_unless_scores_are_asked(monkeypatc
 def test_layer_contract():
     rng = np.random.default_rng(19)
     run_layer_test(
-        TransformerEncoder, dict(intermediate_dim=16, num_heads=2, attention_pattern=BlockLocal(2) | GlobalTokens(1)),
-        rng.standard_normal((2, 5, 8)).astype("float32"), unchanged_ok=("key/bias",),
+        TransformerEncoder,
+        dict(intermediate_dim=16, num_heads=2, attention_pattern=BlockLocal(2) | GlobalTokens(1)),
+        rng.standard_normal((2, 5, 8)).astype("float32"),
+        unchanged_ok=("key/bias",),
     )
 
 
@@ -204,7 +218,9 @@ def test_attention_pattern_matches_reference_with_the_pattern_as_mask():
     positions = np.arange(LENGTH)
     allowed = reference.pattern_allowed(("or", ("strided", 3), ("window", 2)), positions, positions)
     expected = reference.transformer_encoder(
-        numpy_weights(encoder), inputs, mask=reference.padding_attention_mask(PADDING, PADDING) & allowed,
+        numpy_weights(encoder),
+        inputs,
+        mask=reference.padding_attention_mask(PADDING, PADDING) & allowed,
         sliding_window=4,
     )
     np.testing.assert_allclose(keras.ops.convert_to_numpy(encoder(inputs, padding_mask=PADDING)), expected, atol=1e-5)
@@ -251,6 +267,7 @@ def test_a_non_softmax_family_plugs_in_through_the_compute_attention_hook():
     attended = np.einsum("bhqk,bkhd->bqhd", np.broadcast_to(expected_weights, scores.shape), values)
     np.testing.assert_allclose(
         np.asarray(attention(inputs, inputs, value_mask=PADDING, query_mask=PADDING)),
-        np.einsum("bthd,hdo->bto", attended, wo) + bo, atol=1e-5,
+        np.einsum("bthd,hdo->bto", attended, wo) + bo,
+        atol=1e-5,
     )
     assert np.isfinite(np.asarray(output)).all()

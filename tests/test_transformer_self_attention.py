@@ -81,7 +81,8 @@ def by_hand(block, prototype, x, padding, norm_first):
 # Float32 attention inside a float64 wiring; LSH runs post-norm only: its hashing of a float32 and
 # a float64 layer norm of the same input could differ.
 @pytest.mark.parametrize(
-    "family,norm_first", [(name, nf) for name in ENCODER_FAMILIES for nf in (False, True) if (name, nf) != ("lsh", True)]
+    "family,norm_first",
+    [(name, nf) for name in ENCODER_FAMILIES for nf in (False, True) if (name, nf) != ("lsh", True)],
 )
 def test_encoder_equals_the_layer_wired_by_hand(family, norm_first):
     x = random_inputs(1)
@@ -107,7 +108,10 @@ def test_decoder_equals_the_causal_layer_wired_by_hand(family):
 
 def test_each_block_has_its_own_weights_and_the_block_dtype():
     prototype = linear("favor")
-    first, second = TransformerEncoder(16, HEADS, self_attention=prototype), TransformerEncoder(16, HEADS, self_attention=prototype)
+    first, second = (
+        TransformerEncoder(16, HEADS, self_attention=prototype),
+        TransformerEncoder(16, HEADS, self_attention=prototype),
+    )
     first.build((None, None, HIDDEN)), second.build((None, None, HIDDEN))
     assert first.self_attention is not second.self_attention
     kernels = [block.self_attention.query_dense.kernel.numpy() for block in (first, second)]
@@ -127,14 +131,19 @@ def test_padded_content_and_appended_padding_never_change_real_outputs(family):
     block_class = TransformerDecoder if family in DECODER_FAMILIES else TransformerEncoder
     block = built_block(block_class, families[family](), norm_first=True)
     x = random_inputs(3)
-    clean = np.asarray(block(x, PADDING) if block_class is TransformerEncoder else block(x, decoder_padding_mask=PADDING))
+    clean = np.asarray(
+        block(x, PADDING) if block_class is TransformerEncoder else block(x, decoder_padding_mask=PADDING)
+    )
     polluted = np.where(PADDING[..., None], x, 40.0).astype("float32")
     longer = np.concatenate([x, np.ones((BATCH, 3, HIDDEN), "float32")], axis=1)
     longer_padding = np.concatenate([PADDING, np.zeros((BATCH, 3), bool)], axis=1)
     if block_class is TransformerEncoder:
         dirty, appended = block(polluted, PADDING), block(longer, longer_padding)
     else:
-        dirty, appended = block(polluted, decoder_padding_mask=PADDING), block(longer, decoder_padding_mask=longer_padding)
+        dirty, appended = (
+            block(polluted, decoder_padding_mask=PADDING),
+            block(longer, decoder_padding_mask=longer_padding),
+        )
     np.testing.assert_allclose(np.asarray(dirty)[PADDING], clean[PADDING], atol=1e-5)
     np.testing.assert_allclose(np.asarray(appended)[:, :LENGTH][PADDING], clean[PADDING], atol=1e-5)
 
@@ -191,7 +200,9 @@ def test_multi_head_attention_prototype_keeps_every_call_option():
 
 
 def test_decoder_refuses_a_family_that_cannot_be_causal_saying_why():
-    with pytest.raises(ValueError, match=r"LinformerSelfAttention does not support causal .*cannot be causal: each of its"):
+    with pytest.raises(
+        ValueError, match=r"LinformerSelfAttention does not support causal .*cannot be causal: each of its"
+    ):
         TransformerDecoder(16, HEADS, self_attention=linformer())
 
 
@@ -200,7 +211,9 @@ def test_decoder_makes_a_family_built_non_causal_causal_by_use_causal_mask(proto
     """The decoder calls every family with `use_causal_mask=True`: one built `causal=False` runs causally."""
     x = random_inputs(3)
     given, built_causal = (built_block(TransformerDecoder, prototype(causal), seed=2) for causal in (False, True))
-    np.testing.assert_allclose(given(x, decoder_padding_mask=PADDING), built_causal(x, decoder_padding_mask=PADDING), atol=1e-6)
+    np.testing.assert_allclose(
+        given(x, decoder_padding_mask=PADDING), built_causal(x, decoder_padding_mask=PADDING), atol=1e-6
+    )
 
 
 def test_unsupported_options_raise_naming_them():
@@ -214,7 +227,10 @@ def test_unsupported_options_raise_naming_them():
     with pytest.raises(ValueError, match="`key_dim`"):
         TransformerEncoder(16, HEADS, key_dim=4, self_attention=linear())
     encoder = TransformerEncoder(16, HEADS, self_attention=linear())
-    with pytest.raises(ValueError, match=r"LinearAttention does not support attention_mask .* Received: attention_mask.shape=\(2, 9, 9\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"LinearAttention does not support attention_mask .* Received: attention_mask.shape=\(2, 9, 9\)",
+    ):
         encoder(x, attention_mask=np.ones((BATCH, LENGTH, LENGTH), bool))
     decoder = TransformerDecoder(16, HEADS, self_attention=lsh(causal=True))
     with pytest.raises(ValueError, match="LSHSelfAttention was built causal.*use_causal_mask=False"):

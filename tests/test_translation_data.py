@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipelines import translation_data
-from tests.translation_fixtures import require_data
-from tests.translation_fixtures import spanish_english_slice
-from tests.translation_fixtures import tiny_vectorizers
 from models import parallel_text
 from models import translation_text
 from models import translator_run
+from pipelines import translation_data
 from pipelines.batching import bucket_boundaries
+from tests.translation_fixtures import require_data
+from tests.translation_fixtures import spanish_english_slice
+from tests.translation_fixtures import tiny_vectorizers
 
 
 def _write_pairs(path, lines):
@@ -163,7 +163,7 @@ def test_long_pairs_are_dropped_for_training_and_truncated_for_evaluation():
     long_source = " ".join(["hola"] * 40)
     kept = translation_data.make_dataset(vectorizers, [long_source], ["Tom."], drop_long=True)
     assert sum(1 for _ in kept) == 0
-    ((source_ids, target_in), target_out), = translation_data.make_dataset(
+    (((source_ids, target_in), target_out),) = translation_data.make_dataset(
         vectorizers, [long_source], ["Tom."], drop_long=False
     )
     assert source_ids.shape == (1, vectorizers.sequence_length)

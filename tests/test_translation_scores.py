@@ -53,7 +53,12 @@ def test_the_test_set_groups_every_reference_of_a_source_in_first_appearance_ord
     assert test_set.sources == ["uno", "dos", "tres"]
     assert test_set.references[0] == [REFERENCES[0], REFERENCES[2], REFERENCES[5]]
     assert test_set.references[1] == [REFERENCES[1], REFERENCES[4]]
-    assert test_set.description() == {"sources": 3, "pairs": 6, "sources_with_several_references": 2, "most_references": 3}
+    assert test_set.description() == {
+        "sources": 3,
+        "pairs": 6,
+        "sources_with_several_references": 2,
+        "most_references": 3,
+    }
     assert test_set.subset(2).sources == ["uno", "tres"] and test_set.subset(None) is test_set
 
 

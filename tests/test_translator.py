@@ -106,7 +106,9 @@ def test_smoke_training_writes_a_run_that_translates(tmp_path, capsys):
         summary = train_translator.main(["--smoke", "--epochs", "1", "--output-dir", str(output)])
     # A normal run shows its steps from the first epoch and no framework warnings.
     assert "/Unknown" not in capsys.readouterr().out
-    framework = [str(w.message) for w in caught if "shuffle=True" in str(w.message) or "ran out of data" in str(w.message)]
+    framework = [
+        str(w.message) for w in caught if "shuffle=True" in str(w.message) or "ran out of data" in str(w.message)
+    ]
     assert framework == []
     for name in ("split.json", "source_vocabulary.txt", "target_vocabulary.txt", "translator.keras", "run_config.json"):
         assert (output / name).is_file(), name
@@ -150,15 +152,15 @@ def assert_translator_report(path, summary, run_dir):
     assert f"{summary['test_bleu']} on {summary['bleu_sentences']:,} sentences" in page
     assert page.count("data:image/png;base64,") == 1
     model, vectorizers, _ = load_run(run_dir)
-    decoder = make_decoder(
-        model, vectorizers, beam_size=summary["beam_size"], length_penalty=summary["length_penalty"]
-    )
+    decoder = make_decoder(model, vectorizers, beam_size=summary["beam_size"], length_penalty=summary["length_penalty"])
     layers = embedded_data(page)["layers"]
     expected = []
     for number, example in enumerate(summary["examples"], start=1):
         target_ids = decoder(vectorizers.source_ids([example["source"]])).numpy()[0]
-        expected += [(f"{number}. {example['source']} | {m.name}", m) for m in alignment_maps(model, vectorizers, example["source"], target_ids)]
+        expected += [
+            (f"{number}. {example['source']} | {m.name}", m)
+            for m in alignment_maps(model, vectorizers, example["source"], target_ids)
+        ]
     assert [layer["name"] for layer in layers] == [name for name, _ in expected]
     for layer, (_, attention_map) in zip(layers, expected):
         np.testing.assert_allclose(decode_weights(layer), attention_map.weights, atol=1e-6)
-

@@ -10,10 +10,10 @@ import pytest
 from keras_attn.visualization.explorer import decode_weights
 from keras_attn.visualization.explorer import embedded_data
 from models.decoding import make_decoder
-from models.translator_attention import alignment_maps
-from models.translator_attention import produced_tokens
 from models.decoding_defaults import BEAM_SIZE
 from models.decoding_defaults import LENGTH_PENALTY
+from models.translator_attention import alignment_maps
+from models.translator_attention import produced_tokens
 from pipelines import translate
 from tests.test_visualization_figures import assert_png
 from tests.translation_fixtures import tiny_translator
@@ -62,11 +62,15 @@ def test_translate_attention_html_embeds_the_alignments_of_each_sentence(run_dir
     assert "://" not in page
     layers = embedded_data(page)["layers"]
     model, vectorizers = tiny_translator()
-    decoder = make_decoder(model, vectorizers, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY)  # the command's default
+    decoder = make_decoder(
+        model, vectorizers, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY
+    )  # the command's default
     expected = []
     for index, sentence in enumerate(SENTENCES):
         target_ids = decoder(vectorizers.source_ids([sentence])).numpy()[0]
-        expected += [(f"{index + 1}. {sentence} | {m.name}", m) for m in alignment_maps(model, vectorizers, sentence, target_ids)]
+        expected += [
+            (f"{index + 1}. {sentence} | {m.name}", m) for m in alignment_maps(model, vectorizers, sentence, target_ids)
+        ]
     assert [layer["name"] for layer in layers] == [name for name, _ in expected]
     for layer, (_, attention_map) in zip(layers, expected):
         np.testing.assert_array_equal(decode_weights(layer), attention_map.weights)

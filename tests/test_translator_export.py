@@ -9,18 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export.translator import verified_export
-from export import verify
-from models.decoding import translate_ids
-from pipelines import translate
-from models.translation_text import detokenize
-from tests.translation_fixtures import spanish_english_slice
-from tests.serving_checks import warmup_requests
-from tests.translation_fixtures import tiny_translator
 from export import serving_layout
+from export import verify
+from export.translator import verified_export
 from export.translator.savedmodel import SEARCHES
+from models.decoding import translate_ids
 from models.decoding_defaults import BEAM_SIZE
 from models.decoding_defaults import LENGTH_PENALTY
+from models.translation_text import detokenize
+from pipelines import translate
+from tests.serving_checks import warmup_requests
+from tests.translation_fixtures import spanish_english_slice
+from tests.translation_fixtures import tiny_translator
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def _sentences():
     return spanish_english_slice()[0][:16] + EXTRA_SENTENCES
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _exported():
     """One verified export of the tiny translator, shared by the tests of this module."""
     model, vectorizers = tiny_translator()
@@ -46,8 +46,12 @@ def _keras_translations(sentences, signature=serving_layout.SIGNATURE):
     model, vectorizers = tiny_translator()
     beam_size, length_penalty = SEARCHES[signature]
     ids = translate_ids(
-        model, vectorizers.source_ids(sentences), vectorizers.start_id, vectorizers.end_id,
-        beam_size=beam_size, length_penalty=length_penalty,
+        model,
+        vectorizers.source_ids(sentences),
+        vectorizers.start_id,
+        vectorizers.end_id,
+        beam_size=beam_size,
+        length_penalty=length_penalty,
     )
     return detokenize([vectorizers.target_tokens(row) for row in ids.numpy()])
 
@@ -89,7 +93,9 @@ def test_onnx_greedy_decoder_matches_the_tf_decoder_for_any_batch_and_length():
     for begin, batch, width in ((200, 1, 16), (210, 5, 9), (220, 7, 12)):
         source_ids = vectorizers.source_ids(spanish_english_slice()[0][begin : begin + batch]).numpy()[:, :width]
         expected = translate_ids(model, source_ids, vectorizers.start_id, vectorizers.end_id).numpy()
-        np.testing.assert_array_equal(verified_export.OnnxGreedyDecoder(os.path.join(path, "onnx"))(source_ids), expected)
+        np.testing.assert_array_equal(
+            verified_export.OnnxGreedyDecoder(os.path.join(path, "onnx"))(source_ids), expected
+        )
 
 
 @pytest.mark.parametrize("flags, signature", [([], "serving_default"), (["--beam-size", "1"], "greedy")])
@@ -125,7 +131,11 @@ def test_a_failed_export_publishes_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(verified_export, "write_onnx", lambda *args: None)
     monkeypatch.setattr(verified_export, "OnnxGreedyDecoder", lambda directory: wrong_onnx)
-    monkeypatch.setattr(verified_export, "reload_translations", lambda path, sentences, signature: _keras_translations(sentences, signature))
+    monkeypatch.setattr(
+        verified_export,
+        "reload_translations",
+        lambda path, sentences, signature: _keras_translations(sentences, signature),
+    )
     monkeypatch.setattr(verified_export, "write_saved_model", lambda *args: None)
     with pytest.raises(verified_export.ExportVerificationError, match="ONNX"):
         verified_export.export_translator(model, vectorizers, str(tmp_path), _sentences()[:4])

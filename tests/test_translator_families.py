@@ -12,10 +12,10 @@ import pytest
 
 from export.translator import verified_export
 from models.decoding import translate_ids
+from models.decoding_defaults import GREEDY_SIGNATURE
 from models.translation_text import detokenize
 from models.translator import build_translator
 from models.translator_self_attention import CHOICES
-from models.decoding_defaults import GREEDY_SIGNATURE
 from pipelines import train_translator
 from pipelines.batching import with_counted_batches
 from pipelines.translation_data import make_dataset
@@ -46,7 +46,9 @@ def test_a_few_training_steps_lower_the_loss(attention):
     model = build_translator(tiny_config(vectorizers, attention=attention, attention_window=WINDOW))
     train_translator.compile_translator(model, 3e-3, total_steps=12)
     sources, targets = spanish_english_slice()
-    batches = with_counted_batches(make_dataset(vectorizers, sources[:256], targets[:256], tokens_per_batch=512).take(4))
+    batches = with_counted_batches(
+        make_dataset(vectorizers, sources[:256], targets[:256], tokens_per_batch=512).take(4)
+    )
     before = model.evaluate(batches, verbose=0, return_dict=True)["loss"]
     model.fit(batches, epochs=3, shuffle=False, verbose=0)
     assert model.evaluate(batches, verbose=0, return_dict=True)["loss"] < before - 0.5
@@ -81,9 +83,14 @@ def test_a_window_limits_how_far_back_the_decoder_sees():
     reach = model.num_decoder_layers * (WINDOW - 1)
     assert difference[:, reach + 1 :].max() == 0.0 and difference[:, reach].min(axis=-1).max() > 0.0
     dense_model, _ = _translator("dense")
-    assert np.abs(keras.ops.convert_to_numpy(
-        dense_model((source_ids, target)) - dense_model((source_ids, changed))
-    ))[:, reach + 1 :].min(axis=-1).max() > 0.0
+    assert (
+        np.abs(keras.ops.convert_to_numpy(dense_model((source_ids, target)) - dense_model((source_ids, changed))))[
+            :, reach + 1 :
+        ]
+        .min(axis=-1)
+        .max()
+        > 0.0
+    )
 
 
 def _keras_translations(model, vectorizers, sentences):
@@ -106,17 +113,23 @@ def test_export_serves_like_keras_with_onnx_where_the_family_allows(attention):
     assert report["saved_model_matches"] and report.get("onnx_matches", False) == key_value
     assert os.path.isdir(os.path.join(path, "onnx")) == key_value
     others = spanish_english_slice()[0][300:308]
-    greedy = verified_export.reload_translations(path, others, GREEDY_SIGNATURE)  # beam: tests/test_translator_export.py
+    greedy = verified_export.reload_translations(
+        path, others, GREEDY_SIGNATURE
+    )  # beam: tests/test_translator_export.py
     assert greedy == _keras_translations(model, vectorizers, others)
     if key_value:
         source_ids = _sources(5, begin=320)[:, :11]
         expected = translate_ids(model, source_ids, vectorizers.start_id, vectorizers.end_id).numpy()
-        np.testing.assert_array_equal(verified_export.OnnxGreedyDecoder(os.path.join(path, "onnx"))(source_ids), expected)
+        np.testing.assert_array_equal(
+            verified_export.OnnxGreedyDecoder(os.path.join(path, "onnx"))(source_ids), expected
+        )
 
 
 def test_the_attention_flag_reaches_the_config_and_a_bad_choice_names_it():
     args = train_translator.parse_args(["--smoke", "--attention", "window", "--attention-window", "5"])
     config = train_translator.model_config(args)
     assert (config.attention, config.attention_window) == ("window", 5)
-    with pytest.raises(ValueError, match=r"`attention` must be one of \('dense', 'window', 'linear'\)\. Received: attention='lsh'"):
+    with pytest.raises(
+        ValueError, match=r"`attention` must be one of \('dense', 'window', 'linear'\)\. Received: attention='lsh'"
+    ):
         train_translator.model_config(train_translator.parse_args(["--smoke", "--attention", "lsh"]))

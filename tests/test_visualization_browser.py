@@ -56,7 +56,9 @@ def test_explorer_switches_layer_and_head_and_shows_the_weights(tmp_path):
         page.select_option("#layer", "0")
         assert page.locator("#head option").count() == 2 and page.locator("#focus span").count() == 0
         page.mouse.move(*_cell_centre(page, 5, 4))
-        assert float(page.locator("#hover").get_attribute("data-value")) == float(weights["encoder/self_attention"][0, 0, 5, 4])
+        assert float(page.locator("#hover").get_attribute("data-value")) == float(
+            weights["encoder/self_attention"][0, 0, 5, 4]
+        )
 
 
 def test_explorer_draws_a_linformer_map_over_its_projected_keys(tmp_path):

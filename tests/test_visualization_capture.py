@@ -58,8 +58,14 @@ def test_single_layer_matches_numpy_reference_and_leaves_outputs_unchanged():
 
 def test_imdb_encoder_maps_equal_the_encoder_returned_weights():
     config = SentimentClassifierConfig(
-        vocabulary_size=50, max_tokens=16, sequence_length=12, embedding_dim=8, num_heads=2,
-        intermediate_dim=16, num_layers=2, bigram_buckets=64,
+        vocabulary_size=50,
+        max_tokens=16,
+        sequence_length=12,
+        embedding_dim=8,
+        num_heads=2,
+        intermediate_dim=16,
+        num_layers=2,
+        bigram_buckets=64,
     )
     model = build_sentiment_classifier(config)
     token_ids = padded_token_ids(np.random.default_rng(1), [16, 9, 3], 16, config.vocabulary_size)
@@ -74,7 +80,9 @@ def test_imdb_encoder_maps_equal_the_encoder_returned_weights():
         hidden, expected = model.get_layer(f"encoder_{index}")(
             hidden, padding_mask=padding, return_attention_scores=True
         )
-        np.testing.assert_array_equal(collected[f"encoder_{index}/self_attention"], keras.ops.convert_to_numpy(expected))
+        np.testing.assert_array_equal(
+            collected[f"encoder_{index}/self_attention"], keras.ops.convert_to_numpy(expected)
+        )
         assert_attention_rows(collected[f"encoder_{index}/self_attention"], padding, padding)
 
 
@@ -93,10 +101,19 @@ def _recorded_calls(layer):
 
 def test_translator_cross_attention_maps_equal_the_layers_returned_weights():
     keras.utils.set_random_seed(2)
-    model = build_translator(TranslatorConfig(
-        source_vocabulary_size=40, target_vocabulary_size=30, sequence_length=10, embedding_dim=16,
-        intermediate_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2, dropout=0.0,
-    ))
+    model = build_translator(
+        TranslatorConfig(
+            source_vocabulary_size=40,
+            target_vocabulary_size=30,
+            sequence_length=10,
+            embedding_dim=16,
+            intermediate_dim=32,
+            num_heads=2,
+            num_encoder_layers=1,
+            num_decoder_layers=2,
+            dropout=0.0,
+        )
+    )
     rng = np.random.default_rng(3)
     source = padded_token_ids(rng, [9, 4, 1], 9, 40)
     target = padded_token_ids(rng, [7, 7, 2], 7, 30)
@@ -110,7 +127,7 @@ def test_translator_cross_attention_maps_equal_the_layers_returned_weights():
     assert [name for name in collected if "cross" in name] == [layer.path for layer in cross_layers]
     assert len(collected) == 1 + 2 * 2  # encoder self, decoder self and cross per block
     for layer, calls in zip(cross_layers, recorded):
-        (args, kwargs), = calls
+        ((args, kwargs),) = calls
         kwargs = {key: value for key, value in kwargs.items() if key != "return_attention_scores"}
         _, expected = layer(*args, **kwargs, return_attention_scores=True)
         weights = collected[layer.path]
@@ -180,8 +197,14 @@ def test_library_and_capture_work_without_matplotlib_and_figures_say_what_to_ins
         "except ImportError as error:\n"
         "    print(error)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert "pip install \"keras-attn[viz]\"" in result.stdout
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert 'pip install "keras-attn[viz]"' in result.stdout
 
 
 @pytest.mark.parametrize("name", sorted(keras_attn.attention_families.FAMILIES))

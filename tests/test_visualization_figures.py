@@ -15,7 +15,6 @@ from keras_attn.visualization.explorer import decode_weights
 from keras_attn.visualization.explorer import embedded_data
 
 
-
 def random_weights(heads, query_len, key_len, seed=0):
     rng = np.random.default_rng(seed)
     return rng.dirichlet(np.ones(key_len) * 0.3, size=(1, heads, query_len)).astype(np.float32)
@@ -32,7 +31,13 @@ def assert_png(path, width, height):
 
 def test_head_grid_and_overview_pngs_have_the_expected_size_and_content(tmp_path):
     tokens = [f"w{i}" for i in range(12)]
-    maps = attention_maps({"encoder_0/self_attention": random_weights(4, 12, 12), "encoder_1/self_attention": random_weights(4, 12, 12, 1)}, tokens)
+    maps = attention_maps(
+        {
+            "encoder_0/self_attention": random_weights(4, 12, 12),
+            "encoder_1/self_attention": random_weights(4, 12, 12, 1),
+        },
+        tokens,
+    )
     assert_png(save_figure(plot_head(maps[0], head=2), tmp_path / "head.png"), 700, 600)
     assert_png(save_figure(plot_heads(maps[0]), tmp_path / "heads.png"), 1600, 400)
     assert_png(save_figure(plot_model(maps), tmp_path / "model.png"), 880, 480)
@@ -53,9 +58,13 @@ def test_long_input_is_focused_with_bounded_tick_labels(tmp_path):
 
 def test_explorer_page_is_offline_and_embeds_the_exact_weights():
     weights = {"decoder/cross_attention": random_weights(2, 5, 7), "encoder/self_attention": random_weights(3, 7, 7, 1)}
-    source = ["</script>", "http://example.com/x", "src=\"//cdn\"", "d", "e", "f", "g"]
+    source = ["</script>", "http://example.com/x", 'src="//cdn"', "d", "e", "f", "g"]
     target = ["A", "b", "c", "d", "e"]
-    maps = attention_maps(weights, {"decoder/cross_attention": target, "encoder/self_attention": source}, {"decoder/cross_attention": source, "encoder/self_attention": source})
+    maps = attention_maps(
+        weights,
+        {"decoder/cross_attention": target, "encoder/self_attention": source},
+        {"decoder/cross_attention": source, "encoder/self_attention": source},
+    )
 
     page = explorer_html(maps, title="t <b>", subtitle="p(positive) = 0.93")
 
@@ -66,7 +75,7 @@ def test_explorer_page_is_offline_and_embeds_the_exact_weights():
     assert "t &lt;b&gt;" in page
     data = embedded_data(page)
     assert [layer["name"] for layer in data["layers"]] == list(weights)
-    for record, (name, layer_weights) in zip(data["layers"], weights.items()):
+    for record, layer_weights in zip(data["layers"], weights.values()):
         np.testing.assert_array_equal(decode_weights(record), layer_weights[0])
     assert data["layers"][0]["key_tokens"] == source and data["layers"][0]["query_tokens"] == target
 

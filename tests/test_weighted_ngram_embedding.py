@@ -34,7 +34,9 @@ def test_each_distinct_ngram_is_one_weighted_slot():
     ids[0, 3] = 1  # out of vocabulary: no unigram, no bigram on either side
     ids[1, 2:4] = ids[1, 0:2]  # a repeated unigram and bigram count once
     layer = random_layer()
-    table, weights = (keras.ops.convert_to_numpy(w).astype(np.float64) for w in (layer.embeddings.embeddings, layer.feature_weights))
+    table, weights = (
+        keras.ops.convert_to_numpy(w).astype(np.float64) for w in (layer.embeddings.embeddings, layer.feature_weights)
+    )
     out, mask = (keras.ops.convert_to_numpy(t) for t in layer(ids))
     assert out.shape == (4, 17, WIDTH)
     for row, sequence in enumerate(ids):
@@ -58,7 +60,9 @@ def test_features_are_indexed_as_the_ngram_bags():
     out = keras.ops.convert_to_numpy(layer(ids)[0])[0]
     nonzero = np.flatnonzero(np.abs(out).sum(axis=-1))
     assert len(nonzero) == 1
-    np.testing.assert_allclose(out[nonzero[0]], keras.ops.convert_to_numpy(layer.embeddings.embeddings)[bigram], atol=1e-7)
+    np.testing.assert_allclose(
+        out[nonzero[0]], keras.ops.convert_to_numpy(layer.embeddings.embeddings)[bigram], atol=1e-7
+    )
 
 
 def test_bad_arguments_name_the_value():
@@ -93,6 +97,8 @@ def test_layer_contract(bigram_ids, weights):
     ids = layer_checks.padded_token_ids(np.random.default_rng(2), [6, 4], 6, VOCABULARY)
     run_layer_test(
         WeightedNgramEmbedding,
-        dict(vocabulary_size=VOCABULARY, num_buckets=BUCKETS, output_dim=WIDTH, bigram_ids=bigram_ids), ids,
-        expected_num_trainable_weights=1, expected_num_non_trainable_weights=weights,
+        dict(vocabulary_size=VOCABULARY, num_buckets=BUCKETS, output_dim=WIDTH, bigram_ids=bigram_ids),
+        ids,
+        expected_num_trainable_weights=1,
+        expected_num_non_trainable_weights=weights,
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+
 from tests.shared_data import missing_shared_data
 
 SPA_ENG_ZIP = Path(__file__).resolve().parents[2] / "shared" / "data" / "spa-eng" / "spa-eng.zip"
@@ -21,7 +22,7 @@ def require_data():
     return SPA_ENG_ZIP
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def spanish_english_slice(count=1_200, seed=7):
     """`count` random (Spanish, English) pairs of at most 10 words, from the whole file."""
     from models.parallel_text import orient_pairs
@@ -33,7 +34,7 @@ def spanish_english_slice(count=1_200, seed=7):
     return [sources[i] for i in chosen], [targets[i] for i in chosen]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_vectorizers():
     from models.translation_text import TranslationVectorizers
     from pipelines.translation_data import build_vocabularies
@@ -60,7 +61,7 @@ def tiny_config(vectorizers, **overrides):
     return TranslatorConfig(**config)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_translator(tie_embeddings=False, sharpen=4.0, end_bias=3.5, attention="dense", attention_window=8):
     """A 2+2-layer width-32 translator with sharpened random weights (no training: cheap), its
     self-attention the `attention` choice (`models.translator_self_attention`).

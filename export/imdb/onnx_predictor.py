@@ -77,7 +77,9 @@ class OnnxSentimentPredictor:
             if not isinstance(flag, bool):
                 raise TypeError(f"`{name}` must be True or False. Received: {name}={flag!r}")
         if quantized and fused:
-            raise ValueError("`quantized` and `fused` name two different models: choose one. Received: quantized=True, fused=True")
+            raise ValueError(
+                "`quantized` and `fused` name two different models: choose one. Received: quantized=True, fused=True"
+            )
         bundle_dir = Path(bundle_dir)
         # Every file as published (SHA-256), and a model of this kind, before anything is loaded.
         manifest = check_manifest(bundle_dir, MODEL_ID)

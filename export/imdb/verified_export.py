@@ -30,7 +30,6 @@ import numpy as np
 import tensorflow as tf
 
 import keras_attn
-
 from export import serving_layout
 from export.fresh_process import ExportVerificationError
 from export.fresh_process import serve_in_fresh_process
@@ -74,9 +73,20 @@ def run_saved_model_cli(saved_model_dir, reviews):
     with tempfile.TemporaryDirectory() as scratch:
         inputs = Path(scratch) / "reviews.npy"
         np.save(inputs, np.array([review.encode("utf-8") for review in reviews], dtype=object))
-        command = [str(cli), "run", "--dir", str(saved_model_dir), "--tag_set", "serve",
-                   "--signature_def", serving_layout.SIGNATURE, "--inputs", f"{savedmodel.INPUT_NAME}={inputs}",
-                   "--outdir", str(Path(scratch) / "out")]
+        command = [
+            str(cli),
+            "run",
+            "--dir",
+            str(saved_model_dir),
+            "--tag_set",
+            "serve",
+            "--signature_def",
+            serving_layout.SIGNATURE,
+            "--inputs",
+            f"{savedmodel.INPUT_NAME}={inputs}",
+            "--outdir",
+            str(Path(scratch) / "out"),
+        ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise ExportVerificationError(f"saved_model_cli run failed:\n{result.stderr[-4000:]}")
@@ -122,7 +132,9 @@ def verify_exports(model, vectorizer, sequence_length, saved_model_dir, onnx_dir
         "saved_model_cli_max_abs_diff": compare(
             "saved_model_cli", *run_saved_model_cli(saved_model_dir, reviews), expected, atol
         ),
-        "onnx_max_abs_diff": compare("ONNX Runtime", onnx_outputs["probability"], onnx_outputs["label"], expected, atol),
+        "onnx_max_abs_diff": compare(
+            "ONNX Runtime", onnx_outputs["probability"], onnx_outputs["label"], expected, atol
+        ),
     }
     if (Path(onnx_dir) / FUSED_MODEL_FILE).is_file():  # the figure is absent where the bundle has no fused model
         fused = OnnxSentimentPredictor(onnx_dir, fused=True).predict(reviews)
@@ -155,12 +167,15 @@ def _labelled(reviews, labels):
 
 def _check_tolerance(tolerance):
     if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) or not math.isfinite(tolerance):
-        raise ValueError(f"`int8_tolerance` must be a finite number of accuracy points. Received: int8_tolerance={tolerance!r}")
+        raise ValueError(
+            f"`int8_tolerance` must be a finite number of accuracy points. Received: int8_tolerance={tolerance!r}"
+        )
     return float(tolerance)
 
 
-def verify_int8_accuracy(model, vectorizer, sequence_length, onnx_dir, reviews, labels,
-                         tolerance=INT8_TOLERANCE_POINTS):
+def verify_int8_accuracy(
+    model, vectorizer, sequence_length, onnx_dir, reviews, labels, tolerance=INT8_TOLERANCE_POINTS
+):
     """Checks the bundle's int8 ONNX model by accuracy against the float Keras model; returns the figures or raises.
 
     The int8 model's probabilities differ from the float model's by far more than the float
@@ -211,9 +226,20 @@ def verify_int8_accuracy(model, vectorizer, sequence_length, onnx_dir, reviews, 
     }
 
 
-def export_and_verify(model, vectorizer, vocabulary_path, sequence_length, reviews, export_dir,
-                      model_name="imdb_sentiment", atol=ATOL, *, accuracy_reviews, accuracy_labels,
-                      int8_tolerance=INT8_TOLERANCE_POINTS):
+def export_and_verify(
+    model,
+    vectorizer,
+    vocabulary_path,
+    sequence_length,
+    reviews,
+    export_dir,
+    model_name="imdb_sentiment",
+    atol=ATOL,
+    *,
+    accuracy_reviews,
+    accuracy_labels,
+    int8_tolerance=INT8_TOLERANCE_POINTS,
+):
     """Writes, verifies and publishes the SavedModel and the ONNX bundle (float, int8 and fused-attention models).
 
     Args:
@@ -238,12 +264,18 @@ def export_and_verify(model, vectorizer, vocabulary_path, sequence_length, revie
     accuracy_reviews, accuracy_labels = _labelled(accuracy_reviews, accuracy_labels)
     _check_tolerance(int8_tolerance)  # bad arguments fail before any export is written
     export_dir = Path(export_dir).resolve()
-    with serving_layout.staging_directory(export_dir / model_name) as saved_staging, \
-            serving_layout.staging_directory(export_dir / "onnx" / model_name) as onnx_staging:
-        savedmodel.write_savedmodel(model, vocabulary_path, vectorizer.vocabulary_size(), sequence_length, saved_staging)
+    with (
+        serving_layout.staging_directory(export_dir / model_name) as saved_staging,
+        serving_layout.staging_directory(export_dir / "onnx" / model_name) as onnx_staging,
+    ):
+        savedmodel.write_savedmodel(
+            model, vocabulary_path, vectorizer.vocabulary_size(), sequence_length, saved_staging
+        )
         warmup_batches = [reviews[:1], reviews[:8]]  # one review alone, then a batch
         serving_layout.write_warmup_requests(saved_staging, model_name, savedmodel.INPUT_NAME, warmup_batches)
-        onnx_bundle.write_onnx_bundle(model, vocabulary_path, vectorizer.vocabulary_size(), sequence_length, onnx_staging)
+        onnx_bundle.write_onnx_bundle(
+            model, vocabulary_path, vectorizer.vocabulary_size(), sequence_length, onnx_staging
+        )
         sizes = {"reviews": vectorizer.vocabulary_size()}
         write_manifest(saved_staging, MODEL_ID, "savedmodel", sizes, keras_attn.__version__, savedmodel.INPUT_NAME)
         parity = verify_exports(model, vectorizer, sequence_length, saved_staging, onnx_staging, reviews, atol)

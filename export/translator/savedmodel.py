@@ -46,8 +46,12 @@ def serving_function(model, vectorizers, source_vectorizer, beam_size, length_pe
         source = one_dimensional_batch(source)
         source_ids = tf.cast(source_vectorizer(source), tf.int32)  # (batch, sequence_length)
         ids = translate_ids(
-            model, source_ids, vectorizers.start_id, vectorizers.end_id,
-            beam_size=beam_size, length_penalty=length_penalty,
+            model,
+            source_ids,
+            vectorizers.start_id,
+            vectorizers.end_id,
+            beam_size=beam_size,
+            length_penalty=length_penalty,
         )[:, 1:]
         words = tf.ragged.boolean_mask(
             tf.gather(target_tokens, ids),

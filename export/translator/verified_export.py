@@ -28,21 +28,20 @@ import os
 import numpy as np
 
 import keras_attn
-
 from appkit.cli import add_debug_flag
 from appkit.cli import positive_int
 from appkit.cli import require_writable_directory
 from appkit.cli import user_errors_exit
 from export.fresh_process import ExportVerificationError
 from export.fresh_process import serve_in_fresh_process
+from export.serving_layout import SIGNATURE
 from export.serving_layout import publish
 from export.serving_layout import staging_directory
 from export.serving_layout import write_models_config
 from export.serving_layout import write_warmup_requests
-from export.translator.onnx_graphs import check_onnx_exportable
 from export.translator.onnx_graphs import OnnxGreedyDecoder
+from export.translator.onnx_graphs import check_onnx_exportable
 from export.translator.onnx_graphs import write_onnx
-from export.serving_layout import SIGNATURE
 from export.translator.savedmodel import SEARCHES
 from export.translator.savedmodel import SIGNATURE_INPUT
 from export.translator.savedmodel import SIGNATURE_OUTPUT
@@ -144,7 +143,9 @@ def main(argv=None):
     parser.add_argument("--export-dir", default="artifacts/export", help="TF Serving base directory")
     parser.add_argument("--verify-sentences", type=positive_int, default=200, help="test sentences checked")
     parser.add_argument(
-        "--no-onnx", dest="onnx", action="store_false",
+        "--no-onnx",
+        dest="onnx",
+        action="store_false",
         help="export the SavedModel alone (a self-attention the ONNX graphs cannot carry, e.g. --attention linear)",
     )
     add_debug_flag(parser)
@@ -155,4 +156,3 @@ def main(argv=None):
         sentences = held_out_sources(args.run, args.verify_sentences)
         path, report = export_translator(model, vectorizers, args.export_dir, sentences, args.onnx)
     print(json.dumps({"export": path, **report}, indent=2))
-

@@ -53,7 +53,9 @@ class AttentionPooling(keras.layers.Layer):
         self.key_dim = key_dim
         self.dropout = dropout
         self.supports_masking = True
-        self.attention = MultiHeadAttention(num_heads, key_dim, dropout=dropout, dtype=self.dtype_policy, name="attention")
+        self.attention = MultiHeadAttention(
+            num_heads, key_dim, dropout=dropout, dtype=self.dtype_policy, name="attention"
+        )
 
     def build(self, input_shape):
         check_sequence_shape("inputs", input_shape)
@@ -63,7 +65,9 @@ class AttentionPooling(keras.layers.Layer):
 
     def call(self, inputs, mask=None, training=None):
         batch = ops.shape(inputs)[0]
-        query = ops.broadcast_to(ops.cast(self.query, inputs.dtype), (batch, 1, inputs.shape[-1]))  # (batch, 1, features)
+        query = ops.broadcast_to(
+            ops.cast(self.query, inputs.dtype), (batch, 1, inputs.shape[-1])
+        )  # (batch, 1, features)
         if mask is None:
             return self.attention(query, inputs, training=training)[:, 0]
         check_padding_mask("mask", mask, inputs.shape)

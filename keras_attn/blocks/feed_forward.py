@@ -2,9 +2,9 @@
 
 import keras
 
+from keras_attn.utils import clone_initializer
 from keras_attn.validation import check_positive_int
 from keras_attn.validation import check_rate
-from keras_attn.utils import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

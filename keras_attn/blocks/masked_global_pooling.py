@@ -49,8 +49,7 @@ class MaskedGlobalPooling(keras.layers.Layer):
     def build(self, input_shape):
         if len(input_shape) != 3:
             raise ValueError(
-                "`inputs` must have rank 3 (batch, seq, features). "
-                f"Received: inputs.shape={tuple(input_shape)}"
+                f"`inputs` must have rank 3 (batch, seq, features). Received: inputs.shape={tuple(input_shape)}"
             )
 
     def call(self, inputs, mask=None):
@@ -86,6 +85,4 @@ def _check_mask(mask, inputs):
     """The mask must be `(batch, seq)` like the first two axes of `inputs` (where known)."""
     mask_shape, expected = tuple(mask.shape), tuple(inputs.shape[:2])
     if len(mask_shape) != 2 or any(m is not None and e is not None and m != e for m, e in zip(mask_shape, expected)):
-        raise ValueError(
-            f"`mask` must have shape (batch, seq)={expected}. Received: mask.shape={mask_shape}"
-        )
+        raise ValueError(f"`mask` must have shape (batch, seq)={expected}. Received: mask.shape={mask_shape}")

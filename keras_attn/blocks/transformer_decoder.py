@@ -3,9 +3,9 @@
 import keras
 from keras import ops
 
+from keras_attn.blocks.transformer_encoder import TransformerBlock
 from keras_attn.layers.capabilities import describe
 from keras_attn.layers.capabilities import unsupported
-from keras_attn.blocks.transformer_encoder import TransformerBlock
 from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_sequence_shape
 from keras_attn.utils import keras_mask
@@ -164,7 +164,8 @@ class TransformerDecoder(TransformerBlock):
         kind = type(self.self_attention).capabilities.cache
         if kind is None:
             raise unsupported(
-                self.self_attention, "cache",
+                self.self_attention,
+                "cache",
                 "a cached decoding request (`self_attention_cache` or `initial_self_attention_cache`)",
             )
         return kind
@@ -228,7 +229,9 @@ class TransformerDecoder(TransformerBlock):
         def self_attend(x):
             options = dict(query_mask=decoder_padding_mask, use_causal_mask=use_causal_mask, training=training)
             if self_attention_cache is None:
-                output = self.self_attention(x, value_mask=decoder_padding_mask, attention_mask=decoder_attention_mask, **options)
+                output = self.self_attention(
+                    x, value_mask=decoder_padding_mask, attention_mask=decoder_attention_mask, **options
+                )
                 return output, None  # (batch, target_len, hidden)
             if recurrent:  # (batch, target_len, hidden), the state after the new tokens
                 return self.self_attention(x, value_mask=decoder_padding_mask, cache=self_attention_cache, **options)
@@ -249,7 +252,9 @@ class TransformerDecoder(TransformerBlock):
                 keras_mask(encoder_sequence) if encoder_padding_mask is None else encoder_padding_mask
             )
             check_padding_mask(
-                "encoder_padding_mask", encoder_padding_mask, None if encoder_sequence is None else encoder_sequence.shape
+                "encoder_padding_mask",
+                encoder_padding_mask,
+                None if encoder_sequence is None else encoder_sequence.shape,
             )
 
             def cross_attend(x):
@@ -268,7 +273,9 @@ class TransformerDecoder(TransformerBlock):
                 )  # (batch, target_len, hidden), and the unchanged cache when given
                 return output[0] if cross_attention_cache is not None else output, None
 
-            x, _ = self._residual(x, cross_attend, self.cross_attention_layer_norm, self.cross_attention_dropout, training)
+            x, _ = self._residual(
+                x, cross_attend, self.cross_attention_layer_norm, self.cross_attention_dropout, training
+            )
         x = self._feed_forward_block(x, training)
         if self_attention_cache is None:
             return x

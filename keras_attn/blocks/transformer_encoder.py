@@ -3,18 +3,18 @@
 import keras
 
 from keras_attn import patterns
+from keras_attn.blocks.feed_forward import FeedForward
 from keras_attn.core import position_bias as position_biases
 from keras_attn.layers.capabilities import AttentionCapabilities
-from keras_attn.blocks.feed_forward import FeedForward
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.utils import check_padding_mask
-from keras_attn.validation import check_positive_int
-from keras_attn.validation import check_rate
 from keras_attn.utils import check_sequence_shape
 from keras_attn.utils import clone_initializer
 from keras_attn.utils import keras_mask
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_number
+from keras_attn.validation import check_positive_int
+from keras_attn.validation import check_rate
 
 
 def head_size(hidden_dim, num_heads, key_dim):
@@ -88,7 +88,9 @@ class TransformerBlock(keras.layers.Layer):
             return None
         if isinstance(layer, dict):
             layer = keras.saving.deserialize_keras_object(layer)
-        if not isinstance(layer, keras.layers.Layer) or not isinstance(getattr(type(layer), "capabilities", None), AttentionCapabilities):
+        if not isinstance(layer, keras.layers.Layer) or not isinstance(
+            getattr(type(layer), "capabilities", None), AttentionCapabilities
+        ):
             raise TypeError(
                 "`self_attention` must be a keras_attn attention layer, one whose class declares its `capabilities` "
                 "(a prototype: each block builds its own copy from its config), or None. "
@@ -292,7 +294,12 @@ class TransformerEncoder(TransformerBlock):
 
     # The encoder has no other attention: every attention option configures the default one.
     default_self_attention_options = (
-        "sliding_window", "attention_pattern", "position_bias", "num_key_value_heads", "attention_dropout", "key_dim"
+        "sliding_window",
+        "attention_pattern",
+        "position_bias",
+        "num_key_value_heads",
+        "attention_dropout",
+        "key_dim",
     )
 
     def build(self, inputs_shape):

@@ -24,17 +24,17 @@ import keras
 from keras import ops
 
 from keras_attn import patterns
+from keras_attn.core.masks import merge_masks
+from keras_attn.core.position_bias import check_position_bias
+from keras_attn.core.softmax import bias_mask
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels import chunked
 from keras_attn.kernels import strided
 from keras_attn.kernels.call import AttentionCall
-from keras_attn.core.masks import merge_masks
-from keras_attn.core.position_bias import check_position_bias
-from keras_attn.core.softmax import bias_mask
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_position
-from keras_attn.validation import check_scale
 from keras_attn.validation import check_rate
+from keras_attn.validation import check_scale
 
 _MASK_RANK = 4
 ATTENTION_IMPLEMENTATIONS = ("auto", *KERNELS)
@@ -68,14 +68,15 @@ def _check_inputs(query, key, value, mask):
             raise ValueError(f"`{name}` must be a floating tensor. Received: {name}.dtype={dtype}")
         if len(tensor.shape) != 4:
             raise ValueError(
-                f"`{name}` must have rank 4 `(batch, seq, heads, depth)`. "
-                f"Received: {name}.shape={tuple(tensor.shape)}"
+                f"`{name}` must have rank 4 `(batch, seq, heads, depth)`. Received: {name}.shape={tuple(tensor.shape)}"
             )
     batches = {name: tensor.shape[0] for name, tensor in (("query", query), ("key", key), ("value", value))}
     if len({size for size in batches.values() if size is not None}) > 1:  # would broadcast a batch of 1
         raise ValueError(
             "`query`, `key` and `value` must have the same batch size. Received: "
-            + ", ".join(f"{name}.shape={tuple(t.shape)}" for name, t in (("query", query), ("key", key), ("value", value)))
+            + ", ".join(
+                f"{name}.shape={tuple(t.shape)}" for name, t in (("query", query), ("key", key), ("value", value))
+            )
         )
     if query.shape[-1] is not None and key.shape[-1] is not None:
         if query.shape[-1] != key.shape[-1]:

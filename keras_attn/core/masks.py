@@ -87,11 +87,11 @@ def padding_mask_to_attention_mask(query_mask=None, key_mask=None):
     Returns:
         A boolean tensor broadcastable to `(batch, 1, query_len, key_len)`, or `None`.
     """
-    rows = None if query_mask is None else ops.reshape(
-        ops.cast(query_mask, "bool"), (ops.shape(query_mask)[0], 1, -1, 1)
+    rows = (
+        None if query_mask is None else ops.reshape(ops.cast(query_mask, "bool"), (ops.shape(query_mask)[0], 1, -1, 1))
     )  # (batch, 1, query_len, 1)
-    cols = None if key_mask is None else ops.reshape(
-        ops.cast(key_mask, "bool"), (ops.shape(key_mask)[0], 1, 1, -1)
+    cols = (
+        None if key_mask is None else ops.reshape(ops.cast(key_mask, "bool"), (ops.shape(key_mask)[0], 1, 1, -1))
     )  # (batch, 1, 1, key_len)
     return merge_masks(rows, cols)
 

@@ -22,8 +22,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_attn.validation import check_positive_int
 from keras_attn.utils import float_math_dtype
+from keras_attn.validation import check_positive_int
 
 
 class PositionBias(keras.layers.Layer):

@@ -33,14 +33,14 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_attn.core.softmax import mask_fill
+from keras_attn.families.projected_self_attention import ProjectedSelfAttention
 from keras_attn.layers.capabilities import AttentionCapabilities
 from keras_attn.layers.capabilities import describe
-from keras_attn.families.projected_self_attention import ProjectedSelfAttention
-from keras_attn.validation import check_positive_int
 from keras_attn.utils import float_math_dtype
 from keras_attn.utils import padding_to_multiple
 from keras_attn.validation import check_bool
-from keras_attn.core.softmax import mask_fill
+from keras_attn.validation import check_positive_int
 
 FEATURE_MAPS = ("elu", "favor")
 # FAVOR+ key features are at most `exp(max |w|^2 / 2 - offset)`; this bound keeps a float32 sum
@@ -152,9 +152,10 @@ def causal_linear_attention(query_features, key_features, value, chunk_size, sta
     # The earlier chunks' sums: shift the inclusive prefix by one chunk, start from the state.
     summary_before = ops.concatenate([ops.zeros_like(summary_through[:, :1]), summary_through[:, :-1]], axis=1)
     summary_before = summary_before + initial_summary[:, None]  # (batch, chunks, heads, m, d)
-    normaliser_before = ops.concatenate(
-        [ops.zeros_like(normaliser_through[:, :1]), normaliser_through[:, :-1]], axis=1
-    ) + initial_normaliser[:, None]  # (batch, chunks, heads, m)
+    normaliser_before = (
+        ops.concatenate([ops.zeros_like(normaliser_through[:, :1]), normaliser_through[:, :-1]], axis=1)
+        + initial_normaliser[:, None]
+    )  # (batch, chunks, heads, m)
 
     numerator = ops.einsum("bnchm,bnhmd->bnchd", query_chunks, summary_before)  # (batch, chunks, chunk, heads, d)
     denominator = ops.einsum("bnchm,bnhm->bnch", query_chunks, normaliser_before)  # (batch, chunks, chunk, heads)
@@ -239,7 +240,13 @@ class LinearAttention(ProjectedSelfAttention):
     """
 
     capabilities = AttentionCapabilities(
-        causal=True, cross=False, padding_mask=True, attention_mask=False, cache="recurrent", scores=True, onnx=True,
+        causal=True,
+        cross=False,
+        padding_mask=True,
+        attention_mask=False,
+        cache="recurrent",
+        scores=True,
+        onnx=True,
         softmax=False,
         reasons=(
             ("cross", "Its queries and keys are projections of the same sequence."),
@@ -321,7 +328,7 @@ class LinearAttention(ProjectedSelfAttention):
         query, key = ops.cast(query, dtype), ops.cast(key, dtype)
         if projection is None:
             return elu_feature_map(query), elu_feature_map(key)
-        scale = ops.cast(self.key_dim ** -0.25, dtype)  # q . k / sqrt(depth), split between the two
+        scale = ops.cast(self.key_dim**-0.25, dtype)  # q . k / sqrt(depth), split between the two
         return (
             favor_feature_map(query * scale, projection, is_query=True),
             favor_feature_map(key * scale, projection, is_query=False),
@@ -347,11 +354,17 @@ class LinearAttention(ProjectedSelfAttention):
     def _check_state(self, cache, inputs):
         """A `ValueError` unless `cache` is the `(summary, normaliser)` pair of `initial_cache` for this batch."""
         expected = ((self.num_heads, self.num_features, self.value_dim), (self.num_heads, self.num_features))
-        shapes = tuple(tuple(getattr(part, "shape", ())) for part in cache) if isinstance(cache, (list, tuple)) else None
+        shapes = (
+            tuple(tuple(getattr(part, "shape", ())) for part in cache) if isinstance(cache, (list, tuple)) else None
+        )
         batch = inputs.shape[0]
-        valid = shapes is not None and len(shapes) == 2 and all(
-            len(shape) == len(want) + 1 and shape[1:] == want and (batch is None or shape[0] in (None, batch))
-            for shape, want in zip(shapes, expected)
+        valid = (
+            shapes is not None
+            and len(shapes) == 2
+            and all(
+                len(shape) == len(want) + 1 and shape[1:] == want and (batch is None or shape[0] in (None, batch))
+                for shape, want in zip(shapes, expected)
+            )
         )
         if not valid:
             raise ValueError(
@@ -375,7 +388,9 @@ class LinearAttention(ProjectedSelfAttention):
         keep = None if mask is None else ops.cast(mask, float_math_dtype(query.dtype))[:, :, None, None]
         length = query.shape[1]
         if length == 0:  # nothing to attend: an empty output, the state unchanged
-            return ops.zeros((ops.shape(query)[0], 0, self.num_heads, self.value_dim), float_math_dtype(query.dtype)), state
+            return ops.zeros(
+                (ops.shape(query)[0], 0, self.num_heads, self.value_dim), float_math_dtype(query.dtype)
+            ), state
         if causal and length is not None and length > RECOMPUTE_SEGMENT_LENGTH:
             return self._attend_in_segments(query, key, value, keep, projection, state)
         return self._feature_attention(query, key, value, keep, projection, causal, state)
@@ -410,7 +425,12 @@ class LinearAttention(ProjectedSelfAttention):
         @tf.recompute_grad
         def segment(segment_query, segment_key, segment_value, segment_keep, summary, normaliser, *projection):
             attended, (summary, normaliser) = self._feature_attention(
-                segment_query, segment_key, segment_value, segment_keep, projection[0] if projection else None, True,
+                segment_query,
+                segment_key,
+                segment_value,
+                segment_keep,
+                projection[0] if projection else None,
+                True,
                 (summary, normaliser),
             )
             # The state first: its gradient comes from the next segment, so the recomputations run one

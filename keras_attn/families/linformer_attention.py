@@ -16,10 +16,10 @@ import tensorflow as tf
 from keras import ops
 
 from keras_attn.core.attention import scaled_dot_product_attention
-from keras_attn.layers.capabilities import AttentionCapabilities
 from keras_attn.families.projected_self_attention import ProjectedSelfAttention
-from keras_attn.validation import check_positive_int
+from keras_attn.layers.capabilities import AttentionCapabilities
 from keras_attn.validation import check_bool
+from keras_attn.validation import check_positive_int
 
 CAUSAL_ERROR = (
     "LinformerSelfAttention cannot be causal: each of its `projected_length` keys and values is a "
@@ -90,14 +90,23 @@ class LinformerSelfAttention(ProjectedSelfAttention):
     """
 
     capabilities = AttentionCapabilities(
-        causal=False, cross=False, padding_mask=True, attention_mask=False, cache=None, scores=True, onnx=True,
+        causal=False,
+        cross=False,
+        padding_mask=True,
+        attention_mask=False,
+        cache=None,
+        scores=True,
+        onnx=True,
         softmax=True,
         reasons=(
             ("causal", CAUSAL_ERROR),
             ("cross", "Its length projections are over the positions of the query sequence itself."),
             ("attention_mask", "A query attends to projected keys that mix every token: no per-token mask applies."),
-            ("cache", "Each new token changes every projected key and value (mixtures over all positions): nothing "
-                      "computed for earlier tokens can be kept, so it cannot decode incrementally."),
+            (
+                "cache",
+                "Each new token changes every projected key and value (mixtures over all positions): nothing "
+                "computed for earlier tokens can be kept, so it cannot decode incrementally.",
+            ),
         ),
         scores_over_tokens=False,
     )
@@ -152,7 +161,8 @@ class LinformerSelfAttention(ProjectedSelfAttention):
         length = ops.shape(tensor)[1]
         if tensor.shape[1] is None:  # a dynamic length, checked at run time (build checks a static one)
             check = tf.debugging.assert_less_equal(
-                length, self.max_length,
+                length,
+                self.max_length,
                 message=f"`query` is longer than `max_length={self.max_length}` of LinformerSelfAttention {self.name!r}",
             )
             with tf.control_dependencies([check]):
@@ -169,8 +179,10 @@ class LinformerSelfAttention(ProjectedSelfAttention):
         key = self._project_length(key, self.key_length_projection)  # (batch, projected_length, heads, key_dim)
         value = self._project_length(value, self.value_length_projection)  # (batch, projected_length, heads, value_dim)
         # (batch, seq, heads, value_dim)[, (batch, heads, seq, projected_length)]
-        attended, weights = scaled_dot_product_attention(query, key, value, return_weights=True) if return_weights else (
-            scaled_dot_product_attention(query, key, value), None
+        attended, weights = (
+            scaled_dot_product_attention(query, key, value, return_weights=True)
+            if return_weights
+            else (scaled_dot_product_attention(query, key, value), None)
         )
         if mask is not None:
             rows = ops.cast(mask, attended.dtype)  # padded rows output zeros

@@ -26,14 +26,14 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_attn.layers.capabilities import AttentionCapabilities
-from keras_attn.families.projected_self_attention import ProjectedSelfAttention
 from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import zero_masked
-from keras_attn.validation import check_positive_int
+from keras_attn.families.projected_self_attention import ProjectedSelfAttention
+from keras_attn.layers.capabilities import AttentionCapabilities
 from keras_attn.utils import float_math_dtype
 from keras_attn.utils import padding_to_multiple
 from keras_attn.validation import check_bool
+from keras_attn.validation import check_positive_int
 
 # The logit of a token's own key: attended only when every other key is masked (Reformer).
 SELF_LOGIT = -1e5
@@ -212,7 +212,13 @@ class LSHSelfAttention(ProjectedSelfAttention):
 
     shares_query_key = True
     capabilities = AttentionCapabilities(
-        causal=True, cross=False, padding_mask=True, attention_mask=False, cache=None, scores=True, onnx=True,
+        causal=True,
+        cross=False,
+        padding_mask=True,
+        attention_mask=False,
+        cache=None,
+        scores=True,
+        onnx=True,
         softmax=True,
         reasons=(
             ("cross", "Queries and keys are one shared projection of the same sequence (Reformer)."),
@@ -248,7 +254,13 @@ class LSHSelfAttention(ProjectedSelfAttention):
 
     def _attend(self, query, key, value, mask, training, causal, return_weights):
         result = lsh_attention(
-            query, value, self.rotations, self.num_buckets, self.chunk_size, mask=mask, is_causal=causal,
+            query,
+            value,
+            self.rotations,
+            self.num_buckets,
+            self.chunk_size,
+            mask=mask,
+            is_causal=causal,
             return_weights=return_weights,
         )
         return result if return_weights else (result, None)

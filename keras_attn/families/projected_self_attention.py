@@ -19,17 +19,17 @@ takes is its `capabilities` (`keras_attn.layers.capabilities.AttentionCapabiliti
 import keras
 from keras import ops
 
+from keras_attn.core.masks import merge_masks
+from keras_attn.core.softmax import zero_masked
 from keras_attn.layers.capabilities import check_call
 from keras_attn.layers.capabilities import describe
 from keras_attn.layers.capabilities import unsupported
-from keras_attn.core.masks import merge_masks
-from keras_attn.core.softmax import zero_masked
 from keras_attn.utils import check_padding_mask
-from keras_attn.validation import check_positive_int
 from keras_attn.utils import check_sequence_shape
 from keras_attn.utils import clone_initializer
 from keras_attn.utils import keras_mask
 from keras_attn.validation import check_bool
+from keras_attn.validation import check_positive_int
 
 
 class ProjectedSelfAttention(keras.layers.Layer):

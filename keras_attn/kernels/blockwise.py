@@ -31,15 +31,15 @@ import keras
 import tensorflow as tf
 
 from keras_attn import patterns
-from keras_attn.kernels import blockwise_plan
-from keras_attn.kernels import steps
-from keras_attn.kernels import streaming_softmax
-from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.core.position_bias import add_gradients
 from keras_attn.core.position_bias import bias_parameter_gradients
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.position_bias import read_bias_parameters
 from keras_attn.core.position_bias import split_inputs
+from keras_attn.kernels import blockwise_plan
+from keras_attn.kernels import steps
+from keras_attn.kernels import streaming_softmax
+from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.utils import float_math_dtype
 
 # Loop iterations run one at a time: TensorFlow would otherwise run up to 10 iterations of each
@@ -55,9 +55,18 @@ def why_unsupported(call):
 def attend(call):
     """`blockwise_attention` of an `AttentionCall`, with the default block sizes."""
     return blockwise_attention(
-        call.query, call.key, call.value, mask=call.mask, bias=call.bias, pattern=call.pattern,
-        query_offset=call.query_offset, scale=call.scale, dropout_rate=call.dropout_rate,
-        training=call.dropout_rate > 0.0, seed_generator=call.seed_generator, position_bias=call.position_bias,
+        call.query,
+        call.key,
+        call.value,
+        mask=call.mask,
+        bias=call.bias,
+        pattern=call.pattern,
+        query_offset=call.query_offset,
+        scale=call.scale,
+        dropout_rate=call.dropout_rate,
+        training=call.dropout_rate > 0.0,
+        seed_generator=call.seed_generator,
+        position_bias=call.position_bias,
     )
 
 
@@ -201,9 +210,7 @@ def _block_bias(plan, bias, parameters, query_block, key_block):
 
 def _dropout_keep_scale(plan, seed, query_block, key_block, shape, dtype):
     """`keep / (1 - rate)` for one block, regenerated identically in the backward pass."""
-    block_seed = tf.random.experimental.stateless_fold_in(
-        seed, query_block * plan.num_key_blocks + key_block
-    )
+    block_seed = tf.random.experimental.stateless_fold_in(seed, query_block * plan.num_key_blocks + key_block)
     keep = tf.random.stateless_uniform(shape, seed=block_seed) >= plan.dropout_rate
     return tf.cast(keep, dtype) / (1.0 - plan.dropout_rate)
 
@@ -232,7 +239,9 @@ def _forward(plan, mask, seed, scale, query, key, value, bias, parameters):
             return key_block + 1, accumulator, *_loop_state(statistics)
 
         start, stop = plan.key_blocks_for(query_block)
-        empty = streaming_softmax.RowStatistics.empty(tf.stack([batch, heads, plan.query_block, 1]), dtype, plan.has_any_bias)
+        empty = streaming_softmax.RowStatistics.empty(
+            tf.stack([batch, heads, plan.query_block, 1]), dtype, plan.has_any_bias
+        )
         accumulator = tf.zeros(tf.stack([batch, heads, plan.query_block, value.shape[-1]]), dtype)
         _, accumulator, *statistics = tf.while_loop(
             lambda key_block, *_: key_block < stop,
@@ -288,26 +297,32 @@ def _backward(plan, mask, seed, scale, inputs, output, row_statistics, output_gr
             logits = _block_logits(plan, mask, query_block, key_block, chunk, keys)
             stored = steps.block_rows(row_statistics, query_block, plan.query_block)  # (batch, heads, q_block, 2)
             weights = streaming_softmax.weights(
-                logits, scale, stored[..., :1], stored[..., 1:], _block_bias(plan, bias, parameters, query_block, key_block)
+                logits,
+                scale,
+                stored[..., :1],
+                stored[..., 1:],
+                _block_bias(plan, bias, parameters, query_block, key_block),
             )  # (batch, heads, q_block, k_block), normalised; 0 where masked
             weights_grad = tf.matmul(chunk_grad, values, transpose_b=True)  # (b, h, q_block, k_block)
             dropped = weights
             if plan.dropout_rate > 0.0:
-                keep_scale = _dropout_keep_scale(
-                    plan, seed, query_block, key_block, tf.shape(weights), dtype
-                )
+                keep_scale = _dropout_keep_scale(plan, seed, query_block, key_block, tf.shape(weights), dtype)
                 dropped, weights_grad = weights * keep_scale, weights_grad * keep_scale
             value_grad += tf.matmul(dropped, chunk_grad, transpose_a=True)  # (b, h, k_block, dv)
             row_delta = steps.block_rows(delta, query_block, plan.query_block)  # (batch, heads, q_block, 1)
             logits_grad = streaming_softmax.logits_gradient(weights, weights_grad, row_delta)  # dZ: (b, h, q, k)
-            key_grad += streaming_softmax.times_scale(scale, tf.matmul(logits_grad, chunk, transpose_a=True))  # (b, h, k, d)
+            key_grad += streaming_softmax.times_scale(
+                scale, tf.matmul(logits_grad, chunk, transpose_a=True)
+            )  # (b, h, k, d)
             query_side = tf.matmul(logits_grad, keys)  # dZ K: (batch, heads, q_block, depth)
             if scale is not None:
                 scale_grad += streaming_softmax.scale_gradient(chunk, query_side)
             query_grad = query_grads.read(query_block) + streaming_softmax.times_scale(scale, query_side)
             query_grads = query_grads.write(query_block, query_grad)
             if bias is not None:
-                bias_grads = blockwise_plan.accumulate_bias_grad(plan, bias, bias_grads, query_block, key_block, logits_grad)
+                bias_grads = blockwise_plan.accumulate_bias_grad(
+                    plan, bias, bias_grads, query_block, key_block, logits_grad
+                )
             parameter_grads = add_gradients(
                 parameter_grads,
                 bias_parameter_gradients(
@@ -353,5 +368,3 @@ def _backward(plan, mask, seed, scale, inputs, output, row_statistics, output_gr
     if bias is not None:
         grads.append(tf.cast(blockwise_plan.unblock_bias_grad(plan, bias, bias_grads.stack()), bias.dtype))
     return grads + list(parameter_grads)
-
-

@@ -8,11 +8,11 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from keras_attn.kernels import steps
-from keras_attn.kernels import streaming_softmax
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import pattern_mask
 from keras_attn.core.position_bias import block_positions
+from keras_attn.kernels import steps
+from keras_attn.kernels import streaming_softmax
 
 # Default block sizes grow with the length (about 16 blocks per axis) between these bounds:
 # small blocks skip more of a causal matrix at short lengths (128 was fastest at length 512 in
@@ -97,7 +97,9 @@ class BlockPlan:
         start, stop = self.pattern.query_range(
             first_col, first_col + self.key_block - 1, first_query, first_query + self.padded_query_len
         )
-        return (start - first_query) // self.query_block, (stop - first_query + self.query_block - 1) // self.query_block
+        return (start - first_query) // self.query_block, (
+            stop - first_query + self.query_block - 1
+        ) // self.query_block
 
 
 def length(tensor):

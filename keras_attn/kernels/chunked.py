@@ -30,10 +30,8 @@ import keras
 import tensorflow as tf
 
 from keras_attn import patterns
-from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.core.masks import may_empty_rows
 from keras_attn.core.masks import pattern_mask
-from keras_attn.kernels import streaming_softmax
 from keras_attn.core.position_bias import add_gradients
 from keras_attn.core.position_bias import bias_parameter_gradients
 from keras_attn.core.position_bias import block_positions
@@ -42,6 +40,8 @@ from keras_attn.core.position_bias import read_bias_parameters
 from keras_attn.core.position_bias import split_inputs
 from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import masked_softmax
+from keras_attn.kernels import streaming_softmax
+from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.utils import float_math_dtype
 
 # Queries per chunk: each chunk computes only the keys its pattern reaches.
@@ -81,9 +81,18 @@ def why_unsupported(call):
 def attend(call):
     """`chunked_attention` of an `AttentionCall`, in chunks of `QUERY_CHUNK_SIZE` queries."""
     return chunked_attention(
-        call.query, call.key, call.value, mask=call.mask, bias=call.bias, pattern=call.pattern,
-        query_offset=call.query_offset, scale=call.scale, dropout_rate=call.dropout_rate,
-        seed_generator=call.seed_generator, chunk_size=QUERY_CHUNK_SIZE, position_bias=call.position_bias,
+        call.query,
+        call.key,
+        call.value,
+        mask=call.mask,
+        bias=call.bias,
+        pattern=call.pattern,
+        query_offset=call.query_offset,
+        scale=call.scale,
+        dropout_rate=call.dropout_rate,
+        seed_generator=call.seed_generator,
+        chunk_size=QUERY_CHUNK_SIZE,
+        position_bias=call.position_bias,
     )
 
 
@@ -98,8 +107,10 @@ def pattern_query_chunks(query_len, key_len, chunk_size, pattern, query_offset=0
     for query_start in range(0, query_len, chunk_size):
         query_stop = min(query_start + chunk_size, query_len)
         # positions of the chunk's first and last queries among the keys
-        key_start, key_stop = (0, key_len) if pattern is None else pattern.key_range(
-            query_start + query_offset, query_stop - 1 + query_offset, key_len
+        key_start, key_stop = (
+            (0, key_len)
+            if pattern is None
+            else pattern.key_range(query_start + query_offset, query_stop - 1 + query_offset, key_len)
         )
         chunks.append(QueryChunk(query_start, query_stop, key_start, key_stop))
     return chunks
@@ -169,9 +180,14 @@ def chunked_attention(
     query, key = (tf.transpose(tf.cast(t, dtype), (0, 2, 1, 3)) for t in (query, key))  # (batch, heads, len, depth)
     value = tf.transpose(value, (0, 2, 1, 3))  # (batch, heads, key_len, value_depth)
     plan = _ChunkPlan(
-        chunks, chunk_masks, _keep_scales(chunks, query, dropout_rate, seed_generator),
-        rows_may_be_empty=may_empty_rows(mask, pattern), key_len=key_len, has_bias=bias is not None,
-        position_bias=position_bias, query_offset=query_offset,
+        chunks,
+        chunk_masks,
+        _keep_scales(chunks, query, dropout_rate, seed_generator),
+        rows_may_be_empty=may_empty_rows(mask, pattern),
+        key_len=key_len,
+        has_bias=bias is not None,
+        position_bias=position_bias,
+        query_offset=query_offset,
     )
     inputs = (query, key, value) + (() if bias is None else (tf.convert_to_tensor(bias),))
     inputs += read_bias_parameters(position_bias)
@@ -246,7 +262,9 @@ def _chunk_bias(plan, chunk, bias, parameters):
     """The additive bias `(batch | 1, heads, chunk_len | 1, chunk_keys | 1)` of a chunk: `bias` and the position bias, or `None`."""
     total = None if bias is None else tf.cast(_pairwise_slice(bias, chunk), float_math_dtype(bias.dtype))
     if plan.position_bias is not None:
-        position = tf.cast(plan.position_bias.block_bias(parameters, *plan.positions(chunk)), plan.position_bias.bias_dtype)
+        position = tf.cast(
+            plan.position_bias.block_bias(parameters, *plan.positions(chunk)), plan.position_bias.bias_dtype
+        )
         total = position if total is None else total + tf.cast(position, total.dtype)
     return total
 
@@ -360,4 +378,3 @@ def _bias_gradient(plan, bias, logits_grads):
     if bias.shape[2] == 1:
         return tf.add_n(per_chunk)
     return tf.concat(per_chunk, axis=2)
-

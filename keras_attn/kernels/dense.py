@@ -14,9 +14,9 @@ from keras_attn.core.masks import pattern_mask
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.softmax import attention_logits
 from keras_attn.core.softmax import fill_masked
+from keras_attn.core.softmax import mask_fill
 from keras_attn.core.softmax import shifted_logits
 from keras_attn.core.softmax import zero_masked
-from keras_attn.core.softmax import mask_fill
 from keras_attn.kernels import single_query
 
 
@@ -29,9 +29,18 @@ def why_unsupported(call):
 def attend(call):
     """`dense_attention` of an `AttentionCall`."""
     return dense_attention(
-        call.query, call.key, call.value, mask=call.mask, bias=call.bias, pattern=call.pattern,
-        query_offset=call.query_offset, scale=call.scale, dropout_rate=call.dropout_rate,
-        seed_generator=call.seed_generator, return_weights=call.return_weights, hard=call.hard,
+        call.query,
+        call.key,
+        call.value,
+        mask=call.mask,
+        bias=call.bias,
+        pattern=call.pattern,
+        query_offset=call.query_offset,
+        scale=call.scale,
+        dropout_rate=call.dropout_rate,
+        seed_generator=call.seed_generator,
+        return_weights=call.return_weights,
+        hard=call.hard,
         position_bias=call.position_bias,
     )
 

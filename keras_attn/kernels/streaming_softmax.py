@@ -175,7 +175,10 @@ def merge(parts, scale):
     """
     outputs, row_maxes, log_normalisers = zip(*parts)
     row_max = tf.reduce_max(tf.stack(row_maxes), 0)  # (..., rows, 1)
-    shares = [norm + times_scale(scale, part_max - finite_or_zero(row_max)) for part_max, norm in zip(row_maxes, log_normalisers)]
+    shares = [
+        norm + times_scale(scale, part_max - finite_or_zero(row_max))
+        for part_max, norm in zip(row_maxes, log_normalisers)
+    ]
     log_normaliser = tf.reduce_logsumexp(tf.stack(shares), 0)  # -inf for a row without allowed keys
     output = tf.add_n([part * tf.exp(share - finite_or_zero(log_normaliser)) for part, share in zip(outputs, shares)])
     return output, row_max, log_normaliser

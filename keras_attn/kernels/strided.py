@@ -65,7 +65,12 @@ def why_unsupported(call):
 def attend(call):
     """`strided_attention` of an `AttentionCall`."""
     return strided_attention(
-        call.query, call.key, call.value, mask=call.mask, pattern=call.pattern, query_offset=call.query_offset,
+        call.query,
+        call.key,
+        call.value,
+        mask=call.mask,
+        pattern=call.pattern,
+        query_offset=call.query_offset,
         scale=call.scale,
     )
 
@@ -128,7 +133,11 @@ def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0
     query, scale = streaming_softmax.fold_scale(tf.cast(query, dtype), scale)  # logits in float32 whatever the dtype
     scale = None if scale is None else tf.convert_to_tensor(scale, dtype)
     query, key, value = (tf.transpose(tf.cast(t, dtype), (0, 2, 1, 3)) for t in (query, key, value))  # (b, h, len, d)
-    masks = strided_layout.PartMasks(None, None) if mask is None else strided_layout.PartMasks.of(tf.cast(mask, tf.bool), plan)
+    masks = (
+        strided_layout.PartMasks(None, None)
+        if mask is None
+        else strided_layout.PartMasks.of(tf.cast(mask, tf.bool), plan)
+    )
     output = streaming_softmax.custom_gradient(  # (batch, heads, query_len, value_depth); the gradient recomputes
         lambda scale, *inputs: _forward(plan, masks, scale, *inputs),
         lambda scale, inputs, output, statistics, output_gradient: _backward(
@@ -160,7 +169,9 @@ def _forward(plan, masks, scale, query, key, value):
     if plan.band_width == 0:
         return output, statistics
     band_output, band_statistics = _band_forward(plan, masks, scale, query, key, value)
-    parts = [(part, stats[..., :1], stats[..., 1:]) for part, stats in ((output, statistics), (band_output, band_statistics))]
+    parts = [
+        (part, stats[..., :1], stats[..., 1:]) for part, stats in ((output, statistics), (band_output, band_statistics))
+    ]
     output, row_max, log_normaliser = streaming_softmax.merge(parts, scale)
     return output, tf.concat([row_max, log_normaliser], -1)
 
@@ -176,15 +187,23 @@ def _band_forward(plan, masks, scale, query, key, value):
     outputs, statistics = tf.while_loop(
         lambda index, *_: index < plan.num_chunks,
         step,
-        (0, steps.step_array(query, plan.num_chunks, plan.chunk, value.shape[-1]), steps.step_array(query, plan.num_chunks, plan.chunk, 2)),
+        (
+            0,
+            steps.step_array(query, plan.num_chunks, plan.chunk, value.shape[-1]),
+            steps.step_array(query, plan.num_chunks, plan.chunk, 2),
+        ),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )[1:]
     return (steps.unstack_steps(array.stack())[:, :, : plan.query_len] for array in (outputs, statistics))
 
 
 def _strided_forward(plan, masks, scale, query, key, value):
-    query_grid = strided_layout.to_grid(query, plan.front, plan.query_rows, plan.stride)  # (batch, heads, stride, u, depth)
-    key_grid, value_grid = (strided_layout.to_grid(t, 0, plan.key_rows, plan.stride) for t in (key, value))  # (b, h, s, m, d)
+    query_grid = strided_layout.to_grid(
+        query, plan.front, plan.query_rows, plan.stride
+    )  # (batch, heads, stride, u, depth)
+    key_grid, value_grid = (
+        strided_layout.to_grid(t, 0, plan.key_rows, plan.stride) for t in (key, value)
+    )  # (b, h, s, m, d)
 
     def step(index, outputs, statistics):
         _, _, logits, allowed = strided_layout.grid_block(plan, masks, index, query_grid, key_grid)
@@ -195,10 +214,19 @@ def _strided_forward(plan, masks, scale, query, key, value):
     outputs, statistics = tf.while_loop(
         lambda index, *_: index < plan.num_steps,
         step,
-        (0, *(steps.step_array(query, plan.num_steps, plan.residues_per_step, plan.query_rows, depth) for depth in (value.shape[-1], 2))),
+        (
+            0,
+            *(
+                steps.step_array(query, plan.num_steps, plan.residues_per_step, plan.query_rows, depth)
+                for depth in (value.shape[-1], 2)
+            ),
+        ),
         parallel_iterations=_PARALLEL_ITERATIONS,
     )[1:]
-    return (strided_layout.from_grid(steps.unstack_steps(array.stack()), plan.front, plan.query_len) for array in (outputs, statistics))
+    return (
+        strided_layout.from_grid(steps.unstack_steps(array.stack()), plan.front, plan.query_len)
+        for array in (outputs, statistics)
+    )
 
 
 def _backward(plan, masks, scale, inputs, output, statistics, output_gradient):
@@ -215,7 +243,11 @@ def _backward(plan, masks, scale, inputs, output, statistics, output_gradient):
     if plan.band_width:
         grads = [a + b for a, b in zip(grads, _band_backward(plan, masks, scale, inputs, rows))]
     query_side, key_side, value_grad = grads
-    scaled = [streaming_softmax.times_scale(scale, query_side), streaming_softmax.times_scale(scale, key_side), value_grad]
+    scaled = [
+        streaming_softmax.times_scale(scale, query_side),
+        streaming_softmax.times_scale(scale, key_side),
+        value_grad,
+    ]
     return scaled if scale is None else [streaming_softmax.scale_gradient(inputs[0], query_side), *scaled]
 
 
@@ -241,7 +273,10 @@ def _band_backward(plan, masks, scale, inputs, rows):
     query = strided_layout.pad_chunks(plan, query)
     rows = [strided_layout.pad_chunks(plan, t) for t in rows]  # output gradient, delta, statistics
     inputs = (query, key, value)
-    return [_band_query_gradient(plan, masks, scale, inputs, rows), *_band_key_gradients(plan, masks, scale, inputs, rows)]
+    return [
+        _band_query_gradient(plan, masks, scale, inputs, rows),
+        *_band_key_gradients(plan, masks, scale, inputs, rows),
+    ]
 
 
 def _band_query_gradient(plan, masks, scale, inputs, rows):
@@ -303,8 +338,12 @@ def _band_key_gradients(plan, masks, scale, inputs, rows):
 
 def _strided_backward(plan, masks, scale, inputs, rows):
     query, key, value = inputs
-    query_grid = strided_layout.to_grid(query, plan.front, plan.query_rows, plan.stride)  # (batch, heads, stride, u, depth)
-    key_grid, value_grid = (strided_layout.to_grid(t, 0, plan.key_rows, plan.stride) for t in (key, value))  # (b, h, s, m, d)
+    query_grid = strided_layout.to_grid(
+        query, plan.front, plan.query_rows, plan.stride
+    )  # (batch, heads, stride, u, depth)
+    key_grid, value_grid = (
+        strided_layout.to_grid(t, 0, plan.key_rows, plan.stride) for t in (key, value)
+    )  # (b, h, s, m, d)
     row_grids = [strided_layout.to_grid(t, plan.front, plan.query_rows, plan.stride) for t in rows]  # (b, h, s, u, ·)
 
     def step(index, query_grads, key_grads, value_grads):
@@ -334,5 +373,3 @@ def _strided_backward(plan, masks, scale, inputs, rows):
         strided_layout.from_grid(key_grad, 0, plan.key_len),
         strided_layout.from_grid(value_grad, 0, plan.key_len),
     ]
-
-

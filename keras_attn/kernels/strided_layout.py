@@ -66,7 +66,9 @@ class StridedPlan:
         """Grid columns (residue classes) per loop step: the largest divisor of `stride` whose
         `(query_rows, key_rows)` logits fit `STRIDED_STEP_SIZE` (at least one)."""
         cells = max(1, self.query_rows * self.key_rows)
-        return max(d for d in range(1, self.stride + 1) if self.stride % d == 0 and (d == 1 or d * cells <= STRIDED_STEP_SIZE))
+        return max(
+            d for d in range(1, self.stride + 1) if self.stride % d == 0 and (d == 1 or d * cells <= STRIDED_STEP_SIZE)
+        )
 
     @property
     def num_steps(self):
@@ -83,7 +85,9 @@ def plan_of(pattern, query_len, key_len, query_offset):
             ranges.append(band.key_range(query_offset + start, query_offset + last, key_len))
     width = max((stop - start for start, stop in ranges), default=0)
     key_chunk = max(1, min(BAND_CHUNK_SIZE, key_len))
-    query_starts, query_width = band_query_slices(band, key_chunk, query_len, key_len, query_offset) if width else ((), 0)
+    query_starts, query_width = (
+        band_query_slices(band, key_chunk, query_len, key_len, query_offset) if width else ((), 0)
+    )
     return StridedPlan(
         pattern=pattern,
         stride=stride,

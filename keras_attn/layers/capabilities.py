@@ -80,7 +80,9 @@ def describe(value):
 def check_call(layer, query, value=None, key=None, attention_mask=None, use_causal_mask=False):
     """Raises the `unsupported` error for the first call argument `layer`'s family cannot take."""
     capabilities = type(layer).capabilities
-    distinct = {name: tensor for name, tensor in (("value", value), ("key", key)) if tensor is not None and tensor is not query}
+    distinct = {
+        name: tensor for name, tensor in (("value", value), ("key", key)) if tensor is not None and tensor is not query
+    }
     if distinct and not capabilities.cross:
         shapes = ", ".join(f"{name}.shape={describe(tensor)}" for name, tensor in distinct.items())
         raise unsupported(layer, "cross", f"a `value`/`key` other than `query` ({shapes}); call it with value=None")

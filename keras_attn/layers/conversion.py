@@ -147,7 +147,9 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
             "these as they are):\n" + "\n".join(f"  {path}: {reason}" for path, reason in unconverted)
         )
     if unconverted:
-        warnings.warn(f"keras_attn.convert kept {len(unconverted)} attention layer(s) unconverted:\n{report}", stacklevel=2)
+        warnings.warn(
+            f"keras_attn.convert kept {len(unconverted)} attention layer(s) unconverted:\n{report}", stacklevel=2
+        )
 
     def clone_layer(layer):
         factory = decisions.get(id(layer))
@@ -177,7 +179,11 @@ def _attention_layers(model):
                 "sublayers: convert replaces layers of Functional and Sequential models only (build "
                 f"`{type(layer).__name__}` with keras_attn.MultiHeadAttention instead)"
             )
-        children = layer.layers if isinstance(layer, keras.Model) else layer._flatten_layers(include_self=False, recursive=False)
+        children = (
+            layer.layers
+            if isinstance(layer, keras.Model)
+            else layer._flatten_layers(include_self=False, recursive=False)
+        )
         for child in children:
             visit(child, f"{path}/{child.name}", container)
 

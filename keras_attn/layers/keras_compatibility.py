@@ -105,19 +105,40 @@ def hooked_attention(
 
 
 def call_over_attention_axes(
-    layer, query, value, key, query_mask, value_mask, key_mask, attention_mask,
-    return_attention_scores, training, use_causal_mask, attention_bias, cache, cache_update_index,
+    layer,
+    query,
+    value,
+    key,
+    query_mask,
+    value_mask,
+    key_mask,
+    attention_mask,
+    return_attention_scores,
+    training,
+    use_causal_mask,
+    attention_bias,
+    cache,
+    cache_update_index,
 ):
     """Keras's einsum path for other ranks, axes and output shapes, with this layer's masking rules."""
     unsupported = {"attention_bias": attention_bias, "cache": cache, "cache_update_index": cache_update_index}
     _refuse_sequence_only(layer, unsupported, f"query.shape={tuple(query.shape)}", quote_value=False)
     mask = layer._compute_attention_mask(
-        query, value, query_mask=query_mask, value_mask=value_mask, key_mask=key_mask,
-        attention_mask=attention_mask, use_causal_mask=use_causal_mask,
+        query,
+        value,
+        query_mask=query_mask,
+        value_mask=value_mask,
+        key_mask=key_mask,
+        attention_mask=attention_mask,
+        use_causal_mask=use_causal_mask,
     )
     gate = layer._gate_dense(query) if layer._use_gate else None
     attended, weights = layer._compute_attention(
-        layer._query_dense(query), layer._key_dense(key), layer._value_dense(value), mask, training,
+        layer._query_dense(query),
+        layer._key_dense(key),
+        layer._value_dense(value),
+        mask,
+        training,
         return_attention_scores,
     )
     if gate is not None:

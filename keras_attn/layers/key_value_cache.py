@@ -48,8 +48,7 @@ def projected(layer, query, key, value, cache, cache_update_index):
     if cache is None:
         if cache_update_index is not None:
             raise ValueError(
-                "`cache_update_index` needs a `cache`. Received: cache=None, "
-                f"cache_update_index={cache_update_index}"
+                f"`cache_update_index` needs a `cache`. Received: cache=None, cache_update_index={cache_update_index}"
             )
         return (*project(layer, query, key, value), None)
     return _updated(layer, cache, query, key, value, cache_update_index)
@@ -66,8 +65,12 @@ def attention_options(layer, mask, attention_bias, use_causal_mask, ring, cache_
             mask=mask, bias=bias, is_causal=False, sliding_window=None, pattern=None, query_offset=0, position_bias=None
         )
     return dict(
-        mask=mask, bias=attention_bias, is_causal=bool(use_causal_mask),  # Keras takes any truthy value
-        sliding_window=layer.sliding_window, pattern=layer.attention_pattern, query_offset=offset,
+        mask=mask,
+        bias=attention_bias,
+        is_causal=bool(use_causal_mask),  # Keras takes any truthy value
+        sliding_window=layer.sliding_window,
+        pattern=layer.attention_pattern,
+        query_offset=offset,
         position_bias=layer.position_bias,
     )
 
@@ -159,8 +162,15 @@ def _check_cache_bounds(cache_update_index, new_len, max_len):
     index = tf.cast(cache_update_index, "int32")
     fits = tf.logical_and(index >= 0, index + tf.cast(new_len, "int32") <= tf.cast(max_len, "int32"))
     check = tf.debugging.Assert(
-        fits, ["`cache_update_index` out of the cache: cache_update_index=", index, "new tokens:", new_len,
-               "cache length:", max_len]
+        fits,
+        [
+            "`cache_update_index` out of the cache: cache_update_index=",
+            index,
+            "new tokens:",
+            new_len,
+            "cache length:",
+            max_len,
+        ],
     )
     with tf.control_dependencies([check]):
         return tf.identity(index)

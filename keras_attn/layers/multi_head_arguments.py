@@ -17,8 +17,22 @@ from keras_attn.validation import check_scale
 
 
 def checked_pattern(
-    *, num_heads, key_dim, value_dim, dropout, use_bias, output_shape, attention_axes, sliding_window,
-    flash_attention, use_gate, num_key_value_heads, implementation, scale, hard, attention_pattern,
+    *,
+    num_heads,
+    key_dim,
+    value_dim,
+    dropout,
+    use_bias,
+    output_shape,
+    attention_axes,
+    sliding_window,
+    flash_attention,
+    use_gate,
+    num_key_value_heads,
+    implementation,
+    scale,
+    hard,
+    attention_pattern,
 ):
     """Checks every argument; returns `attention_pattern` as a `keras_attn.patterns.Pattern` (or `None`)."""
     for name, size in (("num_heads", num_heads), ("key_dim", key_dim), ("value_dim", value_dim)):
@@ -44,5 +58,7 @@ def checked_pattern(
     check_choice("implementation", implementation, ATTENTION_IMPLEMENTATIONS)
     trailing = (output_shape,) if isinstance(output_shape, int) else output_shape
     if isinstance(trailing, (list, tuple)) and not all(isinstance(d, int) and d > 0 for d in trailing):
-        raise ValueError(f"Invalid `output_shape`: its sizes must be positive ints. Received: output_shape={output_shape}")
+        raise ValueError(
+            f"Invalid `output_shape`: its sizes must be positive ints. Received: output_shape={output_shape}"
+        )
     return attention_pattern

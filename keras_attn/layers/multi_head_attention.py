@@ -10,19 +10,19 @@ other axes, a subclass's `_compute_attention` hook, the shape and axes checks).
 import keras
 from keras import ops
 
+from keras_attn.core import position_bias as position_biases
+from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.core.softmax import zero_masked
 from keras_attn.layers import keras_compatibility
 from keras_attn.layers import key_value_cache
-from keras_attn.core import position_bias as position_biases
 from keras_attn.layers import projections
 from keras_attn.layers import window_cache
-from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.layers.capabilities import AttentionCapabilities
 from keras_attn.layers.capabilities import check_call
 from keras_attn.layers.mask_arguments import as_4d_mask
 from keras_attn.layers.mask_arguments import check_mask_shapes
 from keras_attn.layers.mask_arguments import merged_mask
 from keras_attn.layers.multi_head_arguments import checked_pattern
-from keras_attn.core.softmax import zero_masked
 from keras_attn.utils import keras_mask
 
 
@@ -152,7 +152,13 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     """
 
     capabilities = AttentionCapabilities(
-        causal=True, cross=True, padding_mask=True, attention_mask=True, cache="key_value", scores=True, onnx=True,
+        causal=True,
+        cross=True,
+        padding_mask=True,
+        attention_mask=True,
+        cache="key_value",
+        scores=True,
+        onnx=True,
         softmax=True,
     )
     causal = False  # a subclass with `causal = True` (`CausalSelfAttention`) is causal on every call
@@ -186,10 +192,21 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         **kwargs,
     ):
         attention_pattern = checked_pattern(
-            num_heads=num_heads, key_dim=key_dim, value_dim=value_dim, dropout=dropout, use_bias=use_bias,
-            output_shape=output_shape, attention_axes=attention_axes, sliding_window=sliding_window,
-            flash_attention=flash_attention, use_gate=use_gate, num_key_value_heads=num_key_value_heads,
-            implementation=implementation, scale=scale, hard=hard, attention_pattern=attention_pattern,
+            num_heads=num_heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            use_bias=use_bias,
+            output_shape=output_shape,
+            attention_axes=attention_axes,
+            sliding_window=sliding_window,
+            flash_attention=flash_attention,
+            use_gate=use_gate,
+            num_key_value_heads=num_key_value_heads,
+            implementation=implementation,
+            scale=scale,
+            hard=hard,
+            attention_pattern=attention_pattern,
         )
         super().__init__(
             num_heads,
@@ -279,7 +296,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         self._key_dense.build(key_shape)
         # The gate is built before the value projection: Keras's weight order for `set_weights`.
         if self._use_gate:
-            self._gate_dense = projections.projection(self, "gate", self._num_heads, self._value_dim, activation="sigmoid")
+            self._gate_dense = projections.projection(
+                self, "gate", self._num_heads, self._value_dim, activation="sigmoid"
+            )
             self._gate_dense.build(query_shape)
         self._value_dense = projections.projection(self, "value", self._num_key_value_heads, self._value_dim)
         self._value_dense.build(value_shape)
@@ -319,8 +338,20 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             key = value
         if not self._sequence_attention:
             return keras_compatibility.call_over_attention_axes(
-                self, query, value, key, query_mask, value_mask, key_mask, attention_mask,
-                return_attention_scores, training, use_causal_mask, attention_bias, cache, cache_update_index,
+                self,
+                query,
+                value,
+                key,
+                query_mask,
+                value_mask,
+                key_mask,
+                attention_mask,
+                return_attention_scores,
+                training,
+                use_causal_mask,
+                attention_bias,
+                cache,
+                cache_update_index,
             )
         ring = cache is not None and window_cache.is_window_cache(self._sliding_window, cache, cache_update_index)
         query_mask, value_mask, key_mask = key_value_cache.padding_masks(
@@ -349,7 +380,13 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         else:  # a subclass's hook
             attended, weights = keras_compatibility.hooked_attention(
-                self, projected_query, projected_key, projected_value, attention_bias, options, training,
+                self,
+                projected_query,
+                projected_key,
+                projected_value,
+                attention_bias,
+                options,
+                training,
                 return_attention_scores,
             )
         return self._finish(query, attended, weights, cache, return_attention_scores)
@@ -358,9 +395,17 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         """`scaled_dot_product_attention` with the layer's scale, dropout (the seed generator of Keras's
         dropout layer, one per layer), `implementation` and `hard`: `(output, weights or None)`."""
         attention = scaled_dot_product_attention(
-            query, key, value, scale=self._scale, dropout_rate=self._dropout, training=training,
+            query,
+            key,
+            value,
+            scale=self._scale,
+            dropout_rate=self._dropout,
+            training=training,
             seed_generator=self._dropout_layer.seed_generator if self._dropout > 0 else None,
-            return_weights=return_attention_scores, implementation=self.implementation, hard=self._hard, **options,
+            return_weights=return_attention_scores,
+            implementation=self.implementation,
+            hard=self._hard,
+            **options,
         )
         return attention if return_attention_scores else (attention, None)
 
@@ -372,7 +417,13 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         return _results(output, weights, cache, return_attention_scores)
 
     def _compute_attention(
-        self, query, key, value, attention_mask=None, training=None, return_attention_scores=False,
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
         use_causal_mask=False,
     ):
         """The attention computation over projected tensors: `(output, scores or None)`.
@@ -417,8 +468,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         if use_causal_mask:
             causal = self._compute_causal_mask(query, value)  # (1, query_len, key_len)
-            attention_mask = causal if attention_mask is None else ops.logical_and(
-                ops.cast(attention_mask, "bool"), causal
+            attention_mask = (
+                causal if attention_mask is None else ops.logical_and(ops.cast(attention_mask, "bool"), causal)
             )
         return super()._compute_attention(query, key, value, attention_mask, training, return_attention_scores)
 
@@ -461,11 +512,22 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         if return_attention_scores:
             if len(query.shape) != 3:  # the scores' axes follow `attention_axes`: trace them
                 return keras.src.backend.compute_output_spec(
-                    self.call, query, value, key, query_mask, value_mask, key_mask, attention_mask,
-                    True, training, use_causal_mask,
+                    self.call,
+                    query,
+                    value,
+                    key,
+                    query_mask,
+                    value_mask,
+                    key_mask,
+                    attention_mask,
+                    True,
+                    training,
+                    use_causal_mask,
                 )
-            key_len = value.shape[1] if cache is None else key_value_cache.key_length(
-                self._sliding_window, cache, cache_update_index, query.shape[1]
+            key_len = (
+                value.shape[1]
+                if cache is None
+                else key_value_cache.key_length(self._sliding_window, cache, cache_update_index, query.shape[1])
             )
             weights = keras.KerasTensor((query.shape[0], self._num_heads, query.shape[1], key_len), self.compute_dtype)
         output = keras.KerasTensor(output_shape, self.compute_dtype)

@@ -94,7 +94,9 @@ def output_projection(layer, attended):
     batch, length = ops.shape(attended)[0], ops.shape(attended)[1]
     attended = ops.reshape(attended, (batch, length, width))  # (batch, query_len, heads * value_dim)
     bias = layer._output_dense.bias if layer.use_bias else None
-    return affine(attended, ops.reshape(kernel, (width, -1)), bias, layer.compute_dtype)  # (batch, query_len, output_dim)
+    return affine(
+        attended, ops.reshape(kernel, (width, -1)), bias, layer.compute_dtype
+    )  # (batch, query_len, output_dim)
 
 
 def affine(inputs, kernel, bias, dtype):

@@ -34,7 +34,9 @@ def cache_length(sliding_window, max_length):
 def is_window_cache(sliding_window, cache, cache_update_index):
     """Whether a cached call writes into a ring buffer: a windowed layer and a cache of `sliding_window` slots."""
     shape = getattr(cache, "shape", ())  # a malformed cache is refused with the full-length cache's error
-    return sliding_window is not None and cache_update_index is not None and len(shape) > 2 and shape[2] == sliding_window
+    return (
+        sliding_window is not None and cache_update_index is not None and len(shape) > 2 and shape[2] == sliding_window
+    )
 
 
 def check_causal(use_causal_mask, sliding_window, cache):

@@ -3,8 +3,8 @@
 import keras
 from keras import ops
 
-from keras_attn.validation import check_positive_int
 from keras_attn.validation import check_position
+from keras_attn.validation import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

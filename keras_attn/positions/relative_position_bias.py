@@ -7,8 +7,8 @@ from keras import ops
 
 from keras_attn.core.position_bias import PositionBias
 from keras_attn.core.position_bias import relative_positions
-from keras_attn.validation import check_positive_int
 from keras_attn.validation import check_bool
+from keras_attn.validation import check_positive_int
 
 
 def relative_position_buckets(relative_position, bidirectional=True, num_buckets=32, max_distance=128):

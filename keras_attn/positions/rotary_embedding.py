@@ -5,8 +5,8 @@ from keras import ops
 
 from keras_attn.positions.sinusoidal_position_encoding import check_max_wavelength
 from keras_attn.positions.sinusoidal_position_encoding import inverse_frequencies
-from keras_attn.utils import float_math_dtype
 from keras_attn.positions.sinusoidal_position_encoding import positions
+from keras_attn.utils import float_math_dtype
 from keras_attn.validation import check_number
 
 

@@ -3,10 +3,10 @@
 import keras
 from keras import ops
 
-from keras_attn.validation import check_positive_int
-from keras_attn.validation import check_position
 from keras_attn.utils import float_math_dtype
 from keras_attn.validation import check_number
+from keras_attn.validation import check_position
+from keras_attn.validation import check_positive_int
 
 _MERGE_MODES = ("add", "concat")
 
@@ -14,7 +14,6 @@ _MERGE_MODES = ("add", "concat")
 def check_max_wavelength(max_wavelength):
     """Raises a `ValueError` unless `max_wavelength` is a finite number greater than 1."""
     check_number("max_wavelength", max_wavelength, above=1)
-
 
 
 def inverse_frequencies(dim, max_wavelength, dtype="float32"):

@@ -5,12 +5,12 @@ import math
 import keras
 from keras import ops
 
-from keras_attn.validation import check_positive_int
-from keras_attn.utils import checked_ids
-from keras_attn.utils import clone_initializer
 from keras_attn.positions.position_embedding import PositionEmbedding
 from keras_attn.positions.sinusoidal_position_encoding import SinusoidalPositionEncoding
+from keras_attn.utils import checked_ids
+from keras_attn.utils import clone_initializer
 from keras_attn.validation import check_bool
+from keras_attn.validation import check_positive_int
 
 _POSITION_ENCODINGS = ("learned", "sinusoidal")
 PADDING_ID = 0  # the token id that `mask_zero=True` masks: every model's vocabulary reserves it

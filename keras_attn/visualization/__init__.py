@@ -14,8 +14,24 @@ from keras_attn.visualization.explorer import write_explorer
 from keras_attn.visualization.maps import AttentionMap
 from keras_attn.visualization.maps import attention_maps
 from keras_attn.visualization.maps import focus
+from keras_attn.visualization.plots import figure_data_uri
 from keras_attn.visualization.plots import plot_head
 from keras_attn.visualization.plots import plot_heads
-from keras_attn.visualization.plots import figure_data_uri
 from keras_attn.visualization.plots import plot_model
 from keras_attn.visualization.plots import save_figure
+
+__all__ = [
+    "AttentionCapture",
+    "AttentionMap",
+    "attention_maps",
+    "attention_weights",
+    "explorer_html",
+    "figure_data_uri",
+    "focus",
+    "plot_head",
+    "plot_heads",
+    "plot_model",
+    "save_figure",
+    "token_highlight_html",
+    "write_explorer",
+]

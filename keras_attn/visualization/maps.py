@@ -36,7 +36,10 @@ class AttentionMap:
                 f"`weights` of {self.name!r} must be (heads, query_len, key_len). Received: shape={weights.shape}"
             )
         _, query_len, key_len = weights.shape
-        for argument, tokens, length in (("query_tokens", self.query_tokens, query_len), ("key_tokens", self.key_tokens, key_len)):
+        for argument, tokens, length in (
+            ("query_tokens", self.query_tokens, query_len),
+            ("key_tokens", self.key_tokens, key_len),
+        ):
             if len(tokens) != length:
                 raise ValueError(
                     f"`{argument}` of {self.name!r} must have one label per position ({length}). "
@@ -47,7 +50,9 @@ class AttentionMap:
         object.__setattr__(self, "key_tokens", tuple(str(token) for token in self.key_tokens))
         for name, length in (("query_positions", query_len), ("key_positions", key_len)):
             positions = getattr(self, name)
-            object.__setattr__(self, name, tuple(range(length)) if positions is None else tuple(int(p) for p in positions))
+            object.__setattr__(
+                self, name, tuple(range(length)) if positions is None else tuple(int(p) for p in positions)
+            )
 
     @property
     def num_heads(self):

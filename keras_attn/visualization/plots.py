@@ -20,8 +20,7 @@ def _pyplot():
         from matplotlib import pyplot
     except ImportError as error:  # pragma: no cover - depends on the environment
         raise ImportError(
-            'Attention figures need matplotlib: `pip install "keras-attn[viz]"` '
-            "(or `pip install matplotlib`)."
+            'Attention figures need matplotlib: `pip install "keras-attn[viz]"` (or `pip install matplotlib`).'
         ) from error
     return pyplot
 
@@ -32,7 +31,9 @@ def _tick_step(count, max_ticks):
 
 def _draw(ax, weights, attention_map, max_ticks, labels=True):
     """One head's `(query_len, key_len)` weights as an image on `ax`; returns the image."""
-    image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=max(float(weights.max()), 1e-6), aspect="auto", interpolation="nearest")
+    image = ax.imshow(
+        weights, cmap="viridis", vmin=0.0, vmax=max(float(weights.max()), 1e-6), aspect="auto", interpolation="nearest"
+    )
     if not labels:
         ax.set_xticks([])
         ax.set_yticks([])
@@ -104,7 +105,9 @@ def plot_model(attention_maps, max_queries=64, max_keys=64, labelled=False, max_
     columns = max(attention_map.num_heads for attention_map in attention_maps)
     rows = len(attention_maps)
     size = 4.0 if labelled else 2.2
-    figure, axes = pyplot.subplots(rows, columns, figsize=(size * columns, size * rows + 0.4), layout="constrained", squeeze=False)
+    figure, axes = pyplot.subplots(
+        rows, columns, figsize=(size * columns, size * rows + 0.4), layout="constrained", squeeze=False
+    )
     for row, attention_map in enumerate(attention_maps):
         shown = focus(attention_map, max_queries, max_keys)
         for head in range(columns):
