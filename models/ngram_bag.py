@@ -44,7 +44,7 @@ class NgramBag(keras.layers.Layer):
       (q / |q|))` with `p = 1 + (documents of label 1 holding the feature)` and `q` the same for
       label 0: the evidence of the feature for label 1 under naive Bayes (needs the labels).
       A logistic regression on these values is NBSVM's NB-LR; on IMDB it beats the TF-IDF one
-      (README, the main job).
+      (docs/models/imdb_classifier.md).
 
     Padding and out-of-vocabulary tokens, and bigrams that contain one, are not features. The
     vector is L2-normalised and multiplied by `scale`.

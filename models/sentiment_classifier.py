@@ -43,7 +43,7 @@ ATTENTION_INPUTS = ("tokens", "ngrams")
 
 @dataclasses.dataclass(frozen=True)
 class SentimentClassifierConfig:
-    """Sizes of the classifier; the defaults are the configuration the README reports.
+    """Sizes of the classifier; the defaults are the configuration the IMDB model card reports.
 
     Attributes:
         vocabulary_size: token vocabulary, padding (0) and OOV (1) included.

@@ -115,7 +115,7 @@ def find(wanted):
         print(
             f"No pretrained encoder at {wanted.directory}: the attention branch starts from random weights. "
             f"`{COMMAND} --output-dir {wanted.directory}` (same --data and model flags) pretrains one, which "
-            "this command then starts from (README, the IMDB ablation: its default 2 epochs do not help yet).",
+            "this command then starts from (docs/models/imdb_classifier.md, the ablation: its default 2 epochs do not help yet).",
             flush=True,
         )
         return None

@@ -20,7 +20,7 @@ is written with its configuration and vocabulary (`pipelines.encoder_checkpoint`
 The defaults (the classifier's encoder, dropout 0.1, batch 32, learning rate 2e-3, 2 epochs of 699
 steps) took 29.5 minutes on 2 CPU cores shared with other work (load 4-6); about two thirds of a
 step is the 20,000-way softmax at the masked positions. That is too short to help the classifier
-(README, IMDB ablation); `--epochs N` continues a finished run.
+(the IMDB model card's ablation, docs/models/imdb_classifier.md); `--epochs N` continues a finished run.
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """Headless Chromium for page tests: Debian's `chromium` driven by playwright's Python package.
 
-Set-up (see README): `apt-get install -y chromium` and `pip install -e '.[test]'` (playwright).
+Set-up (the Makefile's `browser` target does it): `apt-get install -y chromium` and `pip install -e '.[test]'` (playwright).
 Playwright's own browser download is not used. Without a browser the tests skip, saying what to
 install; with CI=true they fail instead.
 """

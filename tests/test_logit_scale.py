@@ -101,7 +101,7 @@ def test_the_dense_kernel_has_finite_gradients_for_beta_up_to_the_float32_limit(
     """Rows saturated to one-hot weights have a zero logits gradient: exactly, on the dense kernel.
 
     (The streaming kernels subtract FlashAttention's `rowsum(dO * O)`, whose float32 rounding
-    against `dO V^T` is multiplied by beta there; the README's reliability section says so.)
+    against `dO V^T` is multiplied by beta there; the quickstart guide's limits say so.)
     """
     query, key, value, mask = _huge_logit_inputs(seed=7)
     query, key = query * 1e-8, key * 1e-8
