@@ -1,8 +1,6 @@
-"""The fenced code blocks of a Markdown page, each one a pytest case named after the section it sits in."""
+"""The ```python blocks of a Markdown page, each named after the section it sits in, to run one test each."""
 
 import re
-
-import pytest
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 _HEADING = re.compile(r"^#+ (.+)$", re.MULTILINE)
@@ -13,8 +11,8 @@ def _slug(heading):
 
 
 def python_examples(page):
-    """One `pytest.param` per ```python block of `page`: the code, preceded by blank lines so that a
-    traceback's line numbers are the page's, with the id `<section>-<n>` (the n-th block of the section)."""
+    """`(name, code)` for each ```python block of `page`: `name` is `<section>-<n>` (the n-th block of
+    the section), `code` is preceded by blank lines so that a traceback's line numbers are the page's."""
     text = page.read_text(encoding="utf-8")
     examples, seen = [], {}
     for fence in _FENCE.finditer(text):
@@ -24,7 +22,7 @@ def python_examples(page):
         section = _slug(headings[-1]) if headings else "top"
         seen[section] = seen.get(section, 0) + 1
         first_line = text.count("\n", 0, fence.start(2))
-        examples.append(pytest.param("\n" * first_line + fence.group(2), id=f"{section}-{seen[section]}"))
+        examples.append((f"{section}-{seen[section]}", "\n" * first_line + fence.group(2)))
     return examples
 
 

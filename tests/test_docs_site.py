@@ -1,7 +1,7 @@
 """The reference site, built as `make docs` builds it and opened in a real browser: every page
 loads without console errors, every internal link and anchor resolves, and every public name of
 `keras_attn` has a page, reachable from the index, with its signature, arguments and an example.
-The guides' Python examples run as written."""
+The pages' Python examples run as written, each as its own test."""
 
 import functools
 import http.server
@@ -16,6 +16,8 @@ import pytest
 
 import keras_attn
 from tests.browser import open_url
+from tests.markdown_examples import python_examples
+from tests.markdown_examples import run_example
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = [name for name in keras_attn.__all__ if not name.startswith("__")]
@@ -83,12 +85,17 @@ def test_every_page_loads_every_link_resolves_and_every_public_name_has_its_page
             assert "Parameters:" in text, f"keras_attn.{name}: no arguments"
 
 
-def test_the_guides_python_examples_run():
-    blocks = [
-        block
-        for guide in sorted((REPO_ROOT / "docs").rglob("*.md"))
-        for block in re.findall(r"```python\n(.*?)```", guide.read_text(), flags=re.DOTALL)
-    ]
-    assert len(blocks) >= 4
-    for block in blocks:
-        exec(compile(block, "docs", "exec"), {"__name__": "docs_example"})
+PAGE_EXAMPLES = [
+    pytest.param(code, page, id=f"{page.relative_to(REPO_ROOT / 'docs')}::{name}")
+    for page in sorted((REPO_ROOT / "docs").rglob("*.md"))
+    for name, code in python_examples(page)
+]
+
+
+def test_the_pages_have_python_examples():
+    assert len(PAGE_EXAMPLES) >= 4
+
+
+@pytest.mark.parametrize("code,page", PAGE_EXAMPLES)
+def test_the_pages_python_examples_run(code, page):
+    run_example(code, page)

@@ -19,7 +19,7 @@ COMMIT_ID = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"
 LOAD_AVERAGE = re.compile(r"\bload(?: average)? \d|\bload average\b", re.IGNORECASE)
 
 
-@pytest.mark.parametrize("code", python_examples(README))
+@pytest.mark.parametrize("code", [pytest.param(code, id=name) for name, code in python_examples(README)])
 def test_readme_example_runs(code):
     run_example(code, README)
 
