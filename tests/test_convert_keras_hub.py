@@ -194,3 +194,17 @@ def test_keras_file_reloads_the_original_attention_convert_again(tmp_path):
     report = keras_attn.convert(reloaded, return_report=True)[1]
     assert len(report.adapted) == LAYERS
     assert max_difference(reloaded(inputs), model(inputs)) == 0.0
+
+
+def test_a_keras_hub_layer_named_attention_holding_keras_attention_is_a_container():
+    from keras_hub.src.models.dinov2.dinov2_layers import DINOV2Attention
+
+    def build():
+        inputs = keras.Input((LENGTH, 16))
+        return keras.Model(inputs, DINOV2Attention(16, 2, name="dino")(inputs), name="vision")
+
+    reference, model = twins(build)
+    report = keras_attn.convert(model, return_report=True)[1]
+    assert (report.converted, report.unconverted) == (("vision/dino/attention",), ())
+    x = np.random.default_rng(7).normal(size=(2, LENGTH, 16)).astype("float32")
+    assert max_difference(model(x), reference(x)) < TOLERANCE

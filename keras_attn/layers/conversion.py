@@ -205,7 +205,9 @@ def _attention_layers(model):
 
     An attention layer is a `keras.layers.MultiHeadAttention` (subclasses included) or a KerasHub
     attention layer of its own kind; their own sublayers (projections, rotary embeddings) are not
-    visited. A layer reached by several paths (shared) is listed at its first.
+    visited. A KerasHub layer named as attention that holds Keras's layer (SAM's
+    `TwoWayMultiHeadAttention`) is a container: its attention layers are visited instead. A layer
+    reached by several paths (shared) is listed at its first.
     """
     found, seen = [], set()
 
@@ -213,7 +215,9 @@ def _attention_layers(model):
         if id(layer) in seen:
             return
         seen.add(id(layer))
-        if isinstance(layer, _KERAS_MHA) or hub_adapters.is_hub_attention(layer):
+        if isinstance(layer, _KERAS_MHA) or (
+            hub_adapters.is_hub_attention(layer) and not _holds_keras_attention(layer)
+        ):
             found.append((path, layer))
             return
         for child in sublayers(layer):
@@ -221,6 +225,11 @@ def _attention_layers(model):
 
     visit(model, model.name)
     return found
+
+
+def _holds_keras_attention(layer):
+    """Whether a `keras.layers.MultiHeadAttention` is among the layers `layer` holds, at any depth."""
+    return any(isinstance(sublayer, _KERAS_MHA) for sublayer in layer_tree(layer))
 
 
 def _why_not_convertible(layer):
