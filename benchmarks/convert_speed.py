@@ -48,10 +48,13 @@ def keras_model(vocabulary, width, heads, blocks):
 
 
 def models(args):
-    """`{"keras": the model, "converted": its convert()ed copy}`, same weights."""
+    """`{"keras": the model, "converted": the same model built again, same weights, convert()ed}`
+    (`convert` changes a model in place)."""
     keras.utils.set_random_seed(0)
     model = keras_model(args.vocabulary, args.width, args.heads, args.blocks)
-    return {"keras": model, "converted": keras_attn.convert(model, implementation=args.implementation)}
+    twin = keras_model(args.vocabulary, args.width, args.heads, args.blocks)
+    twin.set_weights(model.get_weights())
+    return {"keras": model, "converted": keras_attn.convert(twin, implementation=args.implementation)}
 
 
 def training_step(model, tokens):

@@ -1,8 +1,10 @@
-"""`keras_attn.convert`: the oracle is the original Keras model, same weights, same inputs.
+"""`keras_attn.convert`: the oracle is the unconverted Keras model, same weights, same inputs.
 
-Every converted copy is checked against the model it came from (outputs within 1e-5, gradients
-within float32 rounding), reloaded from `.keras` and checked again; every attention layer that
-cannot be converted must be named with its reason.
+`convert` changes a model in place, so each test builds the model twice with the same weights
+(`tests.twin_models.twins`) and converts one: outputs within 1e-5, gradients within float32 rounding, the class and
+the variable paths kept, `.keras` reloads checked again; every attention layer that cannot be
+converted must be named with its reason. The keras.io examples are `tests.keras_io_examples`;
+KerasHub's models are in `tests/test_convert_keras_hub.py`.
 """
 
 import re
@@ -16,13 +18,11 @@ import keras_attn
 from keras_attn.layers import conversion
 from keras_attn.patterns import Causal
 from tests.kernel_registry import kernels_taking
+from tests.twin_models import max_difference
+from tests.twin_models import twins
 
 LENGTH, WIDTH, HEADS = 12, 16, 4
 TOLERANCE = 1e-5
-
-
-def _max_difference(a, b):
-    return float(np.max(np.abs(np.asarray(a, "float64") - np.asarray(b, "float64"))))
 
 
 def _encoder_block(x, causal, name):
@@ -118,77 +118,92 @@ class BlockLayer(keras.layers.Layer):
 
 @pytest.mark.parametrize("implementation", ["auto", *kernels_taking(pattern=Causal())])
 def test_functional_model_outputs_equal_the_original(implementation):
-    model = _token_model(causal=True)
-    fast, report = keras_attn.convert(model, implementation=implementation, return_report=True)
+    model, converted = twins(lambda: _token_model(causal=True))
+    attention_layers = [layer for layer in _all_layers(converted) if isinstance(layer, keras.layers.MultiHeadAttention)]
+    variables, paths = [id(v) for v in converted.weights], [v.path for v in converted.weights]
+    fast, report = keras_attn.convert(converted, implementation=implementation, return_report=True)
 
+    assert fast is converted and type(fast) is type(model)
+    assert [id(v) for v in fast.weights] == variables  # the same variables, not copies
+    assert [layer for layer in _all_layers(fast) if isinstance(layer, keras.layers.MultiHeadAttention)] == (
+        attention_layers
+    )
     assert _attention_classes(fast) == [keras_attn.MultiHeadAttention] * 2
     assert {
         layer.implementation for layer in _all_layers(fast) if isinstance(layer, keras_attn.MultiHeadAttention)
     } == {implementation}
-    assert _attention_classes(model) == [keras.layers.MultiHeadAttention] * 2  # the original is untouched
-    assert report.converted == (f"{model.name}/block0_attention", f"{model.name}/block1_attention")
+    assert report.converted == (f"{fast.name}/block0_attention", f"{fast.name}/block1_attention")
     assert report.unconverted == ()
     tokens = _tokens()
     expected, got = model(tokens, training=False), fast(tokens, training=False)
     # Every position that is a token (padded queries attend nowhere: Keras gives them the mean of
     # the values, ours zero; nothing else reads them, their keys are masked).
     valid = tokens != 0
-    assert _max_difference(ops.convert_to_numpy(got)[valid], ops.convert_to_numpy(expected)[valid]) < TOLERANCE
-    assert [w.path for w in fast.weights] == [w.path for w in model.weights]
+    assert max_difference(ops.convert_to_numpy(got)[valid], ops.convert_to_numpy(expected)[valid]) < TOLERANCE
+    assert [w.path for w in fast.weights] == paths
 
 
 def test_compiled_with_xla_equals_the_original():
     import tensorflow as tf
 
-    model = _token_model(causal=True)
-    fast = keras_attn.convert(model)
+    model, fast = twins(lambda: _token_model(causal=True))
+    keras_attn.convert(fast)
     tokens = _tokens(10)
     valid = tokens != 0
     got = tf.function(lambda t: fast(t, training=False), jit_compile=True)(tokens)
     expected = model(tokens, training=False)
-    assert _max_difference(ops.convert_to_numpy(got)[valid], ops.convert_to_numpy(expected)[valid]) < TOLERANCE
+    assert max_difference(ops.convert_to_numpy(got)[valid], ops.convert_to_numpy(expected)[valid]) < TOLERANCE
 
 
 def test_masks_and_cross_attention_inputs_equal_the_original():
-    query = keras.Input((6, WIDTH))
-    memory = keras.Input((LENGTH, 8))
-    mask = keras.Input((6, LENGTH), dtype="bool")
-    attention = keras.layers.MultiHeadAttention(2, 5, value_dim=3, output_shape=7, use_gate=True, dropout=0.3)
-    output, scores = attention(query, memory, attention_mask=mask, return_attention_scores=True)
-    model = keras.Model([query, memory, mask], [output, scores])
-    fast = keras_attn.convert(model, implementation="dense")
+    def build():
+        query = keras.Input((6, WIDTH))
+        memory = keras.Input((LENGTH, 8))
+        mask = keras.Input((6, LENGTH), dtype="bool")
+        attention = keras.layers.MultiHeadAttention(2, 5, value_dim=3, output_shape=7, use_gate=True, dropout=0.3)
+        output, scores = attention(query, memory, attention_mask=mask, return_attention_scores=True)
+        return keras.Model([query, memory, mask], [output, scores])
+
+    model, fast = twins(build)
+    keras_attn.convert(fast, implementation="dense")
 
     rng = np.random.default_rng(1)
     inputs = [rng.normal(size=(2, 6, WIDTH)), rng.normal(size=(2, LENGTH, 8)), rng.random((2, 6, LENGTH)) < 0.7]
     inputs[2][..., 0] = True  # no query without a key
     for expected, got in zip(model(inputs, training=False), fast(inputs, training=False)):
-        assert _max_difference(got, expected) < TOLERANCE
+        assert max_difference(got, expected) < TOLERANCE
 
 
 def test_sequential_model_with_a_nested_functional_block():
-    inputs = keras.Input((LENGTH, WIDTH))
-    block = keras.Model(inputs, _encoder_block(inputs, causal=False, name="inner"), name="block")
-    model = keras.Sequential([keras.Input((LENGTH, WIDTH)), block, keras.layers.Dense(2)], name="sequential")
-    fast, report = keras_attn.convert(model, return_report=True)
+    def build():
+        inputs = keras.Input((LENGTH, WIDTH))
+        block = keras.Model(inputs, _encoder_block(inputs, causal=False, name="inner"), name="block")
+        return keras.Sequential([keras.Input((LENGTH, WIDTH)), block, keras.layers.Dense(2)], name="sequential")
+
+    model, fast = twins(build)
+    fast, report = keras_attn.convert(fast, return_report=True)
 
     assert report.converted == ("sequential/block/inner_attention",)
     assert _attention_classes(fast) == [keras_attn.MultiHeadAttention]
     x = np.random.default_rng(2).normal(size=(3, LENGTH, WIDTH)).astype("float32")
-    assert _max_difference(fast(x), model(x)) < TOLERANCE
+    assert max_difference(fast(x), model(x)) < TOLERANCE
 
 
 def test_a_shared_layer_is_converted_once_and_stays_shared():
-    a, b = keras.Input((LENGTH, WIDTH)), keras.Input((LENGTH, WIDTH))
-    shared = keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS, name="shared")
-    model = keras.Model([a, b], shared(a, b) + shared(b, a, use_causal_mask=True), name="twice")
-    fast, report = keras_attn.convert(model, return_report=True)
+    def build():
+        a, b = keras.Input((LENGTH, WIDTH)), keras.Input((LENGTH, WIDTH))
+        shared = keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS, name="shared")
+        return keras.Model([a, b], shared(a, b) + shared(b, a, use_causal_mask=True), name="twice")
+
+    model, fast = twins(build)
+    fast, report = keras_attn.convert(fast, return_report=True)
 
     assert report.converted == ("twice/shared",)
     assert _attention_classes(fast) == [keras_attn.MultiHeadAttention]
     assert len(fast.weights) == len(model.weights)
     rng = np.random.default_rng(12)
     x = [rng.normal(size=(2, LENGTH, WIDTH)).astype("float32") for _ in range(2)]
-    assert _max_difference(fast(x), model(x)) < TOLERANCE
+    assert max_difference(fast(x), model(x)) < TOLERANCE
 
 
 def test_keras_file_round_trip_of_the_converted_model(tmp_path):
@@ -203,7 +218,7 @@ def test_keras_file_round_trip_of_the_converted_model(tmp_path):
         layer.implementation for layer in _all_layers(reloaded) if isinstance(layer, keras_attn.MultiHeadAttention)
     } == {"blockwise"}
     tokens = _tokens(3)
-    assert _max_difference(reloaded(tokens), fast(tokens)) == 0.0
+    assert max_difference(reloaded(tokens), fast(tokens)) == 0.0
 
 
 @keras.saving.register_keras_serializable(package="test_convert")
@@ -222,13 +237,16 @@ class ScaledQueryAttention(keras.layers.MultiHeadAttention):
 
 
 def test_a_subclass_calling_super_call_and_layers_already_ours(tmp_path):
-    inputs = keras.Input((LENGTH, WIDTH))
-    x = ScaledQueryAttention(HEADS, WIDTH // HEADS, query_scale=0.5, name="scaled")(
-        inputs, inputs, use_causal_mask=True
-    )
-    x = keras_attn.MultiHeadAttention(HEADS, WIDTH // HEADS, implementation="blockwise", name="ours")(x, x)
-    model = keras.Model(inputs, x, name="model")
-    fast, report = keras_attn.convert(model, implementation="dense", return_report=True)
+    def build():
+        inputs = keras.Input((LENGTH, WIDTH))
+        x = ScaledQueryAttention(HEADS, WIDTH // HEADS, query_scale=0.5, name="scaled")(
+            inputs, inputs, use_causal_mask=True
+        )
+        x = keras_attn.MultiHeadAttention(HEADS, WIDTH // HEADS, implementation="blockwise", name="ours")(x, x)
+        return keras.Model(inputs, x, name="model")
+
+    model, fast = twins(build)
+    fast, report = keras_attn.convert(fast, implementation="dense", return_report=True)
 
     assert report.converted == ("model/scaled",) and report.already_ours == ("model/ours",)
     assert "already keras_attn's: model/ours" in str(report)
@@ -237,11 +255,11 @@ def test_a_subclass_calling_super_call_and_layers_already_ours(tmp_path):
     assert (scaled.query_scale, scaled.implementation) == (0.5, "dense")
     assert type(ours) is keras_attn.MultiHeadAttention and ours.implementation == "blockwise"  # its own choice kept
     x = np.random.default_rng(9).normal(size=(2, LENGTH, WIDTH)).astype("float32")
-    assert _max_difference(fast(x), model(x)) < TOLERANCE
+    assert max_difference(fast(x), model(x)) < TOLERANCE
     fast.save(tmp_path / "scaled.keras")
     reloaded = keras.saving.load_model(tmp_path / "scaled.keras")
     assert reloaded.get_layer("scaled").query_scale == 0.5
-    assert _max_difference(reloaded(x), fast(x)) == 0.0
+    assert max_difference(reloaded(x), fast(x)) == 0.0
 
 
 def _cached_model():
@@ -252,19 +270,19 @@ def _cached_model():
 
 
 def test_a_subclass_keeps_its_call_and_runs_our_attention(tmp_path, monkeypatch):
-    model = _cached_model()
-    fast, report = keras_attn.convert(model, implementation="blockwise", return_report=True)
+    model, fast = twins(_cached_model)
+    fast, report = keras_attn.convert(fast, implementation="blockwise", return_report=True)
     (layer,) = [layer for layer in fast.layers if isinstance(layer, keras.layers.MultiHeadAttention)]
     assert isinstance(layer, CachedAttentionDouble) and isinstance(layer, keras_attn.MultiHeadAttention)
     assert type(layer).call is CachedAttentionDouble.call
     assert type(layer)._compute_attention is keras_attn.MultiHeadAttention._compute_attention
     assert layer.implementation == "blockwise"
-    assert report.converted == (f"{model.name}/cached",)
+    assert report.converted == (f"{fast.name}/cached",)
 
     rng = np.random.default_rng(4)
     x = rng.normal(size=(2, LENGTH, WIDTH)).astype("float32")
     causal = np.tril(np.ones((LENGTH, LENGTH), bool))[None].repeat(2, axis=0)
-    assert _max_difference(fast([x, causal]), model([x, causal])) < TOLERANCE
+    assert max_difference(fast([x, causal]), model([x, causal])) < TOLERANCE
 
     # The subclass's own cache path: decode the last token into a cache holding the others.
     original = model.get_layer("cached")
@@ -273,8 +291,8 @@ def test_a_subclass_keeps_its_call_and_runs_our_attention(tmp_path, monkeypatch)
     step = dict(attention_mask=causal[:, -1:, :], cache=cache, cache_update_index=LENGTH - 1)
     expected, expected_cache = original(x[:, -1:], x[:, -1:], **step)
     got, got_cache = layer(x[:, -1:], x[:, -1:], **step)
-    assert _max_difference(got, expected) < TOLERANCE
-    assert _max_difference(got_cache, expected_cache) < TOLERANCE
+    assert max_difference(got, expected) < TOLERANCE
+    assert max_difference(got_cache, expected_cache) < TOLERANCE
 
     # .keras round trip; the converted class is rebuilt as a fresh process would (none cached).
     path = tmp_path / "cached.keras"
@@ -286,7 +304,7 @@ def test_a_subclass_keeps_its_call_and_runs_our_attention(tmp_path, monkeypatch)
         reloaded_layer, keras_attn.MultiHeadAttention
     )
     assert reloaded_layer.implementation == "blockwise"
-    assert _max_difference(reloaded([x, causal]), fast([x, causal])) == 0.0
+    assert max_difference(reloaded([x, causal]), fast([x, causal])) == 0.0
     assert reloaded_layer.get_config()[conversion._CONVERTED_FROM] == "test_convert>CachedAttentionDouble"
 
 
@@ -333,12 +351,12 @@ def test_converted_models_reload_in_a_fresh_process(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for name in cases:
-        assert _max_difference(np.load(tmp_path / f"{name}.reloaded.npy"), expected[name]) == 0.0
+        assert max_difference(np.load(tmp_path / f"{name}.reloaded.npy"), expected[name]) == 0.0
 
 
 def test_gradients_equal_the_original_and_a_training_step_runs():
-    model = _token_model(causal=True)
-    fast = keras_attn.convert(model)
+    model, fast = twins(lambda: _token_model(causal=True))
+    keras_attn.convert(fast)
     tokens = _tokens(5)
     labels = np.random.default_rng(5).integers(0, 3, tokens.shape)
 
@@ -351,24 +369,28 @@ def test_gradients_equal_the_original_and_a_training_step_runs():
         return [tf.convert_to_tensor(g) for g in tape.gradient(loss, m.trainable_variables)]  # embedding: IndexedSlices
 
     for expected, got in zip(gradients(model), gradients(fast)):
-        assert _max_difference(got, expected) < 1e-4 * max(1.0, float(np.max(np.abs(expected))))
+        assert max_difference(got, expected) < 1e-4 * max(1.0, float(np.max(np.abs(expected))))
     fast.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     before = [w.numpy().copy() for w in fast.trainable_weights]
     history = fast.fit(tokens, labels, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
-    assert any(_max_difference(a, b.numpy()) > 0 for a, b in zip(before, fast.trainable_weights))
+    assert any(max_difference(a, b.numpy()) > 0 for a, b in zip(before, fast.trainable_weights))
 
 
 def test_mixed_precision_policy_is_kept():
-    inputs = keras.Input((LENGTH, WIDTH))
-    x = keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS, dtype="mixed_float16")(inputs, inputs)
-    model = keras.Model(inputs, x)
-    fast = keras_attn.convert(model)
+    def build():
+        inputs = keras.Input((LENGTH, WIDTH))
+        return keras.Model(
+            inputs, keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS, dtype="mixed_float16")(inputs, inputs)
+        )
+
+    model, fast = twins(build)
+    keras_attn.convert(fast)
     layer = fast.layers[1]
     assert isinstance(layer, keras_attn.MultiHeadAttention)
     assert layer.dtype_policy.name == "mixed_float16" and layer.compute_dtype == "float16"
     x = np.random.default_rng(6).normal(size=(2, LENGTH, WIDTH)).astype("float32")
-    assert _max_difference(fast(x), model(x)) < 1e-2  # float16 rounding
+    assert max_difference(fast(x), model(x)) < 1e-2  # float16 rounding
 
 
 def _unconvertible_model():
@@ -381,20 +403,21 @@ def _unconvertible_model():
 
 
 def test_layers_it_cannot_replace_are_named_with_the_reason():
-    model = _unconvertible_model()
+    model, fast = twins(_unconvertible_model)
     with pytest.raises(ValueError) as raised:
-        keras_attn.convert(model)
+        keras_attn.convert(fast)
     message = str(raised.value)
+    assert "the model `mixed` (Functional)" in message
     assert "mixed/own_softmax: its class OwnSoftmaxAttention overrides `_masked_softmax`" in message
     assert "mixed/own_kernel: its class OwnKernelAttention overrides `call` and computes attention without" in message
-    assert re.search(r"mixed/block/multi_head_attention\w*: inside the custom layer `block` \(BlockLayer\)", message)
-    assert "mixed/plain" not in message
+    assert "mixed/plain" not in message and "mixed/block" not in message
+    assert _attention_classes(fast) == _attention_classes(model)  # strict: nothing changed
 
-    with pytest.warns(UserWarning, match="kept 3 attention layer"):
-        fast, report = keras_attn.convert(model, strict=False, return_report=True)
-    assert report.converted == ("mixed/plain",)
-    assert [path for path, _ in report.unconverted][:2] == ["mixed/own_softmax", "mixed/own_kernel"]
-    assert report.unconverted[2][0].startswith("mixed/block/multi_head_attention")
+    with pytest.warns(UserWarning, match="kept 2 attention layer"):
+        fast, report = keras_attn.convert(fast, strict=False, return_report=True)
+    assert report.converted[0] == "mixed/plain"
+    assert re.fullmatch(r"mixed/block/multi_head_attention\w*", report.converted[1])  # inside the custom layer
+    assert [path for path, _ in report.unconverted] == ["mixed/own_softmax", "mixed/own_kernel"]
     assert "not converted: mixed/own_kernel" in str(report)
     assert [type(layer).__name__ for layer in fast.layers[1:]] == [
         "MultiHeadAttention",
@@ -403,45 +426,147 @@ def test_layers_it_cannot_replace_are_named_with_the_reason():
         "BlockLayer",
     ]
     assert isinstance(fast.layers[1], keras_attn.MultiHeadAttention)
+    assert type(fast.get_layer("block").attention) is keras_attn.MultiHeadAttention
     x = np.random.default_rng(7).normal(size=(2, LENGTH, WIDTH)).astype("float32")
-    assert _max_difference(fast(x), model(x)) < TOLERANCE
+    assert max_difference(fast(x), model(x)) < TOLERANCE
 
 
-def test_quantized_layers_and_subclassed_models_are_reported():
+def test_a_model_without_attention_to_convert_is_refused_or_warned():
     inputs = keras.Input((LENGTH, WIDTH))
-    model = keras.Model(
-        inputs, keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS, name="attention")(inputs, inputs), name="q"
-    )
-    model.quantize("int8")
-    for strict in (True, False):  # clone_model would rebuild the layers unquantized: never a copy
-        with pytest.raises(
-            ValueError, match=r"convert the model before Model.quantize.*quantized layers \[.*'attention/query'"
-        ):
-            keras_attn.convert(model, strict=strict)
-    # Converted first, then quantized: the copy quantizes like the original.
-    fresh = keras.Model(inputs, keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS)(inputs, inputs))
-    fast = keras_attn.convert(fresh)
-    fresh.quantize("int8")
-    fast.quantize("int8")
+    dense = keras.Model(inputs, keras.layers.Dense(2)(inputs), name="dense_only")
+    with pytest.raises(ValueError, match=r"no attention layer it can convert in the model `dense_only` "):
+        keras_attn.convert(dense)
+    with pytest.warns(UserWarning, match=r"the model is unchanged. Found: no attention layer"):
+        assert keras_attn.convert(dense, strict=False) is dense
+
+    only_unconvertible = keras.Model(inputs, OwnSoftmaxAttention(HEADS, 4, name="own")(inputs, inputs), name="own")
+    with pytest.warns(UserWarning, match=r"the model is unchanged. Found:\n  own/own: its class OwnSoftmaxAttention"):
+        keras_attn.convert(only_unconvertible, strict=False)
+
+
+def test_quantized_models_convert_before_or_after_quantize():
+    def build():
+        inputs = keras.Input((LENGTH, WIDTH))
+        return keras.Model(inputs, keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS)(inputs, inputs))
+
     x = np.random.default_rng(11).normal(size=(2, LENGTH, WIDTH)).astype("float32")
-    assert _max_difference(fast(x), fresh(x)) < 1e-4
+    for convert_first in (True, False):
+        model, fast = twins(build)
+        model.quantize("int8")
+        if convert_first:
+            keras_attn.convert(fast)
+            fast.quantize("int8")
+        else:
+            fast.quantize("int8")
+            keras_attn.convert(fast)
+        layer = fast.layers[1]
+        assert isinstance(layer, keras_attn.MultiHeadAttention) and layer._query_dense.quantization_mode == "int8"
+        assert max_difference(fast(x), model(x)) < 1e-4
 
-    class Subclassed(keras.Model):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            self.attention = keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS)
 
-        def call(self, x):
-            return self.attention(x, x)
+class Subclassed(keras.Model):
+    """A subclassed model holding Keras's attention layer, built by its first call."""
 
-    subclassed = Subclassed(name="sub")
-    subclassed(np.zeros((1, LENGTH, WIDTH), "float32"))
-    for strict in (True, False):
-        with pytest.raises(ValueError, match="`convert` copies Functional and Sequential models") as raised:
-            keras_attn.convert(subclassed, strict=strict)
-        assert re.search(
-            r"sub/multi_head_attention\w*: inside the subclassed model `sub` \(Subclassed\)", str(raised.value)
-        )
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.attention = keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS)
+        self.head = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.head(self.attention(x, x, use_causal_mask=True))
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_a_subclassed_model_built_or_not(built):
+    x = np.random.default_rng(13).normal(size=(2, LENGTH, WIDTH)).astype("float32")
+    model, fast = Subclassed(name="sub"), Subclassed(name="sub")
+    model(x)
+    if built:
+        fast(x)
+        fast.set_weights(model.get_weights())
+    fast, report = keras_attn.convert(fast, return_report=True)
+    assert re.fullmatch(r"sub/multi_head_attention\w*", report.converted[0]) and len(report.converted) == 1
+    assert type(fast) is Subclassed and type(fast.attention) is keras_attn.MultiHeadAttention
+    if not built:  # built by Keras's own `build`, as the layer was Keras's when it was made
+        fast(x)
+        fast.set_weights(model.get_weights())
+    assert max_difference(fast(x), model(x)) < TOLERANCE
+    assert fast.attention._sequence_attention  # our kernels' path, not Keras's einsum
+
+
+def test_functions_traced_before_convert_are_traced_again():
+    model, fast = twins(lambda: _token_model(causal=True))
+    fast.compile(loss="mse")
+    tokens = _tokens(14)
+    before = fast.predict(tokens, verbose=0)
+    keras_attn.convert(fast)
+    assert fast.predict_function is None  # the next predict traces our layers
+    calls = []
+    original = conversion.MultiHeadAttention._attend
+    try:
+        conversion.MultiHeadAttention._attend = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
+        after = fast.predict(tokens, verbose=0)
+    finally:
+        conversion.MultiHeadAttention._attend = original
+    assert calls
+    valid = tokens != 0
+    assert max_difference(after[valid], before[valid]) < TOLERANCE
+
+
+def test_keras_io_text_classification_example():
+    from tests import keras_io_examples
+
+    model, fast = twins(lambda: keras_io_examples.text_classifier(LENGTH, 50, WIDTH, HEADS, 2 * WIDTH))
+    fast, report = keras_attn.convert(fast, return_report=True)
+    assert type(fast) is type(model) and len(report.converted) == 1 and report.unconverted == ()
+    assert re.fullmatch(rf"{fast.name}/transformer_block\w*/multi_head_attention\w*", report.converted[0])
+    tokens = _tokens(15)
+    labels = np.array([0, 1])
+    assert max_difference(fast(tokens), model(tokens)) < TOLERANCE
+    _check_gradients_and_fit(model, fast, tokens, labels, keras.losses.SparseCategoricalCrossentropy())
+
+
+def test_keras_io_translation_example():
+    from tests import keras_io_examples
+
+    model, fast = twins(lambda: keras_io_examples.translator(LENGTH, 50, WIDTH, 2 * WIDTH, HEADS))
+    fast, report = keras_attn.convert(fast, return_report=True)
+    assert type(fast) is type(model) and report.unconverted == ()
+    assert [path.split("/")[:2] for path in report.converted] == [["transformer", "encoder"]] + [
+        ["transformer", "decoder"]
+    ] * 2
+    inputs = [_tokens(16), _tokens(17)]
+    valid = inputs[1] != 0  # padded decoder queries: Keras averages the values, ours gives zeros
+    expected, got = ops.convert_to_numpy(model(inputs)), ops.convert_to_numpy(fast(inputs))
+    assert max_difference(got[valid], expected[valid]) < TOLERANCE
+    labels = np.random.default_rng(17).integers(0, 50, inputs[1].shape)
+    _check_gradients_and_fit(model, fast, inputs, labels, keras.losses.SparseCategoricalCrossentropy(), valid)
+
+
+def _check_gradients_and_fit(model, fast, inputs, labels, loss, valid=None):
+    """Gradients of `fast` within 1e-5 of `model`'s (loss over the `valid` positions), then one `fit` step."""
+    import tensorflow as tf
+
+    def gradients(m):
+        with tf.GradientTape() as tape:
+            losses = loss.call(labels, m(inputs, training=False))
+            total = tf.reduce_sum(losses if valid is None else tf.where(valid, losses, 0.0))
+        return [tf.convert_to_tensor(g) for g in tape.gradient(total, m.trainable_variables)]
+
+    for expected, got in zip(gradients(model), gradients(fast)):
+        assert max_difference(got, expected) < TOLERANCE
+    fast.compile(optimizer="adam", loss=loss)
+    history = fast.fit(inputs, labels, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_import_keras_attn_does_not_import_keras_hub():
+    import subprocess
+    import sys
+
+    code = "import sys, keras_attn; print('keras_hub' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize(
@@ -460,5 +585,5 @@ def test_bad_arguments_are_refused_naming_the_value(arguments, match):
 
 def test_a_layer_is_not_a_model():
     layer = keras.layers.MultiHeadAttention(2, 4)
-    with pytest.raises(ValueError, match=r"`model` must be a keras.Model .* Received: model=<MultiHeadAttention"):
+    with pytest.raises(ValueError, match=r"`model` must be a keras.Model. Received: model=<MultiHeadAttention"):
         keras_attn.convert(layer)

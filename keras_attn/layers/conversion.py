@@ -1,11 +1,28 @@
-"""`convert`: a copy of an existing Keras model whose `keras.layers.MultiHeadAttention` layers are ours.
+"""`convert`: a Keras model's attention layers run keras_attn's kernels, changed in place.
 
-The copy is rebuilt with `keras.models.clone_model` (Functional and Sequential models, nested ones
-included), every attention layer replaced by `keras_attn.MultiHeadAttention` with the same config
-and weights, every other layer cloned, and all weights copied across. A subclass of Keras's layer
-(KerasHub's cached attention, a user's own) keeps its own `call`: its converted class derives from
-both it and ours, so its call runs ours through the `_compute_attention` hook. What cannot be
-replaced is named with the reason; nothing is skipped in silence.
+Like Hugging Face's `attn_implementation="sdpa"`, one call switches the attention of a model the
+user already has, and the model stays the same object. `convert(model)` walks every layer `model`
+holds, wherever it sits: Functional, Sequential and subclassed models, custom layers (the keras.io
+examples' `TransformerBlock`), KerasHub backbones and task models, to any depth. It changes the
+class of each attention layer in place:
+
+- `keras.layers.MultiHeadAttention` becomes `keras_attn.MultiHeadAttention`; a subclass of it
+  (KerasHub's `CachedMultiHeadAttention`, a user's own) becomes a class deriving from the
+  subclass and from ours, so that the subclass's own `call` (its cache) runs our attention
+  through Keras's `_compute_attention` hook;
+- a KerasHub attention layer of its own kind (Llama, Mistral, Gemma) gets its adapter's hook
+  (`keras_attn.layers.hub_adapters`), which computes its attention with
+  `keras_attn.scaled_dot_product_attention`.
+
+Nothing else changes: the layers keep their sublayers and variables (the same objects, so the
+same weights and variable paths), the model keeps its class, its compile state and its task
+methods (`fit`, `predict`, KerasHub's `generate`; functions traced before are dropped, to be traced
+again with our layers). Saving writes each layer's config: the attention layers of a Functional or
+Sequential model are saved converted and reload converted (their `implementation` kept); a layer
+or model whose own code builds its attention (a custom layer, a subclassed model, every KerasHub
+block) reloads as that code builds it, with Keras's or KerasHub's attention: convert it again
+after loading. What cannot be converted is named with the reason; a model in which nothing runs
+keras_attn's attention after the call is an error (`strict=True`) or a warning, never silent.
 """
 
 import dataclasses
@@ -14,6 +31,9 @@ import warnings
 import keras
 
 from keras_attn.core.attention import ATTENTION_IMPLEMENTATIONS
+from keras_attn.layers import hub_adapters
+from keras_attn.layers.keras_internals import layer_tree
+from keras_attn.layers.keras_internals import sublayers
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_choice
@@ -24,189 +44,197 @@ _CONVERTED_FROM = "keras_attn_converted_from"  # the config key naming the subcl
 # Methods of Keras's layer that compute the attention itself: ours replace them, so a subclass
 # that overrides one would lose its override.
 _ATTENTION_INTERNALS = ("_compute_attention", "_masked_softmax", "_build_attention")
+# The functions a model traces once and keeps (Keras's trainer, KerasHub's task models): traced
+# before `convert`, they would keep running the attention they were traced with.
+_TRACED_FUNCTIONS = ("train_function", "test_function", "predict_function", "generate_function")
 
 
 @dataclasses.dataclass(frozen=True)
 class ConversionReport:
-    """What `convert` did, layer by layer.
+    """What `convert` did, layer by layer; paths are `model/.../layer` by layer names.
 
     Attributes:
-        converted: the paths (`model/.../layer`) of the attention layers replaced by ours.
+        converted: the `keras.layers.MultiHeadAttention` layers (subclasses included) now ours.
+        adapted: the KerasHub attention layers of their own kind (Llama, Mistral, Gemma) whose
+            attention now runs through an adapter of `keras_attn.layers.hub_adapters`.
         unconverted: `(path, reason)` for each attention layer kept as it was.
-        already_ours: the paths of the layers that were `keras_attn.MultiHeadAttention` already
-            (subclasses included), copied as they are, their own `implementation` kept.
+        already_ours: the layers that ran keras_attn's attention already (`keras_attn.MultiHeadAttention`
+            and its subclasses, adapted KerasHub layers), left as they are, their `implementation` kept.
     """
 
     converted: tuple = ()
     unconverted: tuple = ()
     already_ours: tuple = ()
+    adapted: tuple = ()
 
     def __str__(self):
         lines = [
-            f"{len(self.converted)} attention layer(s) converted, {len(self.unconverted)} not converted, "
-            f"{len(self.already_ours)} already keras_attn's"
+            f"{len(self.converted)} attention layer(s) converted, {len(self.adapted)} adapted (KerasHub), "
+            f"{len(self.unconverted)} not converted, {len(self.already_ours)} already keras_attn's"
         ]
         lines += [f"  converted: {path}" for path in self.converted]
+        lines += [f"  adapted: {path}" for path in self.adapted]
         lines += [f"  already keras_attn's: {path}" for path in self.already_ours]
         lines += [f"  not converted: {path}: {reason}" for path, reason in self.unconverted]
         return "\n".join(lines)
 
 
 def convert(model, *, implementation="auto", strict=True, return_report=False):
-    """A copy of `model` in which every `keras.layers.MultiHeadAttention` is `keras_attn.MultiHeadAttention`.
+    """Make every attention layer of `model` run keras_attn's attention, in place; returns `model`.
 
-    The layers of the copy have the names, configs and weights of the original's, so the copy
-    computes the same outputs (up to float rounding; a query whose keys are all masked gets a zero
-    output where Keras gives the mean of the values). Subclasses of Keras's layer are converted
-    too: the converted class derives from the subclass and from ours, so the subclass's own
-    `call` (e.g. KerasHub's `CachedMultiHeadAttention`, with its cache) runs our attention
-    through Keras's `_compute_attention` hook. Layers that are already ours are copied as they
-    are (their own `implementation` kept) and listed in the report's `already_ours`. The copy
-    saves and loads as `.keras` (a converted subclass reloads where the subclass itself is
-    registered or passed in `custom_objects`, as the original needs).
-    The copy is not compiled, as with `keras.models.clone_model`.
+    Every `keras.layers.MultiHeadAttention` that `model` holds, at any depth (inside custom layers,
+    KerasHub blocks, nested and subclassed models), becomes `keras_attn.MultiHeadAttention` (a
+    subclass of Keras's layer becomes a class deriving from it and from ours, its own `call` kept),
+    and every KerasHub attention layer with an adapter (Llama, Mistral, Gemma: grouped-query heads,
+    rotary embeddings, sliding windows, their caches) computes its attention with
+    `keras_attn.scaled_dot_product_attention`. The model computes the same outputs (up to float
+    rounding; a query whose keys are all masked gets a zero output where Keras gives the mean of
+    the values) with the same variables: its class, object graph, weights, variable paths, compile
+    state and task methods (`fit`, `predict`, `save`, KerasHub's `generate`) are kept.
+    Layers that run ours already are left as they are (their own `implementation` kept) and
+    listed in the report's `already_ours`: converting twice changes nothing.
 
-    Not converted, and named with the reason: attention layers inside a custom layer or a
-    subclassed model (their own code builds them; `clone_model` cannot rebuild them), subclasses
-    that override the attention computation (`_compute_attention`, `_masked_softmax`,
-    `_build_attention`), and subclasses whose `call` never reaches `_compute_attention`. A
-    quantized model is refused: convert it before `Model.quantize`, then quantize the copy.
+    Saving: a Functional or Sequential model's attention layers are saved converted and reload
+    converted; a custom layer, subclassed model or KerasHub block builds its attention in its own
+    code, so it reloads with Keras's or KerasHub's attention: call `convert` again after
+    `keras.saving.load_model`. A quantized model converts like any other (`Model.quantize` before or
+    after `convert`).
+
+    Not converted, and named with the reason: subclasses of Keras's layer that override the
+    attention computation (`_compute_attention`, `_masked_softmax`, `_build_attention`) or whose
+    `call` never reaches `_compute_attention`; KerasHub attention layers without an adapter, or
+    whose attention the core op cannot compute (Gemma 2's logit soft-capping).
 
     Args:
-        model: a Functional or Sequential `keras.Model`; the Functional and Sequential models
-            nested in it are converted too. A subclassed model is refused (`ValueError` listing
-            its attention layers): its own code builds its layers.
+        model: a `keras.Model` of any kind (Functional, Sequential, subclassed, a KerasHub backbone
+            or task model).
         implementation: the attention kernel of every converted layer, as for
             `keras_attn.MultiHeadAttention`: `"auto"` (default; picks per call), `"dense"`,
             `"chunked"`, `"blockwise"` or `"strided"`. They compute the same outputs and differ
             in speed and memory; a kernel that needs a pattern (`"chunked"`: a causal mask or a
             sliding window) raises at a call without one, so `"auto"` suits mixed models.
         strict: if `True` (default), a `ValueError` lists every attention layer that cannot be
-            converted, with its reason, and no copy is returned. If `False`, those layers are
-            copied unchanged and a warning lists them.
-        return_report: if `True`, also return a `ConversionReport` (`converted` paths,
-            `unconverted` `(path, reason)` pairs, `already_ours` paths).
+            converted, with its reason, and the model is left unchanged; so does a model with no
+            attention layer that runs keras_attn's after the call. If `False`, those layers are
+            kept as they are and a warning says so.
+        return_report: if `True`, also return a `ConversionReport` (`converted`, `adapted`,
+            `unconverted` `(path, reason)` pairs, `already_ours`).
 
     Returns:
-        The converted copy; `(copy, report)` when `return_report=True`.
+        `model` itself; `(model, report)` when `return_report=True`.
 
     Raises:
-        ValueError: when an argument is invalid (naming it and the value received), when `model`
-            is a subclassed or a quantized model, or, with `strict=True`, when an attention layer cannot be
-            converted (naming each and why).
+        ValueError: when an argument is invalid (naming it and the value received), or, with
+            `strict=True`, when an attention layer cannot be converted (naming each and why) or
+            when no attention layer of the model would run keras_attn's.
 
     Example:
 
     >>> inputs = keras.Input((16, 32))
     >>> attention = keras.layers.MultiHeadAttention(num_heads=4, key_dim=8, name="attention")
-    >>> x = attention(inputs, inputs, use_causal_mask=True)
-    >>> model = keras.Model(inputs, keras.layers.LayerNormalization()(inputs + x), name="encoder")
-    >>> fast, report = convert(model, implementation="chunked", return_report=True)
-    >>> type(fast.get_layer("attention")).__module__, report.converted, report.unconverted
-    ('keras_attn.layers.multi_head_attention', ('encoder/attention',), ())
-    >>> convert(fast, return_report=True)[1].already_ours  # a second convert changes nothing
-    ('encoder/attention',)
+    >>> model = keras.Model(inputs, attention(inputs, inputs, use_causal_mask=True), name="encoder")
     >>> x = keras.random.normal((2, 16, 32), seed=0)
-    >>> bool(keras.ops.max(keras.ops.abs(fast(x) - model(x))) < 1e-5)
+    >>> before = model(x)
+    >>> fast, report = convert(model, implementation="chunked", return_report=True)
+    >>> fast is model, type(model.get_layer("attention")).__module__, report.converted, report.unconverted
+    (True, 'keras_attn.layers.multi_head_attention', ('encoder/attention',), ())
+    >>> convert(model, return_report=True)[1].already_ours  # a second convert changes nothing
+    ('encoder/attention',)
+    >>> bool(keras.ops.max(keras.ops.abs(model(x) - before)) < 1e-5)
     True
     """
     if not isinstance(model, keras.Model):
-        raise ValueError(f"`model` must be a keras.Model (Functional or Sequential). Received: model={model!r}")
+        raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
     check_choice("implementation", implementation, ATTENTION_IMPLEMENTATIONS)
     check_bool("strict", strict)
     check_bool("return_report", return_report)
-    if not _rebuildable(model):
-        found = "".join(f"\n  {path}: {reason}" for path, _, reason in _attention_layers(model))
-        raise ValueError(
-            "`convert` copies Functional and Sequential models; a subclassed model's own code builds its "
-            f"layers (build it with keras_attn.MultiHeadAttention instead). Received: model={model!r}{found}"
-        )
-    quantized = [layer.path for layer in model._flatten_layers() if getattr(layer, "quantization_mode", None)]
-    if quantized:
-        raise ValueError(
-            "`convert` cannot copy a quantized model (keras.models.clone_model rebuilds quantized layers "
-            "unquantized): convert the model before Model.quantize, then quantize the copy. "
-            f"Received: model={model!r} with quantized layers {quantized}"
-        )
 
-    decisions = {}  # id(attention layer) -> its replacement's factory (only for the ones converted)
-    converted, unconverted, already_ours = [], [], []
-    for path, layer, container in _attention_layers(model):
-        reason = container or _why_not_convertible(layer)
-        if reason is None and isinstance(layer, MultiHeadAttention):
-            already_ours.append(path)  # copied by clone_model as it is
-        elif reason is None:
-            decisions[id(layer)] = lambda layer=layer: _replacement(layer, implementation)
-            converted.append(path)
+    converted, adapted, unconverted, already_ours = [], [], [], []
+    changes = []  # what to change, once every layer has been checked
+    for path, layer in _attention_layers(model):
+        if isinstance(layer, MultiHeadAttention) or hub_adapters.is_adapted(layer):
+            already_ours.append(path)
+        elif isinstance(layer, _KERAS_MHA):
+            reason = _why_not_convertible(layer)
+            if reason is None:
+                converted.append(path)
+                changes.append(lambda layer=layer: _convert_attention(layer, implementation))
+            else:
+                unconverted.append((path, reason))
         else:
-            unconverted.append((path, reason))
-    report = ConversionReport(tuple(converted), tuple(unconverted), tuple(already_ours))
-    if unconverted and strict:
+            reason = hub_adapters.why_not_adapted(layer)
+            if reason is None:
+                adapted.append(path)
+                changes.append(lambda layer=layer: hub_adapters.adapt(layer, implementation))
+            else:
+                unconverted.append((path, reason))
+    report = ConversionReport(tuple(converted), tuple(unconverted), tuple(already_ours), tuple(adapted))
+    _check_outcome(model, report, strict)
+    for change in changes:
+        change()
+    _drop_traced_functions(model)
+    return (model, report) if return_report else model
+
+
+def _check_outcome(model, report, strict):
+    """Raise (`strict`) or warn when an attention layer stays unconverted or nothing would run ours."""
+    if report.unconverted and strict:
         raise ValueError(
-            "`convert` cannot replace every attention layer of the model (pass strict=False to keep "
-            "these as they are):\n" + "\n".join(f"  {path}: {reason}" for path, reason in unconverted)
+            f"`convert` cannot convert every attention layer of the model `{model.name}` ({type(model).__name__}) "
+            "(pass strict=False to keep these as they are):\n"
+            + "\n".join(f"  {path}: {reason}" for path, reason in report.unconverted)
         )
-    if unconverted:
+    if not (report.converted or report.adapted or report.already_ours):
+        found = "".join(f"\n  {path}: {reason}" for path, reason in report.unconverted) or " no attention layer"
+        message = (
+            f"`convert` found no attention layer it can convert in the model `{model.name}` "
+            f"({type(model).__name__}), so the model is unchanged. Found:{found}"
+        )
+        if strict:
+            raise ValueError(message)
+        warnings.warn(message, stacklevel=3)
+    elif report.unconverted:
         warnings.warn(
-            f"keras_attn.convert kept {len(unconverted)} attention layer(s) unconverted:\n{report}", stacklevel=2
+            f"keras_attn.convert kept {len(report.unconverted)} attention layer(s) unconverted:\n{report}",
+            stacklevel=3,
         )
-
-    def clone_layer(layer):
-        factory = decisions.get(id(layer))
-        return factory() if factory is not None else layer.__class__.from_config(layer.get_config())
-
-    copy = keras.models.clone_model(model, clone_function=clone_layer, recursive=True)
-    _copy_weights(model, copy)
-    return (copy, report) if return_report else copy
 
 
 def _attention_layers(model):
-    """`(path, layer, reason or None)` for every attention layer in `model`, depth first.
+    """`(path, layer)` for every attention layer `model` holds, depth first, each layer once.
 
-    The reason is set for a layer `clone_model` cannot reach: one inside a custom layer or a
-    subclassed model, which builds its own sublayers in its own code.
+    An attention layer is a `keras.layers.MultiHeadAttention` (subclasses included) or a KerasHub
+    attention layer of its own kind; their own sublayers (projections, rotary embeddings) are not
+    visited. A KerasHub layer named as attention that holds Keras's layer (SAM's
+    `TwoWayMultiHeadAttention`) is a container: its attention layers are visited instead. A layer
+    reached by several paths (shared) is listed at its first.
     """
-    found = []
+    found, seen = [], set()
 
-    def visit(layer, path, container):
-        if isinstance(layer, _KERAS_MHA):
-            found.append((path, layer, container))
+    def visit(layer, path):
+        if id(layer) in seen:
             return
-        if container is None and not _rebuildable(layer):
-            kind = "subclassed model" if isinstance(layer, keras.Model) else "custom layer"
-            container = (
-                f"inside the {kind} `{layer.name}` ({type(layer).__name__}), whose own code builds its "
-                "sublayers: convert replaces layers of Functional and Sequential models only (build "
-                f"`{type(layer).__name__}` with keras_attn.MultiHeadAttention instead)"
-            )
-        children = (
-            layer.layers
-            if isinstance(layer, keras.Model)
-            else layer._flatten_layers(include_self=False, recursive=False)
-        )
-        for child in children:
-            visit(child, f"{path}/{child.name}", container)
+        seen.add(id(layer))
+        if isinstance(layer, _KERAS_MHA) or (
+            hub_adapters.is_hub_attention(layer) and not _holds_keras_attention(layer)
+        ):
+            found.append((path, layer))
+            return
+        for child in sublayers(layer):
+            visit(child, f"{path}/{child.name}")
 
-    visit(model, model.name, None)
-    # A layer shared by several paths is converted (or not) once: keep its first path.
-    seen, unique = set(), []
-    for path, layer, container in found:
-        if id(layer) not in seen:
-            seen.add(id(layer))
-            unique.append((path, layer, container))
-    return unique
+    visit(model, model.name)
+    return found
 
 
-def _rebuildable(layer):
-    """Whether `clone_model` rebuilds `layer` layer by layer: a Sequential or Functional model."""
-    return isinstance(layer, (keras.Sequential, keras.src.models.Functional))
+def _holds_keras_attention(layer):
+    """Whether a `keras.layers.MultiHeadAttention` is among the layers `layer` holds, at any depth."""
+    return any(isinstance(sublayer, _KERAS_MHA) for sublayer in layer_tree(layer))
 
 
 def _why_not_convertible(layer):
-    """`None` if `layer` can be replaced by ours, else the reason it cannot."""
+    """`None` if Keras's `layer` (or a subclass's) can run ours, else the reason it cannot."""
     subclass = type(layer)
-    if issubclass(subclass, MultiHeadAttention):
-        return None  # already ours: nothing to replace
     overridden = _overridden_methods(subclass)
     for name in _ATTENTION_INTERNALS:
         if name in overridden:
@@ -240,25 +268,19 @@ def _overridden_methods(subclass):
     return methods
 
 
-def _replacement(layer, implementation):
-    """Ours (or the subclass's converted class), unbuilt, from `layer`'s config."""
-    config = {**layer.get_config(), "implementation": implementation}
+def _convert_attention(layer, implementation):
+    """Keras's `layer` becomes ours in place: its class, then the state ours adds (its variables stay)."""
     subclass = type(layer)
-    if subclass is _KERAS_MHA:
-        return MultiHeadAttention.from_config(config)
-    return converted_class(subclass).from_config(config)
+    layer.__class__ = MultiHeadAttention if subclass is _KERAS_MHA else converted_class(subclass)
+    layer._init_own_state(implementation=implementation)
 
 
-def _copy_weights(model, copy):
-    """Every weight of `model` into `copy`, checked one by one (names follow the same layers)."""
-    weights, copies = model.weights, copy.weights
-    if len(weights) != len(copies) or any(tuple(w.shape) != tuple(c.shape) for w, c in zip(weights, copies)):
-        raise ValueError(
-            "The converted copy's weights do not line up with the model's: "
-            f"{[(w.path, tuple(w.shape)) for w in weights]} vs {[(c.path, tuple(c.shape)) for c in copies]}"
-        )
-    for weight, target in zip(weights, copies):
-        target.assign(weight)
+def _drop_traced_functions(model):
+    """Forget the functions every model in `model` traced with the attention it had (traced again on use)."""
+    for layer in layer_tree(model):
+        for name in _TRACED_FUNCTIONS:
+            if getattr(layer, name, None) is not None:
+                setattr(layer, name, None)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn", name=_REGISTERED_NAME)

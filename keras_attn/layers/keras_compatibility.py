@@ -12,6 +12,7 @@ from keras import ops
 
 from keras_attn import patterns
 from keras_attn.core.masks import pattern_mask
+from keras_attn.layers import projections
 
 _SEQUENCE_AXIS = (1,)  # the attention axes of (batch, seq, features) inputs, resolved
 
@@ -54,6 +55,17 @@ def attends_over_the_sequence(query_shape, value_shape, key_shape, attention_axe
     ranks = {len(query_shape), len(value_shape), len(key_shape)}
     axes = _resolved_axes(attention_axes, len(query_shape))
     return ranks == {3} and axes in (None, _SEQUENCE_AXIS) and (output_shape is None or len(output_shape) == 1)
+
+
+def built_for_the_sequence(layer):
+    """Whether a built layer's projections are those of `(batch, seq, features)` inputs attending over
+    axis 1 with a 1-D output shape: Keras's equations for them, which `build` gives this path too."""
+    inputs = (layer._query_dense, layer._key_dense, layer._value_dense)
+    return (
+        all(projection.equation == projections.INPUT_EQUATION for projection in inputs)
+        and layer._output_dense.equation == projections.OUTPUT_EQUATION
+        and tuple(layer._attention_axes) == _SEQUENCE_AXIS
+    )
 
 
 def check_sequence_options(layer, query_shape):

@@ -229,15 +229,29 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             seed=seed,
             **kwargs,
         )
-        self._num_key_value_heads = num_key_value_heads or num_heads
+        self._init_own_state(num_key_value_heads, implementation, scale, hard, attention_pattern, position_bias)
+
+    def _init_own_state(
+        self,
+        num_key_value_heads=None,
+        implementation="auto",
+        scale=None,
+        hard=False,
+        attention_pattern=None,
+        position_bias=None,
+    ):
+        """The state this class adds to Keras's layer: set by `__init__`, and by `keras_attn.convert`
+        on a Keras layer whose class it changes in place (already built, or not)."""
+        self._num_key_value_heads = num_key_value_heads or self._num_heads
         self.implementation = implementation
         self._scale = scale
         if scale is not None:
             self._inverse_sqrt_key_dim = scale  # the scale of Keras's einsum path and of the hook
         self._hard = hard
         self._attention_pattern = attention_pattern
-        self._position_bias = position_biases.check_position_bias(position_biases.get(position_bias), num_heads)
-        self._sequence_attention = None  # set by `build`: rank-3 inputs attending over axis 1
+        self._position_bias = position_biases.check_position_bias(position_biases.get(position_bias), self._num_heads)
+        # Rank-3 inputs attending over axis 1: set by `build`, or read from a built Keras layer's projections.
+        self._sequence_attention = keras_compatibility.built_for_the_sequence(self) if self.built else None
 
     def initial_cache(self, batch_size, max_length):
         """An all-zero self-attention cache for decoding up to `max_length` positions:
@@ -336,6 +350,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             value_mask = keras_mask(query) if value_mask is None else value_mask
         if key is None:
             key = value
+        if self._sequence_attention is None:  # converted before it was built: Keras's own `build` ran
+            self._sequence_attention = keras_compatibility.built_for_the_sequence(self)
         if not self._sequence_attention:
             return keras_compatibility.call_over_attention_axes(
                 self,

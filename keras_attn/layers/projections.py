@@ -12,11 +12,14 @@ from keras import ops
 
 from keras_attn.utils import compiled_by_xla
 
+INPUT_EQUATION = "abc,cde->abde"  # (batch, seq, features) -> (batch, seq, heads, head_dim)
+OUTPUT_EQUATION = "abcd,cde->abe"  # Keras's output projection, (batch, seq, heads, head_dim) -> (batch, seq, features)
+
 
 def projection(layer, name, heads, head_dim, activation=None):
     """A `(batch, seq, features) -> (batch, seq, heads, head_dim)` projection, as Keras builds it."""
     dense = keras.layers.EinsumDense(
-        "abc,cde->abde",
+        INPUT_EQUATION,
         output_shape=(None, heads, head_dim),
         bias_axes="de" if layer._use_bias else None,
         activation=activation,

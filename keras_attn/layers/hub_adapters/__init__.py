@@ -1,0 +1,90 @@
+"""Adapters: KerasHub attention layers that are not `keras.layers.MultiHeadAttention`, on keras_attn's kernels.
+
+The decoder blocks of the Llama, Mistral and Gemma families build their own attention layer
+(`LlamaAttention`, `CachedMistralAttention`, `CachedGemmaAttention`): its `call` projects the
+inputs, applies the rotary embedding, writes the key/value cache and then calls the layer's
+`_compute_attention` hook on the projected query, keys and values. An adapter is a module of this
+package that defines, for one hook signature:
+
+- `compute_attention(layer, ...)`: the hook, computed by `keras_attn.scaled_dot_product_attention`
+  with the layer's scale, mask, window and dropout;
+- `why_unsupported(layer)`: `None`, or why this layer's attention cannot run there (e.g. Gemma 2's
+  logit soft-capping, which the core op has no way to apply).
+
+`ADAPTERS` maps the qualified name of each KerasHub class to its adapter: the one registry. A layer
+is matched by the classes of its MRO, so KerasHub itself is never imported (nor is it a
+dependency); `adapt` changes the layer's class in place to a subclass whose hook is the adapter's
+(one per KerasHub class, cached). The layer keeps its call, its cache handling, its sublayers and
+its variables. A KerasHub attention layer whose class has no adapter is reported by `convert` with
+`why_not_adapted`.
+"""
+
+import importlib
+
+ADAPTERS = {
+    "keras_hub.src.models.llama.llama_attention.LlamaAttention": "repeated_heads",
+    "keras_hub.src.models.mistral.mistral_attention.CachedMistralAttention": "repeated_heads",
+    "keras_hub.src.models.gemma.gemma_attention.CachedGemmaAttention": "gemma",
+}
+_ADAPTER = "_keras_attn_adapter"  # the class attribute naming an adapted class's adapter module
+_ADAPTED_CLASSES = {}
+
+
+def is_hub_attention(layer):
+    """Whether `layer` is a KerasHub attention layer of its own kind (adapted or not)."""
+    klass = type(layer)
+    return is_adapted(layer) or (klass.__module__.startswith("keras_hub.") and klass.__name__.endswith("Attention"))
+
+
+def is_adapted(layer):
+    """Whether `layer`'s attention already runs through an adapter."""
+    return getattr(type(layer), _ADAPTER, None) is not None
+
+
+def why_not_adapted(layer):
+    """`None` if an adapter takes `layer`, else the reason none does."""
+    klass = type(layer)
+    registered = _registered_class(klass)
+    if registered is None:
+        return (
+            f"no keras_attn adapter for KerasHub's {klass.__name__} ({klass.__module__}); adapters exist for "
+            + ", ".join(name.rsplit(".", 1)[1] for name in ADAPTERS)
+        )
+    if klass._compute_attention is not registered._compute_attention:
+        return (
+            f"its class {klass.__name__} overrides `_compute_attention` of KerasHub's {registered.__name__}, "
+            "the hook the adapter replaces; its own computation would be lost"
+        )
+    return _adapter(registered).why_unsupported(layer)
+
+
+def adapt(layer, implementation):
+    """Change `layer`'s class in place to its adapted class, whose attention runs with `implementation`."""
+    registered = _registered_class(type(layer))
+    if type(layer) not in _ADAPTED_CLASSES:
+        adapter = _adapter(registered)
+        _ADAPTED_CLASSES[type(layer)] = type(
+            type(layer).__name__,
+            (type(layer),),
+            {
+                "_compute_attention": adapter.compute_attention,
+                _ADAPTER: adapter.__name__,
+                "__module__": adapter.__name__,
+                "__doc__": type(layer).__doc__,
+            },
+        )
+    layer.__class__ = _ADAPTED_CLASSES[type(layer)]
+    layer.implementation = implementation
+
+
+def _registered_class(klass):
+    """The class of `klass`'s MRO that has an adapter, or `None`."""
+    for base in klass.__mro__:
+        if f"{base.__module__}.{base.__qualname__}" in ADAPTERS:
+            return base
+    return None
+
+
+def _adapter(registered):
+    name = ADAPTERS[f"{registered.__module__}.{registered.__qualname__}"]
+    return importlib.import_module(f"{__name__}.{name}")

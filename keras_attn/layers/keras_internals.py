@@ -1,0 +1,18 @@
+"""The parts of Keras that are not public API which `keras_attn.convert` needs, in one place.
+
+`sublayers(layer)` is what Keras itself walks to find a layer's weights (`Layer._flatten_layers`):
+the layers tracked as attributes of a custom layer or a subclassed model, and the layers of a
+Functional or Sequential model. Keras has no public equivalent for a layer that is not a model.
+`layer_tree(layer)` is the same walk to any depth, `layer` first.
+`tests/test_keras_internals.py` checks it against the pinned Keras.
+"""
+
+
+def sublayers(layer):
+    """The layers `layer` holds directly (not itself, not their own sublayers), in tracking order."""
+    return layer._flatten_layers(include_self=False, recursive=False)
+
+
+def layer_tree(layer):
+    """`layer` and every layer it holds, to any depth, each once."""
+    return layer._flatten_layers(include_self=True, recursive=True)

@@ -1,0 +1,210 @@
+"""`keras_attn.convert` on KerasHub's models, built from their constructors (tiny sizes, random weights).
+
+The oracle is the same model unconverted, with the same weights: outputs and gradients within
+1e-5 on real tokens, greedy `generate` giving the same tokens through the cache. Each model keeps
+its class; the report counts the layers converted (Keras's `MultiHeadAttention` and KerasHub's
+`CachedMultiHeadAttention`) and adapted (Llama, Mistral, Gemma attention).
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import ops
+
+import keras_attn
+from tests.twin_models import max_difference
+from tests.twin_models import twins
+
+keras_hub = pytest.importorskip("keras_hub")
+
+VOCABULARY, LENGTH, LAYERS = 64, 10, 2
+TOLERANCE = 1e-5
+
+
+def _inputs(seed=0):
+    """Two sequences, the second padded over its last three positions."""
+    token_ids = np.random.default_rng(seed).integers(1, VOCABULARY, (2, LENGTH)).astype("int32")
+    padding_mask = np.ones((2, LENGTH), bool)
+    padding_mask[1, -3:] = False
+    token_ids[~padding_mask] = 0
+    return {"token_ids": token_ids, "padding_mask": padding_mask}
+
+
+def _backbone(name, **extra):
+    """A tiny KerasHub backbone by constructor arguments (no preset is downloaded)."""
+    common = dict(vocabulary_size=VOCABULARY, num_layers=LAYERS, hidden_dim=16, intermediate_dim=32)
+    grouped = dict(num_query_heads=4, num_key_value_heads=2)
+    models = keras_hub.models
+    builders = {
+        "bert": lambda: models.BertBackbone(num_heads=2, max_sequence_length=32, **common),
+        "gpt2": lambda: models.GPT2Backbone(num_heads=2, max_sequence_length=32, **common),
+        "llama": lambda: models.LlamaBackbone(**grouped, **common),
+        "mistral": lambda: models.MistralBackbone(sliding_window=4, **grouped, **common),
+        "gemma": lambda: models.GemmaBackbone(head_dim=8, **grouped, **common, **extra),
+        "qwen": lambda: models.QwenBackbone(num_query_heads=4, num_key_value_heads=2, **common),
+    }
+    return builders[name]()
+
+
+def _backbone_inputs(name, seed=0):
+    inputs = _inputs(seed)
+    if name == "bert":
+        inputs["segment_ids"] = np.zeros_like(inputs["token_ids"])
+    return inputs
+
+
+def _sequence_output(model, inputs):
+    outputs = model(inputs)
+    return outputs["sequence_output"] if isinstance(outputs, dict) else outputs
+
+
+def _check_outputs_and_gradients(reference, model, inputs):
+    """Outputs at the real tokens and the gradients of a loss over them, within `TOLERANCE`."""
+    valid = inputs["padding_mask"]
+    weights = np.random.default_rng(1).normal(size=(16,)).astype("float32")
+
+    def run(m):
+        with tf.GradientTape() as tape:
+            output = _sequence_output(m, inputs)
+            loss = tf.reduce_sum(tf.where(valid[..., None], output * weights, 0.0))
+        return output, tape.gradient(loss, m.trainable_variables)
+
+    (expected, expected_gradients), (got, got_gradients) = run(reference), run(model)
+    output_difference = max_difference(ops.convert_to_numpy(got)[valid], ops.convert_to_numpy(expected)[valid])
+    assert [g is None for g in got_gradients] == [e is None for e in expected_gradients]  # e.g. an unused pooler
+    pairs = [
+        (tf.convert_to_tensor(g), tf.convert_to_tensor(e))
+        for g, e in zip(got_gradients, expected_gradients)
+        if e is not None
+    ]
+    # Relative to each gradient's largest entry: a token embedding sums many positions' gradients.
+    gradient_difference = max(max_difference(g, e) / max(1.0, float(np.max(np.abs(e)))) for g, e in pairs)
+    assert output_difference < TOLERANCE and gradient_difference < TOLERANCE, (output_difference, gradient_difference)
+    return output_difference, gradient_difference
+
+
+@pytest.mark.parametrize(
+    "name, converted, adapted",
+    [("bert", LAYERS, 0), ("gpt2", LAYERS, 0), ("llama", 0, LAYERS), ("mistral", 0, LAYERS), ("gemma", 0, LAYERS)],
+)
+def test_backbones_outputs_and_gradients_equal_the_original(name, converted, adapted):
+    reference, model = twins(lambda: _backbone(name))
+    variables = [id(v) for v in model.weights]
+    result, report = keras_attn.convert(model, return_report=True)
+
+    assert result is model and type(model) is type(reference)
+    assert [id(v) for v in model.weights] == variables
+    assert (len(report.converted), len(report.adapted), report.unconverted) == (converted, adapted, ())
+    assert all(path.startswith(f"{model.name}/") for path in report.converted + report.adapted)
+    _check_outputs_and_gradients(reference, model, _backbone_inputs(name))
+    assert keras_attn.convert(model, return_report=True)[1].already_ours == report.converted + report.adapted
+
+
+def test_gemma_sliding_window_runs_as_the_core_op_window():
+    reference, model = twins(lambda: _backbone("gemma", use_sliding_window_attention=True, sliding_window_size=3))
+    report = keras_attn.convert(model, return_report=True)[1]
+    assert len(report.adapted) == LAYERS
+    _check_outputs_and_gradients(reference, model, _backbone_inputs("gemma"))
+
+
+def test_gemma_logit_soft_capping_is_named_not_converted():
+    model = _backbone("gemma", attention_logit_soft_cap=50.0)
+    with pytest.raises(ValueError, match=r"decoder_block_0/attention: Gemma 2's logit soft-capping"):
+        keras_attn.convert(model)
+    with pytest.warns(UserWarning, match=r"found no attention layer it can convert in the model `gemma_backbone\w*`"):
+        report = keras_attn.convert(model, strict=False, return_report=True)[1]
+    assert (report.converted, report.adapted, len(report.unconverted)) == ((), (), LAYERS)
+
+
+def test_an_architecture_without_adapter_is_named():
+    model = _backbone("qwen")
+    with pytest.raises(ValueError, match=r"/self_attention: no keras_attn adapter for KerasHub's QwenAttention"):
+        keras_attn.convert(model)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "gemma"])
+def test_causal_lm_generates_the_same_tokens_and_trains(name):
+    task = {
+        "gpt2": keras_hub.models.GPT2CausalLM,
+        "llama": keras_hub.models.LlamaCausalLM,
+        "gemma": keras_hub.models.GemmaCausalLM,
+    }[name]
+    reference, model = twins(lambda: task(backbone=_backbone(name), preprocessor=None))
+    model.compile(sampler="greedy")
+    reference.compile(sampler="greedy")
+    prompt = {"token_ids": np.zeros((2, LENGTH), "int32"), "padding_mask": np.zeros((2, LENGTH), bool)}
+    prompt["token_ids"][:, :3] = np.random.default_rng(2).integers(1, VOCABULARY, (2, 3))
+    prompt["padding_mask"][:, :3] = True
+    expected = reference.generate(prompt, stop_token_ids=None)
+    model.generate(prompt, stop_token_ids=None)  # traced before convert: must be traced again
+
+    report = keras_attn.convert(model, return_report=True)[1]
+    assert type(model) is task and len(report.converted + report.adapted) == LAYERS
+    got = model.generate(prompt, stop_token_ids=None)
+    np.testing.assert_array_equal(got["token_ids"], expected["token_ids"])
+    assert bool(np.all(got["token_ids"][:, 3:] != 0))  # generated, not the prompt's padding
+
+    # A task built around a converted backbone (the class kept, so KerasHub accepts it).
+    rebuilt = task(backbone=model.backbone, preprocessor=None)
+    rebuilt.compile(sampler="greedy")
+    np.testing.assert_array_equal(rebuilt.generate(prompt, stop_token_ids=None)["token_ids"], expected["token_ids"])
+
+    inputs = _inputs(3)
+    labels = np.roll(inputs["token_ids"], -1, axis=1)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(inputs, labels, sample_weight=inputs["padding_mask"].astype("float32"), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_keras_hub_transformer_layers_in_a_functional_model():
+    def build():
+        tokens = keras.Input((LENGTH,), dtype="int32")
+        memory_tokens = keras.Input((LENGTH,), dtype="int32")
+        embedding = keras.layers.Embedding(VOCABULARY, 16, mask_zero=True)
+        memory = keras_hub.layers.TransformerEncoder(32, 2, name="encoder")(embedding(memory_tokens))
+        x = keras_hub.layers.TransformerDecoder(32, 2, name="decoder")(embedding(tokens), memory)
+        return keras.Model([tokens, memory_tokens], x, name="seq2seq")
+
+    reference, model = twins(build)
+    report = keras_attn.convert(model, return_report=True)[1]
+    assert type(model) is type(reference)
+    assert sorted(report.converted) == [
+        "seq2seq/decoder/cross_attention",
+        "seq2seq/decoder/self_attention",
+        "seq2seq/encoder/self_attention_layer",
+    ]
+    inputs = [_inputs(4)["token_ids"], _inputs(5)["token_ids"]]
+    valid = inputs[0] != 0
+    expected, got = ops.convert_to_numpy(reference(inputs)), ops.convert_to_numpy(model(inputs))
+    assert max_difference(got[valid], expected[valid]) < TOLERANCE
+
+
+def test_keras_file_reloads_the_original_attention_convert_again(tmp_path):
+    reference, model = twins(lambda: _backbone("llama"))
+    keras_attn.convert(model)
+    model.save(tmp_path / "llama.keras")
+    reloaded = keras.saving.load_model(tmp_path / "llama.keras")
+
+    # KerasHub's decoder block builds its attention in its own code: reloaded, it is KerasHub's.
+    attention = reloaded.get_layer("transformer_layer_0")._self_attention_layer
+    assert type(attention) is type(reference.get_layer("transformer_layer_0")._self_attention_layer)
+    inputs = _backbone_inputs("llama", 6)
+    assert max_difference(reloaded(inputs), reference(inputs)) == 0.0
+    report = keras_attn.convert(reloaded, return_report=True)[1]
+    assert len(report.adapted) == LAYERS
+    assert max_difference(reloaded(inputs), model(inputs)) == 0.0
+
+
+def test_a_keras_hub_layer_named_attention_holding_keras_attention_is_a_container():
+    from keras_hub.src.models.dinov2.dinov2_layers import DINOV2Attention
+
+    def build():
+        inputs = keras.Input((LENGTH, 16))
+        return keras.Model(inputs, DINOV2Attention(16, 2, name="dino")(inputs), name="vision")
+
+    reference, model = twins(build)
+    report = keras_attn.convert(model, return_report=True)[1]
+    assert (report.converted, report.unconverted) == (("vision/dino/attention",), ())
+    x = np.random.default_rng(7).normal(size=(2, LENGTH, 16)).astype("float32")
+    assert max_difference(model(x), reference(x)) < TOLERANCE

@@ -1,0 +1,31 @@
+"""`keras_attn.layers.keras_internals` against the pinned Keras: the layers Keras tracks, as Keras walks them."""
+
+import keras
+
+from keras_attn.layers.keras_internals import layer_tree
+from keras_attn.layers.keras_internals import sublayers
+
+
+class Holder(keras.layers.Layer):
+    """A custom layer holding an attention layer directly and a dense layer in a list."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.attention = keras.layers.MultiHeadAttention(2, 4, name="attention")
+        self.heads = [keras.layers.Dense(3, name="head")]
+
+    def call(self, x):
+        return self.heads[0](self.attention(x, x))
+
+
+def test_sublayers_and_layer_tree_of_custom_layers_and_models():
+    holder = Holder(name="holder")
+    inputs = keras.Input((5, 8))
+    model = keras.Model(inputs, holder(inputs), name="model")
+
+    assert [layer.name for layer in sublayers(holder)] == ["attention", "head"]
+    assert holder in sublayers(model)
+    tree = layer_tree(model)
+    assert tree[0] is model
+    assert holder.attention in tree and holder.attention._query_dense in tree
+    assert len({id(layer) for layer in tree}) == len(tree)  # each once
