@@ -40,6 +40,14 @@ def plot_uri(name):
     return f"benchmarks/{name}.png"
 
 
+def breakable_headers(markdown):
+    """`markdown` with a line-break opportunity after each `_` of its tables' header rows, so that
+    a column named `speedup_vs_keras_same_jit` can be narrower than its name."""
+    return re.sub(
+        r"(?m)^(\|.*\|)(?=\n\|(?: -+ \|)+$)", lambda header: header[1].replace("_", "_<wbr>"), markdown
+    )
+
+
 def benchmarks_markdown(summary, plotted):
     """The page: `summary` (run_all's, one `### `name` (seconds)` section per script) under the
     page's own title, each section ending with the plot of the scripts in `plotted`."""
@@ -50,12 +58,12 @@ def benchmarks_markdown(summary, plotted):
         parts.append(f"## {section.rstrip()}\n\n")
         if name in plotted:
             parts.append(f"![{name}: the ratio to its peer per row]({plot_uri(name)})\n\n")
-    return "".join(parts)
+    return breakable_headers("".join(parts))
 
 
 def families_table(result, mode="forward_backward"):
     """Markdown: per family (rows) and length (columns), the call's own memory and its time in
-    `mode`, or why that step was not run."""
+    `mode`, "not run" where a step was not started, its reason listed under the table."""
     rows = [row for row in result["rows"] if row["mode"] == mode]
     lengths = sorted({row["length"] for row in rows})
     cases = list(dict.fromkeys(row["case"] for row in rows))
@@ -64,19 +72,20 @@ def families_table(result, mode="forward_backward"):
     lines.append("| --- |" + " ---: |" * len(lengths))
     lines += [f"| `{case}` | " + " | ".join(cells.get((case, n), "-") for n in lengths) + " |" for case in cases]
     machine = result["machine"]
-    return (
-        "\n".join(lines)
-        + f"\n\nEach cell: the call's own memory (GB) and its seconds, {mode.replace('_', ' + ')}, batch 1; "
-        f"measured {machine['time_utc']} UTC on {machine['cpus']} shared cores "
-        f"(load average {machine['load_average'][0]:.1f}: read the seconds as orders of magnitude), "
-        f"from `{run_all.shown_path(FAMILIES_RESULT)}`.\n"
-    )
+    lines += [
+        "",
+        f"Each cell: the call's own memory and its time, {mode.replace('_', ' + ')}, batch 1; measured "
+        f"{machine['time_utc']} UTC on {machine['cpus']} shared cores (load average "
+        f"{machine['load_average'][0]:.1f}: read the seconds as orders of magnitude), from "
+        f"`{run_all.shown_path(FAMILIES_RESULT)}`.",
+        "",
+    ]
+    lines += [f"- `{row['case']}` at {row['length']:,} tokens {row['status']}" for row in rows if row["status"] != "ok"]
+    return "\n".join(lines) + "\n"
 
 
 def _cell(row):
-    if row["status"] != "ok":
-        return row["status"]  # "not run: <why>"
-    return f"{row['call_gb']:.2f} GB, {row['seconds']:.1f} s"
+    return f"{row['call_gb']:.2f} GB, {row['seconds']:.1f} s" if row["status"] == "ok" else "not run"
 
 
 def on_files(files, config):

@@ -1,7 +1,8 @@
-"""The reference site, built as `make docs` builds it and opened in a real browser: every page
-loads without console errors, every internal link and anchor resolves, and every public name of
-`keras_attn` has a page, reachable from the index, with its signature, arguments and an example.
-The guides' Python examples run as written."""
+"""The reference site, built as `make docs` builds it and opened in a real browser 1,280 px wide:
+every page loads without console errors, every internal link and anchor resolves, no table is
+clipped, every public name has a page in the navigation with its signature first, its arguments
+and an example, a search for "multi head" finds `MultiHeadAttention` and the kernels guide's
+formulas render. The guides' Python examples run as written."""
 
 import functools
 import http.server
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import keras_attn
+from docs import api_pages
 from tests.browser import open_url
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -22,6 +24,11 @@ PUBLIC = [name for name in keras_attn.__all__ if not name.startswith("__")]
 MODULES = {"attention_families", "patterns"}  # public modules: a page of members, no signature of their own
 
 pytestmark = pytest.mark.slow
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass  # one line per request would bury the test's output
 
 
 @pytest.fixture(scope="module")
@@ -37,34 +44,50 @@ def site(tmp_path_factory):
         env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(out)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/"
     server.shutdown()
 
 
-def test_every_page_loads_every_link_resolves_and_every_public_name_has_its_page(site):
+WIDTH = 1280  # a laptop screen: the narrowest width with both sidebars
+# A table is clipped when it, or a box around it inside the text, is wider than what it shows.
+CLIPPED_TABLES = """() => Array.from(document.querySelectorAll('article table')).flatMap(table => {
+    for (let box = table; box.tagName !== 'ARTICLE'; box = box.parentElement)
+        if (box.scrollWidth > box.clientWidth)
+            return [`${box.scrollWidth} > ${box.clientWidth} px: ${table.innerText.slice(0, 60)}`];
+    return [];
+})"""
+
+
+def crawl(site):
+    """Every page reachable from the home page (navigation, contents and text links), each opened
+    at `WIDTH` px: `{url: (article text, doctest examples, signature or None, clipped tables)}`.
+    Fails on a console error, a page or file that does not load, or an anchor that is missing."""
     seen, queue, pages, anchors_to_check = set(), [site], {}, {}
-    with open_url(site) as page:
+    with open_url(site, width=WIDTH) as page:
         while queue:
             url = queue.pop()
             if url in seen:
                 continue
             seen.add(url)
+            if not url.endswith(("/", ".html")):  # a file the text links to
+                assert page.request.get(url).status == 200, f"dead link: {url}"
+                continue
             response = page.goto(url, wait_until="networkidle")  # the search worker loads before we leave
-            assert response is not None and response.status == 200, url
+            assert response is not None and response.status == 200, f"dead link: {url}"
             examples = page.eval_on_selector_all(
                 "article pre", "blocks => blocks.filter(b => b.innerText.includes('>>>')).length"
             )
-            pages[url] = (page.inner_text("article"), examples)
-            for href in page.eval_on_selector_all("article a[href]", "links => links.map(a => a.href)"):
+            signature = page.query_selector("article h1 + .doc-signature")
+            signature = signature.inner_text() if signature else None
+            pages[url] = (page.inner_text("article"), examples, signature, page.evaluate(CLIPPED_TABLES))
+            for href in page.eval_on_selector_all("a[href]", "links => links.map(a => a.href)"):
                 target, _, anchor = href.partition("#")
                 if not target.startswith(site):
                     continue  # external links are not followed (and there should be none)
                 if anchor:
-                    if target == url or not target:
+                    if target == url:
                         assert page.query_selector(f"[id='{anchor}']"), f"{url}: no anchor #{anchor}"
                     else:
                         anchors_to_check.setdefault(target, set()).add(anchor)
@@ -73,14 +96,49 @@ def test_every_page_loads_every_link_resolves_and_every_public_name_has_its_page
             page.goto(target, wait_until="networkidle")
             for anchor in anchors:
                 assert page.query_selector(f"[id='{anchor}']"), f"{target}: no anchor #{anchor}"
-    for name in PUBLIC:
-        url = urllib.parse.urljoin(site, f"api/{name}/")
-        assert url in pages, f"keras_attn.{name} has no page reachable from the index"
-        text, examples = pages[url]
-        assert examples, f"keras_attn.{name}: no runnable (doctest) example"
-        if name not in MODULES:
-            assert re.search(rf"\b{name}\(", text), f"keras_attn.{name}: no signature"
-            assert "Parameters:" in text, f"keras_attn.{name}: no arguments"
+    return pages
+
+
+def test_every_page_loads_every_link_resolves_no_table_is_clipped_and_every_public_name_has_its_page(site):
+    pages = crawl(site)
+    clipped = {url: tables for url, (_, _, _, tables) in pages.items() if tables}
+    assert not clipped, f"tables clipped at {WIDTH} px: {clipped}"
+    for name in api_pages.public_names():
+        url = urllib.parse.urljoin(site, api_pages.page_path(name).removesuffix(".md") + "/")
+        assert url in pages, f"keras_attn.{name} has no page reachable from the home page"
+        text, examples, signature, _ = pages[url]
+        short_name = name.split(".")[-1]
+        if name in MODULES:
+            assert signature is None, f"keras_attn.{name}: a module page with a signature"
+            continue
+        assert signature and signature.startswith(f"{short_name}("), f"keras_attn.{name}: no signature first"
+        assert "PARAMETER" in text, f"keras_attn.{name}: no arguments"
+        if name in PUBLIC:
+            assert examples, f"keras_attn.{name}: no runnable (doctest) example"
+
+
+def test_searching_multi_head_finds_multi_head_attention(site):
+    with open_url(site, width=WIDTH) as page:
+        page.wait_for_load_state("networkidle")  # the search index is loaded
+        page.fill("input.md-search__input", "multi head")
+        page.wait_for_selector(".md-search-result__item")
+        found = page.eval_on_selector_all(".md-search-result__item > a", "links => links.map(a => a.href)")
+        assert urllib.parse.urljoin(site, "api/MultiHeadAttention/") in found, found
+
+
+def test_the_kernels_guide_renders_its_math(site):
+    with open_url(urllib.parse.urljoin(site, "guides/kernels/"), width=WIDTH) as page:
+        formulas = page.query_selector_all("article .arithmatex")
+        assert len(formulas) >= 5
+        assert all(formula.query_selector(".katex") for formula in formulas), "a formula KaTeX did not render"
+
+
+def test_every_public_name_has_one_navigation_section_and_a_new_one_stops_the_build():
+    assert api_pages.checked_sections(api_pages.SECTIONS, api_pages.public_names())
+    with pytest.raises(ValueError, match=r"not placed \['NewLayer'\]"):
+        api_pages.checked_sections(api_pages.SECTIONS, [*api_pages.public_names(), "NewLayer"])
+    with pytest.raises(ValueError, match=r"placed twice \['convert'\]"):
+        api_pages.checked_sections({**api_pages.SECTIONS, "Again": ["convert"]}, api_pages.public_names())
 
 
 def test_the_guides_python_examples_run():
