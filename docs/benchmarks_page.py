@@ -43,9 +43,7 @@ def plot_uri(name):
 def breakable_headers(markdown):
     """`markdown` with a line-break opportunity after each `_` of its tables' header rows, so that
     a column named `speedup_vs_keras_same_jit` can be narrower than its name."""
-    return re.sub(
-        r"(?m)^(\|.*\|)(?=\n\|(?: -+ \|)+$)", lambda header: header[1].replace("_", "_<wbr>"), markdown
-    )
+    return re.sub(r"(?m)^(\|.*\|)(?=\n\|(?: -+ \|)+$)", lambda header: header[1].replace("_", "_<wbr>"), markdown)
 
 
 def benchmarks_markdown(summary, plotted):

@@ -17,6 +17,7 @@ import pytest
 
 import keras_attn
 from docs import api_pages
+from docs import crosslinks
 from tests.browser import open_url
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -50,11 +51,12 @@ def site(tmp_path_factory):
     server.shutdown()
 
 
-WIDTH = 1280  # a laptop screen: the narrowest width with both sidebars
-# A table is clipped when it, or a box around it inside the text, is wider than what it shows.
+WIDTH = 1280  # a laptop screen
+# A table is clipped when it, or a box around it up to the page's text that clips or scrolls its
+# content (overflow other than `visible`: Material's scrolling wrapper), is wider than it shows.
 CLIPPED_TABLES = """() => Array.from(document.querySelectorAll('article table')).flatMap(table => {
-    for (let box = table; box.tagName !== 'ARTICLE'; box = box.parentElement)
-        if (box.scrollWidth > box.clientWidth)
+    for (let box = table; box; box = box.tagName === 'ARTICLE' ? null : box.parentElement)
+        if (getComputedStyle(box).overflowX !== 'visible' && box.scrollWidth > box.clientWidth)
             return [`${box.scrollWidth} > ${box.clientWidth} px: ${table.innerText.slice(0, 60)}`];
     return [];
 })"""
@@ -112,18 +114,20 @@ def test_every_page_loads_every_link_resolves_no_table_is_clipped_and_every_publ
             assert signature is None, f"keras_attn.{name}: a module page with a signature"
             continue
         assert signature and signature.startswith(f"{short_name}("), f"keras_attn.{name}: no signature first"
-        assert "PARAMETER" in text, f"keras_attn.{name}: no arguments"
-        if name in PUBLIC:
+        if name in PUBLIC:  # the top-level names (keras_attn.visualization's: a signature is enough)
+            assert "PARAMETER" in text, f"keras_attn.{name}: no arguments"
             assert examples, f"keras_attn.{name}: no runnable (doctest) example"
 
 
 def test_searching_multi_head_finds_multi_head_attention(site):
     with open_url(site, width=WIDTH) as page:
         page.wait_for_load_state("networkidle")  # the search index is loaded
-        page.fill("input.md-search__input", "multi head")
+        page.click("input.md-search__input")
+        page.keyboard.type("multi head")
         page.wait_for_selector(".md-search-result__item")
         found = page.eval_on_selector_all(".md-search-result__item > a", "links => links.map(a => a.href)")
-        assert urllib.parse.urljoin(site, "api/MultiHeadAttention/") in found, found
+    pages = [urllib.parse.urlsplit(href)._replace(query="", fragment="").geturl() for href in found]
+    assert urllib.parse.urljoin(site, "api/MultiHeadAttention/") in pages, found
 
 
 def test_the_kernels_guide_renders_its_math(site):
@@ -139,6 +143,14 @@ def test_every_public_name_has_one_navigation_section_and_a_new_one_stops_the_bu
         api_pages.checked_sections(api_pages.SECTIONS, [*api_pages.public_names(), "NewLayer"])
     with pytest.raises(ValueError, match=r"placed twice \['convert'\]"):
         api_pages.checked_sections({**api_pages.SECTIONS, "Again": ["convert"]}, api_pages.public_names())
+
+
+def test_a_code_span_naming_a_public_name_links_to_its_page_outside_code_blocks():
+    text = "`ALiBi`, `keras_attn.convert`, `alibi`, `convert`, [`ALiBi`](a.md)\n\n```python\nx = `ALiBi`\n```\n"
+    assert crosslinks.linked(text, crosslinks.identifiers()) == (
+        "[`ALiBi`][keras_attn.ALiBi], [`keras_attn.convert`][keras_attn.convert], `alibi`, `convert`, "
+        "[`ALiBi`](a.md)\n\n```python\nx = `ALiBi`\n```\n"
+    )
 
 
 def test_the_guides_python_examples_run():
