@@ -27,7 +27,7 @@ def call_docstring(class_docstring):
     note = " ".join(match["note"].strip()[1:-1].split()) if match["note"] else ""
     parts = [f"{note[:1].upper()}{note[1:]}.\n" if note else "", f"Args:\n{match['arguments']}"]
     if match["returns"]:
-        parts.append(f"\nReturns:\n{match['returns']}")
+        parts.append(f"Returns:\n{match['returns']}")
     remaining = class_docstring[: match.start()] + POINTER + class_docstring[match.end() :]
     return remaining.rstrip("\n"), "\n".join(part for part in parts if part).rstrip("\n")
 

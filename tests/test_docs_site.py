@@ -5,6 +5,7 @@ and an example, a search for "multi head" finds `MultiHeadAttention` and the ker
 formulas render. The guides' Python examples run as written."""
 
 import functools
+import json
 import http.server
 import re
 import subprocess
@@ -17,7 +18,10 @@ import pytest
 
 import keras_attn
 from docs import api_pages
+from docs import benchmarks_page
+from docs import call_arguments
 from docs import crosslinks
+from tests.browser import broken_images
 from tests.browser import open_url
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -78,6 +82,7 @@ def crawl(site):
                 continue
             response = page.goto(url, wait_until="networkidle")  # the search worker loads before we leave
             assert response is not None and response.status == 200, f"dead link: {url}"
+            assert not broken_images(page), f"{url}: images that do not load: {broken_images(page)}"
             examples = page.eval_on_selector_all(
                 "article pre", "blocks => blocks.filter(b => b.innerText.includes('>>>')).length"
             )
@@ -151,6 +156,42 @@ def test_a_code_span_naming_a_public_name_links_to_its_page_outside_code_blocks(
         "[`ALiBi`][keras_attn.ALiBi], [`keras_attn.convert`][keras_attn.convert], `alibi`, `convert`, "
         "[`ALiBi`](a.md)\n\n```python\nx = `ALiBi`\n```\n"
     )
+
+
+def test_a_layers_call_arguments_section_becomes_its_call_methods_arguments_and_returns():
+    class_docstring = (
+        "A layer.\n\nArgs:\n    units: width.\n\n"
+        "Call arguments (the convention of\n    every layer):\n    inputs: `(batch, features)`.\n"
+        "    mask: optional; a long\n        description.\n\nReturns:\n    `(batch, units)`; then\n    more.\n\n"
+        "Example:\n\n>>> 1\n1"
+    )
+    remaining, call = call_arguments.call_docstring(class_docstring)
+    assert remaining == "A layer.\n\nArgs:\n    units: width.\n\n" + call_arguments.POINTER + "\nExample:\n\n>>> 1\n1"
+    assert call == (
+        "The convention of every layer.\n\nArgs:\n    inputs: `(batch, features)`.\n"
+        "    mask: optional; a long\n        description.\n\nReturns:\n    `(batch, units)`; then\n    more."
+    )
+    assert call_arguments.call_docstring("A layer.\n\nCall arguments: those of `SelfAttention`.") == (
+        "A layer.\n\nCall arguments: those of `SelfAttention`.",
+        None,
+    )
+
+
+def test_the_families_table_puts_each_measurement_in_its_row_and_column_and_says_why_a_step_did_not_run():
+    result = json.loads(benchmarks_page.FAMILIES_RESULT.read_text())
+    lines = benchmarks_page.families_table(result).splitlines()
+    lengths = [int(cell.split()[0].replace(",", "")) for cell in lines[0].strip("|").split("|")[1:]]
+    rows = {
+        line.split("|")[1].strip(" `"): line.strip("|").split("|")[1:] for line in lines[2:] if line.startswith("| `")
+    }
+    measured = [row for row in result["rows"] if row["mode"] == "forward_backward"]
+    assert len(measured) == len(rows) * len(lengths)
+    for row in measured:
+        cell = rows[row["case"]][lengths.index(row["length"])].strip()
+        if row["status"] == "ok":
+            assert cell == f"{row['call_gb']:.2f} GB, {row['seconds']:.1f} s"
+        else:
+            assert cell == "not run" and f"- `{row['case']}` at {row['length']:,} tokens {row['status']}" in lines
 
 
 def test_the_guides_python_examples_run():
