@@ -5,8 +5,8 @@ and an example, a search for "multi head" finds `MultiHeadAttention` and the ker
 formulas render. The guides' Python examples run as written."""
 
 import functools
-import json
 import http.server
+import json
 import re
 import subprocess
 import sys
