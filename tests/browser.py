@@ -33,9 +33,9 @@ def open_page(path):
 
 
 @contextlib.contextmanager
-def open_url(url):
-    """A playwright page showing `url`; fails the test on any console error or page error, on this
-    page or any other the test then opens in it."""
+def open_url(url, width=1400):
+    """A playwright page `width` pixels wide showing `url`; fails the test on any console error or
+    page error, on this page or any other the test then opens in it."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -47,7 +47,7 @@ def open_url(url):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport={"width": width, "height": 1000})
             page.on("console", lambda message: message.type == "error" and errors.append(message.text))
             page.on("pageerror", lambda error: errors.append(str(error)))
             page.on(

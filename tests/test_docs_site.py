@@ -1,10 +1,12 @@
-"""The reference site, built as `make docs` builds it and opened in a real browser: every page
-loads without console errors, every internal link and anchor resolves, and every public name of
-`keras_attn` has a page, reachable from the index, with its signature, arguments and an example.
-The pages' Python examples run as written, each as its own test."""
+"""The reference site, built as `make docs` builds it and opened in a real browser 1,280 px wide:
+every page loads without console errors, every internal link and anchor resolves, no table is
+clipped, every public name has a page in the navigation with its signature first, its arguments
+and an example, a search for "multi head" finds `MultiHeadAttention` and the kernels guide's
+formulas render. The pages' Python examples run as written, each as its own test."""
 
 import functools
 import http.server
+import json
 import re
 import subprocess
 import sys
@@ -15,6 +17,11 @@ from pathlib import Path
 import pytest
 
 import keras_attn
+from docs import api_pages
+from docs import benchmarks_page
+from docs import call_arguments
+from docs import crosslinks
+from tests.browser import broken_images
 from tests.browser import open_url
 from tests.markdown_examples import python_examples
 from tests.markdown_examples import run_example
@@ -24,6 +31,11 @@ PUBLIC = [name for name in keras_attn.__all__ if not name.startswith("__")]
 MODULES = {"attention_families", "patterns"}  # public modules: a page of members, no signature of their own
 
 pytestmark = pytest.mark.slow
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass  # one line per request would bury the test's output
 
 
 @pytest.fixture(scope="module")
@@ -39,34 +51,52 @@ def site(tmp_path_factory):
         env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(out)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/"
     server.shutdown()
 
 
-def test_every_page_loads_every_link_resolves_and_every_public_name_has_its_page(site):
+WIDTH = 1280  # a laptop screen
+# A table is clipped when it, or a box around it up to the page's text that clips or scrolls its
+# content (overflow other than `visible`: Material's scrolling wrapper), is wider than it shows.
+CLIPPED_TABLES = """() => Array.from(document.querySelectorAll('article table')).flatMap(table => {
+    for (let box = table; box; box = box.tagName === 'ARTICLE' ? null : box.parentElement)
+        if (getComputedStyle(box).overflowX !== 'visible' && box.scrollWidth > box.clientWidth)
+            return [`${box.scrollWidth} > ${box.clientWidth} px: ${table.innerText.slice(0, 60)}`];
+    return [];
+})"""
+
+
+def crawl(site):
+    """Every page reachable from the home page (navigation, contents and text links), each opened
+    at `WIDTH` px: `{url: (article text, doctest examples, signature or None, clipped tables)}`.
+    Fails on a console error, a page or file that does not load, or an anchor that is missing."""
     seen, queue, pages, anchors_to_check = set(), [site], {}, {}
-    with open_url(site) as page:
+    with open_url(site, width=WIDTH) as page:
         while queue:
             url = queue.pop()
             if url in seen:
                 continue
             seen.add(url)
+            if not url.endswith(("/", ".html")):  # a file the text links to
+                assert page.request.get(url).status == 200, f"dead link: {url}"
+                continue
             response = page.goto(url, wait_until="networkidle")  # the search worker loads before we leave
-            assert response is not None and response.status == 200, url
+            assert response is not None and response.status == 200, f"dead link: {url}"
+            assert not broken_images(page), f"{url}: images that do not load: {broken_images(page)}"
             examples = page.eval_on_selector_all(
                 "article pre", "blocks => blocks.filter(b => b.innerText.includes('>>>')).length"
             )
-            pages[url] = (page.inner_text("article"), examples)
-            for href in page.eval_on_selector_all("article a[href]", "links => links.map(a => a.href)"):
+            signature = page.query_selector("article h1 + .doc-signature")
+            signature = signature.inner_text() if signature else None
+            pages[url] = (page.inner_text("article"), examples, signature, page.evaluate(CLIPPED_TABLES))
+            for href in page.eval_on_selector_all("a[href]", "links => links.map(a => a.href)"):
                 target, _, anchor = href.partition("#")
                 if not target.startswith(site):
                     continue  # external links are not followed (and there should be none)
                 if anchor:
-                    if target == url or not target:
+                    if target == url:
                         assert page.query_selector(f"[id='{anchor}']"), f"{url}: no anchor #{anchor}"
                     else:
                         anchors_to_check.setdefault(target, set()).add(anchor)
@@ -75,14 +105,95 @@ def test_every_page_loads_every_link_resolves_and_every_public_name_has_its_page
             page.goto(target, wait_until="networkidle")
             for anchor in anchors:
                 assert page.query_selector(f"[id='{anchor}']"), f"{target}: no anchor #{anchor}"
-    for name in PUBLIC:
-        url = urllib.parse.urljoin(site, f"api/{name}/")
-        assert url in pages, f"keras_attn.{name} has no page reachable from the index"
-        text, examples = pages[url]
-        assert examples, f"keras_attn.{name}: no runnable (doctest) example"
-        if name not in MODULES:
-            assert re.search(rf"\b{name}\(", text), f"keras_attn.{name}: no signature"
-            assert "Parameters:" in text, f"keras_attn.{name}: no arguments"
+    return pages
+
+
+def test_every_page_loads_every_link_resolves_no_table_is_clipped_and_every_public_name_has_its_page(site):
+    pages = crawl(site)
+    clipped = {url: tables for url, (_, _, _, tables) in pages.items() if tables}
+    assert not clipped, f"tables clipped at {WIDTH} px: {clipped}"
+    for name in api_pages.public_names():
+        url = urllib.parse.urljoin(site, api_pages.page_path(name).removesuffix(".md") + "/")
+        assert url in pages, f"keras_attn.{name} has no page reachable from the home page"
+        text, examples, signature, _ = pages[url]
+        short_name = name.split(".")[-1]
+        if name in MODULES:
+            assert signature is None, f"keras_attn.{name}: a module page with a signature"
+            continue
+        assert signature and signature.startswith(f"{short_name}("), f"keras_attn.{name}: no signature first"
+        if name in PUBLIC:  # the top-level names (keras_attn.visualization's: a signature is enough)
+            assert "PARAMETER" in text, f"keras_attn.{name}: no arguments"
+            assert examples, f"keras_attn.{name}: no runnable (doctest) example"
+
+
+def test_searching_multi_head_finds_multi_head_attention(site):
+    with open_url(site, width=WIDTH) as page:
+        page.wait_for_load_state("networkidle")  # the search index is loaded
+        page.click("input.md-search__input")
+        page.keyboard.type("multi head")
+        page.wait_for_selector(".md-search-result__item")
+        found = page.eval_on_selector_all(".md-search-result__item > a", "links => links.map(a => a.href)")
+    pages = [urllib.parse.urlsplit(href)._replace(query="", fragment="").geturl() for href in found]
+    assert urllib.parse.urljoin(site, "api/MultiHeadAttention/") in pages, found
+
+
+def test_the_kernels_guide_renders_its_math(site):
+    with open_url(urllib.parse.urljoin(site, "guides/kernels/"), width=WIDTH) as page:
+        formulas = page.query_selector_all("article .arithmatex")
+        assert len(formulas) >= 5
+        assert all(formula.query_selector(".katex") for formula in formulas), "a formula KaTeX did not render"
+
+
+def test_every_public_name_has_one_navigation_section_and_a_new_one_stops_the_build():
+    assert api_pages.checked_sections(api_pages.SECTIONS, api_pages.public_names())
+    with pytest.raises(ValueError, match=r"not placed \['NewLayer'\]"):
+        api_pages.checked_sections(api_pages.SECTIONS, [*api_pages.public_names(), "NewLayer"])
+    with pytest.raises(ValueError, match=r"placed twice \['convert'\]"):
+        api_pages.checked_sections({**api_pages.SECTIONS, "Again": ["convert"]}, api_pages.public_names())
+
+
+def test_a_code_span_naming_a_public_name_links_to_its_page_outside_code_blocks():
+    text = "`ALiBi`, `keras_attn.convert`, `alibi`, `convert`, [`ALiBi`](a.md)\n\n```python\nx = `ALiBi`\n```\n"
+    assert crosslinks.linked(text, crosslinks.identifiers()) == (
+        "[`ALiBi`][keras_attn.ALiBi], [`keras_attn.convert`][keras_attn.convert], `alibi`, `convert`, "
+        "[`ALiBi`](a.md)\n\n```python\nx = `ALiBi`\n```\n"
+    )
+
+
+def test_a_layers_call_arguments_section_becomes_its_call_methods_arguments_and_returns():
+    class_docstring = (
+        "A layer.\n\nArgs:\n    units: width.\n\n"
+        "Call arguments (the convention of\n    every layer):\n    inputs: `(batch, features)`.\n"
+        "    mask: optional; a long\n        description.\n\nReturns:\n    `(batch, units)`; then\n    more.\n\n"
+        "Example:\n\n>>> 1\n1"
+    )
+    remaining, call = call_arguments.call_docstring(class_docstring)
+    assert remaining == "A layer.\n\nArgs:\n    units: width.\n\n" + call_arguments.POINTER + "\nExample:\n\n>>> 1\n1"
+    assert call == (
+        "The convention of every layer.\n\nArgs:\n    inputs: `(batch, features)`.\n"
+        "    mask: optional; a long\n        description.\n\nReturns:\n    `(batch, units)`; then\n    more."
+    )
+    assert call_arguments.call_docstring("A layer.\n\nCall arguments: those of `SelfAttention`.") == (
+        "A layer.\n\nCall arguments: those of `SelfAttention`.",
+        None,
+    )
+
+
+def test_the_families_table_puts_each_measurement_in_its_row_and_column_and_says_why_a_step_did_not_run():
+    result = json.loads(benchmarks_page.FAMILIES_RESULT.read_text())
+    lines = benchmarks_page.families_table(result).splitlines()
+    lengths = [int(cell.split()[0].replace(",", "")) for cell in lines[0].strip("|").split("|")[1:]]
+    rows = {
+        line.split("|")[1].strip(" `"): line.strip("|").split("|")[1:] for line in lines[2:] if line.startswith("| `")
+    }
+    measured = [row for row in result["rows"] if row["mode"] == "forward_backward"]
+    assert len(measured) == len(rows) * len(lengths)
+    for row in measured:
+        cell = rows[row["case"]][lengths.index(row["length"])].strip()
+        if row["status"] == "ok":
+            assert cell == f"{row['call_gb']:.2f} GB, {row['seconds']:.1f} s"
+        else:
+            assert cell == "not run" and f"- `{row['case']}` at {row['length']:,} tokens {row['status']}" in lines
 
 
 PAGE_EXAMPLES = [
