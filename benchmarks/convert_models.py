@@ -14,6 +14,9 @@ function. Each model runs in three variants with the same weights:
   to keras_attn's streaming kernel); only where Keras's layers call `keras.ops.dot_product_attention`
   (KerasHub's Llama and Gemma attention does not on TensorFlow: no row).
 
+`dot_product_attention` is Keras's op alone (after a projection, so that the step has weights):
+`keras` and `flash` only.
+
 A training step is the forward pass, a loss (the mean square of the outputs) and the gradients of
 every weight inside `tf.function`; the variants run in turn `--repeats` times at each of
 `--time-lengths` and keep their best time. Peak memory: each (model, variant) at each of
@@ -44,10 +47,11 @@ from models import keras_io_examples
 
 PEER_RATIO = "time_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 GOAL_FIELDS = ("memory_vs_keras", "tokens_identical")
-# `make bench`: one keras.io model and GPT-2, time at 2,048 tokens, memory at 4,096, generation;
+# `make bench`: Keras's op, one keras.io model and GPT-2, time at 2,048 tokens, memory at 4,096, generation;
 # the full run is the script's defaults (see the docstring).
 BENCH_ARGS = [
     "--models",
+    "dot_product_attention",
     "text_classifier",
     "gpt2",
     "--time-lengths",
@@ -148,7 +152,19 @@ def gemma(length, args):
     return model, lambda batch: _backbone_inputs(batch, length, args.vocabulary)
 
 
+def attention_op(length, args):
+    """Keras's op alone (`keras.ops.dot_product_attention`, causal) after one `Dense` projection,
+    `--heads` heads of the `--width`: what the switch changes, without the rest of a model."""
+    depth = args.width // args.heads
+    features = keras.Input((length, args.width))
+    heads = keras.layers.Reshape((length, args.heads, depth))(keras.layers.Dense(args.width)(features))
+    attended = keras.layers.Lambda(lambda t: keras.ops.dot_product_attention(t, t, t, is_causal=True))(heads)
+    model = keras.Model(features, attended)
+    return model, lambda batch: tf.random.stateless_normal((batch, length, args.width), seed=(0, length))
+
+
 MODELS = {
+    "dot_product_attention": attention_op,
     "text_classifier": text_classifier,
     "translator": translator,
     "bert": bert,
@@ -159,7 +175,8 @@ MODELS = {
 
 
 def variants_of(name, args):
-    return [variant for variant in args.variants if not (variant == "flash" and name in NO_FLASH_PATH)]
+    skipped = {"flash": NO_FLASH_PATH, "converted": ("dot_product_attention",)}  # the op holds no layer to convert
+    return [variant for variant in args.variants if name not in skipped.get(variant, ())]
 
 
 def build(name, length, args):
