@@ -75,34 +75,16 @@ def sample_tokens(batch, length, vocabulary):
     return tf.constant(np.random.default_rng(length).integers(0, vocabulary, (batch, length + 1)), "int32")
 
 
-def _memory_gb(field):
-    """`VmRSS` (resident now) or `VmHWM` (its peak) of this process, in GB."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 2**20
-    raise OSError(f"no {field} in /proc/self/status")
-
-
 def run_child(args):
     """In the child: one training step of one model at one length; prints a JSON line.
 
-    The step is traced first; then the process's peak RSS is reset to its current RSS
-    (`/proc/self/clear_refs`, Linux) and the step's first run's peak is read, so `step_gb` is what
-    the training step holds at its peak (its graph optimisation included, for both models alike),
-    whatever the imports took. The first run, as a steady-state step would reuse memory the
-    allocator kept from an earlier one.
+    The step is traced first, then measured by `measurement.first_run_peak`.
     """
     model = models(args)[args.model]
     tokens = sample_tokens(max(1, args.tokens // args.length), args.length, args.vocabulary)
     step = training_step(model, tokens)
     step.get_concrete_function()
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")  # VmHWM := VmRSS
-    before = _memory_gb("VmRSS")
-    measurement._materialise(step())
-    peak = _memory_gb("VmHWM")
-    print(json.dumps({"peak_rss_gb": peak, "step_gb": peak - before, "rss_before_step_gb": before}))
+    print(json.dumps(measurement.first_run_peak(step)))
 
 
 def measure_length(length, args):

@@ -175,6 +175,31 @@ def report_causal_self_attention_call(layer, mode, length, width, baseline_rss_g
     print(json.dumps({"seconds": seconds, "peak_rss_gb": peak_rss_gb(), "baseline_rss_gb": baseline_rss_gb}))
 
 
+def _memory_gb(field):
+    """`VmRSS` (resident now) or `VmHWM` (its peak) of this process, in GB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 2**20
+    raise OSError(f"no {field} in /proc/self/status")
+
+
+def first_run_peak(step):
+    """Runs the traced `step` once; `{"peak_rss_gb", "step_gb", "rss_before_step_gb"}` of it.
+
+    The process's peak RSS is reset to its current RSS first (`/proc/self/clear_refs`, Linux), so
+    `step_gb` (the peak over the RSS before the run) is what the step holds at its peak (its graph
+    optimisation included), whatever the imports took. The first run, as a steady-state step
+    would reuse memory the allocator kept from an earlier one.
+    """
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # VmHWM := VmRSS
+    before = _memory_gb("VmRSS")
+    _materialise(step())
+    peak = _memory_gb("VmHWM")
+    return {"peak_rss_gb": peak, "step_gb": peak - before, "rss_before_step_gb": before}
+
+
 def _rss_gb(pid):
     try:
         with open(f"/proc/{pid}/status") as status:

@@ -34,8 +34,9 @@ SECTIONS = {
         "causal_mask",
         "sliding_window_mask",
         "merge_masks",
+        "ops",
     ],
-    "Conversion": ["convert"],
+    "Conversion": ["convert", "enable", "disable"],
     "Visualization": [
         "visualization.attention_weights",
         "visualization.AttentionCapture",

@@ -1,6 +1,7 @@
 """keras_attn: attention layers for TensorFlow/Keras 3."""
 
 from keras_attn import attention_families
+from keras_attn import ops
 from keras_attn import patterns
 from keras_attn.blocks.attention_pooling import AttentionPooling
 from keras_attn.blocks.feed_forward import FeedForward
@@ -20,6 +21,8 @@ from keras_attn.layers.conversion import convert
 from keras_attn.layers.cross_attention import CrossAttention
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.self_attention import SelfAttention
+from keras_attn.ops.keras_flash import disable
+from keras_attn.ops.keras_flash import enable
 from keras_attn.positions.alibi import ALiBi
 from keras_attn.positions.position_embedding import PositionEmbedding
 from keras_attn.positions.relative_position_bias import RelativePositionBias
@@ -50,8 +53,11 @@ __all__ = [
     "attention_families",
     "causal_mask",
     "convert",
+    "disable",
+    "enable",
     "masked_softmax",
     "merge_masks",
+    "ops",
     "patterns",
     "scaled_dot_product_attention",
     "sliding_window_mask",

@@ -3,7 +3,7 @@
 `convert` changes a model in place, so each test builds the model twice with the same weights
 (`tests.twin_models.twins`) and converts one: outputs within 1e-5, gradients within float32 rounding, the class and
 the variable paths kept, `.keras` reloads checked again; every attention layer that cannot be
-converted must be named with its reason. The keras.io examples are `tests.keras_io_examples`;
+converted must be named with its reason. The keras.io examples are `models.keras_io_examples`;
 KerasHub's models are in `tests/test_convert_keras_hub.py`.
 """
 
@@ -17,6 +17,7 @@ from keras import ops
 import keras_attn
 from keras_attn.layers import conversion
 from keras_attn.patterns import Causal
+from models import keras_io_examples
 from tests.kernel_registry import kernels_taking
 from tests.twin_models import max_difference
 from tests.twin_models import twins
@@ -514,8 +515,6 @@ def test_functions_traced_before_convert_are_traced_again():
 
 
 def test_keras_io_text_classification_example():
-    from tests import keras_io_examples
-
     model, fast = twins(lambda: keras_io_examples.text_classifier(LENGTH, 50, WIDTH, HEADS, 2 * WIDTH))
     fast, report = keras_attn.convert(fast, return_report=True)
     assert type(fast) is type(model) and len(report.converted) == 1 and report.unconverted == ()
@@ -527,9 +526,7 @@ def test_keras_io_text_classification_example():
 
 
 def test_keras_io_translation_example():
-    from tests import keras_io_examples
-
-    model, fast = twins(lambda: keras_io_examples.translator(LENGTH, 50, WIDTH, 2 * WIDTH, HEADS))
+    model, fast = twins(lambda: keras_io_examples.english_to_spanish_translator(LENGTH, 50, WIDTH, 2 * WIDTH, HEADS))
     fast, report = keras_attn.convert(fast, return_report=True)
     assert type(fast) is type(model) and report.unconverted == ()
     assert [path.split("/")[:2] for path in report.converted] == [["transformer", "encoder"]] + [
