@@ -22,7 +22,9 @@ from keras_attn.layers.capabilities import check_call
 from keras_attn.layers.mask_arguments import as_4d_mask
 from keras_attn.layers.mask_arguments import check_mask_shapes
 from keras_attn.layers.mask_arguments import merged_mask
+from keras_attn.layers.multi_head_arguments import check_scores_allowed
 from keras_attn.layers.multi_head_arguments import checked_pattern
+from keras_attn.layers.multi_head_arguments import kernel_name
 from keras_attn.utils import keras_mask
 
 
@@ -60,7 +62,13 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             layer's masking rules (no cache, bias or grouped key/value heads there).
         sliding_window: optional positive int; each query attends to keys with
             `|i - j| < sliding_window` (local/band attention).
-        flash_attention: accepted for compatibility with Keras; ignored.
+        flash_attention: `None` (default): `implementation` picks the kernel. `True`: never
+            materialise the `(query_len, key_len)` attention matrix: `"auto"` runs the blockwise
+            kernel (memory linear in the length, dropout included), `implementation` may name
+            `"blockwise"` or `"strided"`, and, as in Keras, `return_attention_scores=True` is a
+            `ValueError`. `False`: the dense kernel. A conflicting `implementation` or `hard=True`
+            is a `ValueError` naming both. Keras's global `keras.config.enable_flash_attention()`
+            does not reach this layer.
         kernel_initializer: initializer of the projection kernels, as for `Dense`.
         bias_initializer: initializer of the projection biases, as for `Dense`.
         kernel_regularizer: as for `Dense`.
@@ -217,7 +225,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             output_shape=output_shape,
             attention_axes=attention_axes,
             sliding_window=sliding_window,
-            flash_attention=flash_attention,
+            flash_attention=None,  # ours: Keras's refuses dropout, which our blockwise kernel applies
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
             kernel_regularizer=kernel_regularizer,
@@ -230,6 +238,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             **kwargs,
         )
         self._num_key_value_heads = num_key_value_heads or num_heads
+        self._flash_attention = flash_attention
         self.implementation = implementation
         self._scale = scale
         if scale is not None:
@@ -265,6 +274,10 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     @property
     def use_gate(self):
         return self._use_gate
+
+    @property
+    def flash_attention(self):
+        return self._flash_attention
 
     @property
     def scale(self):
@@ -329,6 +342,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         cache_update_index=None,
     ):
         check_call(self, query, value, key)
+        check_scores_allowed(self._flash_attention, return_attention_scores)
         use_causal_mask = use_causal_mask or self.causal
         if value is None:  # self-attention: Keras fills the masks of two tensor arguments, not of one
             value = query
@@ -403,7 +417,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             training=training,
             seed_generator=self._dropout_layer.seed_generator if self._dropout > 0 else None,
             return_weights=return_attention_scores,
-            implementation=self.implementation,
+            implementation=kernel_name(self._flash_attention, self.implementation),
             hard=self._hard,
             **options,
         )
@@ -504,6 +518,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         cache_update_index=None,
     ):
         """Symbolic `output[, scores][, cache]`, as `call` returns them."""
+        check_scores_allowed(self._flash_attention, return_attention_scores)
         value = query if value is None else value
         key_shape = None if key is None else key.shape
         # Keras's shape rule, also for subclasses whose `compute_output_shape` takes other arguments.
@@ -538,6 +553,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         config = super().get_config()
         config.update(
             {
+                "flash_attention": self._flash_attention,
                 "num_key_value_heads": self._num_key_value_heads,
                 "implementation": self.implementation,
                 "scale": self._scale,
