@@ -198,8 +198,9 @@ def _attention_layers(model):
 
 
 def _rebuildable(layer):
-    """Whether `clone_model` rebuilds `layer` layer by layer: a Sequential or Functional model."""
-    return isinstance(layer, (keras.Sequential, keras.src.models.Functional))
+    """Whether `clone_model` rebuilds `layer` layer by layer: a Sequential or Functional model (a
+    `keras.Model` that is a `keras.Function` of its inputs; a subclassed model is not)."""
+    return isinstance(layer, keras.Sequential) or isinstance(layer, keras.Model) and isinstance(layer, keras.Function)
 
 
 def _why_not_convertible(layer):

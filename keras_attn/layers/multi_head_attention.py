@@ -525,9 +525,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         output_shape = keras.layers.MultiHeadAttention.compute_output_shape(self, query.shape, value.shape, key_shape)
         weights = None
         if return_attention_scores:
-            if len(query.shape) != 3:  # the scores' axes follow `attention_axes`: trace them
-                return keras.src.backend.compute_output_spec(
-                    self.call,
+            if len(query.shape) != 3:  # the scores' axes follow `attention_axes`: trace `call`
+                return keras.Operation.compute_output_spec(
+                    self,
                     query,
                     value,
                     key,
