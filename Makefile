@@ -40,11 +40,11 @@ COMPAT_PY := $(COMPAT_VENV)/bin/python
 $(COMPAT_VENV)/.installed: setup.cfg pyproject.toml oldest-supported.txt
 	$(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_PY) -m pip install --quiet --upgrade pip
-	$(COMPAT_PY) -m pip install --quiet -c oldest-supported.txt -r oldest-supported.txt -e . "pytest>=8" "hypothesis>=6.100"
+	$(COMPAT_PY) -m pip install --quiet -c oldest-supported.txt -r oldest-supported.txt -e . "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100"
 	touch $@
 
 test-compat: $(COMPAT_VENV)/.installed
-	$(COMPAT_PY) -m pytest -q -p no:cacheprovider --library-only -m "not slow" tests keras_attn $(ARGS)
+	$(COMPAT_PY) -m pytest -n 2 --dist loadfile -q -p no:cacheprovider --library-only -m "not slow" tests keras_attn $(ARGS)
 
 # ruff: lint (pyflakes, pycodestyle, bugbear, import order) and the formatter, configured in pyproject.toml.
 lint: install
