@@ -2,7 +2,8 @@
 
 A module under `tests/` belongs to the library when what it imports at module level, followed
 through the tests' own helper modules, names none of `APP_MODULES` (the repository's apps and the
-optional dependencies a bare `pip install keras-attn` lacks); in such a module a test whose own
+optional dependencies a bare `pip install keras-attn` lacks, which importing the library never loads:
+tests/test_distribution.py); in such a module a test whose own
 body imports one of them is an app test too. Read with `ast`, before anything is imported, so a new
 test of `keras_attn` alone is selected without a list to keep up to date, and an app test never
 breaks the collection in an environment without the apps' dependencies.
@@ -31,7 +32,6 @@ APP_MODULES = frozenset(
         "sacrebleu",
         "playwright",
         "keras_hub",
-        "h5py",
     }
 )
 
