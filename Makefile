@@ -33,14 +33,14 @@ test: install browser lint
 
 # The library's own tests (`--library-only`: tests/library_selection.py), the slow ones left to
 # `make test`, in a separate venv holding the oldest supported pair (oldest-supported.txt, the
-# floors of setup.cfg's install_requires) and no app dependency.
+# floors of setup.cfg's install_requires), the library's `viz` extra and no app dependency.
 COMPAT_VENV := .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 
 $(COMPAT_VENV)/.installed: setup.cfg pyproject.toml oldest-supported.txt
 	$(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_PY) -m pip install --quiet --upgrade pip
-	$(COMPAT_PY) -m pip install --quiet -c oldest-supported.txt -r oldest-supported.txt -e . "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100"
+	$(COMPAT_PY) -m pip install --quiet -c oldest-supported.txt -r oldest-supported.txt -e ".[viz]" "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100"
 	touch $@
 
 test-compat: $(COMPAT_VENV)/.installed
