@@ -1,13 +1,13 @@
 # The two commands (see README.md):
 #   make main   install, then train/evaluate/export/verify the IMDB classifier on ../shared/data
 #   make test   install (and Debian's chromium for the page tests), then run the whole test suite
+#   make test-compat   the library's own tests on the oldest supported TensorFlow/Keras (CI too)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-export TF_CPP_MIN_LOG_LEVEL ?= 2
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: install browser lint main test docs bench
+.PHONY: install browser lint main test test-compat docs bench
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,21 @@ main: install
 
 test: install browser lint
 	$(PY) -m pytest -n 2 --dist loadfile -q $(ARGS)
+
+# The library's own tests (`--library-only`: tests/library_selection.py), the slow ones left to
+# `make test`, in a separate venv holding the oldest supported pair (oldest-supported.txt, the
+# floors of setup.cfg's install_requires), the library's `viz` extra and no app dependency.
+COMPAT_VENV := .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+
+$(COMPAT_VENV)/.installed: setup.cfg pyproject.toml oldest-supported.txt
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install --quiet --upgrade pip
+	$(COMPAT_PY) -m pip install --quiet -c oldest-supported.txt -r oldest-supported.txt -e ".[viz]" "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100"
+	touch $@
+
+test-compat: $(COMPAT_VENV)/.installed
+	$(COMPAT_PY) -m pytest -n 2 --dist loadfile -q -p no:cacheprovider --library-only -m "not slow" tests keras_attn $(ARGS)
 
 # ruff: lint (pyflakes, pycodestyle, bugbear, import order) and the formatter, configured in pyproject.toml.
 lint: install

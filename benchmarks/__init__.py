@@ -8,6 +8,10 @@ the tests' smoke runs.
 
 from pathlib import Path
 
+from appkit.logs import quiet_tensorflow_import
+
+quiet_tensorflow_import()  # before any module of the package imports TensorFlow
+
 BENCHMARKS_DIR = Path(__file__).resolve().parent
 
 

@@ -39,7 +39,7 @@ BENCH_ARGS = [
     "lsh",
     "linformer",
     "linear_elu_causal",
-]  # `make bench` (benchmarks/run_all.py): fwd+bwd at two lengths x4 apart (the targets' 65,536 takes the peer alone minutes: BENCHMARKS.md's own section)
+]  # `make bench` (benchmarks/run_all.py): fwd+bwd at two lengths x4 apart (the targets' 65,536 is too long for `make bench`'s budget: BENCHMARKS.md's own section)
 
 LENGTHS = (1024, 4096, 16384, 65536)
 CASES = ("dense", "blockwise", "blockwise_causal", "lsh", "linformer", "linear_elu", "favor", "linear_elu_causal")

@@ -19,9 +19,9 @@ at each position to its first position's comes from the same rounds (goal for wi
 8,192 within 10 % of 256); families are timed one after the other. Window and linear run the same
 program at both positions on caches of the same shape (the linear state does not even read the
 position), so their ratio is 1 up to the machine's noise. One TensorFlow thread by default
-(`--threads`): a batch-1 step at width 64 has little to share between cores, and on the loaded
-2-core machine a linear loop timed 10 ms with one thread, 12-24 ms with TensorFlow's default
-threads, whose best times for identical programs came out up to 1.5x apart.
+(`--threads`): a batch-1 step at width 64 has little to share between cores, and on a loaded
+machine TensorFlow's default thread pools make the times of identical programs spread far
+more than one thread does.
 
     python -m benchmarks.decoding_positions
 """
@@ -95,9 +95,8 @@ def decode_loop(stack, tokens, jit_compile):
 def measure_family(family, args, token):
     """`{position: (best seconds, cache bytes)}` of one family, its positions timed in turn.
 
-    Each family is its own round robin, so no timed loop runs right after a heavier family's (in
-    one run with all six in one round robin, the window loop timed after the dense loop at 8,192,
-    4 MB of caches per layer, ran 0.8x as fast as the other window loop).
+    Each family is its own round robin, so no timed loop runs right after a heavier family's: a
+    loop timed after one that swept megabytes of caches starts on cold caches and reads slow.
     """
     stack = decoder_stack(family, args.layers, args.width, args.heads, args.window)
     loop = decode_loop(stack, args.tokens, bool(args.jit_compile))

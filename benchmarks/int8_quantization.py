@@ -17,8 +17,8 @@ batch-32 latency as a ratio to its float peer of the same runtime (all four in t
 `--rounds`), and the size of its weights (Keras: the `.weights.h5` file; ONNX: the model file) as a
 ratio to its float peer. Both runtimes take token ids (the tokeniser is timed by neither); ONNX
 Runtime runs with `benchmarks.serving_latency`'s session options, one intra-op thread per core that
-sleeps when idle (with onnxruntime's defaults, threads that spin after a call, one run on 2 cores
-gave the int8 model 2.13x the float model's time at batch 32; with these the next gave 0.99x). `--smoke` uses a freshly built, untrained
+sleeps when idle (onnxruntime's default threads spin after a call and take the cores from the
+next model timed, which distorts the ratios on a machine with few cores). `--smoke` uses a freshly built, untrained
 classifier of the training smoke configuration (`pipelines.train_imdb.SMOKE_MODEL`) with a
 vocabulary adapted on the reviews, for the tests.
 

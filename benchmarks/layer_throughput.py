@@ -8,8 +8,8 @@ length`, at least 1). In each cell every layer of `--layers` runs one training s
 `--repeats` times and each keeps its best wall time and its best CPU time (this process, all
 threads), and each row carries its ratio to Keras at the same `jit_compile` setting and to
 Keras's best setting, both measured in the same cell, and the ratio of CPU times at the same
-setting: on a shared machine other processes stretch a step's wall time (Keras's more than
-ours), its CPU time far less.
+setting: on a shared machine other processes stretch a step's wall time, its CPU time far
+less.
 
 Throughput follows FlashAttention's convention: the FLOPs of the four projections and of the
 `Q K^T` and `P V` products, the attention half counted under a causal mask (the half a causal

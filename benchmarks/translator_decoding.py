@@ -54,7 +54,7 @@ BENCH_ARGS = [
     "600",
     "--repeats",
     "1",
-]  # `make bench` (benchmarks/run_all.py): 600 of the 2,000 sentences, one timed pass (20 min in all)
+]  # `make bench` (benchmarks/run_all.py): 600 of the 2,000 sentences, one timed pass (within `make bench`'s budget)
 
 SMOKE_CONFIG = TranslatorConfig(
     source_vocabulary_size=500,

@@ -68,8 +68,8 @@ def checked_ids(name, ids, size, size_name):
 
     Eagerly a `ValueError` naming `name` and the bad ids; in a graph (`tf.function`, TensorFlow
     backend) a run-time assertion (`InvalidArgumentError`) naming `name`. Under XLA
-    (`jit_compile=True`) TensorFlow drops the assertion (measured in
-    tests/test_attention_edge_inputs.py): there the ids are not checked.
+    (`jit_compile=True`) TensorFlow drops the assertion (tests/test_attention_edge_inputs.py
+    pins it): there the ids are not checked.
     """
     if keras.backend.backend() != "tensorflow":
         return ids

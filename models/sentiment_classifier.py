@@ -283,8 +283,8 @@ def build_sentiment_classifier(config=SentimentClassifierConfig()):
     The "ensemble" layer weighs the branch logits `[attention, ngram]` (initially their mean);
     `fit_ensemble` fits its three numbers on held-out data once the branches are trained, each
     on its own loss through `training_model`. Two views of the review trained apart and weighed
-    on data they did not see: measured on IMDB, one joint head, or a plain mean of the logits,
-    leans on whichever branch memorises the training set fastest.
+    on data they did not see, because one joint head, or a plain mean of the logits, leans on
+    whichever branch memorises the training set fastest (README's IMDB ablation).
 
     Call `adapt_ngram_weights(model, ...)` on the training token ids and labels before training.
 

@@ -22,7 +22,7 @@ from models.vocabulary import PADDING_ID
 
 @dataclasses.dataclass(frozen=True)
 class TranslatorConfig:
-    """The default translator: trains on 2 CPU cores in under 30 minutes (docs/models/translator.md)."""
+    """The default translator: small enough to train on a CPU (its model card, docs/models/translator.md, gives the training time)."""
 
     source_vocabulary_size: int = 15_000
     target_vocabulary_size: int = 8_000

@@ -27,9 +27,9 @@ class WeightedNgramEmbedding(keras.layers.Layer):
     sentiment evidence of each n-gram ("not good" is one feature, with its sign and strength).
     Padding, out-of-vocabulary tokens and bigrams holding them are no feature.
 
-    Measured on IMDB (the IMDB model card's ablation): attention-pooling these distinct n-grams beats pooling
-    one vector per position (each position's unigram plus the bigram it starts), where a phrase
-    repeated through a review weighs once per repeat.
+    Distinct n-grams rather than one vector per position (each position's unigram plus the bigram
+    it starts): pooled per position, a phrase repeated through a review would weigh once per
+    repeat (the IMDB model card's ablation compares the two).
 
     Args:
         vocabulary_size: token vocabulary, padding (0) and OOV (1) included.

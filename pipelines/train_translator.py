@@ -13,10 +13,10 @@ seed, the data file's SHA-256), the vocabularies to `<output-dir>/{source,target
 both are reused when the command is rerun, which resumes training from the last finished epoch.
 
 Training: AdamW with warm-up and cosine decay over `--epochs` (7), label smoothing
-`--label-smoothing` (0.1), in float32 by default: on this project's 2-core AVX512-BF16 machine
-(no AMX) a float32 epoch took 0.64x the time of a `mixed_bfloat16` one (50.6 s against 79.7 s, the
-second epoch on 40,000 pairs); on GPUs and AMX CPUs `--mixed-precision mixed_bfloat16` may be the
-faster choice (not measured here), and the saved model is float32 either way.
+`--label-smoothing` (0.1), in float32 by default: a CPU without bfloat16 matrix units (AMX) gains
+nothing from `mixed_bfloat16`, whose casts then cost more than the narrower products save; on GPUs
+and AMX CPUs `--mixed-precision mixed_bfloat16` may be the faster choice. The saved model is
+float32 either way.
 
 Scoring: the best checkpoint's test token accuracy (teacher forcing), then every distinct test
 source translated greedily and by beam search (`--beam-size` 4, GNMT length penalty

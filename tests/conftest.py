@@ -7,6 +7,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from tests import library_selection  # noqa: E402
+
 # The IMDB archive fixtures, for every test module that names them as arguments.
 pytest_plugins = ["tests.imdb_fixtures"]
 
@@ -19,3 +21,30 @@ def _float32_policy_and_seed():
     np.random.seed(1234)
     yield
     keras.config.set_dtype_policy("float32")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--library-only",
+        action="store_true",
+        help="only the tests of keras_attn alone, none of the apps' (tests/library_selection.py; make test-compat)",
+    )
+
+
+def pytest_ignore_collect(collection_path, config):
+    if config.getoption("--library-only") and not library_selection.is_library_path(collection_path):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--library-only"):
+        return
+    selected, deselected = [], []
+    for item in items:
+        function = getattr(item, "function", None)
+        keep = function is None or library_selection.is_library_test(function)
+        (selected if keep else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected

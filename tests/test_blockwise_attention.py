@@ -13,6 +13,7 @@ from keras_attn.core import attention
 from keras_attn.core import masks
 from keras_attn.core import softmax
 from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.kernels import KERNELS
 from keras_attn.kernels import blockwise as blockwise_module
 from keras_attn.kernels.blockwise import blockwise_attention
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
@@ -351,3 +352,81 @@ def test_bad_arguments_raise_value_errors_naming_them():
         blockwise_attention(query, key, value, key_block_size=2.5)
     with pytest.raises(ValueError, match="implementation='flash'"):
         MultiHeadAttention(num_heads=2, key_dim=4, implementation="flash")
+
+
+def _kernel_spy(monkeypatch):
+    """The names of the kernels `scaled_dot_product_attention` runs, in order."""
+    ran = []
+    for name, kernel in KERNELS.items():
+        monkeypatch.setattr(
+            kernel, "attend", lambda call, name=name, attend=kernel.attend: ran.append(name) or attend(call)
+        )
+    return ran
+
+
+def test_flash_attention_true_runs_the_blockwise_kernel_with_the_dense_result(monkeypatch):
+    """Keras's `flash_attention=True` means "never materialise the attention matrix": on a short
+    input `"auto"` would take the dense kernel, flash attention takes blockwise, dropout included."""
+    ran = _kernel_spy(monkeypatch)
+    rng = np.random.default_rng(14)
+    inputs = rng.normal(size=(2, 33, 16)).astype("float32")
+    padding = np.ones((2, 33), bool)
+    padding[1, 25:] = False
+    dense = MultiHeadAttention(num_heads=2, key_dim=8)
+    flash = MultiHeadAttention.from_config({**dense.get_config(), "flash_attention": True})
+    expected = dense(inputs, inputs, use_causal_mask=True, value_mask=padding)
+    flash(inputs, inputs)
+    flash.set_weights(dense.get_weights())
+    ran.clear()
+    output = flash(inputs, inputs, use_causal_mask=True, value_mask=padding)
+    assert ran == ["blockwise"]
+    np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL)
+    assert MultiHeadAttention.from_config(flash.get_config()).flash_attention is True
+    with_dropout = MultiHeadAttention(num_heads=2, key_dim=8, dropout=0.5, flash_attention=True)
+    ran.clear()
+    with_dropout(inputs, inputs, training=True)
+    assert ran == ["blockwise"]
+
+
+def test_flash_attention_false_forces_the_dense_kernel(monkeypatch):
+    monkeypatch.setattr(attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 8 * 8)  # "auto" would take blockwise
+    ran = _kernel_spy(monkeypatch)
+    inputs = np.random.default_rng(15).normal(size=(1, 16, 8)).astype("float32")
+    MultiHeadAttention(num_heads=2, key_dim=4)(inputs, inputs)
+    assert ran == ["blockwise"]
+    ran.clear()
+    MultiHeadAttention(num_heads=2, key_dim=4, flash_attention=False)(inputs, inputs)
+    assert ran == ["dense"]
+
+
+def test_flash_attention_refuses_returned_scores_as_keras_does():
+    keras_sentence = "Returning attention scores is not supported when flash attention is enabled."
+    inputs = np.zeros((1, 4, 8), "float32")
+    keras_layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, flash_attention=True)
+    with pytest.raises(ValueError, match=keras_sentence):
+        keras_layer(inputs, inputs, return_attention_scores=True)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, flash_attention=True)
+    for query in (inputs, keras.Input((None, 8))):  # eager and symbolic
+        with pytest.raises(ValueError, match=keras_sentence) as error:
+            layer(query, query, return_attention_scores=True)
+        assert "Received: flash_attention=True, return_attention_scores=True" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "arguments, named",
+    [
+        (dict(flash_attention=True, implementation="dense"), "flash_attention=True, implementation='dense'"),
+        (dict(flash_attention=True, implementation="chunked"), "flash_attention=True, implementation='chunked'"),
+        (dict(flash_attention=False, implementation="blockwise"), "flash_attention=False, implementation='blockwise'"),
+        (dict(flash_attention=True, hard=True), "flash_attention=True, hard=True"),
+    ],
+)
+def test_flash_attention_conflicting_with_the_kernel_names_both(arguments, named):
+    with pytest.raises(ValueError, match=named):
+        MultiHeadAttention(num_heads=2, key_dim=4, **arguments)
+
+
+def test_flash_attention_true_on_other_attention_axes_is_refused():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, attention_axes=(1, 2), flash_attention=True)
+    with pytest.raises(ValueError, match="flash_attention=True"):
+        layer(np.zeros((1, 3, 4, 8), "float32"), np.zeros((1, 3, 4, 8), "float32"))

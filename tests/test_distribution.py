@@ -18,24 +18,11 @@ from pathlib import Path
 import pytest
 
 import keras_attn
+from tests.library_selection import APP_MODULES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LIGHT_REQUIREMENTS = {"tensorflow", "keras", "numpy"}
 EXTRAS = {"viz", "export", "data", "apps", "docs", "test", "all", "gpu"}
-OPTIONAL_MODULES = (
-    "onnx",
-    "tf2onnx",
-    "onnxruntime",
-    "tensorflow_datasets",
-    "matplotlib",
-    "sacrebleu",
-    "playwright",
-    "tensorflow_serving",
-    "appkit",
-    "models",
-    "pipelines",
-    "export",
-)
 
 pytestmark = pytest.mark.slow
 
@@ -164,4 +151,4 @@ def test_importing_and_using_every_public_name_loads_nothing_optional(dist, tmp_
     assert Path(report["file"]).is_relative_to(site), report["file"]
     assert report["unknown"] == [], f"public names the test cannot use: {report['unknown']}"
     loaded = {name.split(".")[0] for name in report["new"]}
-    assert not loaded & set(OPTIONAL_MODULES), sorted(loaded & set(OPTIONAL_MODULES))
+    assert not loaded & APP_MODULES, sorted(loaded & APP_MODULES)

@@ -167,3 +167,43 @@ def test_function_level_and_relative_imports_are_read(tmp_path, monkeypatch):
         "models.b",
         "models",
     }
+
+
+# Keras's private tree, `keras.src`, changes between releases without notice; the library reaches it
+# from this one module at most (`keras_attn.layers.keras_internals`, when a feature needs it).
+KERAS_INTERNALS_MODULE = "keras_attn.layers.keras_internals"
+
+
+def keras_private_uses(path):
+    """Line numbers where the module at `path` imports or names `keras.src`."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            names = [f"{node.value.id}.{node.attr}"]
+        else:
+            continue
+        if any(name == "keras.src" or name.startswith("keras.src.") for name in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_keras_attn_reaches_no_private_keras_module():
+    uses = {
+        name: keras_private_uses(path)
+        for name, path in project_modules().items()
+        if name.split(".")[0] == "keras_attn" and name != KERAS_INTERNALS_MODULE
+    }
+    assert {name: lines for name, lines in uses.items() if lines} == {}
+
+
+def test_private_keras_finder_sees_imports_and_attributes(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import keras\nimport keras.src.ops\nfrom keras.src import backend\nfrom keras import ops\n"
+        "x = keras.src.models.Functional\ny = keras.layers.Dense\n"
+    )
+    assert keras_private_uses(module) == [2, 3, 5]

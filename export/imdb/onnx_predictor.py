@@ -15,8 +15,7 @@ dense attention), `vocabulary.txt` and `tokenizer.json`:
 quarter of the size, its probabilities a little off the float model's (more than the 1e-5 the
 float model keeps to Keras), so the export checks it by accuracy, not parity. Its activations are
 quantised with one scale per batch (padding included), so a review's probability also moves a
-little with the batch it is sent in (up to 0.009 measured on a small model), where the float
-model's does not.
+little with the batch it is sent in, where the float model's does not.
 
 `model.fused.onnx` is `model.onnx` with each attention core one `com.microsoft.MultiHeadAttention`
 node (a contrib operator of the standard onnxruntime packages): the same probabilities within the float

@@ -196,8 +196,8 @@ def verify_int8_accuracy(
     reviews, labels = _labelled(reviews, labels)
     tolerance = _check_tolerance(tolerance)
     predictor = OnnxSentimentPredictor(onnx_dir, quantized=True)
-    # Batches of reviews of similar length: a batch is padded to its longest review (2,500
-    # validation reviews: 28 s on 2 busy cores, against 70 s in their stored order).
+    # Batches of reviews of similar length: a batch is padded to its longest review, so mixing
+    # lengths would spend most of the time on padding.
     order = sorted(range(len(reviews)), key=lambda index: len(reviews[index]))
     float_correct = int8_correct = 0
     for start in range(0, len(order), _ACCURACY_BATCH):

@@ -9,7 +9,10 @@ pattern, resolves the scale, and hands an `AttentionCall` to a kernel of the reg
 calls it takes (`why_unsupported`). The numerics every kernel shares live in `keras_attn.core.softmax`:
 
 - logits and softmax in float32 whatever the compute dtype;
-- masked logits are filled with a finite value, never `-inf`;
+- a masked key's weight is exactly 0 at any scale of the logits: the dense path fills its logit
+  with the dtype's lowest finite value (`keras_attn.core.softmax.mask_fill`, finite so that
+  tf2onnx's arithmetic `where` never computes `0 * inf`), the streaming kernels exclude it with
+  `-inf` (`keras_attn.kernels.streaming_softmax.exclude`) and read a row's `-inf` statistics as 0;
 - a query row whose keys are all masked gets all-zero weights and a zero output, on every path;
 - attention dropout is applied to the normalised weights.
 
@@ -18,8 +21,6 @@ Layout: `(batch, seq, heads, depth)` for query, key and value (what the projecti
 `(batch, heads, query_len, key_len)`.
 """
 
-import math
-
 import keras
 from keras import ops
 
@@ -27,6 +28,7 @@ from keras_attn import patterns
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.softmax import bias_mask
+from keras_attn.core.softmax import resolved_scale
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels import chunked
 from keras_attn.kernels import strided
@@ -39,25 +41,22 @@ from keras_attn.validation import check_scale
 _MASK_RANK = 4
 ATTENTION_IMPLEMENTATIONS = ("auto", *KERNELS)
 # `implementation="auto"` switches to blockwise attention (memory linear in the length) from
-# `query_len * key_len` this large. Below the banded threshold the chunked path takes causal/band
-# attention: benchmarks/layer_throughput.py measured it faster than blockwise (and than dense and
-# Keras) at every length from 256 to 4096 without XLA (1.3x to 2.2x Keras, blockwise 1.0x to
-# 1.6x); it keeps each chunk's weights for the backward pass, so from 8192 (over 1 GB per
-# sequence) blockwise takes over. Without a pattern the chunked path (its written-out gradient,
-# every key) beat dense and blockwise too: fwd+bwd b16 L512 / b4 L2048, float32, no XLA, in turn
-# with Keras (load 6.5, CPU time of the step): chunked 1.43x / 1.43x Keras, dense 1.08x / 1.05x,
-# blockwise 1.04x / 0.86x; it holds the weights dense would, so blockwise starts at 4096 x 4096.
+# `query_len * key_len` this large. Below it the chunked kernel is preferred, with or without a
+# pattern: it computes only the keys a causal or banded pattern lets each query chunk reach and has
+# a written-out gradient, but it keeps each chunk's weights for the backward pass, as many as dense
+# attention holds. So without a pattern blockwise takes over where the dense weights of one
+# sequence grow large (4096 x 4096), and with one, where the kept chunk weights of a sequence reach
+# gigabytes (8192 x 8192 in float32 is 256 MB per head); benchmarks/layer_throughput.py times the
+# kernels on both sides of them.
 BLOCKWISE_MIN_ATTENTION_SIZE = 4096 * 4096
 BLOCKWISE_MIN_BANDED_ATTENTION_SIZE = 8192 * 8192
 # `"auto"` prefers the strided kernel when it computes at most this fraction of the keys for each
 # query (a band slice plus one residue class): below it the blockwise and chunked kernels, which
 # compute every block a residue class reaches, do several times its work.
 STRIDED_MAX_KEY_FRACTION = 0.25
-# ... and from this many queries: below it its per-chunk and per-step overhead outweighs the skipped
-# work. Measured fwd+bwd against the chunked kernel under `Causal() & (SlidingWindow(s) | Strided(s))`
-# (batch 1, 8 heads, depth 32, one run on the shared 2-core machine, /tmp script, not kept):
-# 0.68x (s 32) and 0.96x (s 64) at 1,024 queries; 1.5x to 1.6x (s 32 to 128) at 2,048; 3.2x at
-# 4,096 (s 64). Its forward alone was 1.1x to 1.8x at 1,024, 1.3x to 2.6x at 2,048.
+# ... and from this many queries: below it the strided kernel's per-chunk and per-step overhead
+# outweighs the keys it skips, and the chunked kernel, which computes every key of the band's
+# blocks, is preferred.
 STRIDED_MIN_QUERY_LEN = 2048
 
 
@@ -249,8 +248,7 @@ def scaled_dot_product_attention(
     check_bool("is_causal", is_causal)  # a string or tensor would be truthy
     check_position("query_offset", query_offset)
     check_scale(scale)
-    if scale is None:
-        scale = 1.0 / math.sqrt(query.shape[-1])
+    scale = resolved_scale(scale, query.shape[-1])
     if bias is not None:  # a `-inf` bias masks its key on every kernel (`keras_attn.core.softmax.bias_mask`)
         mask = merge_masks(mask, bias_mask(bias))
     if mask is not None:

@@ -15,6 +15,7 @@
   every key is masked so gets zero weights and a zero output, and no gradient is NaN.
 """
 
+import math
 import numbers
 
 import keras
@@ -26,6 +27,21 @@ from keras_attn.utils import float_math_dtype
 # An additive bias at or below this value is a mask (the `-1e9` idiom of Keras and Transformers
 # code, `-inf`, a dtype's lowest value): `bias_mask` turns it into `mask=False`.
 MASKING_BIAS = -1e9
+
+
+def default_scale(depth):
+    """The inverse temperature of every attention entry point given `scale=None`: `1 / sqrt(depth)`,
+    `depth` the query/key size per head (Vaswani et al., 2017; Keras's `1 / sqrt(key_dim)`).
+
+    >>> default_scale(64)
+    0.125
+    """
+    return 1.0 / math.sqrt(depth)
+
+
+def resolved_scale(scale, depth):
+    """`scale`, or `default_scale(depth)` when it is `None`."""
+    return default_scale(depth) if scale is None else scale
 
 
 def attention_logits(query, key):

@@ -24,7 +24,8 @@ wrong, and what this module does instead:
 - a long causal input (static length over `RECOMPUTE_SEGMENT_LENGTH`) runs segment by segment,
   the state passed along, each segment's features, prefix sums and in-chunk products recomputed
   in the backward pass (`tf.recompute_grad`): forward + backward holds one segment's
-  intermediates at a time instead of the whole sequence's (measured in BENCHMARKS.md).
+  intermediates at a time instead of the whole sequence's (benchmarks/attention_families_scaling.py
+  reports the memory).
 """
 
 import math

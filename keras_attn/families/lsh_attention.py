@@ -26,6 +26,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_attn.core.softmax import default_scale
 from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import zero_masked
 from keras_attn.families.projected_self_attention import ProjectedSelfAttention
@@ -134,7 +135,7 @@ def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, i
         recent = (behind >= 0) & (behind < chunk_size)
         same_bucket = sorted_buckets[..., :, None] == window_buckets[..., None, :]
 
-    scale = ops.cast(depth**-0.5, dtype)
+    scale = ops.cast(default_scale(depth), dtype)
     # (batch, heads, hashes, chunks, chunk, 2 * chunk)
     logits = ops.einsum("...cd,...ed->...ce", sorted_query * scale, window_key)
     query_positions, key_positions = sorted_positions[..., :, None], window_positions[..., None, :]

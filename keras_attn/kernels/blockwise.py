@@ -36,6 +36,7 @@ from keras_attn.core.position_bias import bias_parameter_gradients
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.position_bias import read_bias_parameters
 from keras_attn.core.position_bias import split_inputs
+from keras_attn.core.softmax import resolved_scale
 from keras_attn.kernels import blockwise_plan
 from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
@@ -80,7 +81,7 @@ def blockwise_attention(
     is_causal=False,
     sliding_window=None,
     query_offset=0,
-    scale=1.0,
+    scale=None,
     dropout_rate=0.0,
     training=False,
     seed_generator=None,
@@ -106,7 +107,8 @@ def blockwise_attention(
         is_causal, sliding_window: shorthands intersected with `pattern`
             (`keras_attn.patterns.from_shorthands`).
         query_offset: position of the first query among the keys (int or scalar int tensor).
-        scale: logit scale.
+        scale: the inverse temperature multiplying the logits; `None` (default) for
+            `keras_attn.core.softmax.default_scale`, `1 / sqrt(depth)`.
         dropout_rate: dropout on the normalised attention weights when `training`.
         training: whether dropout is active.
         seed_generator: a `keras.random.SeedGenerator` for dropout.
@@ -128,6 +130,7 @@ def blockwise_attention(
     >>> out.shape
     TensorShape([1, 4096, 8, 32])
     """
+    scale = resolved_scale(scale, query.shape[-1])
     pattern = patterns.from_shorthands(pattern, is_causal, sliding_window)
     position_bias = check_position_bias(position_bias, query.shape[2])
     for name, size in (("query_block_size", query_block_size), ("key_block_size", key_block_size)):

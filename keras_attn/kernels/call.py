@@ -17,8 +17,8 @@ import keras
 class AttentionCall:
     """The inputs of one attention call (see `scaled_dot_product_attention` for their meaning).
 
-    `key` and `value` already have as many heads as `query`; `scale` is a number or a tensor, never
-    `None`; `dropout_rate` is the effective rate (0 outside training); `pattern` merges `pattern=`
+    `key` and `value` already have as many heads as `query`; `scale` is a number or a tensor (the
+    dispatcher resolves `None`); `dropout_rate` is the effective rate (0 outside training); `pattern` merges `pattern=`
     with the `is_causal` / `sliding_window` shorthands (`None`: every key allowed).
     """
 
@@ -29,7 +29,7 @@ class AttentionCall:
     bias: object = None  # float, broadcastable to (batch, heads, query_len, key_len)
     pattern: object = None
     query_offset: object = 0
-    scale: object = 1.0
+    scale: object = None  # None: keras_attn.core.softmax.default_scale, 1 / sqrt(depth)
     dropout_rate: float = 0.0
     seed_generator: object = None
     return_weights: bool = False

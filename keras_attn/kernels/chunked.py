@@ -40,6 +40,7 @@ from keras_attn.core.position_bias import read_bias_parameters
 from keras_attn.core.position_bias import split_inputs
 from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import masked_softmax
+from keras_attn.core.softmax import resolved_scale
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.utils import float_math_dtype
@@ -126,7 +127,7 @@ def chunked_attention(
     is_causal=False,
     sliding_window=None,
     query_offset=0,
-    scale=1.0,
+    scale=None,
     dropout_rate=0.0,
     seed_generator=None,
     chunk_size=QUERY_CHUNK_SIZE,
@@ -146,7 +147,8 @@ def chunked_attention(
         is_causal, sliding_window: shorthands intersected with `pattern`
             (`keras_attn.patterns.from_shorthands`); without any, every chunk attends to every key.
         query_offset: Python int position of the first query among the keys.
-        scale: logit scale.
+        scale: the inverse temperature multiplying the logits; `None` (default) for
+            `keras_attn.core.softmax.default_scale`, `1 / sqrt(depth)`.
         dropout_rate: dropout on the normalised weights (pass 0 outside training).
         seed_generator: a `keras.random.SeedGenerator` for dropout.
         chunk_size: queries per chunk.
@@ -156,6 +158,7 @@ def chunked_attention(
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype of `value`.
     """
+    scale = resolved_scale(scale, query.shape[-1])
     pattern = patterns.from_shorthands(pattern, is_causal, sliding_window)
     position_bias = check_position_bias(position_bias, query.shape[2])
     query_len, key_len = query.shape[1], key.shape[1]

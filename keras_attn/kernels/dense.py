@@ -15,6 +15,7 @@ from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.softmax import attention_logits
 from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import mask_fill
+from keras_attn.core.softmax import resolved_scale
 from keras_attn.core.softmax import shifted_logits
 from keras_attn.core.softmax import zero_masked
 from keras_attn.kernels import single_query
@@ -53,7 +54,7 @@ def dense_attention(
     bias=None,
     pattern=None,
     query_offset=0,
-    scale=1.0,
+    scale=None,
     dropout_rate=0.0,
     seed_generator=None,
     return_weights=False,
@@ -67,8 +68,8 @@ def dense_attention(
     as there, with `dropout_rate` the effective rate (pass 0 outside training).
 
     The logits are `scale * (Q K^T - row max)` (`shifted_logits`: exact for any `scale`) plus the
-    biases; masked logits are `-inf`, so a partly masked row's masked weights are exactly 0 at any
-    logit scale. A fully masked row softmaxes to uniform weights: its output is zeroed after the value
+    biases; masked logits are the dtype's lowest finite value (`fill_masked`), so a partly masked
+    row's masked weights are exactly 0 at any logit scale. A fully masked row softmaxes to uniform weights: its output is zeroed after the value
     product (a boolean reduction of the mask and a pass over `(batch, query_len, heads, depth)`
     instead of a float pass over the weights), and the weights are zeroed only when they are
     returned. A causal mask alone never empties a row (query `i` always sees key 0), so it needs
@@ -88,6 +89,7 @@ def dense_attention(
         `(batch, query_len, heads, value_depth)` in the dtype of `value`, and, when
         `return_weights`, the weights `(batch, heads, query_len, key_len)` in the same dtype.
     """
+    scale = resolved_scale(scale, query.shape[-1])
     rows_may_be_empty = may_empty_rows(mask, pattern)
     mask = pattern_mask(mask, pattern, ops.shape(query)[1], ops.shape(key)[1], query_offset)
     one_query = single_query.applies(query, key)  # a cached decoding step outside XLA: no transposes
@@ -132,8 +134,8 @@ def hard_weights(logits, soft):
     """One-hot weights on each row's argmax, with the straight-through gradient of `soft`.
 
     Forward: `1` at the first (lowest) key index where the masked logits `(batch, heads,
-    query_len, key_len)` reach their row maximum, `0` elsewhere. Masked logits hold `-inf`,
-    so the argmax is an allowed key whenever the row has one; a row without allowed keys is zeroed
+    query_len, key_len)` reach their row maximum, `0` elsewhere. Masked logits hold the dtype's
+    lowest finite value (`fill_masked`), below every allowed logit, so the argmax is an allowed key whenever the row has one; a row without allowed keys is zeroed
     by the caller, as for soft weights. Backward: `hard + (soft - stop_gradient(soft))` is exactly
     `hard` in value and has the gradient of `soft`, so the logits receive the softmax gradient at
     this temperature, `soft * (dW - rowsum(soft * dW))` with `dW = dO V^T`, and the value receives

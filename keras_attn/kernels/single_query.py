@@ -18,8 +18,9 @@ from keras import ops
 from keras_attn.utils import compiled_by_xla
 from keras_attn.utils import float_math_dtype
 
-# Up to this many heads the block-diagonal products (`heads` times the multiply-adds) are taken;
-# measured at 8 heads (benchmarks/cached_decoding.py).
+# Up to this many heads the block-diagonal products are taken: their extra multiply-adds grow with
+# `heads` (`heads` times the useful ones) while the copies they avoid do not, so many heads make the
+# transposing einsums cheaper again (benchmarks/cached_decoding.py times decoding steps).
 MAX_HEADS = 16
 
 

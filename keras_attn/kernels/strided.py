@@ -23,8 +23,8 @@ chunk by chunk of keys (each over one slice of `band_query_width` queries holdin
 `band.query_range`), so that every chunk writes its own rows once: summing the overlapping key
 slices of the query chunks instead would hold about `band_width / strided_layout.BAND_CHUNK_SIZE` key-length
 gradients, and summing them in the loop is slow without XLA: TensorFlow's executor copies the
-tensor `tf.tensor_scatter_nd_add` adds rows into at every step (512 such steps into a 65,536-key
-gradient took 13 s, 0.2 s under XLA).
+tensor `tf.tensor_scatter_nd_add` adds rows into at every step, a whole key-length gradient per
+chunk, where XLA updates it in place.
 
 The contract is the core's: the mask and the pattern decide which keys a query sees, masked keys
 get weight exactly 0 (their logits never enter a sum: they are selected out, not filled), and a
@@ -35,6 +35,7 @@ dispatcher then takes another kernel).
 
 import tensorflow as tf
 
+from keras_attn.core.softmax import resolved_scale
 from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels import strided_layout
@@ -96,7 +97,7 @@ def _why_not_strided(query, key, mask, pattern, query_offset):
     return None
 
 
-def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0, scale=1.0):
+def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0, scale=None):
     """Attention under a strided pattern, computing only its band and its residue classes.
 
     Called by `scaled_dot_product_attention(..., implementation="strided")`, which validates
@@ -112,7 +113,8 @@ def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0
         pattern: a `keras_attn.patterns.Pattern` whose `strided_cover()` names a stride; query
             `i` sits at position `i + query_offset`.
         query_offset: Python int position of the first query among the keys.
-        scale: logit scale.
+        scale: the inverse temperature multiplying the logits; `None` (default) for
+            `keras_attn.core.softmax.default_scale`, `1 / sqrt(depth)`.
 
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype of `value`; fully masked rows are 0.
@@ -128,6 +130,7 @@ def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0
     reason = _why_not_strided(query, key, mask, pattern, query_offset)
     if reason:
         raise ValueError(f"`strided_attention` needs {reason}")
+    scale = resolved_scale(scale, query.shape[-1])
     plan = strided_layout.plan_of(pattern, query.shape[1], key.shape[1], query_offset)
     output_dtype, dtype = value.dtype, float_math_dtype(query.dtype)
     query, scale = streaming_softmax.fold_scale(tf.cast(query, dtype), scale)  # logits in float32 whatever the dtype

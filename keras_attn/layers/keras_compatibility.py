@@ -74,6 +74,7 @@ def check_sequence_options(layer, query_shape):
         "num_key_value_heads": layer.num_key_value_heads if layer.num_key_value_heads != layer.num_heads else None,
         "sliding_window": layer.sliding_window,
         "implementation": layer.implementation if layer.implementation not in ("auto", "dense") else None,
+        "flash_attention": True if layer.flash_attention else None,
         "hard": True if layer.hard else None,
         "attention_pattern": layer.attention_pattern,
         "position_bias": layer.position_bias,

@@ -56,9 +56,59 @@ def checked_pattern(
             f"num_heads={num_heads}, num_key_value_heads={num_key_value_heads}"
         )
     check_choice("implementation", implementation, ATTENTION_IMPLEMENTATIONS)
+    _check_flash_attention(flash_attention, implementation, hard)
     trailing = (output_shape,) if isinstance(output_shape, int) else output_shape
     if isinstance(trailing, (list, tuple)) and not all(isinstance(d, int) and d > 0 for d in trailing):
         raise ValueError(
             f"Invalid `output_shape`: its sizes must be positive ints. Received: output_shape={output_shape}"
         )
     return attention_pattern
+
+
+# The kernels that never hold a query's weights over every key at once (memory linear in the
+# length); dense and chunked hold them all (chunked keeps each chunk's weights for the gradient).
+FLASH_IMPLEMENTATIONS = ("blockwise", "strided")
+
+
+def _check_flash_attention(flash_attention, implementation, hard):
+    """`flash_attention=True` must name a kernel of `FLASH_IMPLEMENTATIONS` (or `"auto"`), `False`
+    the dense one (or `"auto"`); hard attention has only the dense kernel."""
+    if flash_attention is None:
+        return
+    if flash_attention and hard:
+        raise ValueError(
+            "`flash_attention=True` never materialises the attention matrix, which hard (argmax) "
+            "attention needs (it runs on the dense kernel). Received: flash_attention=True, hard=True"
+        )
+    if implementation == "auto":
+        return
+    if flash_attention and implementation not in FLASH_IMPLEMENTATIONS:
+        raise ValueError(
+            "`flash_attention=True` needs a kernel that never materialises the attention matrix, "
+            f"`implementation` one of {('auto', *FLASH_IMPLEMENTATIONS)}. "
+            f"Received: flash_attention=True, implementation={implementation!r}"
+        )
+    if not flash_attention and implementation != "dense":
+        raise ValueError(
+            "`flash_attention=False` runs the dense kernel, `implementation` 'auto' or 'dense'. "
+            f"Received: flash_attention=False, implementation={implementation!r}"
+        )
+
+
+def kernel_name(flash_attention, implementation):
+    """The `implementation` the core runs for the layer's `flash_attention` and `implementation`
+    (checked together by `checked_pattern`): `"auto"` becomes blockwise under `flash_attention=True`,
+    dense under `False`."""
+    if implementation != "auto" or flash_attention is None:
+        return implementation
+    return FLASH_IMPLEMENTATIONS[0] if flash_attention else "dense"
+
+
+def check_scores_allowed(flash_attention, return_attention_scores):
+    """Keras's refusal of `return_attention_scores=True` under `flash_attention=True`."""
+    if flash_attention and return_attention_scores:
+        raise ValueError(
+            "Returning attention scores is not supported when flash attention is enabled. Please "
+            "disable flash attention to access attention scores. Received: flash_attention=True, "
+            "return_attention_scores=True"
+        )

@@ -22,7 +22,9 @@ from keras_attn.layers.capabilities import check_call
 from keras_attn.layers.mask_arguments import as_4d_mask
 from keras_attn.layers.mask_arguments import check_mask_shapes
 from keras_attn.layers.mask_arguments import merged_mask
+from keras_attn.layers.multi_head_arguments import check_scores_allowed
 from keras_attn.layers.multi_head_arguments import checked_pattern
+from keras_attn.layers.multi_head_arguments import kernel_name
 from keras_attn.utils import keras_mask
 
 
@@ -60,7 +62,13 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             layer's masking rules (no cache, bias or grouped key/value heads there).
         sliding_window: optional positive int; each query attends to keys with
             `|i - j| < sliding_window` (local/band attention).
-        flash_attention: accepted for compatibility with Keras; ignored.
+        flash_attention: `None` (default): `implementation` picks the kernel. `True`: never
+            materialise the `(query_len, key_len)` attention matrix: `"auto"` runs the blockwise
+            kernel (memory linear in the length, dropout included), `implementation` may name
+            `"blockwise"` or `"strided"`, and, as in Keras, `return_attention_scores=True` is a
+            `ValueError`. `False`: the dense kernel. A conflicting `implementation` or `hard=True`
+            is a `ValueError` naming both. Keras's global `keras.config.enable_flash_attention()`
+            does not reach this layer.
         kernel_initializer: initializer of the projection kernels, as for `Dense`.
         bias_initializer: initializer of the projection biases, as for `Dense`.
         kernel_regularizer: as for `Dense`.
@@ -217,7 +225,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             output_shape=output_shape,
             attention_axes=attention_axes,
             sliding_window=sliding_window,
-            flash_attention=flash_attention,
+            flash_attention=None,  # ours: Keras's refuses dropout, which our blockwise kernel applies
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
             kernel_regularizer=kernel_regularizer,
@@ -229,11 +237,14 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             seed=seed,
             **kwargs,
         )
-        self._init_own_state(num_key_value_heads, implementation, scale, hard, attention_pattern, position_bias)
+        self._init_own_state(
+            num_key_value_heads, flash_attention, implementation, scale, hard, attention_pattern, position_bias
+        )
 
     def _init_own_state(
         self,
         num_key_value_heads=None,
+        flash_attention=None,
         implementation="auto",
         scale=None,
         hard=False,
@@ -243,6 +254,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         """The state this class adds to Keras's layer: set by `__init__`, and by `keras_attn.convert`
         on a Keras layer whose class it changes in place (already built, or not)."""
         self._num_key_value_heads = num_key_value_heads or self._num_heads
+        self._flash_attention = flash_attention
         self.implementation = implementation
         self._scale = scale
         if scale is not None:
@@ -279,6 +291,10 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     @property
     def use_gate(self):
         return self._use_gate
+
+    @property
+    def flash_attention(self):
+        return self._flash_attention
 
     @property
     def scale(self):
@@ -343,6 +359,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         cache_update_index=None,
     ):
         check_call(self, query, value, key)
+        check_scores_allowed(self._flash_attention, return_attention_scores)
         use_causal_mask = use_causal_mask or self.causal
         if value is None:  # self-attention: Keras fills the masks of two tensor arguments, not of one
             value = query
@@ -419,7 +436,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             training=training,
             seed_generator=self._dropout_layer.seed_generator if self._dropout > 0 else None,
             return_weights=return_attention_scores,
-            implementation=self.implementation,
+            implementation=kernel_name(self._flash_attention, self.implementation),
             hard=self._hard,
             **options,
         )
@@ -520,15 +537,16 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         cache_update_index=None,
     ):
         """Symbolic `output[, scores][, cache]`, as `call` returns them."""
+        check_scores_allowed(self._flash_attention, return_attention_scores)
         value = query if value is None else value
         key_shape = None if key is None else key.shape
         # Keras's shape rule, also for subclasses whose `compute_output_shape` takes other arguments.
         output_shape = keras.layers.MultiHeadAttention.compute_output_shape(self, query.shape, value.shape, key_shape)
         weights = None
         if return_attention_scores:
-            if len(query.shape) != 3:  # the scores' axes follow `attention_axes`: trace them
-                return keras.src.backend.compute_output_spec(
-                    self.call,
+            if len(query.shape) != 3:  # the scores' axes follow `attention_axes`: trace `call`
+                return keras.Operation.compute_output_spec(
+                    self,
                     query,
                     value,
                     key,
@@ -554,6 +572,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         config = super().get_config()
         config.update(
             {
+                "flash_attention": self._flash_attention,
                 "num_key_value_heads": self._num_key_value_heads,
                 "implementation": self.implementation,
                 "scale": self._scale,

@@ -45,7 +45,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             is a `ValueError` naming `token_ids` and the id when called eagerly, and fails a
             run-time assertion (`InvalidArgumentError`) in `tf.function`; under XLA
             (`jit_compile=True`) TensorFlow drops that assertion and the lookup clamps (an id
-            past the end reads the last row; measured in the tests).
+            past the end reads the last row; tests/test_attention_edge_inputs.py pins both).
         start_index: int or scalar int tensor, the position of the first token (cached
             decoding feeds one token at a time).
 
