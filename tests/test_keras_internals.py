@@ -1,9 +1,9 @@
-"""`keras_attn.layers.keras_internals` against the pinned Keras: the layers Keras tracks, as Keras walks them."""
+"""`keras_attn.keras_internals` against the pinned Keras: the layers Keras tracks, as Keras walks them."""
 
 import keras
 
-from keras_attn.layers.keras_internals import layer_tree
-from keras_attn.layers.keras_internals import sublayers
+from keras_attn.keras_internals import layer_tree
+from keras_attn.keras_internals import sublayers
 
 
 class Holder(keras.layers.Layer):

@@ -170,8 +170,8 @@ def test_function_level_and_relative_imports_are_read(tmp_path, monkeypatch):
 
 
 # Keras's private tree, `keras.src`, changes between releases without notice; the library reaches it
-# from this one module at most (`keras_attn.layers.keras_internals`, when a feature needs it).
-KERAS_INTERNALS_MODULE = "keras_attn.layers.keras_internals"
+# from this one module (`keras_attn.keras_internals`), which `tests/test_keras_internals.py` checks.
+KERAS_INTERNALS_MODULE = "keras_attn.keras_internals"
 
 
 def keras_private_uses(path):

@@ -31,9 +31,9 @@ import warnings
 import keras
 
 from keras_attn.core.attention import ATTENTION_IMPLEMENTATIONS
+from keras_attn.keras_internals import layer_tree
+from keras_attn.keras_internals import sublayers
 from keras_attn.layers import hub_adapters
-from keras_attn.layers.keras_internals import layer_tree
-from keras_attn.layers.keras_internals import sublayers
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_choice

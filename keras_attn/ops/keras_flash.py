@@ -6,8 +6,8 @@ Keras's TensorFlow backend raises `"Flash attention is not supported in tensorfl
 is in force, Keras's default) as `False`. `keras.ops.dot_product_attention` calls the backend's
 function through the module attribute `keras.src.backend.nn.dot_product_attention` at each call,
 so replacing that one attribute routes the op, its symbolic `Operation` and every layer that uses
-it. This module is the only one in keras_attn that touches Keras's internals (`keras.src`):
-`tests/test_keras_flash.py` checks, against the pinned Keras, that the attribute it replaces is
+it. That attribute is reached through `keras_attn.keras_internals`, the one module that touches
+Keras's internals: `tests/test_keras_flash.py` checks, against the pinned Keras, that the attribute it replaces is
 what `keras.ops.dot_product_attention` calls.
 
 After `enable()`, a call goes to `keras_attn.ops.dot_product_attention(..., flash_attention=True)`
@@ -19,6 +19,7 @@ puts Keras's function back. Both are idempotent.
 
 import keras
 
+from keras_attn import keras_internals
 from keras_attn.ops.nn import dot_product_attention
 
 _KERAS_FUNCTION = {}  # "original": Keras's backend function while ours is in its place
@@ -31,9 +32,7 @@ def _backend_nn():
             "`keras_attn.enable()` routes the TensorFlow backend's flash attention; JAX and PyTorch have their own. "
             f"Received: backend {keras.backend.backend()!r}"
         )
-    from keras.src import backend
-
-    return backend.nn
+    return keras_internals.tensorflow_backend_nn()
 
 
 def enable():

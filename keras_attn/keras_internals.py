@@ -1,9 +1,11 @@
-"""The parts of Keras that are not public API which `keras_attn.convert` needs, in one place.
+"""The parts of Keras that are not public API which keras_attn needs, in one place.
 
 `sublayers(layer)` is what Keras itself walks to find a layer's weights (`Layer._flatten_layers`):
 the layers tracked as attributes of a custom layer or a subclassed model, and the layers of a
 Functional or Sequential model. Keras has no public equivalent for a layer that is not a model.
-`layer_tree(layer)` is the same walk to any depth, `layer` first.
+`layer_tree(layer)` is the same walk to any depth, `layer` first. `tensorflow_backend_nn()` is the
+TensorFlow backend's `nn` module (`keras.src`), whose `dot_product_attention` Keras's public op looks
+up at each call: `keras_attn.enable()` puts ours in its place.
 `tests/test_keras_internals.py` checks it against the pinned Keras.
 """
 
@@ -16,3 +18,11 @@ def sublayers(layer):
 def layer_tree(layer):
     """`layer` and every layer it holds, to any depth, each once."""
     return layer._flatten_layers(include_self=True, recursive=True)
+
+
+def tensorflow_backend_nn():
+    """The backend's `nn` module (TensorFlow's, under that backend), whose `dot_product_attention`
+    `keras.ops.dot_product_attention` looks up at each call."""
+    from keras.src import backend
+
+    return backend.nn
