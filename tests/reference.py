@@ -113,7 +113,8 @@ def multi_head_attention(weights, query, value, key=None, mask=None, bias=None, 
     Args:
         weights: `layer.get_weights()` in Keras order: query kernel, bias, key kernel, bias,
             value kernel, bias, output kernel, bias (with `use_bias=True`).
-        mask: boolean mask broadcastable to `(batch, heads, query_len, key_len)`.
+        mask: boolean mask broadcastable to `(batch, heads, query_len, key_len)`; a query row it
+            leaves without any key in every head (a padded query) outputs zero, bias included.
     """
     key = value if key is None else key
     wq, bq, wk, bk, wv, bv, wo, bo = (np.asarray(w, np.float64) for w in weights)
@@ -123,7 +124,11 @@ def multi_head_attention(weights, query, value, key=None, mask=None, bias=None, 
     attended, attention_weights = attention(
         q, k, v, mask=mask, bias=bias, is_causal=is_causal, sliding_window=sliding_window
     )
-    return np.einsum("bthd,hdo->bto", attended, wo) + bo, attention_weights
+    output = np.einsum("bthd,hdo->bto", attended, wo) + bo
+    if mask is not None:
+        rows = np.broadcast_to(mask, attention_weights.shape).any(axis=(1, 3))  # (batch, query_len)
+        output = np.where(rows[..., None], output, 0.0)
+    return output, attention_weights
 
 
 def pattern_allowed(spec, rows, cols):
@@ -271,10 +276,12 @@ def project_heads(x, kernel, bias=None):
     return heads if bias is None else heads + np.asarray(bias, np.float64)
 
 
-def merge_heads(x, kernel, bias=None):
-    """Float64 output projection `(batch, seq, heads, depth) x (heads, depth, out) -> (batch, seq, out)`."""
+def merge_heads(x, kernel, bias=None, rows=None):
+    """Float64 output projection `(batch, seq, heads, depth) x (heads, depth, out) -> (batch, seq, out)`;
+    zero (bias included) where the boolean `rows` `(batch, seq)` is `False` (padded queries)."""
     merged = np.einsum("bthd,hdo->bto", np.asarray(x, np.float64), np.asarray(kernel, np.float64))
-    return merged if bias is None else merged + np.asarray(bias, np.float64)
+    merged = merged if bias is None else merged + np.asarray(bias, np.float64)
+    return merged if rows is None else np.where(np.asarray(rows, bool)[..., None], merged, 0.0)
 
 
 def elu_plus_one(x):

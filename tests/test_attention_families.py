@@ -146,7 +146,9 @@ def test_output_is_the_scores_times_the_values(name, causal):
     """What `return_attention_scores` returns is what the output is made of: `W (scores @ V) + b`."""
     x, _ = _inputs(1)
     layer = _family(name)
-    output, scores = layer(x, query_mask=QUERY_PADDING, use_causal_mask=causal, return_attention_scores=True)
+    output, scores = layer(
+        x, query_mask=QUERY_PADDING, value_mask=QUERY_PADDING, use_causal_mask=causal, return_attention_scores=True
+    )
     weights = {w.path.split("/", 1)[1]: np.asarray(w.numpy(), np.float64) for w in layer.weights}
     value = reference.project_heads(x, weights["value/kernel"], weights["value/bias"])  # (batch, seq, heads, value_dim)
     if name == "linformer":  # the values projected along the length, real tokens first
@@ -167,7 +169,14 @@ def test_output_is_the_scores_times_the_values(name, causal):
 def test_scores_are_the_same_eager_in_a_graph_and_under_xla(name, causal):
     x, _ = _inputs(3)
     layer = _family(name)
-    assert_jit_matches_eager(layer, x, query_mask=QUERY_PADDING, use_causal_mask=causal, return_attention_scores=True)
+    assert_jit_matches_eager(
+        layer,
+        x,
+        query_mask=QUERY_PADDING,
+        value_mask=QUERY_PADDING,
+        use_causal_mask=causal,
+        return_attention_scores=True,
+    )
 
 
 def _random_block(block, seed=0):
