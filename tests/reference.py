@@ -202,15 +202,24 @@ def residual_block(x, sublayer, gamma, beta, epsilon, norm_first):
     return layer_norm(x + sublayer(x), gamma, beta, epsilon)
 
 
-def transformer_encoder(weights, x, mask=None, norm_first=False, epsilon=1e-5, sliding_window=None, bias=None):
+def without_padding(x, padding):
+    """Float64 `x` `(batch, seq, features)` with zero rows where the boolean `padding` `(batch, seq)` is `False`."""
+    x = np.asarray(x, np.float64)
+    return x if padding is None else np.where(np.asarray(padding, bool)[..., None], x, 0.0)
+
+
+def transformer_encoder(
+    weights, x, mask=None, norm_first=False, epsilon=1e-5, sliding_window=None, bias=None, padding=None
+):
     """Float64 Transformer encoder block from a `TransformerEncoder`'s `get_weights()`.
 
     Weight order: self-attention (8, as `multi_head_attention`), its layer norm (gamma, beta),
     feed-forward (W1, b1, W2, b2), its layer norm. `mask` and the self-attention `bias`
-    broadcast to `(batch, heads, seq, seq)`.
+    broadcast to `(batch, heads, seq, seq)`; the block reads the rows `padding` `(batch, seq)`
+    marks `False` as zeros.
     """
     attention, norm1, ffn, norm2 = weights[:8], weights[8:10], weights[10:14], weights[14:16]
-    x = np.asarray(x, np.float64)
+    x = without_padding(x, padding)
     x = residual_block(
         x,
         lambda h: multi_head_attention(attention, h, h, mask=mask, bias=bias, sliding_window=sliding_window)[0],
@@ -231,14 +240,16 @@ def transformer_decoder(
     epsilon=1e-5,
     is_causal=True,
     self_bias=None,
+    padding=None,
 ):
     """Float64 Transformer decoder block from a `TransformerDecoder`'s `get_weights()`.
 
     Weight order: self-attention (8), its layer norm (2), [cross-attention (8), its layer norm
     (2) when `encoder` is given], feed-forward (4), its layer norm (2). `self_bias` is added to
-    the self-attention logits, broadcast to `(batch, heads, seq, seq)`.
+    the self-attention logits, broadcast to `(batch, heads, seq, seq)`; the block reads the rows
+    of `x` that `padding` `(batch, seq)` marks `False` as zeros.
     """
-    x = np.asarray(x, np.float64)
+    x = without_padding(x, padding)
     self_attention, norm1, rest = weights[:8], weights[8:10], weights[10:]
     x = residual_block(
         x,

@@ -143,7 +143,7 @@ def test_family_through_the_one_convention(name, mode, padded, policy):
 
 @pytest.mark.parametrize("name,causal", [(n, m == "causal") for n in FAMILIES for m in _modes(n) if m != "cross"])
 def test_output_is_the_scores_times_the_values(name, causal):
-    """What `return_attention_scores` returns is what the output is made of: `W (scores @ V) + b`."""
+    """What `return_attention_scores` returns is what the output is made of: `W (scores @ V) + b`, 0 on padded rows."""
     x, _ = _inputs(1)
     layer = _family(name)
     output, scores = layer(
@@ -161,7 +161,7 @@ def test_output_is_the_scores_times_the_values(name, causal):
         ).reshape(2, -1, HEADS, value.shape[-1])
     attended = np.einsum("bhqk,bkhd->bqhd", np.asarray(scores, np.float64), value)
     kernel = weights["attention_output/kernel"]
-    expected = reference.merge_heads(attended, kernel, weights["attention_output/bias"])
+    expected = reference.merge_heads(attended, kernel, weights["attention_output/bias"], rows=QUERY_PADDING)
     np.testing.assert_allclose(np.asarray(output), expected, atol=2e-5)
 
 
@@ -195,7 +195,7 @@ def _block_reference(name, block, x, padding, causal):
     attention.build(x.shape)
     attention.set_weights(block.self_attention.get_weights())
     attend = lambda h: _float64_reference(name, attention, h, padding, causal)[0]  # noqa: E731
-    h = reference.residual_block(np.asarray(x, np.float64), attend, *norm1, 1e-5, False)
+    h = reference.residual_block(reference.without_padding(x, padding), attend, *norm1, 1e-5, False)
     return reference.residual_block(h, lambda h: reference.feed_forward(h, *ffn), *norm2, 1e-5, False)
 
 

@@ -228,7 +228,8 @@ class TransformerDecoder(TransformerBlock):
         check_padding_mask(
             "decoder_padding_mask", decoder_padding_mask, decoder_sequence.shape if over_the_tokens else None
         )
-        if over_the_tokens:  # as in `TransformerEncoder`: padded rows reach no weight gradient
+        if over_the_tokens or _covers_the_tokens(decoder_padding_mask, decoder_sequence):
+            # As in `TransformerEncoder`: padded rows are read as zeros, so they reach no weight gradient.
             decoder_sequence = zero_padding(decoder_sequence, decoder_padding_mask)
 
         def self_attend(x):
@@ -287,6 +288,11 @@ class TransformerDecoder(TransformerBlock):
         if self.cross_attention is None:
             return x, self_attention_cache
         return x, self_attention_cache, cross_attention_cache
+
+
+def _covers_the_tokens(padding_mask, sequence):
+    """Whether a cached call's `padding_mask` is over the new tokens (statically as long), not over the cache."""
+    return padding_mask is not None and padding_mask.shape[1] is not None and padding_mask.shape[1] == sequence.shape[1]
 
 
 def check_causal(self_attention):
