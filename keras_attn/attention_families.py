@@ -5,6 +5,11 @@ value_mask=..., key_mask=..., attention_mask=..., use_causal_mask=..., return_at
 training=...)`, `value=None` for self-attention) and declares what it supports in its class's
 `capabilities` (`keras_attn.layers.capabilities.AttentionCapabilities`). `build(name, **kwargs)` makes
 one; the blocks take any of them as `self_attention`.
+
+The masks mean the same in every family, what they mean in Keras: `query_mask` marks the real query
+positions (a `False` one outputs exactly zero and reaches no weight gradient), `value_mask` and
+`key_mask` the real keys (never attended where `False`); a bare `query_mask` masks no key. Each is the
+Keras mask of its input when not given (of `query` for both in self-attention).
 """
 
 import dataclasses

@@ -113,7 +113,8 @@ def multi_head_attention(weights, query, value, key=None, mask=None, bias=None, 
     Args:
         weights: `layer.get_weights()` in Keras order: query kernel, bias, key kernel, bias,
             value kernel, bias, output kernel, bias (with `use_bias=True`).
-        mask: boolean mask broadcastable to `(batch, heads, query_len, key_len)`.
+        mask: boolean mask broadcastable to `(batch, heads, query_len, key_len)`; a query row it
+            leaves without any key in every head (a padded query) outputs zero, bias included.
     """
     key = value if key is None else key
     wq, bq, wk, bk, wv, bv, wo, bo = (np.asarray(w, np.float64) for w in weights)
@@ -123,7 +124,11 @@ def multi_head_attention(weights, query, value, key=None, mask=None, bias=None, 
     attended, attention_weights = attention(
         q, k, v, mask=mask, bias=bias, is_causal=is_causal, sliding_window=sliding_window
     )
-    return np.einsum("bthd,hdo->bto", attended, wo) + bo, attention_weights
+    output = np.einsum("bthd,hdo->bto", attended, wo) + bo
+    if mask is not None:
+        rows = np.broadcast_to(mask, attention_weights.shape).any(axis=(1, 3))  # (batch, query_len)
+        output = np.where(rows[..., None], output, 0.0)
+    return output, attention_weights
 
 
 def pattern_allowed(spec, rows, cols):
@@ -197,15 +202,24 @@ def residual_block(x, sublayer, gamma, beta, epsilon, norm_first):
     return layer_norm(x + sublayer(x), gamma, beta, epsilon)
 
 
-def transformer_encoder(weights, x, mask=None, norm_first=False, epsilon=1e-5, sliding_window=None, bias=None):
+def without_padding(x, padding):
+    """Float64 `x` `(batch, seq, features)` with zero rows where the boolean `padding` `(batch, seq)` is `False`."""
+    x = np.asarray(x, np.float64)
+    return x if padding is None else np.where(np.asarray(padding, bool)[..., None], x, 0.0)
+
+
+def transformer_encoder(
+    weights, x, mask=None, norm_first=False, epsilon=1e-5, sliding_window=None, bias=None, padding=None
+):
     """Float64 Transformer encoder block from a `TransformerEncoder`'s `get_weights()`.
 
     Weight order: self-attention (8, as `multi_head_attention`), its layer norm (gamma, beta),
     feed-forward (W1, b1, W2, b2), its layer norm. `mask` and the self-attention `bias`
-    broadcast to `(batch, heads, seq, seq)`.
+    broadcast to `(batch, heads, seq, seq)`; the block reads the rows `padding` `(batch, seq)`
+    marks `False` as zeros.
     """
     attention, norm1, ffn, norm2 = weights[:8], weights[8:10], weights[10:14], weights[14:16]
-    x = np.asarray(x, np.float64)
+    x = without_padding(x, padding)
     x = residual_block(
         x,
         lambda h: multi_head_attention(attention, h, h, mask=mask, bias=bias, sliding_window=sliding_window)[0],
@@ -226,14 +240,16 @@ def transformer_decoder(
     epsilon=1e-5,
     is_causal=True,
     self_bias=None,
+    padding=None,
 ):
     """Float64 Transformer decoder block from a `TransformerDecoder`'s `get_weights()`.
 
     Weight order: self-attention (8), its layer norm (2), [cross-attention (8), its layer norm
     (2) when `encoder` is given], feed-forward (4), its layer norm (2). `self_bias` is added to
-    the self-attention logits, broadcast to `(batch, heads, seq, seq)`.
+    the self-attention logits, broadcast to `(batch, heads, seq, seq)`; the block reads the rows
+    of `x` that `padding` `(batch, seq)` marks `False` as zeros.
     """
-    x = np.asarray(x, np.float64)
+    x = without_padding(x, padding)
     self_attention, norm1, rest = weights[:8], weights[8:10], weights[10:]
     x = residual_block(
         x,
@@ -271,10 +287,12 @@ def project_heads(x, kernel, bias=None):
     return heads if bias is None else heads + np.asarray(bias, np.float64)
 
 
-def merge_heads(x, kernel, bias=None):
-    """Float64 output projection `(batch, seq, heads, depth) x (heads, depth, out) -> (batch, seq, out)`."""
+def merge_heads(x, kernel, bias=None, rows=None):
+    """Float64 output projection `(batch, seq, heads, depth) x (heads, depth, out) -> (batch, seq, out)`;
+    zero (bias included) where the boolean `rows` `(batch, seq)` is `False` (padded queries)."""
     merged = np.einsum("bthd,hdo->bto", np.asarray(x, np.float64), np.asarray(kernel, np.float64))
-    return merged if bias is None else merged + np.asarray(bias, np.float64)
+    merged = merged if bias is None else merged + np.asarray(bias, np.float64)
+    return merged if rows is None else np.where(np.asarray(rows, bool)[..., None], merged, 0.0)
 
 
 def elu_plus_one(x):

@@ -453,7 +453,8 @@ def test_nan_in_padded_inputs_never_reaches_real_outputs_of_projected_layers(nam
     those with zero padding (they were NaN for Linformer and LSH)."""
     real = np.arange(4)[None] < np.array([[3], [2]])  # (batch, seq)
     layer = _layers()[name]()
-    clean = np.asarray(layer(np.where(real[..., None], _X, 0.0).astype(np.float32), query_mask=real))
+    masks = dict(query_mask=real, value_mask=real)  # padded queries and keys (a bare query_mask masks no key)
+    clean = np.asarray(layer(np.where(real[..., None], _X, 0.0).astype(np.float32), **masks))
     for poison in (np.nan, np.inf):
-        poisoned = np.asarray(layer(np.where(real[..., None], _X, poison).astype(np.float32), query_mask=real))
+        poisoned = np.asarray(layer(np.where(real[..., None], _X, poison).astype(np.float32), **masks))
         np.testing.assert_allclose(poisoned[real], clean[real], atol=1e-6)

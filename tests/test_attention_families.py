@@ -143,10 +143,12 @@ def test_family_through_the_one_convention(name, mode, padded, policy):
 
 @pytest.mark.parametrize("name,causal", [(n, m == "causal") for n in FAMILIES for m in _modes(n) if m != "cross"])
 def test_output_is_the_scores_times_the_values(name, causal):
-    """What `return_attention_scores` returns is what the output is made of: `W (scores @ V) + b`."""
+    """What `return_attention_scores` returns is what the output is made of: `W (scores @ V) + b`, 0 on padded rows."""
     x, _ = _inputs(1)
     layer = _family(name)
-    output, scores = layer(x, query_mask=QUERY_PADDING, use_causal_mask=causal, return_attention_scores=True)
+    output, scores = layer(
+        x, query_mask=QUERY_PADDING, value_mask=QUERY_PADDING, use_causal_mask=causal, return_attention_scores=True
+    )
     weights = {w.path.split("/", 1)[1]: np.asarray(w.numpy(), np.float64) for w in layer.weights}
     value = reference.project_heads(x, weights["value/kernel"], weights["value/bias"])  # (batch, seq, heads, value_dim)
     if name == "linformer":  # the values projected along the length, real tokens first
@@ -159,7 +161,7 @@ def test_output_is_the_scores_times_the_values(name, causal):
         ).reshape(2, -1, HEADS, value.shape[-1])
     attended = np.einsum("bhqk,bkhd->bqhd", np.asarray(scores, np.float64), value)
     kernel = weights["attention_output/kernel"]
-    expected = reference.merge_heads(attended, kernel, weights["attention_output/bias"])
+    expected = reference.merge_heads(attended, kernel, weights["attention_output/bias"], rows=QUERY_PADDING)
     np.testing.assert_allclose(np.asarray(output), expected, atol=2e-5)
 
 
@@ -167,7 +169,14 @@ def test_output_is_the_scores_times_the_values(name, causal):
 def test_scores_are_the_same_eager_in_a_graph_and_under_xla(name, causal):
     x, _ = _inputs(3)
     layer = _family(name)
-    assert_jit_matches_eager(layer, x, query_mask=QUERY_PADDING, use_causal_mask=causal, return_attention_scores=True)
+    assert_jit_matches_eager(
+        layer,
+        x,
+        query_mask=QUERY_PADDING,
+        value_mask=QUERY_PADDING,
+        use_causal_mask=causal,
+        return_attention_scores=True,
+    )
 
 
 def _random_block(block, seed=0):
@@ -186,7 +195,7 @@ def _block_reference(name, block, x, padding, causal):
     attention.build(x.shape)
     attention.set_weights(block.self_attention.get_weights())
     attend = lambda h: _float64_reference(name, attention, h, padding, causal)[0]  # noqa: E731
-    h = reference.residual_block(np.asarray(x, np.float64), attend, *norm1, 1e-5, False)
+    h = reference.residual_block(reference.without_padding(x, padding), attend, *norm1, 1e-5, False)
     return reference.residual_block(h, lambda h: reference.feed_forward(h, *ffn), *norm2, 1e-5, False)
 
 

@@ -44,7 +44,9 @@ def _reference(layer, x, mask=None, is_causal=None, return_weights=False):
         query_features = reference.favor_features(query * scale, weights["random_features"])
         key_features = reference.favor_features(key * scale, weights["random_features"])
     attended = reference.linear_attention_recurrence(query_features, key_features, value, mask, is_causal)
-    output = reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+    output = reference.merge_heads(
+        attended, weights["attention_output/kernel"], weights["attention_output/bias"], rows=mask
+    )
     if not return_weights:
         return output
     return output, reference.linear_attention_weights(query_features, key_features, mask, is_causal)
@@ -61,7 +63,7 @@ PADDING = np.arange(11)[None, :] < np.array([[11], [7]])
 def test_matches_float64_recurrence_with_padding(feature_map, causal):
     x = _inputs()
     layer = _layer(feature_map, causal)
-    output = layer(x, query_mask=PADDING)
+    output = layer(x, query_mask=PADDING, value_mask=PADDING)
     np.testing.assert_allclose(output, _reference(layer, x, PADDING), atol=ATOL, rtol=1e-4)
 
 
@@ -123,8 +125,8 @@ def _output_and_gradients(layer, x, mask, cotangent, jit_compile=None):
     def run(x):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            loss = tf.reduce_sum(layer(x, query_mask=mask) * cotangent)
-        return layer(x, query_mask=mask), tape.gradient(loss, [x] + layer.trainable_weights)
+            loss = tf.reduce_sum(layer(x, query_mask=mask, value_mask=mask) * cotangent)
+        return layer(x, query_mask=mask, value_mask=mask), tape.gradient(loss, [x] + layer.trainable_weights)
 
     return run(tf.constant(x)) if jit_compile is None else tf.function(run, jit_compile=jit_compile)(tf.constant(x))
 
@@ -141,7 +143,9 @@ def test_long_causal_inputs_in_recomputed_segments_equal_one_pass(monkeypatch, f
         assert_outputs_close(
             _output_and_gradients(layer, x, mask, cotangent, jit_compile), expected, atol=2e-6, rtol=1e-5
         )
-    np.testing.assert_allclose(layer(x, query_mask=mask), _reference(layer, x, mask), atol=ATOL, rtol=1e-4)
+    np.testing.assert_allclose(
+        layer(x, query_mask=mask, value_mask=mask), _reference(layer, x, mask), atol=ATOL, rtol=1e-4
+    )
 
 
 def test_redraw_changes_training_features_only():
@@ -170,13 +174,16 @@ def test_mixed_precision_close_to_float32(feature_map, causal):
 def test_jit_equals_eager(feature_map, causal):
     layer = _layer(feature_map, causal)
     layer(_inputs(12))
-    assert_jit_matches_eager(layer, _inputs(12), query_mask=PADDING)
+    assert_jit_matches_eager(layer, _inputs(12), query_mask=PADDING, value_mask=PADDING)
 
 
 @pytest.mark.parametrize("feature_map,causal", FAMILIES)
 def test_gradients_match_finite_differences(feature_map, causal):
     assert_gradients_match_finite_differences(
-        lambda: _layer(feature_map, causal), _inputs(13, (1, 6, 6)), query_mask=np.array([[1, 1, 1, 1, 1, 0]], bool)
+        lambda: _layer(feature_map, causal),
+        _inputs(13, (1, 6, 6)),
+        query_mask=np.array([[1, 1, 1, 1, 1, 0]], bool),
+        value_mask=np.array([[1, 1, 1, 1, 1, 0]], bool),
     )
 
 
@@ -199,7 +206,9 @@ def test_keras_mask_is_used_and_propagated():
     output = model.layers[2](model.layers[1](tokens))
     np.testing.assert_array_equal(output._keras_mask, tokens != 0)
     np.testing.assert_allclose(
-        model(tokens), model.layers[2](model.layers[1](tokens), query_mask=tokens != 0), atol=1e-6
+        model(tokens),
+        model.layers[2](model.layers[1](tokens), query_mask=tokens != 0, value_mask=tokens != 0),
+        atol=1e-6,
     )
 
 

@@ -55,7 +55,9 @@ def _reference(layer, x, mask=None, return_weights=False):
             )
             attended[b, :, h] = out[0, :, 0] * mask[b, :, None]
             scores[b, h] = probabilities[0, 0] * mask[b, :, None]
-    output = reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+    output = reference.merge_heads(
+        attended, weights["attention_output/kernel"], weights["attention_output/bias"], rows=mask
+    )
     return (output, scores) if return_weights else output
 
 
@@ -63,7 +65,9 @@ def _reference(layer, x, mask=None, return_weights=False):
 def test_matches_float64_reference_with_padding(variant):
     x = _inputs()
     layer = _layer(**variant)
-    np.testing.assert_allclose(layer(x, query_mask=PADDING), _reference(layer, x, PADDING), atol=ATOL)
+    np.testing.assert_allclose(
+        layer(x, query_mask=PADDING, value_mask=PADDING), _reference(layer, x, PADDING), atol=ATOL
+    )
 
 
 def test_weight_shapes_per_variant():
@@ -97,7 +101,9 @@ def test_padding_content_amount_and_place_never_change_real_outputs(variant):
     left_padded = np.concatenate([x[1:, 5:], x[1:, :5]], axis=1)  # the same 5 tokens after 4 pads
     left_mask = np.arange(9)[None, :] >= 4
     np.testing.assert_allclose(
-        layer(left_padded, query_mask=left_mask)[0, 4:], layer(x, query_mask=PADDING)[1, :5], atol=1e-5
+        layer(left_padded, query_mask=left_mask, value_mask=left_mask)[0, 4:],
+        layer(x, query_mask=PADDING, value_mask=PADDING)[1, :5],
+        atol=1e-5,
     )
 
 
@@ -125,12 +131,15 @@ def test_mixed_precision_close_to_float32():
 def test_jit_equals_eager(variant):
     layer = _layer(**variant)
     layer(_inputs(6))
-    assert_jit_matches_eager(layer, _inputs(6), query_mask=PADDING)
+    assert_jit_matches_eager(layer, _inputs(6), query_mask=PADDING, value_mask=PADDING)
 
 
 def test_gradients_match_finite_differences():
     assert_gradients_match_finite_differences(
-        lambda: _layer(projection_per_head=True), _inputs(7, (1, 6, 6)), query_mask=np.array([[1, 1, 0, 1, 1, 0]], bool)
+        lambda: _layer(projection_per_head=True),
+        _inputs(7, (1, 6, 6)),
+        query_mask=np.array([[1, 1, 0, 1, 1, 0]], bool),
+        value_mask=np.array([[1, 1, 0, 1, 1, 0]], bool),
     )
 
 
@@ -147,7 +156,9 @@ def test_serialization_round_trip_and_keras_mask():
     assert type(reloaded.layers[2]) is LinformerSelfAttention
     layer, embedded = reloaded.layers[2], reloaded.layers[1](tokens)
     np.testing.assert_array_equal(layer(embedded)._keras_mask, tokens != 0)
-    np.testing.assert_allclose(reloaded(tokens), layer(embedded, query_mask=tokens != 0), atol=1e-6)
+    np.testing.assert_allclose(
+        reloaded(tokens), layer(embedded, query_mask=tokens != 0, value_mask=tokens != 0), atol=1e-6
+    )
 
 
 def test_run_layer_test():

@@ -55,7 +55,9 @@ def _reference(layer, x, mask=None, is_causal=None, return_weights=False):
         layer.causal if is_causal is None else is_causal,
         return_weights=True,
     )
-    output = reference.merge_heads(attended, weights["attention_output/kernel"], weights["attention_output/bias"])
+    output = reference.merge_heads(
+        attended, weights["attention_output/kernel"], weights["attention_output/bias"], rows=mask
+    )
     return (output, scores) if return_weights else output
 
 
@@ -64,14 +66,16 @@ def _reference(layer, x, mask=None, is_causal=None, return_weights=False):
 def test_matches_float64_reference_with_padding(causal, num_hashes):
     x = _inputs()
     layer = _layer(causal=causal, num_hashes=num_hashes)
-    np.testing.assert_allclose(layer(x, query_mask=PADDING), _reference(layer, x, PADDING), atol=ATOL)
+    np.testing.assert_allclose(
+        layer(x, query_mask=PADDING, value_mask=PADDING), _reference(layer, x, PADDING), atol=ATOL
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_one_bucket_one_chunk_equals_dense_shared_qk_attention_without_self(causal):
     x = _inputs(1, (2, 7, 6))
     layer = _layer(num_buckets=1, num_hashes=1, chunk_size=8, causal=causal)
-    output = layer(x, query_mask=PADDING[:, :7])
+    output = layer(x, query_mask=PADDING[:, :7], value_mask=PADDING[:, :7])
     weights, query, value = _projected(layer, x)
     key = query / np.linalg.norm(query, axis=-1, keepdims=True)
     others = ~np.eye(7, dtype=bool)
@@ -81,8 +85,9 @@ def test_one_bucket_one_chunk_equals_dense_shared_qk_attention_without_self(caus
     # A token sees itself only when nothing else is allowed: token 0 of a causal sequence.
     nothing_else = ~np.any(allowed & others, axis=-1, keepdims=True)
     dense, _ = reference.attention(query, key, value, mask=allowed & (others | nothing_else))
-    dense = dense * PADDING[:, :7, None, None]
-    expected = reference.merge_heads(dense, weights["attention_output/kernel"], weights["attention_output/bias"])
+    expected = reference.merge_heads(
+        dense, weights["attention_output/kernel"], weights["attention_output/bias"], rows=PADDING[:, :7]
+    )
     np.testing.assert_allclose(output, expected, atol=ATOL)
 
 
@@ -134,12 +139,15 @@ def test_mixed_precision_close_to_float32():
 def test_jit_equals_eager(causal):
     layer = _layer(causal=causal)
     layer(_inputs(10))
-    assert_jit_matches_eager(layer, _inputs(10), query_mask=PADDING)
+    assert_jit_matches_eager(layer, _inputs(10), query_mask=PADDING, value_mask=PADDING)
 
 
 def test_gradients_match_finite_differences():
     assert_gradients_match_finite_differences(
-        lambda: _layer(chunk_size=2), _inputs(11, (1, 6, 6)), query_mask=np.array([[1, 1, 1, 0, 1, 1]], bool)
+        lambda: _layer(chunk_size=2),
+        _inputs(11, (1, 6, 6)),
+        query_mask=np.array([[1, 1, 1, 0, 1, 1]], bool),
+        value_mask=np.array([[1, 1, 1, 0, 1, 1]], bool),
     )
 
 
@@ -156,7 +164,9 @@ def test_serialization_round_trip_keeps_the_rotations_and_keras_mask():
     layer, embedded = reloaded.layers[2], reloaded.layers[1](tokens)
     assert type(layer) is LSHSelfAttention
     np.testing.assert_array_equal(layer(embedded)._keras_mask, tokens != 0)
-    np.testing.assert_allclose(reloaded(tokens), layer(embedded, query_mask=tokens != 0), atol=1e-6)
+    np.testing.assert_allclose(
+        reloaded(tokens), layer(embedded, query_mask=tokens != 0, value_mask=tokens != 0), atol=1e-6
+    )
 
 
 def test_run_layer_test():

@@ -68,7 +68,13 @@ def test_matches_numpy_reference(norm_first, cross, masks):
     if self_extra is not None:
         self_mask, cross_mask = self_mask & self_extra[:, None], cross_mask & cross_extra[:, None]
     expected = reference.transformer_decoder(
-        numpy_weights(decoder), target, source if cross else None, self_mask, cross_mask, norm_first
+        numpy_weights(decoder),
+        target,
+        source if cross else None,
+        self_mask,
+        cross_mask,
+        norm_first,
+        padding=target_padding,
     )
     np.testing.assert_allclose(to_numpy(got), expected, atol=1e-5)
 

@@ -74,7 +74,7 @@ def by_hand(block, prototype, x, padding, norm_first):
     def attend(h):
         return np.asarray(attention(h.astype("float32"), query_mask=padding, value_mask=padding), np.float64)
 
-    h = reference.residual_block(np.asarray(x, np.float64), attend, *norm1, 1e-5, norm_first)
+    h = reference.residual_block(reference.without_padding(x, padding), attend, *norm1, 1e-5, norm_first)
     return reference.residual_block(h, lambda h: reference.feed_forward(h, *ffn), *norm2, 1e-5, norm_first)
 
 

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_attn.blocks.transformer_encoder import TransformerBlock
+from keras_attn.core.masks import zero_padding
 from keras_attn.layers.capabilities import describe
 from keras_attn.layers.capabilities import unsupported
 from keras_attn.utils import check_padding_mask
@@ -27,8 +28,11 @@ class TransformerDecoder(TransformerBlock):
     `Embedding(mask_zero=True)` or `TokenAndPositionEmbedding` upstream) are used when
     `decoder_padding_mask` / `encoder_padding_mask` are not passed; explicit masks always win.
     Padded keys are never attended to and padded decoder positions get zero attention
-    outputs, so padding never changes the outputs at real positions. The output keeps the
-    decoder's Keras mask.
+    outputs, so padding never changes the outputs at real positions. Padded rows of
+    `decoder_sequence` are zeroed (by selection) before the block reads them (without a
+    key/value cache), and the attention layers zero padded keys and values, so whatever the
+    padding holds, NaN and inf included, reaches no real output and no weight gradient. The
+    output keeps the decoder's Keras mask.
 
     Cached decoding (KerasHub semantics): pass `self_attention_cache`
     `(batch, 2, max_len, kv_heads, key_dim)` (see `initial_self_attention_cache`) and
@@ -220,11 +224,13 @@ class TransformerDecoder(TransformerBlock):
             )
         decoder_padding_mask = keras_mask(decoder_sequence) if decoder_padding_mask is None else decoder_padding_mask
         # With a key/value cache the mask may cover the whole cache (see `MultiHeadAttention`).
+        over_the_tokens = self_attention_cache is None or recurrent  # else it may cover the whole cache
         check_padding_mask(
-            "decoder_padding_mask",
-            decoder_padding_mask,
-            decoder_sequence.shape if self_attention_cache is None or recurrent else None,
+            "decoder_padding_mask", decoder_padding_mask, decoder_sequence.shape if over_the_tokens else None
         )
+        if over_the_tokens or _covers_the_tokens(decoder_padding_mask, decoder_sequence):
+            # As in `TransformerEncoder`: padded rows are read as zeros, so they reach no weight gradient.
+            decoder_sequence = zero_padding(decoder_sequence, decoder_padding_mask)
 
         def self_attend(x):
             options = dict(query_mask=decoder_padding_mask, use_causal_mask=use_causal_mask, training=training)
@@ -282,6 +288,11 @@ class TransformerDecoder(TransformerBlock):
         if self.cross_attention is None:
             return x, self_attention_cache
         return x, self_attention_cache, cross_attention_cache
+
+
+def _covers_the_tokens(padding_mask, sequence):
+    """Whether a cached call's `padding_mask` is over the new tokens (statically as long), not over the cache."""
+    return padding_mask is not None and padding_mask.shape[1] is not None and padding_mask.shape[1] == sequence.shape[1]
 
 
 def check_causal(self_attention):

@@ -5,6 +5,7 @@ import keras
 from keras_attn import patterns
 from keras_attn.blocks.feed_forward import FeedForward
 from keras_attn.core import position_bias as position_biases
+from keras_attn.core.masks import zero_padding
 from keras_attn.layers.capabilities import AttentionCapabilities
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.utils import check_padding_mask
@@ -230,7 +231,10 @@ class TransformerEncoder(TransformerBlock):
     `TokenAndPositionEmbedding` upstream) is used as `padding_mask` when none is passed; an
     explicit `padding_mask` always wins. Padded positions are never attended to, and padded
     queries get a zero attention output, so padded content never changes the outputs at real
-    positions. The output keeps the input's Keras mask.
+    positions. Padded rows of `inputs` are zeroed (by selection) before the block reads them, so
+    whatever they hold, NaN and inf included, reaches no real output and no weight gradient;
+    the block's own outputs there are finite but not zero (the residual and the feed-forward
+    run on every row). The output keeps the input's Keras mask.
 
     Args:
         intermediate_dim: width of the feed-forward hidden layer.
@@ -310,6 +314,9 @@ class TransformerEncoder(TransformerBlock):
     def call(self, inputs, padding_mask=None, attention_mask=None, training=None, return_attention_scores=False):
         padding_mask = keras_mask(inputs) if padding_mask is None else padding_mask
         check_padding_mask("padding_mask", padding_mask, inputs.shape)
+        # The residual and the feed-forward see every row: a padded one is zeroed first, so that what
+        # it held (NaN, inf) reaches no weight gradient (the Keras mask stays the output's).
+        inputs = zero_padding(inputs, padding_mask)
 
         def attend(x):
             attended = self.self_attention(

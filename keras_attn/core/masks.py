@@ -106,3 +106,31 @@ def pattern_mask(mask, pattern, query_len, key_len, query_offset=0, key_offset=0
 def may_empty_rows(mask, pattern):
     """Whether some query row may see no key (then its weights and output are zeroed)."""
     return mask is not None or (pattern is not None and pattern.may_empty_rows)
+
+
+def zero_padding(tensor, padding_mask):
+    """`tensor` `(batch, seq, ...)` with exact zeros at the positions `padding_mask` `(batch, seq)` marks `False`.
+
+    A selection, not a product: `0 * NaN` is NaN, and a product's gradient with respect to the rest of
+    the graph multiplies by the padded values, whereas the gradient of `where` never reads the branch it
+    did not select. So whatever a padded position holds (NaN and inf included) reaches neither the
+    outputs nor any gradient. `tensor` unchanged when `padding_mask` is `None`.
+
+    >>> import numpy as np
+    >>> zero_padding(np.array([[1.0, np.nan]], "float32"), np.array([[True, False]])).numpy().tolist()
+    [[1.0, 0.0]]
+    """
+    if padding_mask is None:
+        return tensor
+    mask = ops.cast(padding_mask, "bool")
+    for _ in range(len(tensor.shape) - 2):
+        mask = ops.expand_dims(mask, -1)  # (batch, seq, 1, ...)
+    return ops.where(mask, tensor, ops.zeros_like(tensor))
+
+
+def either_mask(first, second):
+    """Logical OR of two padding masks (a position real in one of them); `None` when one is `None`
+    (every position real there)."""
+    if first is None or second is None:
+        return None
+    return ops.logical_or(ops.cast(first, "bool"), ops.cast(second, "bool"))

@@ -216,9 +216,11 @@ class LinearAttention(ProjectedSelfAttention):
     Call arguments: Keras's convention, self-attention only (see
     `keras_attn.families.projected_self_attention`):
         query: `(batch, seq, features)`; `value` and `key` are `None` (or `query`).
-        query_mask, value_mask, key_mask: optional boolean padding masks `(batch, seq)`, the
-            Keras mask of `query` when not given; a position any of them masks is padding:
-            contributes nothing as a key, outputs zeros (before the output projection's bias).
+        query_mask: optional boolean `(batch, seq)`, the real query positions (the Keras mask
+            of `query` when not given); a `False` one outputs exactly zero.
+        value_mask, key_mask: optional boolean `(batch, seq)`, the real keys (each the Keras
+            mask of `query` when not given); a position either marks `False` contributes
+            nothing as a key.
         use_causal_mask: if `True`, this call is causal as with `causal=True`.
         return_attention_scores: if `True`, also return the normalised kernel weights the
             output is made of, `phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')`,
@@ -335,7 +337,7 @@ class LinearAttention(ProjectedSelfAttention):
             favor_feature_map(key * scale, projection, is_query=False),
         )
 
-    def _call_with_cache(self, query, mask, causal, training, cache, return_attention_scores):
+    def _call_with_cache(self, query, query_mask, key_mask, causal, training, cache, return_attention_scores):
         if not causal:
             raise ValueError(
                 "A recurrent `cache` is for causal decoding: the layer has causal=False and the call "
@@ -347,10 +349,11 @@ class LinearAttention(ProjectedSelfAttention):
                 f"weigh. Received: return_attention_scores=True, cache shapes={describe(cache)}"
             )
         self._check_state(cache, query)
-        query, key, value = self.project(query, mask)
+        query, key, value = self.project(query, query_mask, key_mask)
         projection = self._feature_projection(query.dtype, training)
-        attended, new_cache = self._attend_with_state(query, key, value, mask, projection, True, cache)
-        return self._finish(attended, None, False), new_cache
+        attended, new_cache = self._attend_with_state(query, key, value, key_mask, projection, True, cache)
+        # The state holds the earlier keys: only the query mask decides which of these rows are real.
+        return self._finish(attended, None, query_mask, False), new_cache
 
     def _check_state(self, cache, inputs):
         """A `ValueError` unless `cache` is the `(summary, normaliser)` pair of `initial_cache` for this batch."""
@@ -374,19 +377,18 @@ class LinearAttention(ProjectedSelfAttention):
                 f"{self.num_features}), batch = {batch} (see `initial_cache`). Received: cache shapes={shapes or type(cache).__name__}"
             )
 
-    def _attend(self, query, key, value, mask, training, causal, return_weights):
+    def _attend(self, query, key, value, key_mask, training, causal, return_weights):
         projection = self._feature_projection(query.dtype, training)
-        attended, _ = self._attend_with_state(query, key, value, mask, projection, causal, None)
+        attended, _ = self._attend_with_state(query, key, value, key_mask, projection, causal, None)
         if not return_weights:
             return attended, None
         query_features, key_features = self._features(query, key, projection)
-        if mask is not None:
-            keep = ops.cast(mask, key_features.dtype)[:, :, None, None]
-            query_features, key_features = query_features * keep, key_features * keep  # padded rows and keys: zero
+        if key_mask is not None:
+            key_features = key_features * ops.cast(key_mask, key_features.dtype)[:, :, None, None]  # padded keys: zero
         return attended, normalised_kernel_weights(query_features, key_features, causal)
 
-    def _attend_with_state(self, query, key, value, mask, projection, causal, state):
-        keep = None if mask is None else ops.cast(mask, float_math_dtype(query.dtype))[:, :, None, None]
+    def _attend_with_state(self, query, key, value, key_mask, projection, causal, state):
+        keep = None if key_mask is None else ops.cast(key_mask, float_math_dtype(query.dtype))[:, :, None, None]
         length = query.shape[1]
         if length == 0:  # nothing to attend: an empty output, the state unchanged
             return ops.zeros(
@@ -397,18 +399,14 @@ class LinearAttention(ProjectedSelfAttention):
         return self._feature_attention(query, key, value, keep, projection, causal, state)
 
     def _feature_attention(self, query, key, value, keep, projection, causal, state):
-        """`(attended (batch, seq, heads, value_dim), state)`: features, masking, then the linear rule."""
+        """`(attended (batch, seq, heads, value_dim), state)`: features, the key mask `keep`, then the linear rule."""
         query_features, key_features = self._features(query, key, projection)
         value = ops.cast(value, query_features.dtype)
         if keep is not None:
             key_features = key_features * keep  # masked keys contribute nothing
         if causal:
-            attended, state = causal_linear_attention(query_features, key_features, value, self.chunk_size, state)
-        else:
-            attended = linear_attention(query_features, key_features, value)
-        if keep is not None:
-            attended = attended * keep  # masked queries output zeros
-        return attended, state
+            return causal_linear_attention(query_features, key_features, value, self.chunk_size, state)
+        return linear_attention(query_features, key_features, value), state
 
     def _attend_in_segments(self, query, key, value, keep, projection, state):
         """Causal attention over `RECOMPUTE_SEGMENT_LENGTH`-token segments, recomputed in the backward pass.

@@ -71,10 +71,11 @@ class LinformerSelfAttention(ProjectedSelfAttention):
     `keras_attn.families.projected_self_attention`):
         query: `(batch, seq, features)` with `seq <= max_length`; `value` and `key` are `None`
             (or `query`).
-        query_mask, value_mask, key_mask: optional boolean padding masks `(batch, seq)`, the
-            Keras mask of `query` when not given; a position any of them masks is padding:
-            removed before the projection, its own output zeros (before the output
-            projection's bias).
+        query_mask: optional boolean `(batch, seq)`, the real query positions (the Keras mask
+            of `query` when not given); a `False` one outputs exactly zero.
+        value_mask, key_mask: optional boolean `(batch, seq)`, the real keys (each the Keras
+            mask of `query` when not given); a position either marks `False` is removed before
+            the length projection.
         use_causal_mask: must be `False` (a `ValueError` says why).
         return_attention_scores: if `True`, also return the softmax weights over the projected
             keys, `(batch, heads, seq, projected_length)` (not over the tokens: each projected
@@ -172,23 +173,16 @@ class LinformerSelfAttention(ProjectedSelfAttention):
             return ops.einsum("bthd,htk->bkhd", tensor, projection[:, :length])
         return ops.einsum("bthd,tk->bkhd", tensor, projection[:length])
 
-    def _attend(self, query, key, value, mask, training, causal, return_weights):
+    def _attend(self, query, key, value, key_mask, training, causal, return_weights):
         # `causal` is always False: the constructor refuses `causal=True`, `check_call` `use_causal_mask=True`.
-        if mask is not None:
-            key, value = move_real_tokens_first(key, mask), move_real_tokens_first(value, mask)
+        if key_mask is not None:
+            key, value = move_real_tokens_first(key, key_mask), move_real_tokens_first(value, key_mask)
         key = self._project_length(key, self.key_length_projection)  # (batch, projected_length, heads, key_dim)
         value = self._project_length(value, self.value_length_projection)  # (batch, projected_length, heads, value_dim)
         # (batch, seq, heads, value_dim)[, (batch, heads, seq, projected_length)]
-        attended, weights = (
-            scaled_dot_product_attention(query, key, value, return_weights=True)
-            if return_weights
-            else (scaled_dot_product_attention(query, key, value), None)
-        )
-        if mask is not None:
-            rows = ops.cast(mask, attended.dtype)  # padded rows output zeros
-            attended = attended * rows[:, :, None, None]
-            weights = None if weights is None else weights * ops.cast(rows, weights.dtype)[:, None, :, None]
-        return attended, weights
+        if return_weights:
+            return scaled_dot_product_attention(query, key, value, return_weights=True)
+        return scaled_dot_product_attention(query, key, value), None
 
     def scores_key_length(self, query_shape):
         return self.projected_length

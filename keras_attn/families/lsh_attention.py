@@ -192,9 +192,12 @@ class LSHSelfAttention(ProjectedSelfAttention):
     Call arguments: Keras's convention, self-attention only (see
     `keras_attn.families.projected_self_attention`):
         query: `(batch, seq, features)`, any `seq`; `value` and `key` are `None` (or `query`).
-        query_mask, value_mask, key_mask: optional boolean padding masks `(batch, seq)`, the
-            Keras mask of `query` when not given; a position any of them masks is padding:
-            never attended, its row outputs zeros (before the output projection's bias).
+        query_mask: optional boolean `(batch, seq)`, the real query positions (the Keras mask
+            of `query` when not given); a `False` one outputs exactly zero.
+        value_mask, key_mask: optional boolean `(batch, seq)`, the real keys (each the Keras
+            mask of `query` when not given); a position either marks `False` is never attended
+            and is hashed into the padding's own bucket, so as a query it finds no key either
+            and outputs zero.
         use_causal_mask: if `True`, this call is causal as with `causal=True`.
         return_attention_scores: if `True`, also return the weights `(batch, heads, seq, seq)`:
             each round's softmax probabilities scattered back to the key positions and weighted
@@ -253,14 +256,14 @@ class LSHSelfAttention(ProjectedSelfAttention):
             dtype="float32",
         )
 
-    def _attend(self, query, key, value, mask, training, causal, return_weights):
+    def _attend(self, query, key, value, key_mask, training, causal, return_weights):
         result = lsh_attention(
             query,
             value,
             self.rotations,
             self.num_buckets,
             self.chunk_size,
-            mask=mask,
+            mask=key_mask,
             is_causal=causal,
             return_weights=return_weights,
         )

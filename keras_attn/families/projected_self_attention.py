@@ -10,17 +10,21 @@ The call is Keras's (`keras_attn.MultiHeadAttention`'s): `layer(query, value=Non
 query_mask=None, value_mask=None, key_mask=None, attention_mask=None, use_causal_mask=False,
 return_attention_scores=False, training=None, cache=None)`, `cache` only for a family whose
 capabilities declare one (it implements `_call_with_cache`). These families are self-attention only (`value` and
-`key` are `None` or `query` itself; `capabilities.cross` is `False`), and they take one padding mask:
-a position masked by any of `query_mask`, `value_mask`, `key_mask` (each the Keras mask of `query`
-when not given) is padding, never attended and with a zero attention output. What else a family
+`key` are `None` or `query` itself; `capabilities.cross` is `False`). Their padding masks mean what
+they mean in Keras and in `keras_attn.MultiHeadAttention` (each the Keras mask of `query` when not
+given): `query_mask` marks the real query positions (a `False` one outputs exactly zero), `value_mask`
+and `key_mask` the real keys (a position either marks `False` is never attended). A query row without
+any key outputs zero too. Padded positions are zeroed by selection before the projections, so
+whatever they hold (NaN, inf) reaches neither a real output nor a weight gradient. What else a family
 takes is its `capabilities` (`keras_attn.layers.capabilities.AttentionCapabilities`).
 """
 
 import keras
 from keras import ops
 
+from keras_attn.core.masks import either_mask
 from keras_attn.core.masks import merge_masks
-from keras_attn.core.softmax import zero_masked
+from keras_attn.core.masks import zero_padding
 from keras_attn.layers.capabilities import check_call
 from keras_attn.layers.capabilities import describe
 from keras_attn.layers.capabilities import unsupported
@@ -112,32 +116,38 @@ class ProjectedSelfAttention(keras.layers.Layer):
     def _build_rule(self, query_shape):
         """The attention rule's own weights (rotations, length projections, random features); none here."""
 
-    def project(self, inputs, mask=None):
+    def project(self, inputs, query_mask=None, key_mask=None):
         """`(query, key, value)`, each `(batch, seq, heads, depth)`; the key is the query when shared.
 
-        Padded positions (`mask` False) are projected from zeros: whatever they hold, NaN and inf
-        included, never reaches a real position's output (`0 * NaN` in an attention sum is NaN).
+        The query is projected from inputs zero where `query_mask` is `False`, the key and value from
+        inputs zero where `key_mask` is (`zero_padding`): whatever a padded position holds, NaN and inf
+        included, reaches neither a real output nor a gradient (`0 * NaN` in an attention sum is NaN).
+        A shared query/key projection zeroes only the positions padded in both roles.
         """
-        if mask is not None:
-            inputs = zero_masked(inputs, ops.expand_dims(mask, -1))  # (batch, seq, features)
-        query = self.query_dense(inputs)  # (batch, seq, heads, key_dim)
-        key = query if self.shares_query_key else self.key_dense(inputs)  # (batch, seq, heads, key_dim)
-        return query, key, self.value_dense(inputs)  # value: (batch, seq, heads, value_dim)
+        keys = zero_padding(inputs, key_mask)  # (batch, seq, features)
+        if self.shares_query_key:
+            queries = zero_padding(inputs, either_mask(query_mask, key_mask))
+        else:
+            queries = keys if query_mask is key_mask else zero_padding(inputs, query_mask)
+        query = self.query_dense(queries)  # (batch, seq, heads, key_dim)
+        key = query if self.shares_query_key else self.key_dense(keys)  # (batch, seq, heads, key_dim)
+        return query, key, self.value_dense(keys)  # value: (batch, seq, heads, value_dim)
 
-    def padding_mask(self, query, query_mask=None, value_mask=None, key_mask=None):
-        """The boolean `(batch, seq)` padding mask: the AND of the given masks, each the Keras mask of
-        `query` when not given; `None` when there is none."""
+    def padding_masks(self, query, query_mask=None, value_mask=None, key_mask=None):
+        """`(query_mask, key_mask)`, boolean `(batch, seq)` or `None`: the real queries, and the real keys (the
+        AND of `value_mask` and `key_mask`), each given mask the Keras mask of `query` when not given."""
         default = keras_mask(query)
         masks = [default if mask is None else mask for mask in (query_mask, value_mask, key_mask)]
         for name, mask in zip(("query_mask", "value_mask", "key_mask"), masks):
             check_padding_mask(name, mask, query.shape)
-        return merge_masks(*(None if mask is None else ops.cast(mask, "bool") for mask in masks))
+        query_mask, value_mask, key_mask = (None if mask is None else ops.cast(mask, "bool") for mask in masks)
+        return query_mask, merge_masks(value_mask, key_mask)
 
     def _checked_call(self, query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask):
-        """`(padding mask, causal)` of a call, after refusing what the family's capabilities exclude."""
+        """`(query_mask, key_mask, causal)` of a call, after refusing what the family's capabilities exclude."""
         check_call(self, query, value, key, attention_mask, use_causal_mask)
         causal = bool(use_causal_mask) or self.causal
-        return self.padding_mask(query, query_mask, value_mask, key_mask), causal
+        return (*self.padding_masks(query, query_mask, value_mask, key_mask), causal)
 
     def call(
         self,
@@ -154,32 +164,40 @@ class ProjectedSelfAttention(keras.layers.Layer):
         training=None,
         cache=None,
     ):
-        mask, causal = self._checked_call(
+        query_mask, key_mask, causal = self._checked_call(
             query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask
         )
         if cache is not None:
             if type(self).capabilities.cache is None:
                 raise unsupported(self, "cache", f"cache={describe(cache)}")
-            return self._call_with_cache(query, mask, causal, training, cache, return_attention_scores)
-        projected = self.project(query, mask)
-        attended, weights = self._attend(*projected, mask, training, causal, return_attention_scores)
-        return self._finish(attended, weights, return_attention_scores)
+            return self._call_with_cache(query, query_mask, key_mask, causal, training, cache, return_attention_scores)
+        projected = self.project(query, query_mask, key_mask)
+        attended, weights = self._attend(*projected, key_mask, training, causal, return_attention_scores)
+        return self._finish(attended, weights, _rows_with_keys(query_mask, key_mask, causal), return_attention_scores)
 
-    def _call_with_cache(self, query, mask, causal, training, cache, return_attention_scores):
+    def _call_with_cache(self, query, query_mask, key_mask, causal, training, cache, return_attention_scores):
         """`(output, new cache)` of an incremental decoding step; a family whose capabilities declare a cache implements it."""
         raise NotImplementedError
 
-    def _finish(self, attended, weights, return_attention_scores):
-        """The output projection of `attended` `(batch, seq, heads, value_dim)`; then the weights if asked."""
-        output = self.output_dense(ops.cast(attended, self.compute_dtype))
-        return (output, ops.cast(weights, self.compute_dtype)) if return_attention_scores else output
+    def _finish(self, attended, weights, output_rows, return_attention_scores):
+        """The output projection of `attended` `(batch, seq, heads, value_dim)`, exactly zero (bias
+        included) at the rows `output_rows` `(batch, seq)` marks `False`; then the weights, zero there too,
+        if asked."""
+        output = zero_padding(self.output_dense(ops.cast(attended, self.compute_dtype)), output_rows)
+        if not return_attention_scores:
+            return output
+        weights = ops.cast(weights, self.compute_dtype)  # (batch, heads, seq, key_len)
+        if output_rows is not None:
+            weights = ops.where(ops.cast(output_rows, "bool")[:, None, :, None], weights, ops.zeros_like(weights))
+        return output, weights
 
-    def _attend(self, query, key, value, mask, training, causal, return_weights):
+    def _attend(self, query, key, value, key_mask, training, causal, return_weights):
         """The attention rule: `(attended, weights or None)`.
 
-        `attended` is `(batch, seq, heads, value_dim)` from the projected heads, the padding mask
-        and whether this call is causal; `weights` (when `return_weights`) the attention weights
-        `(batch, heads, seq, key_len)` with `output == weights @ values` per head.
+        `attended` is `(batch, seq, heads, value_dim)` from the projected heads, the key padding mask
+        `key_mask` (`(batch, seq)`, `False` keys never attended; `None`: every key real) and whether this
+        call is causal; `weights` (when `return_weights`) the attention weights `(batch, heads, seq, key_len)`
+        with `output == weights @ values` per head. The padded query rows are zeroed after the rule.
         """
         raise NotImplementedError
 
@@ -216,3 +234,15 @@ class ProjectedSelfAttention(keras.layers.Layer):
             seed=self.seed,
         )
         return config
+
+
+def _rows_with_keys(query_mask, key_mask, causal):
+    """`(batch, seq or 1)`: the real query rows that see a real key (every key before them when `causal`);
+    `None` when every row does."""
+    if key_mask is None:
+        return query_mask
+    if causal:  # row i sees keys 0..i
+        has_keys = ops.cumsum(ops.cast(key_mask, "int32"), axis=1) > 0  # (batch, seq)
+    else:
+        has_keys = ops.any(key_mask, axis=1, keepdims=True)  # (batch, 1)
+    return merge_masks(query_mask, has_keys)

@@ -35,6 +35,13 @@ def merged_mask(query_mask, value_mask, key_mask, attention_mask):
     )
 
 
+def rows_with_keys(mask):
+    """`(batch or 1, query_len)`: whether each query row of a merged 4-D `mask` sees any key in any head;
+    `None` (every row) when `mask` is. `False` for a padded query (its row of the mask is all `False`)
+    and for a row whose keys the masks all exclude."""
+    return None if mask is None else ops.any(mask, axis=(1, 3))
+
+
 def as_4d_mask(mask):
     """A `(q, k)`, `(batch, q, k)` or 4-D boolean mask as `(batch or 1, heads or 1, q, k)`."""
     mask = ops.cast(mask, "bool")
@@ -43,10 +50,9 @@ def as_4d_mask(mask):
     return mask
 
 
-def check_mask_shapes(projected_query, projected_key, **tensors):
-    """ValueError naming the mask/bias argument whose shape does not fit the query and key."""
-    batch, query_len, heads = projected_query.shape[:3]
-    key_len = projected_key.shape[1]
+def check_mask_shapes(batch, query_len, heads, key_len, **tensors):
+    """ValueError naming the mask/bias argument whose shape does not fit `batch` sequences of `query_len`
+    queries in `heads` heads over `key_len` keys (static sizes, `None` where unknown)."""
     targets = {
         "query_mask": [(batch, query_len)],
         "value_mask": [(batch, key_len)],

@@ -12,6 +12,9 @@ from keras import ops
 
 from keras_attn.core import position_bias as position_biases
 from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.core.masks import either_mask
+from keras_attn.core.masks import merge_masks
+from keras_attn.core.masks import zero_padding
 from keras_attn.core.softmax import zero_masked
 from keras_attn.layers import keras_compatibility
 from keras_attn.layers import key_value_cache
@@ -22,6 +25,7 @@ from keras_attn.layers.capabilities import check_call
 from keras_attn.layers.mask_arguments import as_4d_mask
 from keras_attn.layers.mask_arguments import check_mask_shapes
 from keras_attn.layers.mask_arguments import merged_mask
+from keras_attn.layers.mask_arguments import rows_with_keys
 from keras_attn.layers.multi_head_arguments import check_scores_allowed
 from keras_attn.layers.multi_head_arguments import checked_pattern
 from keras_attn.layers.multi_head_arguments import kernel_name
@@ -45,7 +49,12 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     - an additive `attention_bias` call argument, and a `position_bias` layer (`keras_attn.ALiBi`,
       `keras_attn.RelativePositionBias`) that every kernel computes block by block from positions;
     - explicit `query_mask` / `value_mask` / `key_mask` arguments are always honoured,
-      Keras masks (`Embedding(mask_zero=True)` upstream) are used when they are not given.
+      Keras masks (`Embedding(mask_zero=True)` upstream) are used when they are not given;
+    - padding outputs exact zeros and stays out of the gradients: a padded query position, and
+      a query row whose keys the masks all exclude, outputs exactly zero (not the output
+      projection's bias); the padded positions of `query`, `key` and `value` are set to zero by
+      selection before the projections, so whatever they hold (NaN, inf) reaches no real output
+      and no weight gradient.
 
     Args:
         num_heads: number of attention heads.
@@ -109,10 +118,13 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         value: `(batch, key_len, value_features)`; `None` (the default) for self-attention,
             `value = query`.
         key: optional `(batch, key_len, key_features)`; defaults to `value`.
-        query_mask: optional boolean `(batch, query_len)`; `False` rows get zero attention.
-            The Keras mask of `query` when not given.
-        value_mask: optional boolean `(batch, key_len)`; `False` keys are never attended.
-            The Keras mask of `value` (of `query` when `value` is `None`) when not given.
+        query_mask: optional boolean `(batch, query_len)`, the real query positions (Keras's
+            meaning, the same in every keras_attn family): a `False` row outputs exactly zero
+            and reaches no weight gradient. It masks no key, also in self-attention: keys are
+            masked by `value_mask` / `key_mask`. The Keras mask of `query` when not given.
+        value_mask: optional boolean `(batch, key_len)`, the real keys: a `False` key is never
+            attended. The Keras mask of `value` (of `query` when `value` is `None`, so a Keras
+            mask on a self-attention input masks the queries and the keys) when not given.
         key_mask: optional boolean `(batch, key_len)`; combined with `value_mask`.
         attention_mask: optional boolean mask broadcastable to `(query_len, key_len)` or
             `(batch, query_len, key_len)` (2-D/3-D, as in Keras) or
@@ -391,17 +403,22 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             self, query, query_mask, value_mask, key_mask, use_causal_mask, cache, cache_update_index
         )
         mask = merged_mask(query_mask, value_mask, key_mask, attention_mask)
-        projected_query, projected_key, projected_value, cache = key_value_cache.projected(
-            self, query, key, value, cache, cache_update_index
-        )
         check_mask_shapes(
-            projected_query,
-            projected_key,
+            query.shape[0],
+            query.shape[1],
+            self._num_heads,
+            key.shape[1]
+            if cache is None
+            else key_value_cache.key_length(self._sliding_window, cache, cache_update_index, query.shape[1]),
             query_mask=query_mask,
             value_mask=value_mask,
             key_mask=key_mask,
             attention_mask=attention_mask,
             attention_bias=attention_bias,
+        )
+        query, key, value = _padding_zeroed(query, key, value, query_mask, merge_masks(value_mask, key_mask), cache)
+        projected_query, projected_key, projected_value, cache = key_value_cache.projected(
+            self, query, key, value, cache, cache_update_index
         )
         options = key_value_cache.attention_options(
             self, mask, attention_bias, use_causal_mask, ring, cache_update_index, ops.shape(query)[1]
@@ -422,7 +439,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 training,
                 return_attention_scores,
             )
-        return self._finish(query, attended, weights, cache, return_attention_scores)
+        return self._finish(query, attended, rows_with_keys(mask), weights, cache, return_attention_scores)
 
     def _attend(self, query, key, value, training, return_attention_scores, **options):
         """`scaled_dot_product_attention` with the layer's scale, dropout (the seed generator of Keras's
@@ -442,11 +459,13 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         )
         return attention if return_attention_scores else (attention, None)
 
-    def _finish(self, query, attended, weights, cache, return_attention_scores):
-        """The gate and the output projection; `output[, weights][, cache]`."""
+    def _finish(self, query, attended, output_rows, weights, cache, return_attention_scores):
+        """The gate and the output projection, zero at the rows `output_rows` marks `False` (padded
+        queries, rows without any key: the projection's bias would be there); `output[, weights][, cache]`."""
         if self._use_gate:
             attended = attended * self._gate_dense(query)
         output = projections.output_projection(self, attended)  # (batch, query_len, output_dim)
+        output = zero_padding(output, output_rows)
         return _results(output, weights, cache, return_attention_scores)
 
     def _compute_attention(
@@ -582,6 +601,26 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             }
         )
         return config
+
+
+def _padding_zeroed(query, key, value, query_mask, key_positions, cache):
+    """`query`, `key`, `value` with exact zeros at their padded positions, so that nothing they hold
+    there reaches an output or a weight gradient (`zero_padding`): the query at `query_mask`'s padding,
+    the key and value at `key_positions`' (without a cache: with one, the key masks cover the cache).
+
+    A tensor passed in several roles stays one tensor (the fused QKV projection of self-attention
+    needs it): it is zeroed where it is padding in every role, since a position real in one role holds
+    real content (a real key in a padded query row still needs its key and value)."""
+    if cache is not None:
+        key_positions = None
+    if query is value and key is value:
+        same = zero_padding(query, either_mask(query_mask, key_positions))
+        return same, same, same
+    query = zero_padding(query, query_mask)
+    if key is value:
+        value = zero_padding(value, key_positions)
+        return query, value, value
+    return query, zero_padding(key, key_positions), zero_padding(value, key_positions)
 
 
 def _results(output, weights, cache, return_attention_scores):
