@@ -93,7 +93,7 @@ def add_config_arguments(parser, defaults):
         default = getattr(defaults, field.name)
         shown = ",".join(default) if isinstance(default, tuple) else default
         flag = "--" + field.name.replace("_", "-")
-        parser.add_argument(flag, type=config_flag_type(field.name, default), help=f"default {shown}")
+        parser.add_argument(flag, type=config_flag_type(field, default), help=f"default {shown}")
 
 
 def configured(base, args):
