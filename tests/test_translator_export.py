@@ -110,7 +110,7 @@ def test_translate_command_reads_the_export(flags, signature):
 
 def test_translate_command_prints_one_line_per_stdin_line_from_the_export(monkeypatch):
     path, _ = _exported()
-    sentences = ["Tengo hambre.", "¿Dónde está Tom?"]
+    sentences = ["Tengo hambre.", "¿Dónde está la estación de tren?"]
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(f"{sentences[0]}\n\n{sentences[1]}\n".encode())))
     printed = io.StringIO()
     with redirect_stdout(printed):
