@@ -13,6 +13,7 @@ checks of outputs, and one clear line (exit status 2) for a user's error.
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 import tempfile
@@ -50,6 +51,22 @@ non_negative_float = _checked(float, lambda value: 0 <= value < float("inf"), "a
 fraction = _checked(float, lambda value: 0 <= value < 1, "a number in [0, 1)")
 
 
+def int_at_least(minimum):
+    """The flag type of integers from `minimum` on."""
+    return _checked(int, lambda value: value >= minimum, f"an integer >= {minimum}")
+
+
+# The key of a config field's smallest value in its `dataclasses.field` metadata (`config_field`).
+_MINIMUM = "minimum"
+
+
+def config_field(default, minimum):
+    """A config dataclass field of integers from `minimum` on: its flag (`config_flag_type`) refuses
+    smaller values at parse time, naming the flag, before a layer deep in the model refuses them in
+    its own terms (a vocabulary size of 1 is `TextVectorization`'s `max_tokens` error)."""
+    return dataclasses.field(default=default, metadata={_MINIMUM: minimum})
+
+
 def parse_bool(text):
     if text.lower() not in ("true", "false"):
         raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
@@ -61,14 +78,17 @@ def comma_separated(text):
     return tuple(text.split(","))
 
 
-def config_flag_type(name, default):
-    """The flag type of a config field from its default: booleans true/false, sizes positive
-    integers, rates (`*dropout`, `*fraction`) in [0, 1), other numbers positive, tuples
-    comma-separated, strings as given."""
+def config_flag_type(field, default):
+    """The flag type of the config dataclass field `field` from its default: booleans true/false,
+    sizes positive integers (from the minimum of a `config_field`), rates (`*dropout`, `*fraction`)
+    in [0, 1), other numbers positive, tuples comma-separated, strings as given."""
+    name = field.name
     if isinstance(default, bool):
         return parse_bool
     if isinstance(default, tuple):
         return comma_separated
+    if _MINIMUM in field.metadata:
+        return int_at_least(field.metadata[_MINIMUM])
     if isinstance(default, int):
         return positive_int
     if isinstance(default, float):

@@ -13,6 +13,9 @@ on its `.lock` file while its exporter lives; the next export removes the stagin
 lock nobody holds any more (left by a killed export). `models.config` is rewritten under a lock on
 `.models.config.lock` (so two publishers never drop each other's model) and replaced whole through a
 unique temporary file: a reader sees the old file or the new one, never an empty or partial one.
+`check_models_config` proves an export root's `models.config` is what TF Serving needs to serve
+every model published there. TensorFlow is imported only by the functions that build graphs or
+records, so `python -m export.verify` reads the layout without loading it.
 """
 
 import contextlib
@@ -24,18 +27,18 @@ import tempfile
 import time
 from pathlib import Path
 
-import tensorflow as tf
-
 from appkit.files import write_text_atomic
 from appkit.logs import TF_TABLE_INITIALIZER
 from appkit.logs import dropping_log_messages
 
+MODELS_CONFIG = "models.config"
 WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
 SIGNATURE = "serving_default"
 STAGING_PREFIX = ".staging-"
 _STAGING_LOCK = ".lock"
 _CONFIG_LOCK = ".models.config.lock"
 _UNLOCKED_STALE_SECONDS = 3600
+_PLATFORM = "tensorflow"
 
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -45,6 +48,8 @@ def one_dimensional_batch(strings):
     """`strings` once its run-time shape is `[batch]`: a loaded signature takes any rank (it does not
     enforce its `TensorSpec`), and a 2-D batch would fail deep in the graph. The error names this
     node: `Shape of tensor <input> [1,2] is not compatible with expected shape [?]`."""
+    import tensorflow as tf
+
     return tf.ensure_shape(strings, [None], name="input_must_be_a_1d_batch_of_strings")
 
 
@@ -157,6 +162,7 @@ def write_warmup_requests(path, model_name, input_name, batches):
     built with the `tensorflow-serving-api` protos, so the server runs the graph before taking
     traffic.
     """
+    import tensorflow as tf
     from tensorflow_serving.apis import model_pb2
     from tensorflow_serving.apis import predict_pb2
     from tensorflow_serving.apis import prediction_log_pb2
@@ -182,18 +188,67 @@ def write_models_config(export_dir):
     """
     export_dir = Path(export_dir).resolve()
     with _exclusive_lock(export_dir / _CONFIG_LOCK):
-        return write_text_atomic(export_dir / "models.config", _models_config_text(export_dir))
+        return write_text_atomic(export_dir / MODELS_CONFIG, _models_config_text(export_dir))
+
+
+def served_model_dirs(export_dir):
+    """The model directories of `export_dir` with a published version: what `models.config` lists."""
+    return sorted(path for path in Path(export_dir).iterdir() if path.is_dir() and existing_versions(path))
 
 
 def _models_config_text(export_dir):
     entries = []
-    for model_dir in sorted(path for path in export_dir.iterdir() if path.is_dir()):
-        if existing_versions(model_dir):
-            entries.append(
-                "  config {\n"
-                f'    name: "{model_dir.name}"\n'
-                f'    base_path: "{model_dir}"\n'
-                '    model_platform: "tensorflow"\n'
-                "  }\n"
-            )
+    for model_dir in served_model_dirs(export_dir):
+        entries.append(
+            "  config {\n"
+            f'    name: "{model_dir.name}"\n'
+            f'    base_path: "{model_dir}"\n'
+            f'    model_platform: "{_PLATFORM}"\n'
+            "  }\n"
+        )
     return "model_config_list {\n" + "".join(entries) + "}\n"
+
+
+def check_models_config(export_dir):
+    """Raises a ValueError naming `<export_dir>/models.config` unless TF Serving can serve every model
+    published under `export_dir` from it: the file is there, parses as TF Serving's own
+    `ModelServerConfig`, and lists each published model once, under its directory's name, at its
+    directory in this root (a root moved or copied elsewhere still points at the old place), on the
+    `tensorflow` platform, and nothing else. Returns the names of the models listed."""
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    export_dir = Path(export_dir).resolve()
+    path = export_dir / MODELS_CONFIG
+    again = f"export a model into {export_dir} again, which rewrites it"
+    if not path.is_file():
+        raise ValueError(
+            f"{path} is missing: TF Serving finds the models of an export root through it (--model_config_file); "
+            + again
+        )
+    try:
+        config = text_format.Parse(path.read_text(encoding="utf-8"), model_server_config_pb2.ModelServerConfig())
+    except (text_format.ParseError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not a TF Serving model config ({error}); {again}") from None
+    published = {model_dir.name: model_dir for model_dir in served_model_dirs(export_dir)}
+    listed = set()
+    for entry in config.model_config_list.config:
+        where = f"{path} lists model {entry.name!r}"
+        if entry.name in listed:
+            raise ValueError(f"{where} twice; {again}")
+        listed.add(entry.name)
+        if entry.name not in published:
+            raise ValueError(f"{where}, which has no published version in {export_dir}; {again}")
+        if Path(entry.base_path) != published[entry.name]:
+            raise ValueError(
+                f"{where} at base_path {entry.base_path!r}, not at {str(published[entry.name])!r} (was the root "
+                f"moved or copied?); {again}"
+            )
+        if entry.model_platform != _PLATFORM:
+            raise ValueError(f"{where} on platform {entry.model_platform!r}, expected {_PLATFORM!r}; {again}")
+    unlisted = sorted(set(published) - listed)
+    if unlisted:
+        raise ValueError(
+            f"{path} does not list {unlisted[0]!r}, published in {export_dir}: TF Serving would not serve it; {again}"
+        )
+    return sorted(listed)

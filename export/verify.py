@@ -1,7 +1,10 @@
 """`python -m export.verify PATH`: proves published exports intact and loadable, for every model.
 
 PATH is a version directory, a model directory (its newest version is checked) or an export root
-(the newest version of every model under it, the `onnx/` tree included). For each version:
+(the newest version of every model under it, the `onnx/` tree included). An export root's
+`models.config` is checked first: there, parsed as TF Serving parses it, listing every published
+model once at its directory in this root (`export.serving_layout.check_models_config`). For each
+version:
 
 1. its `manifest.json` (`models.export_manifest`): every file's SHA-256 and size, no file
    missing or added, the model id;
@@ -19,11 +22,18 @@ from appkit.cli import add_debug_flag
 from appkit.cli import user_errors_exit
 from export.fresh_process import ExportVerificationError
 from export.fresh_process import serve_in_fresh_process
+from export.serving_layout import check_models_config
+from export.serving_layout import existing_versions
 from models.export_manifest import MANIFEST
 from models.export_manifest import ExportIntegrityError
 from models.export_manifest import check_manifest
 
 _PROBE = "A sentence to check the export with."
+
+
+def is_export_root(path):
+    """Whether the directory `path` is an export root: neither a version nor a model's versions."""
+    return not (Path(path) / MANIFEST).is_file() and not existing_versions(path)
 
 
 def versions_under(path):
@@ -33,9 +43,9 @@ def versions_under(path):
         raise ExportIntegrityError(f"{path} is not a directory")
     if (path / MANIFEST).is_file():
         return [path]
-    versions = [entry for entry in path.iterdir() if entry.name.isdigit() and entry.is_dir()]
+    versions = existing_versions(path)
     if versions:
-        return [max(versions, key=lambda entry: int(entry.name))]
+        return [path / str(versions[-1])]
     found = [
         version
         for entry in sorted(path.iterdir())
@@ -82,7 +92,10 @@ def main(argv=None):
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     with user_errors_exit(parser.prog, args.debug):
-        for version in versions_under(args.path):
+        versions = versions_under(args.path)
+        if is_export_root(args.path):  # where TF Serving starts; the onnx/ tree below is no server's root
+            check_models_config(args.path)
+        for version in versions:
             print(verify_version(version))
 
 

@@ -8,7 +8,8 @@ verifies it, the loaders in `pipelines` and the ONNX bundle's predictor check it
 
 Written last into the staging directory, after verification and before the atomic publish, so a
 published version always carries it. `check_manifest` re-hashes every file and names the first
-one missing, changed, truncated or added, and refuses an export of another model by its id.
+one missing, changed, truncated or added, and refuses an export of another model by its id;
+`check_vocabulary_size` refuses a vocabulary file that does not give the model's number of token ids.
 Standard library only: the ONNX bundle ships a copy of this file beside its predictor, which checks
 the bundle with it before loading anything.
 """
@@ -108,3 +109,14 @@ def check_manifest(version_dir, model_id=None):
     if added:
         raise ExportIntegrityError(f"{root / added[0]} is not part of the published export; remove it or export again")
     return manifest
+
+
+def check_vocabulary_size(path, token_ids, model_token_ids):
+    """Raises a ValueError naming `path` when its vocabulary gives `token_ids` ids (the reserved ones
+    included) where the model takes `model_token_ids`: a file cut short or another run's would map
+    words to the wrong embeddings, or the model's output ids to no token at all."""
+    if token_ids != model_token_ids:
+        raise ValueError(
+            f"{path} gives {token_ids} token ids, the model takes {model_token_ids}: the vocabulary does not "
+            "match the model (a cut or replaced file); restore the file written with the model"
+        )

@@ -23,6 +23,7 @@ import dataclasses
 import keras
 import numpy as np
 
+from appkit.cli import config_field
 from keras_attn import AttentionPooling
 from keras_attn import MaskedGlobalPooling
 from keras_attn import TokenAndPositionEmbedding
@@ -34,6 +35,7 @@ from models.ngram_bag import WEIGHTINGS
 from models.ngram_bag import NgramBag
 from models.ngram_bag import check_bigram_ids
 from models.sparse_linear import SparseLinear
+from models.vocabulary import smallest_vocabulary_size
 from models.weighted_ngram_embedding import WeightedNgramEmbedding
 
 _POOLING_MODES = ("mean", "max")
@@ -75,7 +77,7 @@ class SentimentClassifierConfig:
             fields then play no part).
     """
 
-    vocabulary_size: int = 20_000
+    vocabulary_size: int = config_field(20_000, minimum=smallest_vocabulary_size())
     max_tokens: int = 2_048
     sequence_length: int = 512
     embedding_dim: int = 64
@@ -87,7 +89,7 @@ class SentimentClassifierConfig:
     position_encoding: str = "learned"
     bigram_buckets: int = 2**20
     bigram_ids: str = "hashed"
-    attention_bigram_buckets: int = 0
+    attention_bigram_buckets: int = config_field(0, minimum=0)
     ngram_weighting: str = "naive_bayes"
     ngram_scale: float = 10.0
     attention: str = "dense"
@@ -104,6 +106,11 @@ class SentimentClassifierConfig:
         if not self.pooling or any(mode not in _POOLING_MODES for mode in self.pooling):
             raise ValueError(
                 f"`pooling` must be a non-empty sequence of {_POOLING_MODES}. Received: pooling={self.pooling!r}"
+            )
+        if self.embedding_dim % self.num_heads:  # each head's width is `embedding_dim // num_heads`
+            raise ValueError(
+                "`embedding_dim` must be a multiple of `num_heads`. Received: "
+                f"embedding_dim={self.embedding_dim}, num_heads={self.num_heads}"
             )
         if not 0 < self.sequence_length <= self.max_tokens:
             raise ValueError(

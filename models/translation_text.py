@@ -16,13 +16,18 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from models.export_manifest import check_vocabulary_size
 from models.serialization import register_serializable
+from models.vocabulary import FIRST_TOKEN_ID
 from models.vocabulary import PADDING_ID
 from models.vocabulary import read_vocabulary
 from models.vocabulary import write_vocabulary
 
 # The model's identity in its published exports (`models.export_manifest`).
 MODEL_ID = "translator"
+
+# A run's and an export's vocabulary files, one token a line (`models.vocabulary`).
+VOCABULARY_FILES = {"source": "source_vocabulary.txt", "target": "target_vocabulary.txt"}
 
 START_TOKEN = "[start]"
 END_TOKEN = "[end]"
@@ -102,16 +107,21 @@ class TranslationVectorizers:
         return self.target.vocabulary_size()
 
     def save(self, directory):
-        write_vocabulary(os.path.join(directory, "source_vocabulary.txt"), self.source_vocabulary)
-        write_vocabulary(os.path.join(directory, "target_vocabulary.txt"), self.target_vocabulary)
+        write_vocabulary(os.path.join(directory, VOCABULARY_FILES["source"]), self.source_vocabulary)
+        write_vocabulary(os.path.join(directory, VOCABULARY_FILES["target"]), self.target_vocabulary)
 
     @classmethod
-    def load(cls, directory, sequence_length):
-        return cls(
-            read_vocabulary(os.path.join(directory, "source_vocabulary.txt")),
-            read_vocabulary(os.path.join(directory, "target_vocabulary.txt")),
-            sequence_length,
-        )
+    def load(cls, directory, sequence_length, model_vocabulary_sizes=None):
+        """The vectorisers of the vocabulary files in `directory`. With `model_vocabulary_sizes`
+        (`{"source": ids, "target": ids}`, the model's), a file giving another number of token ids
+        is a ValueError naming it, both sizes (`models.export_manifest.check_vocabulary_size`)."""
+        vocabularies = {}
+        for side, name in VOCABULARY_FILES.items():
+            path = os.path.join(directory, name)
+            vocabularies[side] = read_vocabulary(path)
+            if model_vocabulary_sizes is not None:
+                check_vocabulary_size(path, FIRST_TOKEN_ID + len(vocabularies[side]), model_vocabulary_sizes[side])
+        return cls(vocabularies["source"], vocabularies["target"], sequence_length)
 
     def source_ids(self, sentences):
         """`(batch, sequence_length)` int32 source ids, zero-padded, truncated if longer."""

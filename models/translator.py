@@ -11,21 +11,25 @@ import dataclasses
 import keras
 from keras import ops
 
+from appkit.cli import config_field
 from keras_attn.blocks.transformer_decoder import TransformerDecoder
 from keras_attn.blocks.transformer_encoder import TransformerEncoder
 from keras_attn.positions.token_and_position_embedding import TokenAndPositionEmbedding
 from models.serialization import register_serializable
+from models.translation_text import END_TOKEN
+from models.translation_text import START_TOKEN
 from models.translator_self_attention import block_options
 from models.translator_self_attention import check_choice
 from models.vocabulary import PADDING_ID
+from models.vocabulary import smallest_vocabulary_size
 
 
 @dataclasses.dataclass(frozen=True)
 class TranslatorConfig:
     """The default translator: small enough to train on a CPU (its model card, docs/models/translator.md, gives the training time)."""
 
-    source_vocabulary_size: int = 15_000
-    target_vocabulary_size: int = 8_000
+    source_vocabulary_size: int = config_field(15_000, minimum=smallest_vocabulary_size())
+    target_vocabulary_size: int = config_field(8_000, minimum=smallest_vocabulary_size((START_TOKEN, END_TOKEN)))
     sequence_length: int = 32
     embedding_dim: int = 192
     intermediate_dim: int = 768

@@ -45,7 +45,8 @@ def load_run(run_dir):
     run_config = read_run_config(run_dir)
     with reading(os.path.join(run_dir, MODEL_FILE), _retrain(run_dir)):
         model = keras.saving.load_model(os.path.join(run_dir, MODEL_FILE), compile=False)
-    vectorizers = TranslationVectorizers.load(run_dir, model.sequence_length)
+    sizes = {"source": model.source_vocabulary_size, "target": model.target_vocabulary_size}
+    vectorizers = TranslationVectorizers.load(run_dir, model.sequence_length, sizes)
     return model, vectorizers, run_config
 
 

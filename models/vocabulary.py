@@ -11,7 +11,13 @@ from keras_attn.positions.token_and_position_embedding import PADDING_ID
 OOV_ID = 1
 FIRST_TOKEN_ID = 2
 
-__all__ = ["PADDING_ID", "OOV_ID", "FIRST_TOKEN_ID", "write_vocabulary", "read_vocabulary"]
+__all__ = ["PADDING_ID", "OOV_ID", "FIRST_TOKEN_ID", "smallest_vocabulary_size", "write_vocabulary", "read_vocabulary"]
+
+
+def smallest_vocabulary_size(reserved_tokens=()):
+    """The fewest token ids a model's vocabulary may have: padding, OOV, `reserved_tokens` and one
+    word (`TextVectorization` refuses fewer than two, and a vocabulary of no word teaches nothing)."""
+    return FIRST_TOKEN_ID + len(reserved_tokens) + 1
 
 
 def write_vocabulary(path, tokens):

@@ -24,10 +24,12 @@ from appkit.cli import require_writable_directory
 from appkit.cli import user_errors_exit
 from appkit.files import reading
 from models import imdb_text
+from models.export_manifest import check_vocabulary_size
 from models.review_attention import explain_review
 from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import training_model
+from models.vocabulary import FIRST_TOKEN_ID
 from models.vocabulary import read_vocabulary
 from pipelines import resumable_training
 
@@ -47,6 +49,7 @@ def load_classifier(run_dir):
         summary = json.loads(summary_path.read_text())
         config = SentimentClassifierConfig.from_dict(summary["model"])
     vocabulary = read_vocabulary(run_dir / "vocabulary.txt")
+    check_vocabulary_size(run_dir / "vocabulary.txt", FIRST_TOKEN_ID + len(vocabulary), config.vocabulary_size)
     vectorizer = imdb_text.review_vectorizer(config.vocabulary_size, vocabulary=vocabulary)
     model = build_sentiment_classifier(config)
     with reading(run_dir / resumable_training.BEST_WEIGHTS, retrain):

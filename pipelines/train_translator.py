@@ -61,6 +61,7 @@ from models.decoding import decode_sentences
 from models.decoding import make_decoder
 from models.parallel_text import orient_pairs
 from models.parallel_text import read_pairs
+from models.translation_text import VOCABULARY_FILES
 from models.translation_text import TranslationVectorizers
 from models.translation_text import detokenize
 from models.translator import TokenAccuracy
@@ -217,7 +218,7 @@ def split_summary(pairs, method, seed):
 
 
 def load_or_build_vectorizers(pairs, config, output_dir):
-    if (output_dir / "target_vocabulary.txt").is_file():
+    if (output_dir / VOCABULARY_FILES["target"]).is_file():
         return TranslationVectorizers.load(output_dir, config.sequence_length)
     source_vocabulary, target_vocabulary = translation_data.build_vocabularies(
         *pairs["train"], config.source_vocabulary_size, config.target_vocabulary_size

@@ -16,6 +16,7 @@ then:
 """
 
 import dataclasses
+import os
 from pathlib import Path
 
 import keras
@@ -50,7 +51,7 @@ def add_training_arguments(
     """The flags every trainer takes (each trainer's defaults given here): `--output-dir`,
     `--mixed-precision` (float32 by default for every trainer), `--jit-compile`, `--strategy` with its multi-worker options, `--epochs`,
     the AdamW schedule (`--learning-rate`, `--weight-decay`, `--warmup-fraction`), `--patience`,
-    `--seed` and `--debug`."""
+    `--seed`, `--op-determinism` and `--debug`."""
     parser.add_argument("--output-dir", default=output_dir, help="checkpoints, logs, vocabularies, summary")
     parser.add_argument(
         "--mixed-precision",
@@ -83,6 +84,12 @@ def add_training_arguments(
     parser.add_argument("--warmup-fraction", type=fraction, default=warmup_fraction)
     parser.add_argument("--patience", type=non_negative_int, default=patience, help="EarlyStopping patience (epochs)")
     parser.add_argument("--seed", type=non_negative_int, default=SEED)
+    parser.add_argument(
+        "--op-determinism",
+        action="store_true",
+        help="run every TensorFlow op deterministically (tf.config.experimental.enable_op_determinism): "
+        "an op with no deterministic kernel (on a GPU) then raises instead of varying",
+    )
     add_debug_flag(parser)
 
 
@@ -93,7 +100,7 @@ def add_config_arguments(parser, defaults):
         default = getattr(defaults, field.name)
         shown = ",".join(default) if isinstance(default, tuple) else default
         flag = "--" + field.name.replace("_", "-")
-        parser.add_argument(flag, type=config_flag_type(field.name, default), help=f"default {shown}")
+        parser.add_argument(flag, type=config_flag_type(field, default), help=f"default {shown}")
 
 
 def configured(base, args):
@@ -103,12 +110,19 @@ def configured(base, args):
 
 
 def set_up(args):
-    """Seeds every generator with `--seed`, sets the dtype policy and makes the strategy.
+    """Seeds every generator with `--seed`, enables op determinism with `--op-determinism`, sets
+    the dtype policy and makes the strategy.
+
+    The seeds make a CPU run repeat on the same machine; its figures still depend on the CPU's
+    kernels (oneDNN picks them by instruction set) and on how many threads TensorFlow splits an op
+    over (one per core by default), neither of which `--op-determinism` changes.
 
     Returns:
         `(policy, strategy)`: the policy's name and a `tf.distribute.Strategy`.
     """
     keras.utils.set_random_seed(args.seed)
+    if args.op_determinism:  # for the whole process: TensorFlow offers no public way back
+        tf.config.experimental.enable_op_determinism()
     policy = set_precision(args.mixed_precision)
     if args.strategy == distributed.MULTI_WORKER:
         return policy, distributed.multi_worker_strategy(args.collective_timeout)
@@ -271,6 +285,9 @@ def run_summary(args, policy, strategy, fitted):
         "replicas": strategy.num_replicas_in_sync,
         "learning_rate": args.learning_rate,
         "seed": args.seed,
+        "op_determinism": args.op_determinism,
+        # TensorFlow splits each op over one thread per core by default: the figures reproduce with the same count.
+        "cpu_cores": len(os.sched_getaffinity(0)),
         "epochs_run": len(fitted.history),
         "epochs_this_invocation": fitted.epochs_this_invocation,
         "resumed_from_epoch": fitted.resumed_from_epoch,

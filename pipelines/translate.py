@@ -10,6 +10,13 @@ whose newest version is used) and needs no project code to run. `--attention out
 `out.png`; `--run` only) also writes the cross-attention alignment of each translation, per
 decoder layer and head: an offline explorer page, or one PNG per sentence (`out.png`,
 `out_2.png`, ...).
+
+Every input line gets exactly one output line, in order: a blank line (or an empty or blank
+argument) prints an empty line without running the model on it, so the outputs line up with
+the inputs (`paste input.txt output.txt`). Input must be UTF-8: a line (or an argument) that is
+not is refused before anything is translated, naming its line number (its position), since
+neither the vectorisers nor an export's graph can read it and replacing bytes would translate
+another sentence than the one given.
 """
 
 import argparse
@@ -71,6 +78,37 @@ def write_alignments(path, model, vectorizers, decoder, sentences, translations)
     return written
 
 
+def utf8_lines(raw_lines, origin):
+    """Each of the byte strings `raw_lines` decoded from UTF-8, without its line ending; a
+    ValueError naming `origin` and the 1-based position of the first one that is not UTF-8."""
+    lines = []
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{origin} {number} is not UTF-8 (its byte {error.start + 1} is {raw[error.start]:#04x}): "
+                "the input must be UTF-8 text (convert it first, e.g. `iconv -f latin1 -t utf-8`)"
+            ) from None
+    return lines
+
+
+def input_lines(arguments):
+    """The lines to translate: the command-line `arguments` if any, else stdin's lines."""
+    if arguments:  # back to the bytes given: a non-UTF-8 argument reads as lone surrogates
+        return utf8_lines([os.fsencode(argument) for argument in arguments], "argument")
+    return utf8_lines(sys.stdin.buffer, "stdin line")
+
+
+def translate_each_line(translate, lines):
+    """`translate(sentences)` of the lines that hold text, and an empty string for each blank one:
+    exactly one output per line, in order."""
+    sentences = [line.strip() for line in lines]
+    texts = [sentence for sentence in sentences if sentence]
+    translations = iter(translate(texts) if texts else [])
+    return [next(translations) if sentence else "" for sentence in sentences]
+
+
 def latest_version(export_dir):
     """`export_dir` itself when it is a SavedModel, else its highest numbered version."""
     if os.path.isfile(os.path.join(export_dir, "saved_model.pb")):
@@ -117,8 +155,9 @@ def main(argv=None):
     parser.add_argument("sentences", nargs="*", help="sentences to translate (default: one per line on stdin)")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
-    sentences = args.sentences or [line.strip() for line in sys.stdin if line.strip()]
-    if not sentences:
+    with user_errors_exit(parser.prog, args.debug):
+        lines = input_lines(args.sentences)
+    if not lines:
         parser.error("no sentences: pass them as arguments or on stdin")
     if args.attention is not None:
         if not args.run:
@@ -129,11 +168,16 @@ def main(argv=None):
         parser.error(f"--beam-size with --export must be 1 or {decoding_defaults.BEAM_SIZE}, got {args.beam_size}")
     with user_errors_exit(parser.prog, args.debug):
         if args.run:
-            translations = translate_with_run(
-                args.run, sentences, beam_size=args.beam_size, attention_path=args.attention
+            translations = translate_each_line(
+                lambda texts: translate_with_run(
+                    args.run, texts, beam_size=args.beam_size, attention_path=args.attention
+                ),
+                lines,
             )
         else:
-            translations = translate_with_export(args.export, sentences, greedy=args.beam_size == 1)
+            translations = translate_each_line(
+                lambda texts: translate_with_export(args.export, texts, greedy=args.beam_size == 1), lines
+            )
     for translation in translations:
         print(translation)
 

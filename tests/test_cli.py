@@ -49,6 +49,13 @@ BAD_FLAGS = [
     ("train_imdb", ["--seed", "-5"], "--seed: must be a non-negative integer, got '-5'"),
     ("train_imdb", ["--num-heads", "0"], "--num-heads: must be a positive integer, got '0'"),
     ("train_imdb", ["--embedding-dim", "-8"], "--embedding-dim: must be a positive integer, got '-8'"),
+    # The vocabulary sizes' ranges are checked at parse time, not by Keras's `max_tokens` deep in training.
+    ("train_imdb", ["--vocabulary-size", "1"], "--vocabulary-size: must be an integer >= 3, got '1'"),
+    ("train_imdb", ["--vocabulary-size", "2"], "--vocabulary-size: must be an integer >= 3, got '2'"),
+    ("main_job", ["--vocabulary-size", "1"], "--vocabulary-size: must be an integer >= 3, got '1'"),
+    ("pretrain_imdb", ["--vocabulary-size", "0"], "--vocabulary-size: must be an integer >= 3, got '0'"),
+    ("train_imdb", ["--attention-bigram-buckets", "-1"], "--attention-bigram-buckets: must be an integer >= 0"),
+    ("train_imdb", ["--num-heads", "3"], "embedding_dim=64, num_heads=3"),
     ("train_imdb", ["--dropout", "1"], "--dropout: must be a number in [0, 1), got '1'"),
     ("train_imdb", ["--dropout", "-0.2"], "--dropout: must be a number in [0, 1), got '-0.2'"),
     ("train_imdb", ["--ngram-scale", "0"], "--ngram-scale: must be a positive finite number, got '0'"),
@@ -71,6 +78,8 @@ BAD_FLAGS = [
     ("train_translator", ["--test-fraction", "1"], "--test-fraction: must be a number in [0, 1), got '1'"),
     ("train_translator", ["--dropout", "2"], "--dropout: must be a number in [0, 1), got '2'"),
     ("train_translator", ["--num-heads", "0"], "--num-heads: must be a positive integer, got '0'"),
+    ("train_translator", ["--source-vocabulary-size", "1"], "--source-vocabulary-size: must be an integer >= 3"),
+    ("train_translator", ["--target-vocabulary-size", "4"], "--target-vocabulary-size: must be an integer >= 5"),
     ("train_translator", ["--tie-embeddings", "maybe"], "--tie-embeddings: expected true or false, got 'maybe'"),
     ("translate", ["--run", "x", "--beam-size", "0", "hola"], "--beam-size: must be a positive integer, got '0'"),
     ("export.translator", ["--verify-sentences", "0"], "--verify-sentences: must be a positive integer, got '0'"),
@@ -200,6 +209,7 @@ def test_debug_shows_the_error_itself(tmp_path):
         (cli.positive_float, {"1e-3": 1e-3, "2": 2.0}, ["0", "-1", "nan", "inf", "-inf", "x"]),
         (cli.non_negative_float, {"0": 0.0, "0.05": 0.05}, ["-0.01", "nan", "inf"]),
         (cli.fraction, {"0": 0.0, "0.5": 0.5, "0.999": 0.999}, ["1", "-0.1", "nan", "2"]),
+        (cli.int_at_least(3), {"3": 3, "20000": 20000}, ["2", "0", "-1", "3.5", "x"]),
         (cli.parse_bool, {"true": True, "False": False}, ["yes", "1", ""]),
         (cli.comma_separated, {"mean": ("mean",), "mean,max": ("mean", "max")}, []),
     ],
@@ -212,6 +222,16 @@ def test_flag_types(parse, good, bad):
     for text in bad:
         with pytest.raises(argparse.ArgumentTypeError, match=repr(text)):
             parse(text)
+
+
+def test_config_size_flags_take_their_smallest_values():
+    args = train_imdb.parse_args(["--vocabulary-size", "3", "--attention-bigram-buckets", "0", "--pretrained", "none"])
+    config = train_imdb.model_config(args)
+    assert (config.vocabulary_size, config.attention_bigram_buckets) == (3, 0)
+    config = train_translator.model_config(
+        train_translator.parse_args(["--source-vocabulary-size", "3", "--target-vocabulary-size", "5"])
+    )
+    assert (config.source_vocabulary_size, config.target_vocabulary_size) == (3, 5)
 
 
 def _commands():

@@ -135,6 +135,19 @@ def test_a_corrupt_checkpoint_or_summary_is_named_with_what_to_do(run, tmp_path,
     assert str(broken / "summary.json") in capsys.readouterr().err
 
 
+def test_a_cut_vocabulary_is_refused_naming_the_file_and_both_sizes(run, tmp_path, capsys):
+    directory, _, vectorizer, config = run
+    broken = shutil.copytree(directory, tmp_path / "run")
+    tokens = (broken / "vocabulary.txt").read_text(encoding="utf-8").splitlines()
+    (broken / "vocabulary.txt").write_text("".join(f"{token}\n" for token in tokens[: len(tokens) // 2]))
+    with pytest.raises(SystemExit):
+        explain_imdb.main(["--run", str(broken), "good"])
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and str(broken / "vocabulary.txt") in error
+    assert f"gives {len(tokens) // 2 + 2} token ids, the model takes {vectorizer.vocabulary_size()}" in error
+    assert config.vocabulary_size == vectorizer.vocabulary_size() == len(tokens) + 2
+
+
 def test_a_corrupt_training_state_is_named_with_how_to_start_over(tmp_path):
     state = tmp_path / resumable_training.BACKUP_DIR / resumable_training.TRAINING_STATE
     state.parent.mkdir()

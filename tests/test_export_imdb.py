@@ -11,6 +11,7 @@ import onnx
 import pytest
 import tensorflow as tf
 
+from export import serving_layout
 from export import verify
 from export.imdb import onnx_predictor
 from export.imdb import verified_export
@@ -347,6 +348,18 @@ def test_the_verify_command_proves_every_published_version(exported, capsys):
         == len((export_dir / "imdb_sentiment" / "1" / "assets" / "vocabulary.txt").read_text().splitlines()) + 2
     )
     assert onnx_predictor.MODEL_ID == imdb_text.MODEL_ID  # the bundle's copy of the one id
+
+
+def test_the_verify_command_checks_the_roots_models_config(exported, tmp_path, capsys):
+    copy = _published_copy(exported, tmp_path)  # a copy's models.config still points at the original
+    config = copy / "models.config"
+    message = _verify_fails(copy, capsys)
+    assert str(config) in message and f"not at '{copy / 'imdb_sentiment'}'" in message
+    config.unlink()
+    assert f"{config} is missing" in _verify_fails(copy, capsys)
+    serving_layout.write_models_config(copy)
+    verify.main([str(copy)])
+    assert len(capsys.readouterr().out.splitlines()) == 2
 
 
 def test_a_truncated_variables_file_is_named(exported, tmp_path, capsys):

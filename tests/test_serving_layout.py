@@ -148,3 +148,57 @@ def test_a_model_name_that_is_not_a_plain_directory_name_is_refused(name):
 def test_plain_model_names_are_accepted():
     for name in ("imdb_sentiment", "m1", "a.b-c", "Model2"):
         assert serving_layout.check_model_name(name) == name
+
+
+def _published_root(export_dir):
+    """`alpha` and `beta` published (one version each) and listed in `models.config`, beside an
+    `onnx/` tree that TF Serving does not serve."""
+    for name in ("alpha", "beta"):
+        _publisher(export_dir, name, 1)
+    (export_dir / "onnx" / "alpha" / "1").mkdir(parents=True)
+    return export_dir
+
+
+def _tampered(text, export_dir):
+    """What can be wrong with a root's models.config: (description, new text or None to delete, words
+    the error must hold)."""
+    alpha = f'base_path: "{export_dir.resolve() / "alpha"}"'
+    start = text.index('  config {\n    name: "beta"')
+    beta_entry = text[start : text.index("  }\n", start) + 4]
+    return [
+        ("missing", None, "is missing: TF Serving finds the models"),
+        ("not a config", "model_config_list { config {", "is not a TF Serving model config"),
+        ("a model left out", text.replace(beta_entry, ""), "does not list 'beta'"),
+        ("a model twice", text.replace(beta_entry, beta_entry * 2), "lists model 'beta' twice"),
+        ("a model not published", text.replace('"beta"', '"gamma"'), "lists model 'gamma', which has no published"),
+        ("another place", text.replace(alpha, 'base_path: "/elsewhere/alpha"'), "at base_path '/elsewhere/alpha'"),
+        ("another platform", text.replace('"tensorflow"', '"onnx"', 1), "on platform 'onnx', expected 'tensorflow'"),
+    ]
+
+
+def test_models_config_is_checked_as_tf_serving_reads_it(tmp_path):
+    export_dir = _published_root(tmp_path / "export")
+    config = export_dir / serving_layout.MODELS_CONFIG
+    written = config.read_text()
+    assert serving_layout.check_models_config(export_dir) == ["alpha", "beta"]
+    for description, text, words in _tampered(written, export_dir):
+        if text is None:
+            config.unlink()
+        else:
+            config.write_text(text)
+        with pytest.raises(ValueError) as raised:
+            serving_layout.check_models_config(export_dir)
+        assert str(config.resolve()) in str(raised.value) and words in str(raised.value), description
+        config.write_text(written)
+
+
+def test_the_verify_command_refuses_an_export_root_without_models_config(tmp_path, capsys):
+    from export import verify
+
+    export_dir = _published_root(tmp_path / "export")
+    (export_dir / serving_layout.MODELS_CONFIG).unlink()
+    with pytest.raises(SystemExit) as exit_info:
+        verify.main([str(export_dir)])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and f"{export_dir.resolve() / 'models.config'} is missing" in error

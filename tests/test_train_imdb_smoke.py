@@ -172,6 +172,37 @@ def test_first_epoch_shows_its_steps_and_no_framework_warnings(small_imdb_archiv
     assert framework == []
 
 
+@pytest.fixture
+def op_determinism_turned_off_after():
+    """Turns op determinism off again after the test: TensorFlow offers no public way, and it would
+    hold for every later test of the process."""
+    from tensorflow.python.framework import config
+
+    yield config
+    config.disable_op_determinism()
+
+
+def test_two_seeded_runs_in_one_process_give_identical_weights_and_figures(
+    small_imdb_archive, imdb_cache_dir, tmp_path, op_determinism_turned_off_after
+):
+    runs = [
+        train_imdb.main(
+            smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path / name, "--epochs", "1", "--op-determinism")
+        )
+        for name in ("first", "second")
+    ]
+    assert op_determinism_turned_off_after.is_op_determinism_enabled()
+    first, second = runs
+    for weights, again in zip(first.model.get_weights(), second.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(weights, again)
+    figures = ("test_accuracy", "test_loss", "test_accuracy_by_branch", "validation_accuracy", "ensemble_weights")
+    assert {name: first.summary[name] for name in figures} == {name: second.summary[name] for name in figures}
+    assert [row["loss"] for row in resumable_training.read_history(tmp_path / "first")] == [
+        row["loss"] for row in resumable_training.read_history(tmp_path / "second")
+    ]
+    assert first.summary["op_determinism"] is True and first.summary["cpu_cores"] == len(os.sched_getaffinity(0))
+
+
 def test_smoke_never_overrides_an_explicit_data_flag():
     smoke = train_imdb.parse_args(["--smoke", "--validation-size", "10", "--max-train", "50"])
     assert train_imdb.data_limits(smoke) == {**train_imdb.SMOKE_DATA, "validation_size": 10, "max_train": 50}

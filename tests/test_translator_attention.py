@@ -1,7 +1,6 @@
 """`translate --attention`: the cross-attention alignments of each translation, as a page or PNGs."""
 
 import io
-import json
 from contextlib import redirect_stdout
 
 import numpy as np
@@ -17,6 +16,7 @@ from models.translator_attention import produced_tokens
 from pipelines import translate
 from tests.test_visualization_figures import assert_png
 from tests.translation_fixtures import tiny_translator
+from tests.translation_fixtures import write_tiny_run
 
 SENTENCES = ["Tengo hambre.", "¿Dónde está la estación de tren?"]
 
@@ -24,12 +24,7 @@ SENTENCES = ["Tengo hambre.", "¿Dónde está la estación de tren?"]
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A run directory as training leaves it (model, vocabularies, run_config), without training."""
-    directory = tmp_path_factory.mktemp("translator_run")
-    model, vectorizers = tiny_translator()
-    model.save(directory / "translator.keras")
-    vectorizers.save(str(directory))
-    (directory / "run_config.json").write_text(json.dumps({"source": "es", "target": "en"}))
-    return directory
+    return write_tiny_run(tmp_path_factory.mktemp("translator_run"))
 
 
 def test_alignment_rows_are_the_produced_tokens_over_the_source_tokens():

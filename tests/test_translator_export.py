@@ -108,6 +108,28 @@ def test_translate_command_reads_the_export(flags, signature):
     assert printed.getvalue().splitlines() == _keras_translations(sentences, signature)
 
 
+def test_translate_command_prints_one_line_per_stdin_line_from_the_export(monkeypatch):
+    path, _ = _exported()
+    sentences = ["Tengo hambre.", "¿Dónde está la estación de tren?"]
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(f"{sentences[0]}\n\n{sentences[1]}\n".encode())))
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        translate.main(["--export", os.path.dirname(path), "--beam-size", "1"])
+    expected = _keras_translations(sentences, "greedy")
+    assert all(expected)  # the untrained model's greedy search says something: a blank line is no translation
+    assert printed.getvalue().split("\n") == [expected[0], "", expected[1], ""]
+
+
+def test_translate_command_refuses_non_utf8_stdin_naming_the_line(monkeypatch, capsys):
+    path, _ = _exported()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"Hola.\n\nGr\xfc\xdfe\n")))
+    with pytest.raises(SystemExit) as exit_info:
+        translate.main(["--export", os.path.dirname(path)])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "stdin line 3 is not UTF-8" in captured.err and "0xfc" in captured.err
+
+
 def test_verification_fails_loudly_when_the_model_disagrees():
     path, _ = _exported()
     model, vectorizers = tiny_translator()

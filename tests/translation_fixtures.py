@@ -5,6 +5,7 @@ tests that need it are skipped when the file is not there, and fail under `CI=tr
 """
 
 import functools
+import json
 from pathlib import Path
 
 import keras
@@ -86,3 +87,13 @@ def tiny_translator(tie_embeddings=False, sharpen=4.0, end_bias=3.5, attention="
     bias[vectorizers.end_id] = end_bias
     (model.output_bias if tie_embeddings else model.output_projection.bias).assign(bias)
     return model, vectorizers
+
+
+def write_tiny_run(directory):
+    """`tiny_translator` as a run directory, the way training leaves it (model, vocabularies,
+    run_config), without training; returns `directory`."""
+    model, vectorizers = tiny_translator()
+    model.save(Path(directory) / "translator.keras")
+    vectorizers.save(str(directory))
+    (Path(directory) / "run_config.json").write_text(json.dumps({"source": "es", "target": "en"}))
+    return directory

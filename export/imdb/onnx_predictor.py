@@ -42,8 +42,10 @@ import onnxruntime
 
 try:  # in the repository
     from models.export_manifest import check_manifest
+    from models.export_manifest import check_vocabulary_size
 except ImportError:  # in an exported bundle: the copy beside this file
     from export_manifest import check_manifest
+    from export_manifest import check_vocabulary_size
 
 MODEL_ID = "imdb_sentiment"
 # The bundle's model files: the float model (the export's parity with Keras) and its int8 quantisation.
@@ -87,11 +89,9 @@ class OnnxSentimentPredictor:
             raise ValueError(f"Unsupported tokenizer rules in {bundle_dir / 'tokenizer.json'}: {self.rules}")
         tokens = (bundle_dir / "vocabulary.txt").read_text(encoding="utf-8").split("\n")[:-1]
         first = self.rules["first_token_id"]
-        if first + len(tokens) != manifest["vocabulary_sizes"]["reviews"]:
-            raise ValueError(
-                f"{bundle_dir / 'vocabulary.txt'} gives {first + len(tokens)} token ids, the exported model takes "
-                f"{manifest['vocabulary_sizes']['reviews']}: the vocabulary does not match the model"
-            )
+        check_vocabulary_size(
+            bundle_dir / "vocabulary.txt", first + len(tokens), manifest["vocabulary_sizes"]["reviews"]
+        )
         self.token_to_id = {token: first + index for index, token in enumerate(tokens)}
         self._strip = re.compile("[" + re.escape(self.rules["strip_characters"]) + "]")
         self.model_path = bundle_dir / (FUSED_MODEL_FILE if fused else MODEL_FILES[quantized])
