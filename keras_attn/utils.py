@@ -52,6 +52,33 @@ def check_padding_mask(name, mask, inputs_shape=None):
         )
 
 
+def check_built_input_shapes(layer, query, value=None, key=None):
+    """Raises a `ValueError` naming the input whose rank or feature size is not the one `layer` was
+    built for (its projections' kernels are sized by it): TensorFlow would fail deep inside a
+    projection's reshape, naming no argument. `value` defaults to `query`, `key` to `value`, as in
+    the layers' call; a layer not built yet passes (building checks the shapes)."""
+    built = getattr(layer, "_build_shapes_dict", None) if layer.built else None
+    if not built:
+        return
+    query_shape = built.get("query_shape")
+    value_shape = built.get("value_shape") or query_shape
+    expected = {"query": query_shape, "value": value_shape, "key": built.get("key_shape") or value_shape}
+    value = query if value is None else value
+    received = {"query": query, "value": value, "key": value if key is None else key}
+    for name, tensor in received.items():
+        shape = expected[name]
+        if shape is None or not hasattr(tensor, "shape"):
+            continue
+        features = tensor.shape[-1] if len(tensor.shape) else None
+        if len(tensor.shape) != len(shape) or None not in (features, shape[-1]) and features != shape[-1]:
+            wanted = (None,) * (len(shape) - 1) + (shape[-1],)
+            raise ValueError(
+                f"`{name}` must have the rank and the feature size (last axis) that {type(layer).__name__} "
+                f"{layer.name!r} was built for. Expected: {name}.shape={wanted}, "
+                f"received: {name}.shape={tuple(tensor.shape)}"
+            )
+
+
 def check_sequence_shape(name, shape):
     """Raises a `ValueError` unless `shape` is `(batch, seq, features)` with known features."""
     if len(shape) != 3 or shape[-1] is None:

@@ -9,6 +9,8 @@ are written from it. Nothing above a family's own module tells families apart an
 
 import dataclasses
 
+from keras_attn.utils import check_built_input_shapes
+
 CACHE_KINDS = (None, "key_value", "recurrent")
 
 
@@ -78,7 +80,9 @@ def describe(value):
 
 
 def check_call(layer, query, value=None, key=None, attention_mask=None, use_causal_mask=False):
-    """Raises the `unsupported` error for the first call argument `layer`'s family cannot take."""
+    """Raises the `unsupported` error for the first call argument `layer`'s family cannot take, after
+    the `ValueError` of an input whose shape is not the one the layer was built for."""
+    check_built_input_shapes(layer, query, value, key)
     capabilities = type(layer).capabilities
     distinct = {
         name: tensor for name, tensor in (("value", value), ("key", key)) if tensor is not None and tensor is not query

@@ -24,6 +24,7 @@ from keras_attn.layers.mask_arguments import check_mask_shapes
 from keras_attn.layers.mask_arguments import merged_mask
 from keras_attn.layers.multi_head_arguments import checked_pattern
 from keras_attn.utils import keras_mask
+from keras_attn.validation import check_projection_sizes
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -283,6 +284,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         key_shape = value_shape if key_shape is None else key_shape
         keras_compatibility.check_input_shapes(query_shape, value_shape, key_shape)
         keras_compatibility.check_attention_axes(self._attention_axes, query_shape)
+        widths = [shape[-1] for shape in (query_shape, value_shape, key_shape) if shape[-1] is not None]
+        check_projection_sizes(self._num_heads, self._key_dim, self._value_dim, max(widths, default=None))
         self._sequence_attention = keras_compatibility.attends_over_the_sequence(
             query_shape, value_shape, key_shape, self._attention_axes, self._output_shape
         )
@@ -371,7 +374,14 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             attention_bias=attention_bias,
         )
         options = key_value_cache.attention_options(
-            self, mask, attention_bias, use_causal_mask, ring, cache_update_index, ops.shape(query)[1]
+            self,
+            mask,
+            attention_bias,
+            use_causal_mask,
+            ring,
+            cache_update_index,
+            ops.shape(query)[1],
+            ops.shape(projected_key)[1],
         )
         if type(self)._compute_attention is MultiHeadAttention._compute_attention:
             # (batch, query_len, heads, value_dim)[, (batch, heads, query_len, key_len)]
