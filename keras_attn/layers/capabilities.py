@@ -80,9 +80,8 @@ def describe(value):
 
 
 def check_call(layer, query, value=None, key=None, attention_mask=None, use_causal_mask=False):
-    """Raises the `unsupported` error for the first call argument `layer`'s family cannot take, after
+    """Raises the `unsupported` error for the first call argument `layer`'s family cannot take, then
     the `ValueError` of an input whose shape is not the one the layer was built for."""
-    check_built_input_shapes(layer, query, value, key)
     capabilities = type(layer).capabilities
     distinct = {
         name: tensor for name, tensor in (("value", value), ("key", key)) if tensor is not None and tensor is not query
@@ -94,3 +93,4 @@ def check_call(layer, query, value=None, key=None, attention_mask=None, use_caus
         raise unsupported(layer, "attention_mask", f"attention_mask.shape={describe(attention_mask)}")
     if use_causal_mask and not capabilities.causal:
         raise unsupported(layer, "causal", f"use_causal_mask={use_causal_mask!r}")
+    check_built_input_shapes(layer, query, value, key)
