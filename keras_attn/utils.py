@@ -52,22 +52,21 @@ def check_padding_mask(name, mask, inputs_shape=None):
         )
 
 
-def check_built_input_shapes(layer, query, value=None, key=None):
-    """Raises a `ValueError` naming the input whose rank or feature size is not the one `layer` was
-    built for (its projections' kernels are sized by it): TensorFlow would fail deep inside a
-    projection's reshape, naming no argument. `value` defaults to `query`, `key` to `value`, as in
-    the layers' call; a layer not built yet passes (building checks the shapes)."""
+def check_built_input_shapes(layer, **inputs):
+    """Raises a `ValueError` naming the input (`query`, `value` or `key`, the tensors given) whose
+    rank or feature size is not the one `layer` was built for (its projections' kernels are sized by
+    it): TensorFlow would fail deep inside a projection's reshape, naming no argument. A `value`
+    built from the query's shape (self-attention) and a `key` from the value's are expected to
+    match those; a layer not built yet passes (building checks the shapes)."""
     built = getattr(layer, "_build_shapes_dict", None) if layer.built else None
     if not built:
         return
-    query_shape = built.get("query_shape")
-    value_shape = built.get("value_shape") or query_shape
-    expected = {"query": query_shape, "value": value_shape, "key": built.get("key_shape") or value_shape}
-    value = query if value is None else value
-    received = {"query": query, "value": value, "key": value if key is None else key}
-    for name, tensor in received.items():
+    expected = {"query": built.get("query_shape")}
+    expected["value"] = built.get("value_shape") or expected["query"]
+    expected["key"] = built.get("key_shape") or expected["value"]
+    for name, tensor in inputs.items():
         shape = expected[name]
-        if shape is None or not hasattr(tensor, "shape"):
+        if shape is None:
             continue
         features = tensor.shape[-1] if len(tensor.shape) else None
         if len(tensor.shape) != len(shape) or None not in (features, shape[-1]) and features != shape[-1]:

@@ -93,4 +93,8 @@ def check_call(layer, query, value=None, key=None, attention_mask=None, use_caus
         raise unsupported(layer, "attention_mask", f"attention_mask.shape={describe(attention_mask)}")
     if use_causal_mask and not capabilities.causal:
         raise unsupported(layer, "causal", f"use_causal_mask={use_causal_mask!r}")
-    check_built_input_shapes(layer, query, value, key)
+    inputs = {"query": query}
+    if capabilities.cross:  # a self-attention family's projections are all built from the query
+        value = query if value is None else value
+        inputs.update(value=value, key=value if key is None else key)
+    check_built_input_shapes(layer, **inputs)
