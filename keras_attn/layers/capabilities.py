@@ -79,9 +79,10 @@ def describe(value):
     return tuple(value.shape) if hasattr(value, "shape") else value
 
 
-def check_call(layer, query, value=None, key=None, attention_mask=None, use_causal_mask=False):
+def check_call(layer, query, value=None, key=None, attention_mask=None, use_causal_mask=False, projects_key=True):
     """Raises the `unsupported` error for the first call argument `layer`'s family cannot take, then
-    the `ValueError` of an input whose shape is not the one the layer was built for."""
+    the `ValueError` of an input whose shape is not the one the layer was built for (`projects_key=False`:
+    the call reads precomputed keys and values, a cache, and `value` / `key` are not projected)."""
     capabilities = type(layer).capabilities
     distinct = {
         name: tensor for name, tensor in (("value", value), ("key", key)) if tensor is not None and tensor is not query
@@ -94,7 +95,7 @@ def check_call(layer, query, value=None, key=None, attention_mask=None, use_caus
     if use_causal_mask and not capabilities.causal:
         raise unsupported(layer, "causal", f"use_causal_mask={use_causal_mask!r}")
     inputs = {"query": query}
-    if capabilities.cross:  # a self-attention family's projections are all built from the query
+    if capabilities.cross and projects_key:  # a self-attention family's projections are all built from the query
         value = query if value is None else value
         inputs.update(value=value, key=value if key is None else key)
     check_built_input_shapes(layer, **inputs)

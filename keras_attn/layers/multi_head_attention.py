@@ -331,7 +331,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         cache=None,
         cache_update_index=None,
     ):
-        check_call(self, query, value, key)
+        check_call(self, query, value, key, projects_key=cache is None or cache_update_index is not None)
         use_causal_mask = use_causal_mask or self.causal
         if value is None:  # self-attention: Keras fills the masks of two tensor arguments, not of one
             value = query
