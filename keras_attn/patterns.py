@@ -29,6 +29,7 @@ import math
 import keras
 from keras import ops
 
+from keras_attn.validation import check_position
 from keras_attn.validation import check_positive_int
 
 _PACKAGE = "keras_attn"
@@ -76,6 +77,13 @@ class Pattern:
 
     def block_mask(self, query_len, key_len, query_offset=0, key_offset=0):
         """Boolean `(1, 1, query_len, key_len)` mask of queries at `query_offset + i`, keys at `key_offset + j`."""
+        for name, value in (
+            ("query_len", query_len),
+            ("key_len", key_len),
+            ("query_offset", query_offset),
+            ("key_offset", key_offset),
+        ):
+            check_position(name, value)
         rows = ops.arange(query_len, dtype="int32") + ops.cast(query_offset, "int32")
         cols = ops.arange(key_len, dtype="int32") + ops.cast(key_offset, "int32")
         return ops.reshape(self.mask(rows, cols), (1, 1, query_len, key_len))

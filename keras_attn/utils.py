@@ -52,6 +52,32 @@ def check_padding_mask(name, mask, inputs_shape=None):
         )
 
 
+def check_built_input_shapes(layer, **inputs):
+    """Raises a `ValueError` naming the input (`query`, `value` or `key`, the tensors given) whose
+    rank or feature size is not the one `layer` was built for (its projections' kernels are sized by
+    it): TensorFlow would fail deep inside a projection's reshape, naming no argument. A `value`
+    built from the query's shape (self-attention) and a `key` from the value's are expected to
+    match those; a layer not built yet passes (building checks the shapes)."""
+    built = getattr(layer, "_build_shapes_dict", None) if layer.built else None
+    if not built:
+        return
+    expected = {"query": built.get("query_shape")}
+    expected["value"] = built.get("value_shape") or expected["query"]
+    expected["key"] = built.get("key_shape") or expected["value"]
+    for name, tensor in inputs.items():
+        shape = expected[name]
+        if shape is None:
+            continue
+        features = tensor.shape[-1] if len(tensor.shape) else None
+        if len(tensor.shape) != len(shape) or None not in (features, shape[-1]) and features != shape[-1]:
+            wanted = (None,) * (len(shape) - 1) + (shape[-1],)
+            raise ValueError(
+                f"`{name}` must have the rank and the feature size (last axis) that {type(layer).__name__} "
+                f"{layer.name!r} was built for. Expected: {name}.shape={wanted}, "
+                f"received: {name}.shape={tuple(tensor.shape)}"
+            )
+
+
 def check_sequence_shape(name, shape):
     """Raises a `ValueError` unless `shape` is `(batch, seq, features)` with known features."""
     if len(shape) != 3 or shape[-1] is None:

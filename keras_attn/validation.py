@@ -13,6 +13,14 @@ import numbers
 import keras
 import numpy as np
 
+# The largest size, count or position an argument may have, and the most elements one weight,
+# table or mask may hold: TensorFlow indexes tensors and computes positions in int32, so a larger
+# size overflows an index, and a larger tensor is refused (or exhausts memory) only once it is
+# being allocated. Sizes past it are refused up front, naming the argument.
+MAX_ELEMENTS = 2**31 - 1
+# The largest finite float32: the logits are computed in float32, where a larger scale is `inf`.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 def check_number(name, value, *, above=None, at_least=None, below=None, integer=False, allow_none=False):
     """`value` if it is a finite real number (an integer if `integer`) within the bounds, else a
@@ -49,13 +57,37 @@ def check_number(name, value, *, above=None, at_least=None, below=None, integer=
 
 
 def check_positive_int(name, value, allow_none=False):
-    """`value` if it is an int >= 1 (or an allowed `None`), else a `ValueError` naming `name`."""
+    """`value` if it is an int in `[1, MAX_ELEMENTS]` (or an allowed `None`), else a `ValueError` naming `name`.
+
+    >>> check_positive_int("num_heads", 2**40)
+    Traceback (most recent call last):
+    ...
+    ValueError: `num_heads` must be a positive integer <= 2147483647 (2**31 - 1). Received: num_heads=1099511627776
+    """
     if value is None and allow_none:
         return value
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value <= 0:
-        expected = "a positive integer or None" if allow_none else "a positive integer"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or not 0 < value <= MAX_ELEMENTS:
+        expected = f"a positive integer <= {MAX_ELEMENTS} (2**31 - 1)" + (" or None" if allow_none else "")
         raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
     return value
+
+
+def check_elements(what, **sizes):
+    """A `ValueError` naming the arguments when `what` (a weight or table) of shape `sizes` (argument
+    name -> size; `None` for a size not known yet) would hold more than `MAX_ELEMENTS` elements.
+
+    >>> check_elements("The token embedding table", vocabulary_size=2**20, embedding_dim=2**12)
+    Traceback (most recent call last):
+    ...
+    ValueError: The token embedding table (vocabulary_size x embedding_dim) would hold 4294967296 elements, more than one tensor can (2147483647, 2**31 - 1). Received: vocabulary_size=1048576, embedding_dim=4096
+    """
+    known = {name: size for name, size in sizes.items() if size is not None}
+    elements = math.prod(known.values())
+    if elements > MAX_ELEMENTS:
+        raise ValueError(
+            f"{what} ({' x '.join(known)}) would hold {elements} elements, more than one tensor can "
+            f"({MAX_ELEMENTS}, 2**31 - 1). Received: " + ", ".join(f"{name}={size!r}" for name, size in known.items())
+        )
 
 
 def check_rate(name, rate):
@@ -88,8 +120,19 @@ def check_choice(name, value, choices):
     return value
 
 
+def check_projection_sizes(num_heads, key_dim, value_dim, features=None, output_dim=None):
+    """A `ValueError` naming the sizes when a kernel of multi-head attention's projections would hold
+    more than `MAX_ELEMENTS`: query and key `(features, num_heads, key_dim)`, value `(features,
+    num_heads, value_dim)`, output `(num_heads, value_dim, output_dim or features)`. Before build
+    (`features=None`) the heads and their depth alone, a lower bound."""
+    check_elements("The query and key projection kernels", features=features, num_heads=num_heads, key_dim=key_dim)
+    check_elements("The value projection kernel", features=features, num_heads=num_heads, value_dim=value_dim)
+    output = output_dim or features
+    check_elements("The output projection kernel", num_heads=num_heads, value_dim=value_dim, output_dim=output)
+
+
 def check_scale(scale):
-    """`scale` if the inverse temperature is `None` or positive and finite, else a `ValueError`.
+    """`scale` if the inverse temperature is `None` or positive and at most `FLOAT32_MAX`, else a `ValueError`.
 
     A tensor is checked by value when its value is known (eager); a symbolic tensor passes.
     """
@@ -100,17 +143,20 @@ def check_scale(scale):
             values = np.asarray(keras.ops.convert_to_numpy(scale), dtype="float64")
         except Exception:  # symbolic: its value is known only at run time
             return scale
-        if values.size and np.all(np.isfinite(values)) and np.all(values > 0):
+        if values.size and np.all(values > 0) and np.all(values <= FLOAT32_MAX):  # NaN fails both
             return scale
-        raise ValueError(f"`scale` must be positive and finite. Received: scale={scale!r}")
-    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
-        raise ValueError(f"`scale` must be a positive finite number or None. Received: scale={scale!r}")
+        raise ValueError(f"`scale` must be positive and at most {FLOAT32_MAX} (float32). Received: scale={scale!r}")
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real) or not 0 < scale <= FLOAT32_MAX:
+        raise ValueError(
+            f"`scale` must be a positive finite number or None, at most {FLOAT32_MAX} (the largest float32: "
+            f"the logits are computed in float32). Received: scale={scale!r}"
+        )
     return scale
 
 
 def check_position(name, value):
-    """`value` if the position is an int >= 0 or an integer tensor, else a `ValueError`: a float
-    would give fractional positions, a negative int positions before the sequence."""
+    """`value` if the position (or length) is an int >= 0 or an integer tensor, else a `ValueError`:
+    a float would give fractional positions, a negative int positions before the sequence."""
     if isinstance(value, numbers.Number) or not hasattr(value, "dtype"):
         valid = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) and value >= 0
     else:

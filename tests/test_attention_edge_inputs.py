@@ -8,6 +8,8 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from keras_attn.attention_families import FAMILIES
+from keras_attn.attention_families import build
 from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.patterns import Causal
 from tests import reference
@@ -24,7 +26,9 @@ BAD_INPUTS = [
     ("int key", {"key": _Q.astype(np.int64)}, "key.dtype=int64"),
     ("int value", {"value": _Q.astype(np.int32)}, "value.dtype=int32"),
     ("bool value", {"value": _Q.astype(bool)}, "value.dtype=bool"),
-    ("zero scale", {"scale": 0.0}, "`scale` must be a positive finite number or None. Received: scale=0.0"),
+    ("zero scale", {"scale": 0.0}, "`scale` must be a positive finite number or None, at most 3.40282346"),
+    ("zero scale value", {"scale": 0.0}, "Received: scale=0.0"),
+    ("scale past float32", {"scale": 3.5e38}, "Received: scale=3.5e+38"),
     ("negative scale", {"scale": -0.5}, "scale=-0.5"),
     ("nan scale", {"scale": float("nan")}, "scale=nan"),
     ("inf scale", {"scale": float("inf")}, "scale=inf"),
@@ -458,3 +462,115 @@ def test_nan_in_padded_inputs_never_reaches_real_outputs_of_projected_layers(nam
     for poison in (np.nan, np.inf):
         poisoned = np.asarray(layer(np.where(real[..., None], _X, poison).astype(np.float32), **masks))
         np.testing.assert_allclose(poisoned[real], clean[real], atol=1e-6)
+
+
+def test_the_largest_float32_scale_is_taken_and_one_past_it_refused_by_every_kernel():
+    """A scale past float32's largest value is `inf` in the float32 logits (NaN outputs); each kernel's
+    own function, called directly, refuses it naming `scale`, as the dispatcher does."""
+    from keras_attn.kernels import KERNELS
+
+    q = np.random.default_rng(1).normal(size=(1, 3, 2, 4)).astype(np.float32)
+    largest = float(np.finfo(np.float32).max)
+    output = np.asarray(scaled_dot_product_attention(q, q, q, scale=largest))
+    # The weights are one-hot on each row's largest logit: the float64 reference at a large scale.
+    expected, _ = reference.attention(q, q, q, scale=1e6)
+    np.testing.assert_allclose(output, expected, atol=1e-5)
+    for name, kernel in KERNELS.items():
+        with pytest.raises(ValueError, match=r"`scale`.*Received: scale=3\.5e\+38"):
+            getattr(kernel, f"{name}_attention")(q, q, q, scale=3.5e38)
+    with pytest.raises(ValueError, match=r"Received: scale=<tf.Tensor.*3\.5e\+38"):
+        scaled_dot_product_attention(q, q, q, scale=tf.constant(3.5e38, tf.float64))
+
+
+# (mask builder, arguments, the text the ValueError must hold: the argument and the value received)
+BAD_MASK_ARGUMENTS = [
+    ("causal_mask", (-1, -1), {}, "Received: query_len=-1"),
+    ("causal_mask", (2.5, 3), {}, "Received: query_len=2.5"),
+    ("causal_mask", (3, 2.0), {}, "Received: key_len=2.0"),
+    ("causal_mask", (3, 3), {"query_offset": -2}, "Received: query_offset=-2"),
+    ("sliding_window_mask", (3, -3, 2), {}, "Received: key_len=-3"),
+    ("sliding_window_mask", (3, 3, 2), {"query_offset": 0.5}, "Received: query_offset=0.5"),
+    ("Strided.block_mask", (4, 4), {"key_offset": -1}, "Received: key_offset=-1"),
+    ("BlockLocal.block_mask", ("4", 4), {}, "Received: query_len='4'"),
+]
+
+
+@pytest.mark.parametrize(
+    "builder, arguments, keywords, message",
+    BAD_MASK_ARGUMENTS,
+    ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_MASK_ARGUMENTS)],
+)
+def test_mask_builders_name_a_bad_length_or_offset(builder, arguments, keywords, message):
+    import keras_attn
+    from keras_attn import patterns
+
+    build = {
+        "causal_mask": keras_attn.causal_mask,
+        "sliding_window_mask": keras_attn.sliding_window_mask,
+        "Strided.block_mask": patterns.Strided(2).block_mask,
+        "BlockLocal.block_mask": patterns.BlockLocal(2).block_mask,
+    }[builder]
+    with pytest.raises(ValueError, match="must be an int >= 0 or an integer tensor") as error:
+        build(*arguments, **keywords)
+    assert message in str(error.value)
+    # Integer tensors (a length known when a graph runs) are still taken.
+    assert tuple(keras_attn.causal_mask(tf.constant(2), tf.constant(3)).shape) == (1, 1, 2, 3)
+
+
+@pytest.mark.parametrize("attention_axes", [(1, 2), (2,)])
+def test_a_causal_mask_over_several_attention_axes_is_refused_naming_them(attention_axes):
+    """Keras's causal mask orders the positions of axis 1: over two axes (or another one) Keras and
+    this layer failed inside the softmax ("axis -5 is out of bounds", a mask not broadcastable)."""
+    import keras_attn
+
+    x = np.random.default_rng(0).normal(size=(2, 3, 4, 8)).astype(np.float32)
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4, attention_axes=attention_axes)
+    assert tuple(layer(x, x).shape) == (2, 3, 4, 8)  # without the causal mask the axes work
+    with pytest.raises(ValueError, match="causal mask over more than one attention axis") as error:
+        layer(x, x, use_causal_mask=True)
+    assert f"attention_axes={attention_axes}" in str(error.value) and "use_causal_mask=True" in str(error.value)
+    # Axis 1 of a rank-4 input takes the causal mask: Keras's layer with the same weights.
+    import keras
+
+    single = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4, attention_axes=(1,))
+    theirs = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, attention_axes=(1,))
+    single(x, x), theirs(x, x)
+    theirs.set_weights(single.get_weights())
+    np.testing.assert_allclose(single(x, x, use_causal_mask=True), theirs(x, x, use_causal_mask=True), atol=1e-5)
+
+
+def _family(name):
+    """A small layer of the registry's family `name` (the families' required sizes)."""
+    extra = {"linformer": {"max_length": 8, "projected_length": 4}, "lsh": {"num_buckets": 2, "chunk_size": 2}}
+    assert set(extra) <= set(FAMILIES)
+    return build(name, num_heads=2, key_dim=4, **extra.get(name, {}))
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_an_input_of_another_width_or_rank_than_built_for_is_refused_naming_it(name):
+    """Every family: a built layer called on another feature size (or rank) names the input, the shape it
+    was built for and the one received (TensorFlow's "Input to reshape is a tensor with 1296 values")."""
+    layer = _family(name)
+    built = np.asarray(layer(_X))
+    for bad in (np.ones((2, 4, 9), np.float32), np.ones((4, 8), np.float32)):
+        with pytest.raises(ValueError) as error:
+            layer(bad)
+        message = str(error.value)
+        assert "`query`" in message and "query.shape=(None, None, 8)" in message, message
+        assert f"query.shape={bad.shape}" in message, message
+    np.testing.assert_array_equal(np.asarray(layer(_X)), built)  # the right width still works
+
+
+def test_cross_attention_names_the_value_or_key_of_another_width():
+    import keras_attn
+
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4)
+    context = np.ones((2, 5, 6), np.float32)
+    layer(_X, context, context[..., :3])  # built: query 8, value 6, key 3 features
+    for args, name, built, received in (
+        ((_X, context[..., :5], context[..., :3]), "value", "(None, None, 6)", "(2, 5, 5)"),
+        ((_X, context, context), "key", "(None, None, 3)", "(2, 5, 6)"),
+    ):
+        with pytest.raises(ValueError, match=f"`{name}`") as error:
+            layer(*args)
+        assert f"Expected: {name}.shape={built}, received: {name}.shape={received}" in str(error.value)

@@ -3,6 +3,7 @@
 import keras
 
 from keras_attn.utils import clone_initializer
+from keras_attn.validation import check_elements
 from keras_attn.validation import check_positive_int
 from keras_attn.validation import check_rate
 
@@ -75,6 +76,11 @@ class FeedForward(keras.layers.Layer):
                 "`inputs` must have rank >= 2 (batch, ..., features) with a known feature size. "
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
+        features = inputs_shape[-1]
+        check_elements("The intermediate kernel", features=features, intermediate_dim=self.intermediate_dim)
+        check_elements(
+            "The output kernel", intermediate_dim=self.intermediate_dim, output_dim=self.output_dim or features
+        )
         self.intermediate_dense = self._dense(self.intermediate_dim, "intermediate_dense", self.activation)
         self.intermediate_dense.build(inputs_shape)
         self.intermediate_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)

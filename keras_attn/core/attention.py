@@ -182,7 +182,8 @@ def scaled_dot_product_attention(
             tensor) for the pattern; non-zero in cached decoding, where the queries are the
             newest tokens of a longer key/value cache.
         scale: the inverse temperature beta multiplying `Q K^T` (a positive number or a
-            scalar tensor); defaults to `1 / sqrt(depth)`. The bias is added after it.
+            scalar tensor, at most the largest float32: the logits are float32); defaults to
+            `1 / sqrt(depth)`. The bias is added after it.
         dropout_rate: dropout applied to the attention weights when `training`.
         training: whether dropout is active.
         seed_generator: a `keras.random.SeedGenerator` for dropout (one is made if `None`).

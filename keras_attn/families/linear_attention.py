@@ -41,6 +41,7 @@ from keras_attn.layers.capabilities import describe
 from keras_attn.utils import float_math_dtype
 from keras_attn.utils import padding_to_multiple
 from keras_attn.validation import check_bool
+from keras_attn.validation import check_elements
 from keras_attn.validation import check_positive_int
 
 FEATURE_MAPS = ("elu", "favor")
@@ -280,6 +281,7 @@ class LinearAttention(ProjectedSelfAttention):
                 f"Received: feature_map={feature_map!r}, redraw_features={redraw_features!r}"
             )
         super().__init__(num_heads, key_dim, **kwargs)
+        check_elements("The random features", num_random_features=num_random_features, key_dim=key_dim)
         self.feature_map = feature_map
         self.num_random_features = num_random_features
         self.redraw_features = redraw_features

@@ -19,6 +19,7 @@ from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.families.projected_self_attention import ProjectedSelfAttention
 from keras_attn.layers.capabilities import AttentionCapabilities
 from keras_attn.validation import check_bool
+from keras_attn.validation import check_elements
 from keras_attn.validation import check_positive_int
 
 CAUSAL_ERROR = (
@@ -131,6 +132,8 @@ class LinformerSelfAttention(ProjectedSelfAttention):
         check_positive_int("max_length", max_length)
         check_positive_int("projected_length", projected_length)
         super().__init__(num_heads, key_dim, **kwargs)
+        heads = {"num_heads": num_heads} if projection_per_head else {}
+        check_elements("A length projection", **heads, max_length=max_length, projected_length=projected_length)
         self.max_length = max_length
         self.projected_length = projected_length
         self.share_key_value = share_key_value
@@ -140,11 +143,7 @@ class LinformerSelfAttention(ProjectedSelfAttention):
         )
 
     def _build_rule(self, query_shape):
-        length = query_shape[1]
-        if length is not None and length > self.max_length:
-            raise ValueError(
-                f"`query` is longer than `max_length={self.max_length}`. Received: query.shape={tuple(query_shape)}"
-            )
+        self._check_length(query_shape[1])
         shape = (self.max_length, self.projected_length)
         if self.projection_per_head:
             shape = (self.num_heads,) + shape
@@ -157,14 +156,25 @@ class LinformerSelfAttention(ProjectedSelfAttention):
                 name="value_length_projection", shape=shape, initializer=self.projection_initializer
             )
 
+    def _check_length(self, length):
+        """A `ValueError` naming `max_length` when a static sequence `length` exceeds it (the rows of the
+        length projections); a length unknown until run time passes (`_project_length` asserts it)."""
+        if length is not None and length > self.max_length:
+            raise ValueError(
+                f"`query` is longer than `max_length={self.max_length}` of {type(self).__name__} {self.name!r}. "
+                f"Received: a sequence of length {length}"
+            )
+
     def _project_length(self, tensor, projection):
         """`(batch, seq, heads, depth)` -> `(batch, projected_length, heads, depth)` by the leading `seq` rows."""
         length = ops.shape(tensor)[1]
-        if tensor.shape[1] is None:  # a dynamic length, checked at run time (build checks a static one)
+        self._check_length(tensor.shape[1])  # a layer built for unknown lengths meets a known one eagerly
+        if tensor.shape[1] is None:  # a dynamic length, checked at run time
             check = tf.debugging.assert_less_equal(
                 length,
                 self.max_length,
-                message=f"`query` is longer than `max_length={self.max_length}` of LinformerSelfAttention {self.name!r}",
+                message=f"`query` is longer than `max_length={self.max_length}` of {type(self).__name__} "
+                f"{self.name!r}; the sequence's length and max_length:",
             )
             with tf.control_dependencies([check]):
                 length = tf.identity(length)

@@ -34,6 +34,7 @@ from keras_attn.layers.capabilities import AttentionCapabilities
 from keras_attn.utils import float_math_dtype
 from keras_attn.utils import padding_to_multiple
 from keras_attn.validation import check_bool
+from keras_attn.validation import check_elements
 from keras_attn.validation import check_positive_int
 
 # The logit of a token's own key: attended only when every other key is masked (Reformer).
@@ -242,6 +243,13 @@ class LSHSelfAttention(ProjectedSelfAttention):
                 f"Received: num_buckets={num_buckets}"
             )
         super().__init__(num_heads, key_dim, **kwargs)
+        check_elements(
+            "The random rotations",
+            num_heads=num_heads,
+            key_dim=key_dim,
+            num_hashes=num_hashes,
+            num_buckets=num_buckets,  # half of them: the rotations give the rest by sign
+        )
         self.num_buckets = num_buckets
         self.num_hashes = num_hashes
         self.chunk_size = chunk_size

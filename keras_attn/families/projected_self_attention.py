@@ -34,6 +34,7 @@ from keras_attn.utils import clone_initializer
 from keras_attn.utils import keras_mask
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_positive_int
+from keras_attn.validation import check_projection_sizes
 
 
 class ProjectedSelfAttention(keras.layers.Layer):
@@ -70,6 +71,7 @@ class ProjectedSelfAttention(keras.layers.Layer):
         check_positive_int("value_dim", value_dim, allow_none=True)
         check_positive_int("output_dim", output_dim, allow_none=True)
         check_bool("use_bias", use_bias)
+        check_projection_sizes(num_heads, key_dim, value_dim or key_dim)
         super().__init__(**kwargs)
         self.supports_masking = True
         self.num_heads = num_heads
@@ -100,6 +102,7 @@ class ProjectedSelfAttention(keras.layers.Layer):
         """Builds the projections from `query_shape` (`value_shape` / `key_shape`, when Keras passes them
         for a `layer(x, x)` call, are the same sequence's)."""
         check_sequence_shape("query", query_shape)
+        check_projection_sizes(self.num_heads, self.key_dim, self.value_dim, query_shape[-1], self.output_dim)
         heads = (None, self.num_heads)
         self.query_dense = self._projection("query", "btf,fhd->bthd", heads + (self.key_dim,), "hd")
         self.query_dense.build(query_shape)

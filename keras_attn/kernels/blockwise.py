@@ -42,6 +42,7 @@ from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.utils import float_math_dtype
+from keras_attn.validation import check_scale
 
 # Loop iterations run one at a time: TensorFlow would otherwise run up to 10 iterations of each
 # nested loop ahead (100 blocks' temporaries at once), and peak memory would grow with length.
@@ -130,6 +131,7 @@ def blockwise_attention(
     >>> out.shape
     TensorShape([1, 4096, 8, 32])
     """
+    check_scale(scale)  # called directly too: a scale past float32 would make every logit inf
     scale = resolved_scale(scale, query.shape[-1])
     pattern = patterns.from_shorthands(pattern, is_causal, sliding_window)
     position_bias = check_position_bias(position_bias, query.shape[2])

@@ -44,6 +44,7 @@ from keras_attn.core.softmax import resolved_scale
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.utils import float_math_dtype
+from keras_attn.validation import check_scale
 
 # Queries per chunk: each chunk computes only the keys its pattern reaches.
 QUERY_CHUNK_SIZE = 128
@@ -158,6 +159,7 @@ def chunked_attention(
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype of `value`.
     """
+    check_scale(scale)  # called directly too: a scale past float32 would make every logit inf
     scale = resolved_scale(scale, query.shape[-1])
     pattern = patterns.from_shorthands(pattern, is_causal, sliding_window)
     position_bias = check_position_bias(position_bias, query.shape[2])

@@ -19,6 +19,7 @@ from keras_attn.core.softmax import resolved_scale
 from keras_attn.core.softmax import shifted_logits
 from keras_attn.core.softmax import zero_masked
 from keras_attn.kernels import single_query
+from keras_attn.validation import check_scale
 
 
 def why_unsupported(call):
@@ -89,6 +90,7 @@ def dense_attention(
         `(batch, query_len, heads, value_depth)` in the dtype of `value`, and, when
         `return_weights`, the weights `(batch, heads, query_len, key_len)` in the same dtype.
     """
+    check_scale(scale)  # called directly too: a scale past float32 would make every logit inf
     scale = resolved_scale(scale, query.shape[-1])
     rows_may_be_empty = may_empty_rows(mask, pattern)
     mask = pattern_mask(mask, pattern, ops.shape(query)[1], ops.shape(key)[1], query_offset)

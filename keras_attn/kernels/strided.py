@@ -41,6 +41,7 @@ from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels import strided_layout
 from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.utils import float_math_dtype
+from keras_attn.validation import check_scale
 
 # One loop iteration at a time: peak memory stays one step's temporaries (as in blockwise).
 _PARALLEL_ITERATIONS = 1
@@ -127,6 +128,7 @@ def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0
     >>> strided_attention(q, k, v, pattern=pattern, scale=0.25).shape
     TensorShape([1, 1024, 2, 16])
     """
+    check_scale(scale)  # called directly too: a scale past float32 would make every logit inf
     reason = _why_not_strided(query, key, mask, pattern, query_offset)
     if reason:
         raise ValueError(f"`strided_attention` needs {reason}")

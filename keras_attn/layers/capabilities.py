@@ -9,6 +9,8 @@ are written from it. Nothing above a family's own module tells families apart an
 
 import dataclasses
 
+from keras_attn.utils import check_built_input_shapes
+
 CACHE_KINDS = (None, "key_value", "recurrent")
 
 
@@ -77,8 +79,10 @@ def describe(value):
     return tuple(value.shape) if hasattr(value, "shape") else value
 
 
-def check_call(layer, query, value=None, key=None, attention_mask=None, use_causal_mask=False):
-    """Raises the `unsupported` error for the first call argument `layer`'s family cannot take."""
+def check_call(layer, query, value=None, key=None, attention_mask=None, use_causal_mask=False, projects_key=True):
+    """Raises the `unsupported` error for the first call argument `layer`'s family cannot take, then
+    the `ValueError` of an input whose shape is not the one the layer was built for (`projects_key=False`:
+    the call reads precomputed keys and values, a cache, and `value` / `key` are not projected)."""
     capabilities = type(layer).capabilities
     distinct = {
         name: tensor for name, tensor in (("value", value), ("key", key)) if tensor is not None and tensor is not query
@@ -90,3 +94,8 @@ def check_call(layer, query, value=None, key=None, attention_mask=None, use_caus
         raise unsupported(layer, "attention_mask", f"attention_mask.shape={describe(attention_mask)}")
     if use_causal_mask and not capabilities.causal:
         raise unsupported(layer, "causal", f"use_causal_mask={use_causal_mask!r}")
+    inputs = {"query": query}
+    if capabilities.cross and projects_key:  # a self-attention family's projections are all built from the query
+        value = query if value is None else value
+        inputs.update(value=value, key=value if key is None else key)
+    check_built_input_shapes(layer, **inputs)

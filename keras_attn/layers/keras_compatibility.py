@@ -136,6 +136,12 @@ def call_over_attention_axes(
     """Keras's einsum path for other ranks, axes and output shapes, with this layer's masking rules."""
     unsupported = {"attention_bias": attention_bias, "cache": cache, "cache_update_index": cache_update_index}
     _refuse_sequence_only(layer, unsupported, f"query.shape={tuple(query.shape)}", quote_value=False)
+    if use_causal_mask and tuple(layer._attention_axes) != _SEQUENCE_AXIS:  # Keras's mask orders axis 1 only
+        raise ValueError(
+            "A causal mask over more than one attention axis, or over another axis than 1 (the one after the "
+            "batch), is not supported: `use_causal_mask=True` needs `attention_axes=(1,)`. Received: "
+            f"use_causal_mask=True, attention_axes={layer._attention_axes}, query.shape={tuple(query.shape)}"
+        )
     mask = layer._compute_attention_mask(
         query,
         value,

@@ -11,6 +11,7 @@ keys/values (cross-attention to an encoder projected once). With `sliding_window
 import tensorflow as tf
 from keras import ops
 
+from keras_attn.core.masks import merge_masks
 from keras_attn.layers import window_cache
 from keras_attn.layers.projections import project
 from keras_attn.utils import compiled_by_xla
@@ -54,16 +55,19 @@ def projected(layer, query, key, value, cache, cache_update_index):
     return _updated(layer, cache, query, key, value, cache_update_index)
 
 
-def attention_options(layer, mask, attention_bias, use_causal_mask, ring, cache_update_index, query_len):
+def attention_options(layer, mask, attention_bias, use_causal_mask, ring, cache_update_index, query_len, key_len):
     """The mask, bias and positional keyword arguments of `scaled_dot_product_attention` for a call:
     the layer's pattern, window and position bias with the queries at `cache_update_index` (0
-    without); with a ring buffer (`ring`) they are at the keys' true positions, in the mask and bias."""
+    without); with a ring buffer (`ring`) they are at the keys' true positions, in the mask and bias.
+    A call writing into a full-length cache that is not causal attends over the keys written so far."""
     offset = 0 if cache_update_index is None else cache_update_index
     if ring:
         mask, bias = window_cache.mask_and_bias(layer, mask, attention_bias, use_causal_mask, offset, query_len)
         return dict(
             mask=mask, bias=bias, is_causal=False, sliding_window=None, pattern=None, query_offset=0, position_bias=None
         )
+    if cache_update_index is not None and not use_causal_mask:  # a causal mask already stops at the new tokens
+        mask = merge_masks(mask, written_keys(cache_update_index, query_len, key_len))
     return dict(
         mask=mask,
         bias=attention_bias,
@@ -73,6 +77,14 @@ def attention_options(layer, mask, attention_bias, use_causal_mask, ring, cache_
         query_offset=offset,
         position_bias=layer.position_bias,
     )
+
+
+def written_keys(cache_update_index, query_len, key_len):
+    """Boolean `(1, 1, 1, key_len)`: `True` for the cache slots written so far, the positions before
+    `cache_update_index + query_len`; the slots after them still hold the initial zeros, keys that
+    would take weight from every query of a call that is not causal."""
+    end = ops.cast(cache_update_index, "int32") + ops.cast(query_len, "int32")
+    return ops.reshape(ops.arange(key_len, dtype="int32") < end, (1, 1, 1, -1))
 
 
 def _updated(layer, cache, query, key, value, cache_update_index):

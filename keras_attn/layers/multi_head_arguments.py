@@ -5,6 +5,8 @@ other arguments to fail later, or never; each check here raises a `ValueError` n
 argument, with the value received.
 """
 
+import numbers
+
 import numpy as np
 
 from keras_attn import patterns
@@ -12,6 +14,7 @@ from keras_attn.core.attention import ATTENTION_IMPLEMENTATIONS
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_choice
 from keras_attn.validation import check_positive_int
+from keras_attn.validation import check_projection_sizes
 from keras_attn.validation import check_rate
 from keras_attn.validation import check_scale
 
@@ -38,6 +41,10 @@ def checked_pattern(
     for name, size in (("num_heads", num_heads), ("key_dim", key_dim), ("value_dim", value_dim)):
         if isinstance(size, (bool, np.bool_)):
             raise ValueError(f"Invalid argument `{name}`: a positive integer, not a boolean. Received: {name}={size!r}")
+        if isinstance(size, numbers.Integral) and size > 0:  # Keras refuses the others in its own words
+            check_positive_int(name, size)
+    if all(isinstance(size, numbers.Integral) for size in (num_heads, key_dim, value_dim or key_dim)):
+        check_projection_sizes(num_heads, key_dim, value_dim or key_dim)
     check_positive_int("sliding_window", sliding_window, allow_none=True)
     check_rate("dropout", dropout)
     check_scale(scale)

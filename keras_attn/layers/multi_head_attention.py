@@ -30,6 +30,7 @@ from keras_attn.layers.multi_head_arguments import check_scores_allowed
 from keras_attn.layers.multi_head_arguments import checked_pattern
 from keras_attn.layers.multi_head_arguments import kernel_name
 from keras_attn.utils import keras_mask
+from keras_attn.validation import check_projection_sizes
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -325,6 +326,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         key_shape = value_shape if key_shape is None else key_shape
         keras_compatibility.check_input_shapes(query_shape, value_shape, key_shape)
         keras_compatibility.check_attention_axes(self._attention_axes, query_shape)
+        widths = [shape[-1] for shape in (query_shape, value_shape, key_shape) if shape[-1] is not None]
+        check_projection_sizes(self._num_heads, self._key_dim, self._value_dim, max(widths, default=None))
         self._sequence_attention = keras_compatibility.attends_over_the_sequence(
             query_shape, value_shape, key_shape, self._attention_axes, self._output_shape
         )
@@ -370,7 +373,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         cache=None,
         cache_update_index=None,
     ):
-        check_call(self, query, value, key)
+        check_call(self, query, value, key, projects_key=cache is None or cache_update_index is not None)
         check_scores_allowed(self._flash_attention, return_attention_scores)
         use_causal_mask = use_causal_mask or self.causal
         if value is None:  # self-attention: Keras fills the masks of two tensor arguments, not of one
@@ -421,7 +424,14 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             self, query, key, value, cache, cache_update_index
         )
         options = key_value_cache.attention_options(
-            self, mask, attention_bias, use_causal_mask, ring, cache_update_index, ops.shape(query)[1]
+            self,
+            mask,
+            attention_bias,
+            use_causal_mask,
+            ring,
+            cache_update_index,
+            ops.shape(query)[1],
+            ops.shape(projected_key)[1],
         )
         if type(self)._compute_attention is MultiHeadAttention._compute_attention:
             # (batch, query_len, heads, value_dim)[, (batch, heads, query_len, key_len)]

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attn.validation import check_elements
 from keras_attn.validation import check_position
 from keras_attn.validation import check_positive_int
 
@@ -51,6 +52,7 @@ class PositionEmbedding(keras.layers.Layer):
                 "`inputs` must have rank 3 (batch, seq, features) with a known feature size. "
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
+        check_elements("The position embedding table", sequence_length=self.sequence_length, features=inputs_shape[-1])
         self.position_embeddings = self.add_weight(
             name="embeddings",
             shape=(self.sequence_length, inputs_shape[-1]),

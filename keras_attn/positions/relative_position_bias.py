@@ -8,6 +8,7 @@ from keras import ops
 from keras_attn.core.position_bias import PositionBias
 from keras_attn.core.position_bias import relative_positions
 from keras_attn.validation import check_bool
+from keras_attn.validation import check_elements
 from keras_attn.validation import check_positive_int
 
 
@@ -99,6 +100,7 @@ class RelativePositionBias(PositionBias):
                 f"Received: max_distance={max_distance}, num_buckets={num_buckets}, bidirectional={bidirectional}"
             )
         super().__init__(num_heads, **kwargs)
+        check_elements("The bias table", num_buckets=num_buckets, num_heads=num_heads)
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.bidirectional = bidirectional

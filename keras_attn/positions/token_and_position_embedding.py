@@ -10,6 +10,7 @@ from keras_attn.positions.sinusoidal_position_encoding import SinusoidalPosition
 from keras_attn.utils import checked_ids
 from keras_attn.utils import clone_initializer
 from keras_attn.validation import check_bool
+from keras_attn.validation import check_elements
 from keras_attn.validation import check_positive_int
 
 _POSITION_ENCODINGS = ("learned", "sinusoidal")
@@ -73,6 +74,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     ):
         check_positive_int("vocabulary_size", vocabulary_size)
         check_positive_int("embedding_dim", embedding_dim)
+        check_elements("The token embedding table", vocabulary_size=vocabulary_size, embedding_dim=embedding_dim)
         check_bool("mask_zero", mask_zero)
         check_bool("scale_embeddings", scale_embeddings)
         if position_encoding not in _POSITION_ENCODINGS:
