@@ -3,7 +3,9 @@
 `sublayers(layer)` is what Keras itself walks to find a layer's weights (`Layer._flatten_layers`):
 the layers tracked as attributes of a custom layer or a subclassed model, and the layers of a
 Functional or Sequential model. Keras has no public equivalent for a layer that is not a model.
-`layer_tree(layer)` is the same walk to any depth, `layer` first. `tensorflow_backend_nn()` is the
+`layer_tree(layer)` is the same walk to any depth, `layer` first. `build_shapes(layer)` is the
+input shapes a built layer was built for, which Keras records (`Layer._build_shapes_dict`, also on
+loading from a file) and exposes no public way to read. `tensorflow_backend_nn()` is the
 TensorFlow backend's `nn` module (`keras.src`), whose `dot_product_attention` Keras's public op looks
 up at each call: `keras_attn.enable()` puts ours in its place.
 `tests/test_keras_internals.py` checks it against the pinned Keras.
@@ -18,6 +20,11 @@ def sublayers(layer):
 def layer_tree(layer):
     """`layer` and every layer it holds, to any depth, each once."""
     return layer._flatten_layers(include_self=True, recursive=True)
+
+
+def build_shapes(layer):
+    """`{argument}_shape: shape` of the inputs `layer` was built for, or `None` when not built."""
+    return getattr(layer, "_build_shapes_dict", None) if layer.built else None
 
 
 def tensorflow_backend_nn():

@@ -4,6 +4,8 @@ argument checks live in `keras_attn.validation`)."""
 import keras
 import numpy as np
 
+from keras_attn import keras_internals
+
 
 def float_math_dtype(dtype):
     """The dtype for numerically sensitive math (softmax, positions, angles) given a tensor or
@@ -58,7 +60,7 @@ def check_built_input_shapes(layer, **inputs):
     it): TensorFlow would fail deep inside a projection's reshape, naming no argument. A `value`
     built from the query's shape (self-attention) and a `key` from the value's are expected to
     match those; a layer not built yet passes (building checks the shapes)."""
-    built = getattr(layer, "_build_shapes_dict", None) if layer.built else None
+    built = keras_internals.build_shapes(layer)
     if not built:
         return
     expected = {"query": built.get("query_shape")}

@@ -10,6 +10,7 @@ receives. Functional, sequential and subclassed models work alike, as long as th
 
 import numpy as np
 
+from keras_attn.keras_internals import layer_tree
 from keras_attn.layers.capabilities import AttentionCapabilities
 
 
@@ -22,8 +23,7 @@ def attention_layers(model):
     """The keras_attn attention layers inside `model` (itself included), outermost first."""
     if _returns_scores(model):
         return [model]
-    layers = model._flatten_layers(include_self=False, recursive=True)
-    return [layer for layer in layers if _returns_scores(layer)]
+    return [layer for layer in layer_tree(model) if _returns_scores(layer)]
 
 
 def _layer_key(layer):
