@@ -185,22 +185,15 @@ def build(name, length, args):
     return MODELS[name](length, args)
 
 
-def converted_layers(model):
-    """How many attention layers of `model` are keras_attn's."""
-    return sum(isinstance(layer, keras_attn.MultiHeadAttention) for layer in model._flatten_layers())
-
-
 def variant_model(name, variant, length, args):
     """`(model, inputs, status)` of one variant; `status` says what convert did or why it could not."""
     model, inputs = build(name, length, args)
     if variant != "converted":
         return model, inputs, "ok"
-    try:
-        model = keras_attn.convert(model, strict=False)
-    except (ValueError, TypeError, NotImplementedError) as error:  # the model is not convertible (yet)
-        return None, inputs, f"convert refused: {str(error).splitlines()[0][:120]}"
-    count = converted_layers(model)
-    return model, inputs, "ok" if count else "convert replaced no attention layer"
+    model, report = keras_attn.convert(model, strict=False, return_report=True)
+    if report.unconverted:
+        return model, inputs, f"{len(report.unconverted)} attention layer(s) not converted: {report.unconverted[0][1]}"
+    return model, inputs, "ok" if report.converted or report.adapted else "convert found no attention layer"
 
 
 def training_step(model, inputs):
