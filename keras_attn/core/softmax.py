@@ -122,6 +122,32 @@ def masked_softmax(logits, mask=None):
     return zero_masked(weights, mask)
 
 
+def softmax_with_exact_saturated_gradient(logits, softmax):
+    """`softmax(logits)` over the last axis, differentiated as `P * (dP * rowsum(P) - rowsum(P * dP))`.
+
+    That is the usual `P * (dP - rowsum(P * dP))` with `dP` times the row's weight sum, which is 1 in
+    exact arithmetic. Why: a fused softmax may return a one-hot row's 1 as `1 - 2**-24` (oneDNN on
+    CPUs with AMX), and the usual formula then leaves `2**-24 * dP` instead of 0, which the inverse
+    temperature (up to the float32 limit, applied after the shift by `shifted_logits`) turns into
+    inf. In this form a row with a single nonzero weight `p` cancels exactly, `p * dP - p * dP`,
+    whatever `p` rounded to. `softmax` is the forward function of `logits`.
+    """
+
+    @ops.custom_gradient
+    def _softmax(logits):
+        weights = softmax(logits)
+
+        def gradient(*args, upstream=None):
+            upstream = args[0] if upstream is None else upstream
+            total = ops.sum(weights, axis=-1, keepdims=True)
+            weighted = ops.sum(weights * upstream, axis=-1, keepdims=True)
+            return weights * (upstream * total - weighted)
+
+        return weights, gradient
+
+    return _softmax(logits)
+
+
 def fill_masked(logits, mask):
     """Masked logits replaced by `mask_fill` (weight exactly 0 at any logit scale).
 

@@ -17,6 +17,7 @@ from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import mask_fill
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.core.softmax import shifted_logits
+from keras_attn.core.softmax import softmax_with_exact_saturated_gradient
 from keras_attn.core.softmax import zero_masked
 from keras_attn.kernels import single_query
 from keras_attn.validation import check_scale
@@ -102,7 +103,8 @@ def dense_attention(
     logits = _add_position_bias(logits, check_position_bias(position_bias, query.shape[2]), query_offset)
     if mask is not None:
         logits = fill_masked(logits, mask)
-    weights = single_query.softmax(logits) if one_query else ops.softmax(logits, axis=-1)  # (b, h, q, k), float32
+    softmax = single_query.softmax if one_query else _softmax_last_axis
+    weights = softmax_with_exact_saturated_gradient(logits, softmax)  # (batch, heads, query_len, key_len), float32
     if hard:
         weights = hard_weights(logits, weights)
     dropped = weights
@@ -119,6 +121,10 @@ def dense_attention(
         weights = zero_masked(weights, mask) if rows_may_be_empty else weights
         return output, ops.cast(weights, value.dtype)
     return output
+
+
+def _softmax_last_axis(logits):
+    return ops.softmax(logits, axis=-1)
 
 
 def _add_position_bias(logits, position_bias, query_offset):
