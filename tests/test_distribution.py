@@ -126,6 +126,9 @@ uses = {
         q, q, q, pattern=ka.patterns.SlidingWindow(3) & ka.patterns.Causal() | ka.patterns.GlobalTokens(1)),
     "attention_families": lambda: ka.attention_families.build("linear", num_heads=2, key_dim=8)(
         x, return_attention_scores=True),
+    "ops": lambda: ka.ops.dot_product_attention(q, q, q, is_causal=True),
+    "enable": lambda: (ka.enable(), keras.ops.dot_product_attention(q, q, q, flash_attention=True), ka.disable()),
+    "disable": lambda: ka.disable(),
     "__version__": lambda: ka.__version__,
 }
 unknown = sorted(set(ka.__all__) - set(uses))
