@@ -256,7 +256,7 @@ def time_rows(name, length, args):
     rows, steps = [], {}
     for variant, (model, inputs, status) in built.items():
         row = {**_base_row(name, length, args, variant), "convert_status": status}
-        if model is not None and status == "ok":
+        if status == "ok":
             batch_inputs = inputs(row["batch"])
             row["max_output_difference"] = output_difference(model, peer, variant, batch_inputs)
             steps[variant] = traced_step(variant, model, batch_inputs)
@@ -301,7 +301,7 @@ def generation_rows(args):
         backbone, _, status = variant_model("gpt2", variant, total, args)
         row = {**_base_row("gpt2 generate", total, args, variant), "batch": 1, "convert_status": status}
         rows.append(row)
-        if backbone is None or status != "ok":
+        if status != "ok":
             continue
         lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
         lm.compile(sampler="greedy")
