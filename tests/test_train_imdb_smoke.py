@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from export.imdb import verified_export
 from pipelines import imdb_data
 from pipelines import main_job
 from pipelines import resumable_training
@@ -81,7 +80,7 @@ def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsy
         assert exports["parity"][key] <= 1e-5
     # The int8 model was checked on the validation slice (never the test split), beside the float model.
     int8 = exports["int8"]
-    tolerance = verified_export.INT8_TOLERANCE_POINTS
+    tolerance = main_job.SMOKE_INT8_TOLERANCE_POINTS  # --smoke reports the check, the full run enforces it
     assert int8["reviews"] == train_imdb.SMOKE_DATA["validation_size"] and int8["tolerance_points"] == tolerance
     assert int8["points_lost"] <= tolerance and 0 < int8["int8_onnx_bytes"] < int8["float_onnx_bytes"]
     assert training["validation_accuracy"] == pytest.approx(int8["float_keras_accuracy"], abs=1e-6)
