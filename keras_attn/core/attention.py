@@ -26,7 +26,9 @@ from keras import ops
 
 from keras_attn import patterns
 from keras_attn.core.masks import merge_masks
+from keras_attn.core.masks import zero_padding
 from keras_attn.core.position_bias import check_position_bias
+from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.core.softmax import bias_mask
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.kernels import KERNELS
@@ -156,6 +158,9 @@ def scaled_dot_product_attention(
     pattern=None,
     hard=False,
     position_bias=None,
+    segment_ids=None,
+    query_segment_ids=None,
+    key_segment_ids=None,
 ):
     """Scaled dot-product attention, `softmax(scale * Q K^T + bias) V`, with exact masking.
 
@@ -227,6 +232,16 @@ def scaled_dot_product_attention(
             computed per chunk or block from positions on the chunked and blockwise paths
             (never a `(batch, heads, query_len, key_len)` tensor there), with gradients to its
             weights on every path.
+        segment_ids: optional int `(batch, length)` document ids of a packed row, `0` for padding
+            (self-attention: queries and keys are the same tokens): a query attends only to keys of
+            its own document, intersected with the mask and the pattern (`is_causal=True` is then
+            causal within each document); a padding query outputs zeros. The chunked, blockwise and
+            strided kernels skip the blocks in which no query shares a document with a key
+            (`keras_attn.core.segments`).
+        query_segment_ids: optional int `(batch, query_len)` document ids of the queries, with
+            `key_segment_ids` `(batch, key_len)`: cross-attention and cached decoding (the queries'
+            ids beside the whole cache's).
+        key_segment_ids: see `query_segment_ids`.
 
     Returns:
         The output `(batch, query_len, heads, value_depth)` in the dtype of `value`, and, when
@@ -254,6 +269,12 @@ def scaled_dot_product_attention(
         mask = merge_masks(mask, bias_mask(bias))
     if mask is not None:
         key, value = _zero_unattended_keys(key, value, mask)
+    query_segment_ids, key_segment_ids = resolve_segment_ids(
+        segment_ids, query_segment_ids, key_segment_ids, query.shape[1], key.shape[1]
+    )
+    if key_segment_ids is not None:  # padding keys: no NaN they hold reaches an output
+        key_is_real = ops.not_equal(key_segment_ids, 0)
+        key, value = zero_padding(key, key_is_real), zero_padding(value, key_is_real)
 
     groups = query.shape[2] // key.shape[2]
     call = AttentionCall(
@@ -270,6 +291,8 @@ def scaled_dot_product_attention(
         return_weights=return_weights,
         hard=hard,
         position_bias=check_position_bias(position_bias, query.shape[2]),
+        query_segment_ids=query_segment_ids,
+        key_segment_ids=key_segment_ids,
     )
     return KERNELS[_choose_implementation(implementation, call)].attend(call)
 

@@ -36,6 +36,7 @@ from keras_attn.core.position_bias import bias_parameter_gradients
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.position_bias import read_bias_parameters
 from keras_attn.core.position_bias import split_inputs
+from keras_attn.core.segments import with_segments_as_mask
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.kernels import blockwise_plan
 from keras_attn.kernels import steps
@@ -56,6 +57,7 @@ def why_unsupported(call):
 
 def attend(call):
     """`blockwise_attention` of an `AttentionCall`, with the default block sizes."""
+    call = with_segments_as_mask(call)
     return blockwise_attention(
         call.query,
         call.key,

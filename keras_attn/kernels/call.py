@@ -35,6 +35,8 @@ class AttentionCall:
     return_weights: bool = False
     hard: bool = False
     position_bias: object = None  # a keras_attn.core.position_bias.PositionBias for the query heads
+    query_segment_ids: object = None  # int32 (batch, query_len), 0 for padding: keras_attn.core.segments
+    key_segment_ids: object = None  # int32 (batch, key_len); both or neither
 
 
 def why_not_tensorflow_streaming(call):

@@ -38,6 +38,7 @@ from keras_attn.core.position_bias import block_positions
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.position_bias import read_bias_parameters
 from keras_attn.core.position_bias import split_inputs
+from keras_attn.core.segments import with_segments_as_mask
 from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import masked_softmax
 from keras_attn.core.softmax import resolved_scale
@@ -82,6 +83,7 @@ def why_unsupported(call):
 
 def attend(call):
     """`chunked_attention` of an `AttentionCall`, in chunks of `QUERY_CHUNK_SIZE` queries."""
+    call = with_segments_as_mask(call)
     return chunked_attention(
         call.query,
         call.key,

@@ -12,6 +12,7 @@ from keras import ops
 from keras_attn.core.masks import may_empty_rows
 from keras_attn.core.masks import pattern_mask
 from keras_attn.core.position_bias import check_position_bias
+from keras_attn.core.segments import with_segments_as_mask
 from keras_attn.core.softmax import attention_logits
 from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import mask_fill
@@ -31,6 +32,7 @@ def why_unsupported(call):
 
 def attend(call):
     """`dense_attention` of an `AttentionCall`."""
+    call = with_segments_as_mask(call)
     return dense_attention(
         call.query,
         call.key,

@@ -35,6 +35,7 @@ dispatcher then takes another kernel).
 
 import tensorflow as tf
 
+from keras_attn.core.segments import with_segments_as_mask
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
@@ -66,6 +67,7 @@ def why_unsupported(call):
 
 def attend(call):
     """`strided_attention` of an `AttentionCall`."""
+    call = with_segments_as_mask(call)
     return strided_attention(
         call.query,
         call.key,

@@ -1,0 +1,98 @@
+"""Segment ids: several documents packed in one row, attention that never crosses them.
+
+A row of `length` tokens holds documents numbered `1, 2, ...` by its int segment ids
+`(batch, length)`; `0` marks padding. A query attends only to keys of its own document (equal,
+non-zero ids); a query of segment 0 attends to nothing (zero output), a key of segment 0 is seen by
+no query. This is T5X/seqio's `segment_ids`, FlashAttention's variable-length batches and xformers'
+`BlockDiagonalMask` written as data: the kernels intersect it with the mask and the pattern
+(`Causal()` then means causal within each document, a `SlidingWindow` a window within it), and the
+chunked, blockwise and strided kernels skip the blocks in which no query shares a document with a
+key. Positions that restart per document come from `keras_attn.positions.document_positions`.
+
+Self-attention takes `segment_ids` (the same ids for queries and keys); cross-attention and cached
+decoding take `query_segment_ids` `(batch, query_len)` and `key_segment_ids` `(batch, key_len)`.
+"""
+
+import dataclasses
+
+import keras
+from keras import ops
+
+from keras_attn.core.masks import merge_masks
+
+
+def resolve_segment_ids(segment_ids, query_segment_ids, key_segment_ids, query_len, key_len):
+    """`(query_segment_ids, key_segment_ids)` as int32 from the call's arguments, `(None, None)` without.
+
+    `segment_ids` is the self-attention shorthand (query and key lengths equal); it cannot be given
+    with the two explicit ones, which must come together.
+    """
+    if segment_ids is not None:
+        if query_segment_ids is not None or key_segment_ids is not None:
+            raise ValueError(
+                "Pass either `segment_ids` (self-attention) or `query_segment_ids` and `key_segment_ids`, not both. "
+                f"Received: segment_ids.shape={_shape(segment_ids)}, query_segment_ids.shape="
+                f"{_shape(query_segment_ids)}, key_segment_ids.shape={_shape(key_segment_ids)}"
+            )
+        if query_len is not None and key_len is not None and query_len != key_len:
+            raise ValueError(
+                "`segment_ids` marks the documents of self-attention, where queries and keys are the same tokens; "
+                "with different lengths pass `query_segment_ids` and `key_segment_ids`. "
+                f"Received: segment_ids.shape={_shape(segment_ids)}, query_len={query_len}, key_len={key_len}"
+            )
+        query_segment_ids = key_segment_ids = segment_ids
+    if (query_segment_ids is None) != (key_segment_ids is None):
+        raise ValueError(
+            "`query_segment_ids` and `key_segment_ids` come together (a query's document is matched against "
+            f"the keys'). Received: query_segment_ids.shape={_shape(query_segment_ids)}, "
+            f"key_segment_ids.shape={_shape(key_segment_ids)}"
+        )
+    if query_segment_ids is None:
+        return None, None
+    name = "segment_ids" if segment_ids is not None else None
+    return (
+        _checked(name or "query_segment_ids", query_segment_ids, query_len),
+        _checked(name or "key_segment_ids", key_segment_ids, key_len),
+    )
+
+
+def _shape(tensor):
+    return None if tensor is None else tuple(getattr(tensor, "shape", ()))
+
+
+def _checked(name, ids, length):
+    if not hasattr(ids, "shape") or not hasattr(ids, "dtype"):
+        ids = ops.convert_to_tensor(ids)
+    dtype = keras.backend.standardize_dtype(ids.dtype)
+    if "int" not in dtype:
+        raise ValueError(f"`{name}` must be integer document ids (0 for padding). Received: {name}.dtype={dtype}")
+    if len(ids.shape) != 2:
+        raise ValueError(f"`{name}` must have rank 2 `(batch, length)`. Received: {name}.shape={tuple(ids.shape)}")
+    if length is not None and ids.shape[1] is not None and ids.shape[1] != length:
+        raise ValueError(f"`{name}` must have one id per token ({length}). Received: {name}.shape={tuple(ids.shape)}")
+    return ops.cast(ids, "int32")
+
+
+def segment_mask(query_segment_ids, key_segment_ids):
+    """Boolean `(batch, 1, query_len, key_len)`: `True` where query and key belong to the same document.
+
+    Padding (segment 0) attends to nothing and is attended by nothing.
+
+    >>> segment_mask([[1, 1, 2, 0]], [[1, 1, 2, 0]])[0, 0].numpy().astype(int).tolist()
+    [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
+    """
+    query_ids = ops.cast(query_segment_ids, "int32")[:, None, :, None]  # (batch, 1, query_len, 1)
+    key_ids = ops.cast(key_segment_ids, "int32")[:, None, None, :]  # (batch, 1, 1, key_len)
+    return ops.logical_and(ops.equal(query_ids, key_ids), ops.not_equal(query_ids, 0))
+
+
+def with_segments_as_mask(call):
+    """The `AttentionCall` with its segment ids merged into its mask: for a kernel that materialises the mask."""
+    if call.query_segment_ids is None:
+        return call
+    return dataclasses.replace(
+        call,
+        mask=merge_masks(call.mask, segment_mask(call.query_segment_ids, call.key_segment_ids)),
+        query_segment_ids=None,
+        key_segment_ids=None,
+    )
