@@ -7,7 +7,7 @@ no query. This is T5X/seqio's `segment_ids`, FlashAttention's variable-length ba
 `BlockDiagonalMask` written as data: the kernels intersect it with the mask and the pattern
 (`Causal()` then means causal within each document, a `SlidingWindow` a window within it), and the
 chunked, blockwise and strided kernels skip the blocks in which no query shares a document with a
-key. Positions that restart per document come from `keras_attn.positions.document_positions`.
+key. Positions that restart per document come from `document_positions`.
 
 Self-attention takes `segment_ids` (the same ids for queries and keys); cross-attention and cached
 decoding take `query_segment_ids` `(batch, query_len)` and `key_segment_ids` `(batch, key_len)`.
@@ -16,6 +16,7 @@ decoding take `query_segment_ids` `(batch, query_len)` and `key_segment_ids` `(b
 import dataclasses
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from keras_attn.core.masks import merge_masks
@@ -96,3 +97,44 @@ def with_segments_as_mask(call):
         query_segment_ids=None,
         key_segment_ids=None,
     )
+
+
+def document_positions(segment_ids):
+    """Int32 `(batch, length)`: each token's position within its document, restarting at 0 where the id changes.
+
+    A document is a run of equal ids (packers place each document contiguously); padding (id 0)
+    gets position 0. The position ids of packed rows for the position embeddings and rotary, so a
+    document packed at offset 300 is encoded as it is alone.
+
+    >>> document_positions([[1, 1, 1, 2, 2, 0, 0]]).numpy().tolist()
+    [[0, 1, 2, 0, 1, 0, 0]]
+    """
+    ids = tf.cast(segment_ids, tf.int32)
+    index = tf.broadcast_to(tf.range(tf.shape(ids)[1], dtype=tf.int32)[None, :], tf.shape(ids))  # (batch, length)
+    previous = tf.pad(ids[:, :-1], [[0, 0], [1, 0]], constant_values=-1)  # the first token always starts a run
+    run_starts = tf.where(tf.not_equal(ids, previous), index, tf.zeros_like(index))
+    positions = index - _running_max(run_starts)
+    return tf.where(tf.not_equal(ids, 0), positions, tf.zeros_like(positions))
+
+
+def _running_max(values):
+    """The running maximum along axis 1 of `(batch, length)` int32 `values`, by doubling shifts:
+    elementwise ops only (log2(length) of them), so it runs under XLA and converts to ONNX."""
+    length = values.shape[1]
+    if length is None:
+        return _running_max_dynamic(values)
+    shift = 1
+    while shift < length:
+        values = tf.maximum(values, tf.pad(values[:, :-shift], [[0, 0], [shift, 0]]))
+        shift *= 2
+    return values
+
+
+def _running_max_dynamic(values):
+    length = tf.shape(values)[1]
+
+    def double(shift, values):
+        shifted = tf.pad(values, [[0, 0], [shift, 0]])[:, :length]
+        return shift * 2, tf.maximum(values, shifted)
+
+    return tf.while_loop(lambda shift, _: shift < length, double, (tf.constant(1), values))[1]

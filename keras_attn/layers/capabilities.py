@@ -34,6 +34,9 @@ class AttentionCapabilities:
         reasons: `(capability, why)` pairs saying why a capability is missing, quoted in errors.
         scores_over_tokens: whether the returned scores' key axis is the key tokens (`False`
             for Linformer's, over its projected keys): whether they say what a token attends to.
+        segments: whether packed rows are honoured: `segment_ids` (or `query_segment_ids` with
+            `key_segment_ids`) keep each token's attention inside its own document
+            (`keras_attn.core.segments`).
 
     Example:
 
@@ -52,6 +55,7 @@ class AttentionCapabilities:
     softmax: bool
     reasons: tuple = ()
     scores_over_tokens: bool = True
+    segments: bool = False
 
     def __post_init__(self):
         if self.cache not in CACHE_KINDS:
@@ -79,7 +83,16 @@ def describe(value):
     return tuple(value.shape) if hasattr(value, "shape") else value
 
 
-def check_call(layer, query, value=None, key=None, attention_mask=None, use_causal_mask=False, projects_key=True):
+def check_call(
+    layer,
+    query,
+    value=None,
+    key=None,
+    attention_mask=None,
+    use_causal_mask=False,
+    projects_key=True,
+    segment_ids=None,
+):
     """Raises the `unsupported` error for the first call argument `layer`'s family cannot take, then
     the `ValueError` of an input whose shape is not the one the layer was built for (`projects_key=False`:
     the call reads precomputed keys and values, a cache, and `value` / `key` are not projected)."""
@@ -94,6 +107,8 @@ def check_call(layer, query, value=None, key=None, attention_mask=None, use_caus
         raise unsupported(layer, "attention_mask", f"attention_mask.shape={describe(attention_mask)}")
     if use_causal_mask and not capabilities.causal:
         raise unsupported(layer, "causal", f"use_causal_mask={use_causal_mask!r}")
+    if segment_ids is not None and not capabilities.segments:
+        raise unsupported(layer, "segments", f"segment ids of shape {describe(segment_ids)}")
     inputs = {"query": query}
     if capabilities.cross and projects_key:  # a self-attention family's projections are all built from the query
         value = query if value is None else value
