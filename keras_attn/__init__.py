@@ -12,6 +12,8 @@ from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.core.masks import causal_mask
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import sliding_window_mask
+from keras_attn.core.segments import document_positions
+from keras_attn.core.segments import segment_mask
 from keras_attn.core.softmax import masked_softmax
 from keras_attn.families.linear_attention import LinearAttention
 from keras_attn.families.linformer_attention import LinformerSelfAttention
@@ -54,12 +56,14 @@ __all__ = [
     "causal_mask",
     "convert",
     "disable",
+    "document_positions",
     "enable",
     "masked_softmax",
     "merge_masks",
     "ops",
     "patterns",
     "scaled_dot_product_attention",
+    "segment_mask",
     "sliding_window_mask",
     "__version__",
 ]
