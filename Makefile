@@ -29,7 +29,7 @@ main: install
 	$(PY) -m pipelines.main_job $(ARGS)
 
 test: install browser lint
-	$(PY) -m pytest -n 2 --dist loadfile -q $(ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile -q --durations=25 $(ARGS)
 
 # The library's own tests (`--library-only`: tests/library_selection.py), the slow ones left to
 # `make test`, in a separate venv holding the oldest supported pair (oldest-supported.txt, the
@@ -44,7 +44,7 @@ $(COMPAT_VENV)/.installed: setup.cfg pyproject.toml oldest-supported.txt
 	touch $@
 
 test-compat: $(COMPAT_VENV)/.installed
-	$(COMPAT_PY) -m pytest -n 2 --dist loadfile -q -p no:cacheprovider --library-only -m "not slow" tests keras_attn $(ARGS)
+	$(COMPAT_PY) -m pytest -n 2 --dist loadfile -q -p no:cacheprovider --library-only -m "not slow" --durations=25 tests keras_attn $(ARGS)
 
 # ruff: lint (pyflakes, pycodestyle, bugbear, import order) and the formatter, configured in pyproject.toml.
 lint: install
