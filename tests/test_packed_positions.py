@@ -345,3 +345,14 @@ def test_packed_rows_equal_each_document_alone_under_mixed_precision_and_xla(pol
         segment_ids,
         atol=tolerance,
     )
+
+
+def test_a_model_taking_segment_ids_compiles_with_xla_for_any_length():
+    model = packed_embedding_model()
+    spec = tf.TensorSpec((None, None), tf.int32)
+    compiled = tf.function(lambda ids, segments: model([ids, segments]), input_signature=[spec, spec], jit_compile=True)
+    rng = np.random.default_rng(9)
+    for length in (3, 13, 16):
+        segment_ids = random_packing(rng, batch=2, length=length)
+        token_ids = np.where(segment_ids != 0, rng.integers(1, VOCABULARY, segment_ids.shape), 0).astype("int32")
+        np.testing.assert_allclose(compiled(token_ids, segment_ids), model([token_ids, segment_ids]), atol=1e-5)
