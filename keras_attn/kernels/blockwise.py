@@ -9,6 +9,10 @@ ever holding the `(query_len, key_len)` attention matrix:
   of Milakov & Gimelshein 2018, Rabe & Staats 2021, FlashAttention);
 - key blocks that the attention pattern (`keras_attn.patterns`) excludes are skipped, not
   computed (`pattern.key_range` / `pattern.query_range`);
+- in packed rows (segment ids, `keras_attn.core.segments`) each block is masked by the documents
+  of its own queries and keys, and the blocks in which no query shares a document with a key are
+  skipped too (`keras_attn.kernels.document_blocks`): a row of documents costs about the sum of
+  their squared lengths, and no `(query_len, key_len)` document mask is ever built;
 - the backward pass (a `tf.custom_gradient`) stores only the output and the per-row log-sum-exp
   and recomputes each block's weights, so training memory is linear in the length too;
 - dropout masks come from a stateless generator keyed by block, so the backward pass regenerates
