@@ -198,12 +198,14 @@ def test_bias_kernels_include_the_blockwise_kernel():
 
 # The blockwise kernel with small explicit blocks: many blocks per document and per row.
 BLOCKS = dict(query_block_size=8, key_block_size=8)
+# The last block (48..55) is padding in both rows: no query there meets a key, no key a query.
+SMALL_BLOCK_PACKINGS, SMALL_BLOCK_LENGTH = ((11, 20, 9), (3, 25, 13, 2)), 56
 
 
 @pytest.mark.parametrize("pattern_name", sorted(PATTERNS))
 def test_blockwise_small_blocks_equal_each_document_alone(pattern_name):
     rng = np.random.default_rng(2)
-    packings, length = ((11, 20, 9), (3, 25, 13, 2)), 46
+    packings, length = SMALL_BLOCK_PACKINGS, SMALL_BLOCK_LENGTH
     ids = segment_ids(packings, length)
     pattern, spec = PATTERNS[pattern_name]
     query, key, value = inputs(rng, len(packings), length)
@@ -220,6 +222,8 @@ def test_blockwise_small_blocks_equal_each_document_alone(pattern_name):
     np.testing.assert_allclose(output, expected, atol=2e-5)
     for grad, expected_grad in zip(grads, expected_grads):
         np.testing.assert_allclose(grad, expected_grad, atol=1e-4)
+    padding = ids == 0
+    assert np.all(output[padding] == 0.0) and all(np.all(grad[padding] == 0.0) for grad in grads)
 
 
 def test_blockwise_cross_attention_between_packed_rows():
@@ -240,8 +244,8 @@ def test_blockwise_cross_attention_between_packed_rows():
 
 def test_blockwise_segment_ids_work_with_unknown_lengths():
     rng = np.random.default_rng(4)
-    ids = segment_ids(((11, 20, 9), (3, 25, 13, 2)), 46)
-    query, key, value = inputs(rng, 2, 46)
+    ids = segment_ids(SMALL_BLOCK_PACKINGS, SMALL_BLOCK_LENGTH)
+    query, key, value = inputs(rng, 2, SMALL_BLOCK_LENGTH)
     spec = tf.TensorSpec((None, None, HEADS, DEPTH))
 
     @tf.function(
@@ -258,7 +262,7 @@ def test_blockwise_segment_ids_work_with_unknown_lengths():
         )
 
     output = attend(query, key, value, ids).numpy()
-    expected, _, _ = alone(ids, query, key, value, np.zeros((2, 46, HEADS, VALUE_DEPTH)), ("causal",))
+    expected, _, _ = alone(ids, query, key, value, np.zeros((2, SMALL_BLOCK_LENGTH, HEADS, VALUE_DEPTH)), ("causal",))
     np.testing.assert_allclose(output, expected, atol=2e-5)
 
 
