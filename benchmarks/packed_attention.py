@@ -2,9 +2,9 @@
 the blocks across documents, against dense attention over the whole row and against the documents run alone.
 
 One row of `length` tokens holds `documents` documents of `length / documents` tokens each. A
-forward + backward step (gradients of query, key and value, compiled with `tf.function`) of
-`scaled_dot_product_attention(..., segment_ids=..., implementation="blockwise")` is timed against,
-in the same run (round robin, best of `repeats`):
+forward + backward step (gradients of query, key and value, compiled with `tf.function`, with XLA
+under `--jit-compile`) of `scaled_dot_product_attention(..., segment_ids=..., implementation="blockwise")`
+is timed against, in the same run (round robin, best of `repeats`):
 
 - the dense kernel over the whole row with the same segment ids (it materialises the document mask
   and computes every pair): `dense_over_packed`, the issue's goal >= 5;
@@ -15,7 +15,7 @@ Without a pattern and with `Causal()` (causal within each document). Each ratio 
 time and in CPU time of this process (`*_cpu`): on shared cores other processes stretch the wall
 time of whichever step they happen to overlap, the work a step costs far less.
 
-    python -m benchmarks.packed_attention [--repeats N]
+    python -m benchmarks.packed_attention [--repeats N] [--jit-compile]
 """
 
 import numpy as np
@@ -31,6 +31,7 @@ BENCH_ARGS = ["--repeats", "3"]  # `make bench` (benchmarks/run_all.py): fewer r
 PATTERNS = {"none": None, "causal": Causal()}
 COLUMNS = [  # the printed table: (row key, header, format)
     ("pattern", "pattern", "{}"),
+    ("compiled", "compiled", "{}"),
     ("length", "length", "{}"),
     ("documents", "documents", "{}"),
     ("packed_ms", "packed ms", "{:.1f}"),
@@ -49,10 +50,10 @@ def packed_segment_ids(length, documents):
     return np.repeat(np.arange(1, documents + 1, dtype=np.int32), length // documents)[None, :]
 
 
-def train_step(inputs, **attention):
+def train_step(inputs, jit_compile, **attention):
     """A compiled forward + backward step: the gradients of query, key and value."""
 
-    @tf.function
+    @tf.function(jit_compile=jit_compile)
     def step():
         with tf.GradientTape() as tape:
             tape.watch(inputs)
@@ -62,7 +63,7 @@ def train_step(inputs, **attention):
     return step
 
 
-def measure(length, documents, heads, depth, repeats):
+def measure(length, documents, heads, depth, repeats, jit_compile=False):
     if length % documents:
         raise ValueError(
             f"`length` must be a multiple of `documents`. Received: length={length}, documents={documents}"
@@ -75,10 +76,14 @@ def measure(length, documents, heads, depth, repeats):
         cpu = {}
         best = measurement.best_seconds_round_robin(
             {
-                "packed": train_step(row, pattern=pattern, segment_ids=segment_ids, implementation="blockwise"),
-                "dense_row": train_step(row, pattern=pattern, segment_ids=segment_ids, implementation="dense"),
-                "separate_dense": train_step(separate, pattern=pattern, implementation="dense"),
-                "separate_blockwise": train_step(separate, pattern=pattern, implementation="blockwise"),
+                "packed": train_step(
+                    row, jit_compile, pattern=pattern, segment_ids=segment_ids, implementation="blockwise"
+                ),
+                "dense_row": train_step(
+                    row, jit_compile, pattern=pattern, segment_ids=segment_ids, implementation="dense"
+                ),
+                "separate_dense": train_step(separate, jit_compile, pattern=pattern, implementation="dense"),
+                "separate_blockwise": train_step(separate, jit_compile, pattern=pattern, implementation="blockwise"),
             },
             repeats,
             cpu_seconds=cpu,
@@ -87,6 +92,7 @@ def measure(length, documents, heads, depth, repeats):
             {
                 "pattern": name,
                 "mode": "forward_backward",
+                "compiled": "xla" if jit_compile else "graph",
                 "length": length,
                 "documents": documents,
                 **{f"{step}_ms": 1e3 * seconds for step, seconds in best.items()},
@@ -116,11 +122,12 @@ def main(argv=None):
         heads=dict(type=int, default=4),
         depth=dict(type=int, default=64),
         repeats=dict(type=int, default=5),
+        jit_compile=dict(action="store_true", help="compile every step with XLA (default: a tf.function graph)"),
     )
     args = parser.parse_args(argv)
     if args.smoke:
         args.length, args.documents, args.heads, args.depth, args.repeats = 64, 4, 2, 8, 1
-    rows = measure(args.length, args.documents, args.heads, args.depth, args.repeats)
+    rows = measure(args.length, args.documents, args.heads, args.depth, args.repeats, args.jit_compile)
     measurement.print_table(rows, COLUMNS)
     measurement.write_results(
         "packed_attention_smoke" if args.smoke else "packed_attention",
