@@ -18,6 +18,8 @@ Positions are absolute: query `i` of a call sits at position `query_offset + i` 
 (cached decoding), key `j` at position `j`. The range methods take Python ints (static plans,
 which return ints) or scalar int tensors (loops inside `tf.while_loop`).
 
+`document_mask` intersects a pattern with the documents of packed rows (segment ids).
+
 Patterns combine with `&` (intersection) and `|` (union) and serialise with
 `keras.saving.serialize_keras_object`:
 
@@ -31,6 +33,7 @@ from keras import ops
 
 from keras_attn.validation import check_position
 from keras_attn.validation import check_positive_int
+from keras_attn.validation import check_segment_ids
 
 _PACKAGE = "keras_attn"
 
@@ -387,6 +390,39 @@ def get(identifier, name="pattern"):
     raise TypeError(
         f"`{name}` must be a keras_attn.patterns.Pattern, its config or None. Received: {name}={identifier!r}"
     )
+
+
+def document_mask(query_segment_ids, key_segment_ids=None, pattern=None, query_offset=0):
+    """Boolean `(batch, 1, query_len, key_len)`: `pattern` allows the pair and query and key share a document.
+
+    The document mask of packed rows (several documents in one row, `keras_attn.core.segments`):
+    int `(batch, length)` segment ids number the documents `1, 2, ...` and mark padding `0`, which
+    attends to nothing and is attended by nothing. It composes with any pattern: `Causal()` becomes
+    causal within each document, a `SlidingWindow` a window within it. Positions are the row's
+    (query `i` at `query_offset + i`, key `j` at `j`), as for the patterns.
+
+    Args:
+        query_segment_ids: int `(batch, query_len)` document ids of the queries.
+        key_segment_ids: int `(batch, key_len)` document ids of the keys; `None` (default) for
+            self-attention, the query ids.
+        pattern: an optional `Pattern` intersected with the document mask.
+        query_offset: position of the first query among the keys (int or scalar int tensor).
+
+    Example:
+
+    >>> document_mask([[1, 1, 2, 2, 0]], pattern=Causal())[0, 0].numpy().astype(int).tolist()
+    [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 0]]
+    """
+    query_ids = check_segment_ids("query_segment_ids", query_segment_ids)
+    key_ids = query_ids if key_segment_ids is None else check_segment_ids("key_segment_ids", key_segment_ids)
+    query_ids = query_ids[:, None, :, None]  # (batch, 1, query_len, 1)
+    same = ops.logical_and(ops.equal(query_ids, key_ids[:, None, None, :]), ops.not_equal(query_ids, 0))
+    if pattern is None:
+        return same
+    allowed = _check_pattern("pattern", pattern).block_mask(
+        ops.shape(query_ids)[2], ops.shape(key_ids)[1], query_offset
+    )  # (1, 1, query_len, key_len)
+    return ops.logical_and(same, allowed)
 
 
 def from_shorthands(pattern=None, is_causal=False, sliding_window=None):

@@ -164,3 +164,16 @@ def check_position(name, value):
     if not valid:
         raise ValueError(f"`{name}` must be an int >= 0 or an integer tensor. Received: {name}={value!r}")
     return value
+
+
+def check_segment_ids(name, ids):
+    """`ids` as an int32 `(batch, length)` tensor of document ids (`keras_attn.core.segments`), else a
+    `ValueError`: float ids would compare unequal after rounding, another rank has no token axis."""
+    if not hasattr(ids, "shape") or not hasattr(ids, "dtype"):
+        ids = keras.ops.convert_to_tensor(ids)
+    dtype = keras.backend.standardize_dtype(ids.dtype)
+    if "int" not in dtype:
+        raise ValueError(f"`{name}` must be integer document ids (0 for padding). Received: {name}.dtype={dtype}")
+    if len(ids.shape) != 2:
+        raise ValueError(f"`{name}` must have rank 2 `(batch, length)`. Received: {name}.shape={tuple(ids.shape)}")
+    return keras.ops.cast(ids, "int32")

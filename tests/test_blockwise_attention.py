@@ -352,6 +352,15 @@ def test_bad_arguments_raise_value_errors_naming_them():
         blockwise_attention(query, key, value, key_block_size=2.5)
     with pytest.raises(ValueError, match="implementation='flash'"):
         MultiHeadAttention(num_heads=2, key_dim=4, implementation="flash")
+    ids = np.ones((BATCH, QUERY_LEN), np.int32)
+    with pytest.raises(ValueError, match="come together"):
+        blockwise_attention(query, key, value, query_segment_ids=ids)
+    with pytest.raises(ValueError, match=r"key_segment_ids.*one id per token \(45\)"):
+        blockwise_attention(query, key, value, query_segment_ids=ids, key_segment_ids=ids)
+    with pytest.raises(ValueError, match="query_segment_ids.dtype=float32"):
+        blockwise_attention(
+            query, key, value, query_segment_ids=ids.astype("float32"), key_segment_ids=np.ones((BATCH, KEY_LEN))
+        )
 
 
 def _kernel_spy(monkeypatch):

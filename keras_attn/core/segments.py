@@ -15,11 +15,11 @@ decoding take `query_segment_ids` `(batch, query_len)` and `key_segment_ids` `(b
 
 import dataclasses
 
-import keras
 import tensorflow as tf
-from keras import ops
 
+from keras_attn import patterns
 from keras_attn.core.masks import merge_masks
+from keras_attn.validation import check_segment_ids
 
 
 def resolve_segment_ids(segment_ids, query_segment_ids, key_segment_ids, query_len, key_len):
@@ -62,29 +62,22 @@ def _shape(tensor):
 
 
 def _checked(name, ids, length):
-    if not hasattr(ids, "shape") or not hasattr(ids, "dtype"):
-        ids = ops.convert_to_tensor(ids)
-    dtype = keras.backend.standardize_dtype(ids.dtype)
-    if "int" not in dtype:
-        raise ValueError(f"`{name}` must be integer document ids (0 for padding). Received: {name}.dtype={dtype}")
-    if len(ids.shape) != 2:
-        raise ValueError(f"`{name}` must have rank 2 `(batch, length)`. Received: {name}.shape={tuple(ids.shape)}")
+    ids = check_segment_ids(name, ids)
     if length is not None and ids.shape[1] is not None and ids.shape[1] != length:
         raise ValueError(f"`{name}` must have one id per token ({length}). Received: {name}.shape={tuple(ids.shape)}")
-    return ops.cast(ids, "int32")
+    return ids
 
 
 def segment_mask(query_segment_ids, key_segment_ids):
     """Boolean `(batch, 1, query_len, key_len)`: `True` where query and key belong to the same document.
 
-    Padding (segment 0) attends to nothing and is attended by nothing.
+    Padding (segment 0) attends to nothing and is attended by nothing. `keras_attn.patterns.document_mask`
+    without a pattern.
 
     >>> segment_mask([[1, 1, 2, 0]], [[1, 1, 2, 0]])[0, 0].numpy().astype(int).tolist()
     [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
     """
-    query_ids = ops.cast(query_segment_ids, "int32")[:, None, :, None]  # (batch, 1, query_len, 1)
-    key_ids = ops.cast(key_segment_ids, "int32")[:, None, None, :]  # (batch, 1, 1, key_len)
-    return ops.logical_and(ops.equal(query_ids, key_ids), ops.not_equal(query_ids, 0))
+    return patterns.document_mask(query_segment_ids, key_segment_ids)
 
 
 def with_segments_as_mask(call):

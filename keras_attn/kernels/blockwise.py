@@ -9,6 +9,10 @@ ever holding the `(query_len, key_len)` attention matrix:
   of Milakov & Gimelshein 2018, Rabe & Staats 2021, FlashAttention);
 - key blocks that the attention pattern (`keras_attn.patterns`) excludes are skipped, not
   computed (`pattern.key_range` / `pattern.query_range`);
+- in packed rows (segment ids, `keras_attn.core.segments`) each block is masked by the documents
+  of its own queries and keys, and the blocks in which no query shares a document with a key are
+  skipped too (`keras_attn.kernels.document_blocks`): a row of documents costs about the sum of
+  their squared lengths, and no `(query_len, key_len)` document mask is ever built;
 - the backward pass (a `tf.custom_gradient`) stores only the output and the per-row log-sum-exp
   and recomputes each block's weights, so training memory is linear in the length too;
 - dropout masks come from a stateless generator keyed by block, so the backward pass regenerates
@@ -27,6 +31,8 @@ exactly 0, and a row that never meets an allowed key gets a zero output, as in t
 Logits are float32 whatever the compute dtype.
 """
 
+import dataclasses
+
 import keras
 import tensorflow as tf
 
@@ -36,9 +42,10 @@ from keras_attn.core.position_bias import bias_parameter_gradients
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.position_bias import read_bias_parameters
 from keras_attn.core.position_bias import split_inputs
-from keras_attn.core.segments import with_segments_as_mask
+from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.kernels import blockwise_plan
+from keras_attn.kernels import document_blocks
 from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels.call import why_not_tensorflow_streaming
@@ -57,7 +64,6 @@ def why_unsupported(call):
 
 def attend(call):
     """`blockwise_attention` of an `AttentionCall`, with the default block sizes."""
-    call = with_segments_as_mask(call)
     return blockwise_attention(
         call.query,
         call.key,
@@ -71,6 +77,8 @@ def attend(call):
         training=call.dropout_rate > 0.0,
         seed_generator=call.seed_generator,
         position_bias=call.position_bias,
+        query_segment_ids=call.query_segment_ids,
+        key_segment_ids=call.key_segment_ids,
     )
 
 
@@ -91,6 +99,8 @@ def blockwise_attention(
     query_block_size=None,
     key_block_size=None,
     position_bias=None,
+    query_segment_ids=None,
+    key_segment_ids=None,
 ):
     """Blockwise attention with an online softmax; memory linear in the sequence length.
 
@@ -121,6 +131,10 @@ def blockwise_attention(
         key_block_size: keys per block (static int); the same default over `key_len`.
         position_bias: optional `keras_attn.core.position_bias.PositionBias` for the query heads;
             its bias is computed per block from positions (query `i` at `i + query_offset`).
+        query_segment_ids, key_segment_ids: optional int `(batch, query_len)` / `(batch, key_len)`
+            document ids of packed rows (`keras_attn.core.segments`, 0 for padding), together: a
+            query sees only keys of its own non-zero document, and blocks in which no query shares
+            a document with a key are never computed (`keras_attn.kernels.document_blocks`).
 
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype of `value`; fully masked rows are 0.
@@ -154,6 +168,7 @@ def blockwise_attention(
         position_bias=position_bias,
         has_bias=bias is not None,
     )
+    plan = _with_documents(plan, query_segment_ids, key_segment_ids, query.shape[1], key.shape[1])
     seed = None
     if plan.dropout_rate > 0.0:
         seed = keras.random.randint((2,), 0, 2**31 - 1, dtype="int32", seed=seed_generator)
@@ -183,13 +198,24 @@ def blockwise_attention(
     return tf.cast(output, value.dtype)
 
 
+def _with_documents(plan, query_segment_ids, key_segment_ids, query_len, key_len):
+    """The plan with the `DocumentBlocks` of the call's segment ids (validated); unchanged without them."""
+    query_ids, key_ids = resolve_segment_ids(None, query_segment_ids, key_segment_ids, query_len, key_len)
+    if query_ids is None:
+        return plan
+    documents = document_blocks.document_blocks(
+        query_ids, key_ids, plan.query_block, plan.key_block, plan.padded_query_len, plan.padded_key_len
+    )
+    return dataclasses.replace(plan, documents=documents)
+
+
 def _exclude_masked_block(plan, mask, query_block, key_block, logits):
     """`streaming_softmax.exclude` on one block's raw logits, skipped where no mask reaches.
 
     Blocks the pattern fully allows (most of them at long lengths) need no masking; they
     are told apart at run time, so only the diagonal and edge blocks pay for it.
     """
-    if mask is None and plan.pattern is None and not plan.pads_keys:
+    if mask is None and plan.pattern is None and plan.documents is None and not plan.pads_keys:
         return logits
 
     def masked():

@@ -1,6 +1,7 @@
 """The blocking of one blockwise attention call (`keras_attn.kernels.blockwise`): block sizes, which
-key blocks each query block reaches under the pattern (and the reverse, for the backward pass),
-each block's mask and slice of a mask or bias, and the grid of a bias's gradient blocks.
+key blocks each query block reaches under the pattern and the documents of packed rows (and the
+reverse, for the backward pass), each block's mask and slice of a mask or bias, and the grid of a
+bias's gradient blocks.
 """
 
 import dataclasses
@@ -34,6 +35,7 @@ class BlockPlan:
     dropout_rate: float
     position_bias: object = None
     has_bias: bool = False
+    documents: object = None  # keras_attn.kernels.document_blocks.DocumentBlocks of packed rows, or None
 
     @property
     def has_any_bias(self):
@@ -78,28 +80,42 @@ class BlockPlan:
             unmasked = tf.logical_and(unmasked, last_col < self.key_len)
         if self.pattern is not None:
             unmasked = tf.logical_and(unmasked, self.pattern.block_full(first_row, last_row, first_col, last_col))
+        if self.documents is not None:
+            unmasked = tf.logical_and(unmasked, self.documents.single[query_block, key_block])
         return unmasked
 
     def key_blocks_for(self, query_block):
         """`[start, stop)` of the key blocks query chunk `query_block` can attend to."""
-        if self.pattern is None:
-            return 0, self.num_key_blocks
-        first_row = self.query_offset + query_block * self.query_block
-        start, stop = self.pattern.key_range(first_row, first_row + self.query_block - 1, self.padded_key_len)
-        return start // self.key_block, (stop + self.key_block - 1) // self.key_block
+        start, stop = 0, self.num_key_blocks
+        if self.pattern is not None:
+            first_row = self.query_offset + query_block * self.query_block
+            start, stop = self.pattern.key_range(first_row, first_row + self.query_block - 1, self.padded_key_len)
+            start, stop = start // self.key_block, (stop + self.key_block - 1) // self.key_block
+        if self.documents is None:
+            return start, stop
+        return _intersection((start, stop), self.documents.key_blocks_for(query_block))
 
     def query_blocks_for(self, key_block):
         """`[start, stop)` of the query chunks that can attend to key block `key_block`."""
-        if self.pattern is None:
-            return 0, self.num_query_blocks
-        first_col = key_block * self.key_block
-        first_query = self.query_offset
-        start, stop = self.pattern.query_range(
-            first_col, first_col + self.key_block - 1, first_query, first_query + self.padded_query_len
-        )
-        return (start - first_query) // self.query_block, (
-            stop - first_query + self.query_block - 1
-        ) // self.query_block
+        start, stop = 0, self.num_query_blocks
+        if self.pattern is not None:
+            first_col = key_block * self.key_block
+            first_query = self.query_offset
+            start, stop = self.pattern.query_range(
+                first_col, first_col + self.key_block - 1, first_query, first_query + self.padded_query_len
+            )
+            start, stop = (
+                (start - first_query) // self.query_block,
+                (stop - first_query + self.query_block - 1) // self.query_block,
+            )
+        if self.documents is None:
+            return start, stop
+        return _intersection((start, stop), self.documents.query_blocks_for(key_block))
+
+
+def _intersection(left, right):
+    """The intersection of two `[start, stop)` ranges (empty when `start >= stop`)."""
+    return tf.maximum(left[0], right[0]), tf.minimum(left[1], right[1])
 
 
 def length(tensor):
@@ -159,6 +175,10 @@ def block_mask(plan, mask, query_block, key_block):
     if plan.pads_keys:
         cols = first_col + tf.range(plan.key_block)  # (key_block,)
         block_mask = merge_masks(block_mask, tf.reshape(cols < plan.key_len, (1, 1, 1, plan.key_block)))
+    if plan.documents is not None:
+        block_mask = merge_masks(
+            block_mask, plan.documents.block_mask(query_block, key_block, plan.query_block, plan.key_block)
+        )
     return block_mask
 
 
