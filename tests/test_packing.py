@@ -179,6 +179,12 @@ def test_bad_arguments_are_refused_naming_the_argument(arguments, match):
         packing.pack(dataset_of([[1, 2]], label=[0]), **arguments)
 
 
+def test_a_dataset_of_tuples_is_refused_with_the_way_to_name_its_parts():
+    pairs = tf.data.Dataset.from_tensor_slices((tf.ragged.constant([[1, 2], [3]]), [0, 1]))
+    with pytest.raises(ValueError, match=r"a dict of features.*Received: dataset.element_spec=\("):
+        packing.pack(pairs, row_length=4)
+
+
 def test_a_per_document_feature_named_document_mask_is_refused():
     with pytest.raises(ValueError, match="may not be named 'document_mask'"):
         packing.pack(dataset_of([[1, 2]], document_mask=[1]), row_length=4)
