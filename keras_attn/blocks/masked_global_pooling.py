@@ -1,6 +1,7 @@
 """Global pooling over the real (unmasked) positions of a sequence."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn.blocks.documents import token_documents
@@ -77,22 +78,14 @@ class MaskedGlobalPooling(keras.layers.Layer):
         if mask is not None:
             _check_mask(mask, inputs)
         documents, count = token_documents(inputs, mask, segment_ids, self.max_documents)
-        batch, features = ops.shape(inputs)[0], inputs.shape[-1]
-        # One segment per (row, document), and a last one that collects the padding and is dropped.
-        index = ops.reshape(
-            ops.where(documents > 0, ops.arange(batch, dtype="int32")[:, None] * count + documents - 1, batch * count),
-            (-1,),
-        )
-        values = ops.reshape(ops.cast(inputs, accumulation), (-1, features))  # (batch * seq, features)
-        segments = batch * count + 1
-        real = ops.cast(ops.segment_sum(ops.ones_like(index, accumulation), index, segments)[:-1], accumulation)
-        real = ops.reshape(real, (batch, count, 1))  # positions of each document
+        values = ops.cast(inputs, accumulation)  # (batch, seq, features)
+        members = ops.cast(ops.equal(documents[:, :, None], ops.arange(1, count + 1, dtype="int32")), accumulation)
+        real = ops.expand_dims(ops.sum(members, axis=1), -1)  # (batch, count, 1): positions of each document
         if self.mode == "mean":
-            total = ops.segment_sum(values, index, segments)
-            pooled = ops.reshape(total[:-1], (batch, count, features)) / ops.maximum(real, 1.0)
+            kept = ops.where(ops.expand_dims(documents > 0, -1), values, 0.0)  # padding's NaN * 0 would be NaN
+            pooled = ops.einsum("bsd,bsf->bdf", members, kept) / ops.maximum(real, 1.0)
         else:
-            largest = ops.reshape(ops.segment_max(values, index, segments)[:-1], (batch, count, features))
-            pooled = ops.where(real > 0.0, largest, 0.0)
+            pooled = ops.where(real > 0.0, _document_max(values, documents, count), 0.0)
         pooled = ops.cast(pooled, self.compute_dtype)
         return pooled if segment_ids is not None else pooled[:, 0]
 
@@ -108,6 +101,21 @@ class MaskedGlobalPooling(keras.layers.Layer):
         config = super().get_config()
         config.update({"mode": self.mode, "max_documents": self.max_documents})
         return config
+
+
+def _document_max(values, documents, count):
+    """`(batch, count, features)`: the max of `values` over each document's positions (`documents`
+    numbering them `1..count` per row, 0 for none), the lowest float for a document without any."""
+    batch, features = ops.shape(values)[0], values.shape[-1]
+    segments = batch * count + 1  # one per (row, document), and a last one for the padding, dropped
+    first = ops.arange(batch, dtype="int32")[:, None] * count  # (batch, 1): each row's first segment
+    index = ops.reshape(ops.where(documents > 0, first + documents - 1, batch * count), (-1,))
+    # A lowest-value row in every segment: none is empty, whatever a backend or an ONNX converter
+    # makes of an empty segment's max (tf2onnx's gives NaN).
+    lowest = ops.full((segments, features), float(np.finfo(keras.backend.standardize_dtype(values.dtype)).min))
+    data = ops.concatenate([ops.reshape(values, (-1, features)), ops.cast(lowest, values.dtype)], axis=0)
+    index = ops.concatenate([index, ops.arange(segments, dtype="int32")], axis=0)
+    return ops.reshape(ops.segment_max(data, index, segments)[:-1], (batch, count, features))
 
 
 def _check_mask(mask, inputs):
