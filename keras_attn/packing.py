@@ -96,7 +96,7 @@ def pack(dataset, row_length, *, max_documents=None, strategy="first_fit", windo
             f"A per-document feature may not be named {DOCUMENT_MASK!r}: the packed rows use that name for the "
             f"mask of their documents. Received features: {sorted(dataset.element_spec)}"
         )
-    dataset = dataset.map(lambda element: _fitted(element, limits, truncate))
+    dataset = dataset.map(lambda element: _fitted(element, limits, truncate), num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.padded_batch(window)
     packer = _Packer(limits, documents, max_documents, strategy)
     rows = dataset.map(packer.pack_window, num_parallel_calls=tf.data.AUTOTUNE).unbatch()

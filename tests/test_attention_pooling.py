@@ -136,7 +136,7 @@ def test_per_document_pooling_honours_the_mask_and_padding_never_leaks():
     )
 
 
-def test_per_document_pooling_serializes_and_compiles():
+def test_per_document_pooling_serializes_compiles_and_holds_under_mixed_precision():
     values, segment_ids, _ = random_packed_rows(np.random.default_rng(33))
 
     def factory():
@@ -147,6 +147,7 @@ def test_per_document_pooling_serializes_and_compiles():
 
     layer_checks.assert_serialization_round_trip(factory, [values, segment_ids])
     layer_checks.assert_jit_matches_eager(factory(), [values, segment_ids])
+    layer_checks.assert_mixed_precision_close(factory, [values, segment_ids])
 
 
 def test_segment_ids_need_max_documents():

@@ -151,7 +151,7 @@ def test_per_document_pooling_honours_the_mask_and_padding_never_leaks(mode):
 
 
 @pytest.mark.parametrize("mode", ["mean", "max"])
-def test_per_document_pooling_gradients_serialization_and_jit(mode):
+def test_per_document_pooling_gradients_serialization_jit_and_mixed_precision(mode):
     values, segment_ids, _ = packed_documents(np.random.default_rng(23))
     layer_checks.assert_gradients_match_finite_differences(
         lambda: MaskedGlobalPooling(mode=mode, max_documents=4), values, segment_ids=segment_ids
@@ -167,6 +167,7 @@ def test_per_document_pooling_gradients_serialization_and_jit(mode):
         return keras.Model([vectors, ids], pooled)
 
     layer_checks.assert_serialization_round_trip(factory, [values, segment_ids])
+    layer_checks.assert_mixed_precision_close(factory, [values, segment_ids])
 
 
 def test_segment_ids_need_max_documents_and_ids_within_it():
