@@ -96,9 +96,8 @@ def pack(dataset, row_length, *, max_documents=None, strategy="first_fit", windo
             f"A per-document feature may not be named {DOCUMENT_MASK!r}: the packed rows use that name for the "
             f"mask of their documents. Received features: {sorted(dataset.element_spec)}"
         )
-    dataset = dataset.map(lambda element: _fitted(element, limits, truncate), num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = dataset.padded_batch(window)
-    packer = _Packer(limits, documents, max_documents, strategy)
+    packer = _Packer(limits, documents, max_documents, strategy, truncate)
+    dataset = dataset.ragged_batch(window)
     rows = dataset.map(packer.pack_window, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
     if plain:
         rows = rows.map(_plain_names)
@@ -178,21 +177,22 @@ def _masked_mean(values, mask):
 class _Packer:
     """Packs one window of documents (a padded batch) into rows, with graph ops only."""
 
-    def __init__(self, limits, documents, max_documents, strategy):
+    def __init__(self, limits, documents, max_documents, strategy, truncate):
         self.names = sorted(limits)
         self.limits = tf.constant([limits[name] for name in self.names], tf.int32)  # (features,)
         self.row_lengths = limits
         self.documents = documents
         self.max_documents = max_documents
         self.strategy = strategy
+        self.truncate = truncate
 
     def pack_window(self, batch):
-        lengths = tf.stack([batch[_length_key(name)] for name in self.names], axis=1)  # (n, features)
-        row, slot, offset, num_rows = self.place(lengths)
+        tokens = {name: self.fitted(name, batch[name]) for name in self.names}  # each (n, None)
+        lengths = tf.stack([tf.cast(tokens[name].row_lengths(), tf.int32) for name in self.names], axis=1)
+        row, slot, offset, num_rows = self.place(lengths)  # lengths: (n, features)
         packed = {}
         for index, name in enumerate(self.names):
-            tokens = tf.RaggedTensor.from_tensor(batch[name], lengths=lengths[:, index])
-            packed.update(self.token_feature(name, tokens, row, slot, offset[:, index], num_rows))
+            packed.update(self.token_feature(name, tokens[name], row, slot, offset[:, index], num_rows))
         where = tf.stack([row, slot], axis=1)  # (n, 2)
         shape = tf.stack([num_rows, self.max_documents])
         for name in self.documents:
@@ -200,6 +200,24 @@ class _Packer:
             packed[name] = tf.scatter_nd(where, values, tf.concat([shape, tf.shape(values)[1:]], axis=0))
         packed[DOCUMENT_MASK] = tf.scatter_nd(where, tf.ones_like(row, tf.bool), shape)
         return packed
+
+    def fitted(self, name, tokens):
+        """A window's documents of one token feature as a `RaggedTensor`, checked against (or cut to) its row length."""
+        if not isinstance(tokens, tf.RaggedTensor):
+            tokens = tf.RaggedTensor.from_tensor(tokens)  # documents of a fixed length come batched dense
+        limit = self.row_lengths[name]
+        if self.truncate:
+            return tokens[:, :limit]
+        too_long = tf.debugging.assert_less_equal(
+            tf.cast(tokens.row_lengths(), tf.int32),
+            limit,
+            message=(
+                f"A document's {name!r} is longer than its row: `row_length`={limit}. Pass a larger "
+                "`row_length`, or `truncate=True` to keep its first `row_length` tokens. The lengths"
+            ),
+        )
+        with tf.control_dependencies([too_long]):
+            return tf.identity(tokens)
 
     def place(self, lengths):
         """Each document's row, slot (its index within the row) and offsets, and the rows used."""
@@ -289,33 +307,6 @@ def _documents(spec, limits):
                 f"name it in `row_length` if it is a token feature. Received: shape={spec[name].shape}"
             )
     return documents
-
-
-def _fitted(element, limits, truncate):
-    """The element with its token features checked against (or cut to) their row lengths, and their lengths."""
-    element = dict(element)
-    for name, limit in limits.items():
-        tokens = element[name]
-        if truncate:
-            tokens = tokens[:limit]
-        else:
-            too_long = tf.debugging.assert_less_equal(
-                tf.size(tokens),
-                limit,
-                message=(
-                    f"A document's {name!r} is longer than its row: `row_length`={limit}. Pass a larger "
-                    "`row_length`, or `truncate=True` to keep its first `row_length` tokens. Its length"
-                ),
-            )
-            with tf.control_dependencies([too_long]):
-                tokens = tf.identity(tokens)
-        element[name] = tokens
-        element[_length_key(name)] = tf.size(tokens, out_type=tf.int32)
-    return element
-
-
-def _length_key(name):
-    return f"{name}__length"  # an internal feature of the window batch, dropped by the packer
 
 
 def _plain_names(row):
