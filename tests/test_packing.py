@@ -127,6 +127,14 @@ def test_aligned_token_features_keep_each_document_under_one_segment_id_in_every
     assert sorted(seen) == list(range(30))
 
 
+def test_token_features_of_a_fixed_length_and_string_features_per_document_pack_too():
+    dataset = tf.data.Dataset.from_tensor_slices({"pair": [[1, 2], [3, 4], [5, 6]], "name": ["a", "b", "c"]})
+    first, last = rows_of(packing.pack(dataset, {"pair": 5}, max_documents=3))
+    assert first["pair"].tolist() == [1, 2, 3, 4, 0] and first["pair_segment_ids"].tolist() == [1, 1, 2, 2, 0]
+    assert first["name"].tolist() == [b"a", b"b", b""]
+    assert last["pair"].tolist() == [5, 6, 0, 0, 0] and last["name"].tolist() == [b"c", b"", b""]
+
+
 def test_a_document_longer_than_its_row_stops_the_dataset_naming_row_length_unless_truncated():
     documents = [[1, 2], [3, 4, 5, 6, 7, 8], [9]]
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"`row_length`=5.*`truncate=True`"):
