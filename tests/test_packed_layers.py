@@ -284,11 +284,12 @@ def _decoded(layer, cache, record, tokens, start, document):
 
 
 # (sliding_window, the document decoded, its tokens in the prompt, new tokens): B continues the last document, in a
-# full-length cache and in a ring buffer; a token of A after B attends to A only (in a window of 5 A's tokens would
-# have left the ring: a packed row's window is over the row's positions).
+# full-length cache and in a ring buffer (a window of 6 still holds A's last token at B's first step); a token of A
+# after B attends to A only (in a window A's tokens would have left the ring: a packed row's window is over the
+# row's positions).
 DECODING_CASES = {
     "continue_B_full_cache": (None, 2, B, 4),
-    "continue_B_ring_buffer": (5, 2, B, 4),
+    "continue_B_ring_buffer": (6, 2, B, 4),
     "token_of_A_after_B": (None, 1, A, 1),
 }
 
