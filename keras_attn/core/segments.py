@@ -99,6 +99,15 @@ def document_positions(segment_ids):
     gets position 0. The position ids of packed rows for the position embeddings and rotary, so a
     document packed at offset 300 is encoded as it is alone.
 
+    Args:
+        segment_ids: int `(batch, length)` document ids of packed rows, `0` for padding; the
+            length may be dynamic (also under XLA).
+
+    Returns:
+        Int32 `(batch, length)` positions.
+
+    Example:
+
     >>> document_positions([[1, 1, 1, 2, 2, 0, 0]]).numpy().tolist()
     [[0, 1, 2, 0, 1, 0, 0]]
     """
