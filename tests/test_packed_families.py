@@ -98,6 +98,7 @@ def test_each_document_of_a_packed_row_gets_its_float64_output_alone(name, causa
 def test_packed_outputs_and_gradients_equal_each_document_alone(name, causal, policy, jit_compile):
     x, segment_ids, documents = _packed_row(1)
     layer = _family(name, policy)
+    layer.build((None, None, HIDDEN))  # its weights exist before the compiled call
     cotangent = np.random.default_rng(2).standard_normal((2, LENGTH, HIDDEN)).astype("float32")
     output, input_gradient, weight_gradients = _output_and_gradients(
         layer, x, causal, cotangent, segment_ids, jit_compile
