@@ -5,7 +5,7 @@ declare. A family declaring `segments` must give each document of a packed row w
 (same weights) gives it alone: outputs against the family's float64 NumPy reference of the document
 alone, outputs and gradients (input and weights) against the layer run on each document, under
 float32, mixed_float16 and XLA, causal too where the family is; padding outputs exactly zero and
-gets no gradient. A family not declaring it refuses `segment_ids`, quoting its declared reason.
+gets no gradient; converted to ONNX, the same outputs. A family not declaring it refuses `segment_ids`, quoting its declared reason.
 
 The documents' lengths (6, 3, 9 and 9, 9 in the second row) are whole numbers of LSH's `chunk_size`
 (3 in `ARGUMENTS`): where LSH's hashed chunks are the ones the document has alone, so its packed
@@ -15,9 +15,12 @@ attention's chunks of 4 straddle the documents.
 
 import keras
 import numpy as np
+import onnxruntime
 import pytest
 import tensorflow as tf
+import tf2onnx
 
+from export.onnx_conversion import OPSET
 from keras_attn import attention_families
 from keras_attn.attention_families import FAMILIES
 from tests.layer_checks import MIXED_PRECISION_TOLERANCES
@@ -170,3 +173,23 @@ def test_keras_functional_model_takes_segment_ids():
         x, segment_ids, _ = _packed_row(5)
         x = np.nan_to_num(x)
         np.testing.assert_allclose(model([x, segment_ids]), layer(x, segment_ids=segment_ids), atol=1e-6)
+
+
+@pytest.mark.parametrize("name,causal", CASES)
+def test_packed_family_exports_to_onnx_equal_to_keras(name, causal, tmp_path):
+    """Dynamic batch and length, as every export converts (`export.onnx_conversion.OPSET`)."""
+    layer = _family(name)
+    inputs, ids = keras.Input((None, HIDDEN)), keras.Input((None,), dtype="int32")
+    model = keras.Model([inputs, ids], layer(inputs, segment_ids=ids, use_causal_mask=causal))
+    signature = [
+        tf.TensorSpec([None, None, HIDDEN], tf.float32, name="x"),
+        tf.TensorSpec([None, None], tf.int32, name="segment_ids"),
+    ]
+    predict = tf.function(lambda x, segment_ids: model([x, segment_ids]), input_signature=signature)
+    path = tmp_path / "model.onnx"
+    tf2onnx.convert.from_function(predict, input_signature=signature, opset=OPSET, output_path=str(path))
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x, segment_ids, _ = _packed_row(6)
+    x = np.nan_to_num(x)
+    (got,) = session.run(None, {"x": x, "segment_ids": segment_ids})
+    np.testing.assert_allclose(got, model([x, segment_ids]), atol=1e-5)

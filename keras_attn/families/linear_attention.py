@@ -232,12 +232,13 @@ def _restarting_cumsum(values, restarts):
     rounding of another document's, as a prefix sum minus an earlier prefix sum would.
     """
     count = values.shape[1]
+    restarts = tf.cast(restarts, tf.int32)  # not bool: ONNX pads no bool tensor inside a loop
 
     def double(shift, values, restarts):
         earlier = tf.pad(values, [[0, 0], [shift, 0]] + [[0, 0]] * (len(values.shape) - 2))[:, : tf.shape(values)[1]]
-        earlier_restarts = tf.pad(restarts, [[0, 0], [shift, 0]], constant_values=True)[:, : tf.shape(restarts)[1]]
-        values = tf.where(_trailing(restarts, values), values, values + earlier)
-        return shift * 2, values, restarts | earlier_restarts
+        earlier_restarts = tf.pad(restarts, [[0, 0], [shift, 0]], constant_values=1)[:, : tf.shape(restarts)[1]]
+        values = tf.where(_trailing(restarts > 0, values), values, values + earlier)
+        return shift * 2, values, tf.maximum(restarts, earlier_restarts)
 
     if count is None:
         return tf.while_loop(lambda shift, *_: shift < tf.shape(values)[1], double, (tf.constant(1), values, restarts))[
