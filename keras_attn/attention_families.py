@@ -26,7 +26,7 @@ FAMILIES = {
     "linear": LinearAttention,
 }
 
-_TABLE_FIELDS = ("causal", "cross", "padding_mask", "attention_mask", "cache", "scores", "onnx")
+_TABLE_FIELDS = ("causal", "cross", "padding_mask", "attention_mask", "cache", "scores", "onnx", "segments")
 
 
 def build(name, **kwargs):
@@ -49,7 +49,7 @@ def capabilities_table():
     Example:
 
     >>> print(capabilities_table().splitlines()[0])
-    | family | class | causal | cross | padding_mask | attention_mask | cache | scores | onnx |
+    | family | class | causal | cross | padding_mask | attention_mask | cache | scores | onnx | segments |
     """
     rows = ["| family | class | " + " | ".join(_TABLE_FIELDS) + " |", "|" + " --- |" * (len(_TABLE_FIELDS) + 2)]
     for name, family in FAMILIES.items():

@@ -243,3 +243,68 @@ def test_cache_on_a_non_causal_layer_is_refused():
     layer = _layer("elu", False)
     with pytest.raises(ValueError, match="causal"):
         layer(_inputs(), cache=layer.initial_cache(2))
+
+
+# Two packed rows: documents of 5, 3, 9 and 1 tokens then padding; of 10 and 13 tokens. Chunks of 4 straddle them.
+PACKED_IDS = np.array([[1] * 5 + [2] * 3 + [3] * 9 + [4] + [0] * 5, [7] * 10 + [8] * 13])
+
+
+@pytest.mark.parametrize("feature_map,causal", FAMILIES)
+def test_packed_documents_equal_each_alone_in_float64(feature_map, causal):
+    x, layer = _inputs(20, (2, 23, 6)), _layer(feature_map, causal)
+    output, scores = (t.numpy() for t in layer(x, segment_ids=PACKED_IDS, return_attention_scores=True))
+    for row, ids in enumerate(PACKED_IDS):
+        for document in set(ids) - {0}:
+            tokens = ids == document
+            alone, alone_scores = _reference(layer, x[row : row + 1, tokens], return_weights=True)
+            np.testing.assert_allclose(output[row : row + 1, tokens], alone, atol=ATOL)
+            np.testing.assert_allclose(scores[row : row + 1][:, :, tokens][..., tokens], alone_scores, atol=ATOL)
+    assert np.all(output[PACKED_IDS == 0] == 0)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+def test_cached_decoding_of_packed_rows_restarts_at_each_document(feature_map):
+    """Steps that start, cross and end documents give the full packed pass; the state holds its document."""
+    x, layer = _inputs(21, (2, 23, 6)), _layer(feature_map, True)
+    full = layer(x, segment_ids=PACKED_IDS).numpy()
+    cache = layer.initial_cache(2, segments=True)
+    steps = []
+    for start, stop in ((0, 5), (5, 6), (6, 11), (11, 17), (17, 18), (18, 23)):  # row 0: a new document at 5 and 17
+        output, cache = layer(x[:, start:stop], segment_ids=PACKED_IDS[:, start:stop], cache=cache)
+        steps.append(output.numpy())
+        np.testing.assert_array_equal(cache[2], PACKED_IDS[:, stop - 1])
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=ATOL)
+    following = _inputs(24, (1, 1, 6))  # one more token of row 1's last document decodes as if alone
+    np.testing.assert_allclose(
+        layer(following, segment_ids=[[8]], cache=tuple(part[1:] for part in cache))[0],
+        _reference(layer, np.concatenate([x[1:, 10:], following], axis=1))[:, -1:],
+        atol=ATOL,
+    )
+
+
+def test_a_cache_without_its_document_is_refused_with_segment_ids():
+    layer = _layer("elu", True)
+    with pytest.raises(ValueError, match=r"initial_cache`\(batch, segments=True\).*segment_ids.shape=\(2, 11\)"):
+        layer(_inputs(), segment_ids=np.ones((2, 11), "int32"), cache=layer.initial_cache(2))
+    with pytest.raises(ValueError, match=r"`cache` must be the recurrent state"):
+        layer(_inputs(), cache=layer.initial_cache(2, segments=True))
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+def test_long_packed_inputs_in_recomputed_segments_equal_one_pass(monkeypatch, feature_map):
+    """The recomputed segments carry the state's document too: documents cross the segments' borders."""
+    x, layer = _inputs(22, (2, 23, 6)), _layer(feature_map, True, chunk_size=3)
+    cotangent = np.random.default_rng(23).standard_normal((2, 23, 6)).astype("float32")
+
+    def run(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            output = layer(x, segment_ids=PACKED_IDS)
+            loss = tf.reduce_sum(output * cotangent)
+        return output, tape.gradient(loss, [x] + layer.trainable_weights)
+
+    expected = run(tf.constant(x))
+    monkeypatch.setattr(linear_attention, "RECOMPUTE_SEGMENT_LENGTH", 5)  # documents start at 5, 8, 10, 17
+    for jit_compile in (None, True):
+        actual = run(tf.constant(x)) if jit_compile is None else tf.function(run, jit_compile=True)(tf.constant(x))
+        assert_outputs_close(actual, expected, atol=2e-5, rtol=1e-5)

@@ -189,3 +189,38 @@ def test_run_layer_test():
 def test_bad_arguments_are_named(kwargs, name):
     with pytest.raises(ValueError, match=name):
         _layer(**kwargs)
+
+
+def _packed(lengths, length, seed):
+    """`(x, segment_ids)` of one packed row holding documents of `lengths`, then padding up to `length`."""
+    segment_ids = np.zeros((1, length), "int32")
+    segment_ids[0, : sum(lengths)] = np.repeat(np.arange(1, len(lengths) + 1), lengths)
+    return _inputs(seed, (1, length, 6)), segment_ids
+
+
+def test_causal_packed_documents_of_any_length_equal_each_alone_in_float64():
+    """Causal, a token's keys are the `chunk_size` latest of its bucket in its document: no chunk alignment needed."""
+    x, segment_ids = _packed((5, 7, 4), 18, 7)
+    layer = _layer(causal=True)
+    output = layer(x, segment_ids=segment_ids).numpy()
+    for document in (1, 2, 3):
+        tokens = segment_ids[0] == document
+        np.testing.assert_allclose(output[:, tokens], _reference(layer, x[:, tokens]), atol=ATOL)
+    assert np.all(output[:, segment_ids[0] == 0] == 0)
+
+
+def test_packed_documents_of_any_length_never_attend_across():
+    """Non-causal with chunks that straddle documents: weights only inside a document, rows summing to 1, and
+    another document's content never changes an output (the sort places each document by its bounds alone)."""
+    x, segment_ids = _packed((5, 7, 4), 18, 8)
+    layer = _layer()
+    output, scores = layer(x, segment_ids=segment_ids, return_attention_scores=True)
+    scores = scores.numpy()  # (1, heads, 18, 18)
+    same = (segment_ids[0][:, None] == segment_ids[0][None, :]) & (segment_ids[0][:, None] != 0)
+    assert np.all(scores[:, :, ~same] == 0)
+    real = segment_ids[0] != 0
+    np.testing.assert_allclose(scores.sum(-1)[:, :, real], 1.0, atol=1e-5)
+    changed = x.copy()
+    changed[:, segment_ids[0] == 2] = 100.0 * _inputs(9, (1, 7, 6))
+    others = segment_ids[0] != 2
+    np.testing.assert_allclose(layer(changed, segment_ids=segment_ids).numpy()[:, others], output.numpy()[:, others])

@@ -25,7 +25,11 @@ wrong, and what this module does instead:
   the state passed along, each segment's features, prefix sums and in-chunk products recomputed
   in the backward pass (`tf.recompute_grad`): forward + backward holds one segment's
   intermediates at a time instead of the whole sequence's (benchmarks/attention_families_scaling.py
-  reports the memory).
+  reports the memory);
+- packed rows (`segment_ids`, a document a run of one id): the sums and the causal state restart at
+  each document (`packed_linear_attention`: in-chunk products masked to the document, the sums
+  carried across chunks restarted where a document ends), exactly what each document gets alone;
+  a decoding state then carries its document's id, and a step of another document starts afresh.
 """
 
 import math
@@ -34,6 +38,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_attn.core.segments import segment_mask
 from keras_attn.core.softmax import mask_fill
 from keras_attn.families.projected_self_attention import ProjectedSelfAttention
 from keras_attn.layers.capabilities import AttentionCapabilities
@@ -172,7 +177,157 @@ def causal_linear_attention(query_features, key_features, value, chunk_size, sta
     return output, final_state
 
 
-def normalised_kernel_weights(query_features, key_features, is_causal=False):
+def _times(weights, tensor):
+    """`tensor` `(batch, chunks, ...)` times `weights` `(batch, chunks)` broadcast over its trailing axes."""
+    return tensor * ops.cast(_trailing(weights, tensor), tensor.dtype)
+
+
+def _document_carries(key_chunks, value_chunks, segment_chunks, state, state_segment):
+    """What each chunk's first document summed in the chunks before it, and the state after the last chunk.
+
+    A document is a run of one id, so only the document of a chunk's first token can have keys in
+    earlier chunks. Its carry is the previous chunk's carry (when that whole chunk is the same
+    document) plus the previous chunk's keys of its last document (when that document goes on): a
+    cumulative sum restarted where a document ends, read as the prefix sum minus the prefix sum
+    before the restart (linear in the length, unlike a chunk-by-chunk matrix).
+
+    Args:
+        key_chunks: `(batch, chunks, chunk, heads, features)`, zero for masked keys.
+        value_chunks: `(batch, chunks, chunk, heads, value_dim)`.
+        segment_chunks: int32 `(batch, chunks, chunk)`.
+        state: `(summary, normaliser)` of earlier tokens, those of the document `state_segment`
+            (int32 `(batch,)`): they carry into the first chunk when its first token goes on with it.
+
+    Returns:
+        `(carries, final_state)`: the carried `(summary, normaliser)`, `(batch, chunks, heads,
+        features, value_dim)` and `(batch, chunks, heads, features)`, and those of the last token's
+        document after the last token.
+    """
+    first, last = segment_chunks[:, :, 0], segment_chunks[:, :, -1]  # (batch, chunks)
+    of_last = ops.cast(segment_chunks == last[..., None], key_chunks.dtype)  # (batch, chunks, chunk)
+    last_sums = (
+        ops.einsum("bnchm,bnchd,bnc->bnhmd", key_chunks, value_chunks, of_last),
+        ops.einsum("bnchm,bnc->bnhm", key_chunks, of_last),
+    )
+    goes_on = ops.concatenate([state_segment[:, None] == first[:, :1], last[:, :-1] == first[:, 1:]], axis=1)
+    whole_before = ops.concatenate([ops.zeros_like(goes_on[:, :1]), first[:, :-1] == last[:, :-1]], axis=1)
+    restarts = ops.logical_not(goes_on & whole_before)  # (batch, chunks): the previous carry does not go on
+    carries = tuple(
+        _restarting_cumsum(_times(goes_on, ops.concatenate([initial[:, None], last_sum[:, :-1]], axis=1)), restarts)
+        for initial, last_sum in zip(state, last_sums)
+    )
+    whole_last = first[:, -1:] == last[:, -1:]  # (batch, 1)
+    final = tuple(
+        _times(whole_last, carry[:, -1:])[:, 0] + last_sum[:, -1] for carry, last_sum in zip(carries, last_sums)
+    )
+    return carries, final
+
+
+def _restarting_cumsum(values, restarts):
+    """The cumulative sum of `values` `(batch, chunks, ...)` along the chunks, restarted where `restarts`
+    `(batch, chunks)` is `True` (that chunk's value starts a new sum).
+
+    By doubling shifts (a segmented Hillis-Steele scan, log2(chunks) elementwise steps, XLA and ONNX
+    friendly): each sum only ever adds its own run's values, so a document's sums never carry the
+    rounding of another document's, as a prefix sum minus an earlier prefix sum would.
+    """
+    count = values.shape[1]
+    restarts = tf.cast(restarts, tf.int32)  # not bool: ONNX pads no bool tensor inside a loop
+
+    def double(shift, values, restarts):
+        earlier = tf.pad(values, [[0, 0], [shift, 0]] + [[0, 0]] * (len(values.shape) - 2))[:, : tf.shape(values)[1]]
+        earlier_restarts = tf.pad(restarts, [[0, 0], [shift, 0]], constant_values=1)[:, : tf.shape(restarts)[1]]
+        values = tf.where(_trailing(restarts > 0, values), values, values + earlier)
+        return shift * 2, values, tf.maximum(restarts, earlier_restarts)
+
+    if count is None:
+        return tf.while_loop(lambda shift, *_: shift < tf.shape(values)[1], double, (tf.constant(1), values, restarts))[
+            1
+        ]
+    shift = 1
+    while shift < count:
+        shift, values, restarts = double(shift, values, restarts)
+    return values
+
+
+def _trailing(mask, tensor):
+    """`mask` `(batch, chunks)` with one axis of size 1 for each further axis of `tensor`."""
+    for _ in range(len(tensor.shape) - 2):
+        mask = mask[..., None]
+    return mask
+
+
+def packed_linear_attention(
+    query_features, key_features, value, segment_ids, chunk_size, is_causal, state=None, state_segment=None
+):
+    """Linear attention over a packed row: each query's sums hold only its own document's keys.
+
+    Chunked as `causal_linear_attention`: inside a chunk, the `(chunk, chunk)` products masked to the
+    query's document (and to keys at or before it when causal); across chunks, the carried sums of
+    the document that enters the chunk (`_document_carries`), and when not causal those of the
+    document that leaves it, from the same carries over the reversed row.
+
+    Args:
+        query_features, key_features: `(batch, seq, heads, features)`, non-negative (masked keys zero).
+        value: `(batch, seq, heads, value_dim)`.
+        segment_ids: int32 `(batch, seq)`; a document is a run of one id.
+        chunk_size: tokens per chunk.
+        is_causal: whether key `j` counts for query `i` only when `j <= i`.
+        state: causal only: optional `(summary, normaliser)` of earlier tokens, those of the document
+            `state_segment` (int32 `(batch,)`); a first token of another document starts afresh.
+
+    Returns:
+        `(output, final_state)`: `(batch, seq, heads, value_dim)` and the `(summary, normaliser)` of
+        the last token's document after it.
+    """
+    batch, length = ops.shape(value)[0], ops.shape(value)[1]
+    heads, features, value_dim = value.shape[2], query_features.shape[-1], value.shape[-1]
+    padding = padding_to_multiple(length, chunk_size)
+    num_chunks = (length + padding) // chunk_size
+    segment_ids = ops.cast(segment_ids, "int32")
+    last_id = segment_ids[:, -1:]  # (batch, 1)
+    # The padded tail continues the last document with zero features: it changes no sum.
+    segment_ids = ops.pad(segment_ids - last_id, [[0, 0], [0, padding]]) + last_id
+
+    def chunks(tensor):  # (batch, seq, ...) -> (batch, chunks, chunk, ...)
+        if tensor.dtype != segment_ids.dtype:
+            tensor = ops.pad(tensor, [[0, 0], [0, padding], [0, 0], [0, 0]])
+        return ops.reshape(tensor, (batch, num_chunks, chunk_size, *tensor.shape[2:]))
+
+    query_chunks, key_chunks, value_chunks, segment_chunks = (
+        chunks(t) for t in (query_features, key_features, value, segment_ids)
+    )
+    empty = (
+        (ops.zeros((batch, heads, features, value_dim), value.dtype), ops.zeros((batch, heads, features), value.dtype)),
+        ops.zeros((batch,), "int32"),
+    )
+    if state is None:
+        state, state_segment = empty
+    state = tuple(ops.cast(part, value.dtype) for part in state)
+    carries, final_state = _document_carries(key_chunks, value_chunks, segment_chunks, state, state_segment)
+    # Each query reads the carry of the document entering its chunk when it is of that document.
+    reads = [(carries, segment_chunks == segment_chunks[:, :, :1])]
+    if not is_causal:  # and the keys after its chunk, the carries of the reversed row
+        flipped = (ops.flip(t, axis=(1, 2)) for t in (key_chunks, value_chunks, segment_chunks))
+        after, _ = _document_carries(*flipped, *empty)
+        reads.append((tuple(ops.flip(t, axis=1) for t in after), segment_chunks == segment_chunks[:, :, -1:]))
+    numerator = denominator = 0.0
+    for (summary, normaliser), of_document in reads:
+        of_document = ops.cast(of_document, query_chunks.dtype)[..., None]  # (batch, chunks, chunk, 1)
+        numerator += ops.einsum("bnchm,bnhmd->bnchd", query_chunks, summary) * of_document[..., None]
+        denominator += ops.einsum("bnchm,bnhm->bnch", query_chunks, normaliser) * of_document
+    scores = ops.einsum("bnchm,bnehm->bnhce", query_chunks, key_chunks)  # (batch, chunks, heads, chunk, chunk)
+    allowed = segment_chunks[:, :, :, None] == segment_chunks[:, :, None, :]  # (batch, chunks, chunk, chunk)
+    if is_causal:
+        allowed = allowed & ops.cast(ops.tril(ops.ones((chunk_size, chunk_size))), "bool")
+    scores = scores * ops.cast(allowed, scores.dtype)[:, :, None]
+    numerator = numerator + ops.einsum("bnhce,bnehd->bnchd", scores, value_chunks)
+    denominator = denominator + ops.transpose(ops.sum(scores, axis=-1), (0, 1, 3, 2))
+    output = _ratio(numerator, denominator)  # (batch, chunks, chunk, heads, value_dim)
+    return ops.reshape(output, (batch, num_chunks * chunk_size, heads, value_dim))[:, :length], final_state
+
+
+def normalised_kernel_weights(query_features, key_features, is_causal=False, segment_ids=None):
     """The weights linear attention implies: `phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')`.
 
     Quadratic in the length (it is what `linear_attention` never builds): for looking at the
@@ -182,6 +337,7 @@ def normalised_kernel_weights(query_features, key_features, is_causal=False):
         query_features, key_features: `(batch, seq, heads, features)`, non-negative (masked keys
             already zero).
         is_causal: if `True`, key `j` counts for query `i` only when `j <= i`.
+        segment_ids: optional int `(batch, seq)`: key `j` counts for query `i` only in its document.
 
     Returns:
         `(batch, heads, query_len, key_len)`, each row summing to 1 over its keys (or all zero).
@@ -189,6 +345,8 @@ def normalised_kernel_weights(query_features, key_features, is_causal=False):
     scores = ops.einsum("bqhm,bkhm->bhqk", query_features, key_features)
     if is_causal:
         scores = scores * ops.tril(ops.ones(ops.shape(scores)[-2:], scores.dtype))
+    if segment_ids is not None:
+        scores = scores * ops.cast(segment_mask(segment_ids, segment_ids), scores.dtype)
     total = ops.sum(scores, axis=-1)  # (batch, heads, query_len)
     return _ratio(scores, total)
 
@@ -227,11 +385,14 @@ class LinearAttention(ProjectedSelfAttention):
             output is made of, `phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')`,
             `(batch, heads, seq, seq)` (lower-triangular when causal). They are quadratic in
             the length, which the attention itself never is: for looking, not for long inputs.
+        segment_ids: optional int `(batch, seq)`, the documents of a packed row (0: padding,
+            output zero): each token's sums (and causal state) hold only its own document's keys.
         training: whether FAVOR+ features are redrawn (with `redraw_features`).
         cache: causal only: the recurrent state `(summary, normaliser)` of the tokens decoded
             so far, `(batch, heads, features, value_dim)` and `(batch, heads, features)` float32
-            (`initial_cache(batch)` gives the empty one). With a cache the call returns
-            `(output, new_cache)` (no scores: the state keeps no per-token keys).
+            (`initial_cache(batch)` gives the empty one); with `segment_ids`, the state of
+            `initial_cache(batch, segments=True)`, which also holds its document's id. With a
+            cache the call returns `(output, new_cache)` (no scores: the state keeps no per-token keys).
 
     Example:
 
@@ -252,6 +413,7 @@ class LinearAttention(ProjectedSelfAttention):
         scores=True,
         onnx=True,
         softmax=False,
+        segments=True,
         reasons=(
             ("cross", "Its queries and keys are projections of the same sequence."),
             ("attention_mask", "Keys are summed into one state per query: only padding and causality apply."),
@@ -307,12 +469,19 @@ class LinearAttention(ProjectedSelfAttention):
                 dtype="float32",
             )
 
-    def initial_cache(self, batch_size):
-        """The empty recurrent state for cached decoding: `(summary, normaliser)` zeros, float32."""
-        return (
+    def initial_cache(self, batch_size, segments=False):
+        """The empty recurrent state for cached decoding: `(summary, normaliser)` zeros, float32.
+
+        With `segments=True`, for decoding packed rows (calls with `segment_ids`), a third part: the
+        int32 `(batch,)` document the state belongs to (0: none yet). A step whose first token has
+        another id starts afresh, and the state returned is that of the step's last token's document.
+        """
+        check_bool("segments", segments)
+        state = (
             ops.zeros((batch_size, self.num_heads, self.num_features, self.value_dim), "float32"),
             ops.zeros((batch_size, self.num_heads, self.num_features), "float32"),
         )
+        return state + (ops.zeros((batch_size,), "int32"),) if segments else state
 
     def features(self, query, key, training=False):
         """`(query_features, key_features)`, `(batch, seq, heads, features)` in float32 (float64 for float64)."""
@@ -339,7 +508,9 @@ class LinearAttention(ProjectedSelfAttention):
             favor_feature_map(key * scale, projection, is_query=False),
         )
 
-    def _call_with_cache(self, query, query_mask, key_mask, causal, training, cache, return_attention_scores):
+    def _call_with_cache(
+        self, query, query_mask, key_mask, causal, training, cache, return_attention_scores, segment_ids
+    ):
         if not causal:
             raise ValueError(
                 "A recurrent `cache` is for causal decoding: the layer has causal=False and the call "
@@ -350,46 +521,52 @@ class LinearAttention(ProjectedSelfAttention):
                 "`return_attention_scores=True` with a recurrent `cache`: the state keeps no per-token keys to "
                 f"weigh. Received: return_attention_scores=True, cache shapes={describe(cache)}"
             )
-        self._check_state(cache, query)
+        self._check_state(cache, query, segment_ids)
         query, key, value = self.project(query, query_mask, key_mask)
         projection = self._feature_projection(query.dtype, training)
-        attended, new_cache = self._attend_with_state(query, key, value, key_mask, projection, True, cache)
+        attended, new_cache = self._attend_with_state(query, key, value, key_mask, projection, True, cache, segment_ids)
         # The state holds the earlier keys: only the query mask decides which of these rows are real.
         return self._finish(attended, None, query_mask, False), new_cache
 
-    def _check_state(self, cache, inputs):
-        """A `ValueError` unless `cache` is the `(summary, normaliser)` pair of `initial_cache` for this batch."""
+    def _check_state(self, cache, inputs, segment_ids):
+        """A `ValueError` unless `cache` is a state of `initial_cache` for this batch, with its document
+        (`segments=True`) exactly when the call has `segment_ids`."""
         expected = ((self.num_heads, self.num_features, self.value_dim), (self.num_heads, self.num_features))
+        if segment_ids is not None:
+            expected += ((),)
         shapes = (
             tuple(tuple(getattr(part, "shape", ())) for part in cache) if isinstance(cache, (list, tuple)) else None
         )
         batch = inputs.shape[0]
         valid = (
             shapes is not None
-            and len(shapes) == 2
+            and len(shapes) == len(expected)
             and all(
                 len(shape) == len(want) + 1 and shape[1:] == want and (batch is None or shape[0] in (None, batch))
                 for shape, want in zip(shapes, expected)
             )
         )
         if not valid:
+            document = ", and the int32 `(batch,)` document of a packed row's state" if segment_ids is not None else ""
             raise ValueError(
                 "`cache` must be the recurrent state `(summary, normaliser)` of shapes "
                 f"(batch, {self.num_heads}, {self.num_features}, {self.value_dim}) and (batch, {self.num_heads}, "
-                f"{self.num_features}), batch = {batch} (see `initial_cache`). Received: cache shapes={shapes or type(cache).__name__}"
+                f"{self.num_features}){document}, batch = {batch} (see `initial_cache`"
+                f"{'(batch, segments=True)' if segment_ids is not None else ''}). "
+                f"Received: cache shapes={shapes or type(cache).__name__}, segment_ids.shape={describe(segment_ids)}"
             )
 
-    def _attend(self, query, key, value, key_mask, training, causal, return_weights):
+    def _attend(self, query, key, value, key_mask, training, causal, return_weights, segment_ids):
         projection = self._feature_projection(query.dtype, training)
-        attended, _ = self._attend_with_state(query, key, value, key_mask, projection, causal, None)
+        attended, _ = self._attend_with_state(query, key, value, key_mask, projection, causal, None, segment_ids)
         if not return_weights:
             return attended, None
         query_features, key_features = self._features(query, key, projection)
         if key_mask is not None:
             key_features = key_features * ops.cast(key_mask, key_features.dtype)[:, :, None, None]  # padded keys: zero
-        return attended, normalised_kernel_weights(query_features, key_features, causal)
+        return attended, normalised_kernel_weights(query_features, key_features, causal, segment_ids)
 
-    def _attend_with_state(self, query, key, value, key_mask, projection, causal, state):
+    def _attend_with_state(self, query, key, value, key_mask, projection, causal, state, segment_ids):
         keep = None if key_mask is None else ops.cast(key_mask, float_math_dtype(query.dtype))[:, :, None, None]
         length = query.shape[1]
         if length == 0:  # nothing to attend: an empty output, the state unchanged
@@ -397,55 +574,75 @@ class LinearAttention(ProjectedSelfAttention):
                 (ops.shape(query)[0], 0, self.num_heads, self.value_dim), float_math_dtype(query.dtype)
             ), state
         if causal and length is not None and length > RECOMPUTE_SEGMENT_LENGTH:
-            return self._attend_in_segments(query, key, value, keep, projection, state)
-        return self._feature_attention(query, key, value, keep, projection, causal, state)
+            return self._attend_in_segments(query, key, value, keep, projection, state, segment_ids)
+        return self._feature_attention(query, key, value, keep, projection, causal, state, segment_ids)
 
-    def _feature_attention(self, query, key, value, keep, projection, causal, state):
-        """`(attended (batch, seq, heads, value_dim), state)`: features, the key mask `keep`, then the linear rule."""
+    def _feature_attention(self, query, key, value, keep, projection, causal, state, segment_ids):
+        """`(attended (batch, seq, heads, value_dim), state)`: features, the key mask `keep`, then the linear rule
+        (with `segment_ids`, the packed rule and a state `(summary, normaliser, document)`)."""
         query_features, key_features = self._features(query, key, projection)
         value = ops.cast(value, query_features.dtype)
         if keep is not None:
             key_features = key_features * keep  # masked keys contribute nothing
+        if segment_ids is not None:
+            sums, document = (None, None) if state is None else (state[:2], state[2])
+            attended, sums = packed_linear_attention(
+                query_features, key_features, value, segment_ids, self.chunk_size, causal, sums, document
+            )
+            return attended, (*sums, segment_ids[:, -1])
         if causal:
             return causal_linear_attention(query_features, key_features, value, self.chunk_size, state)
         return linear_attention(query_features, key_features, value), state
 
-    def _attend_in_segments(self, query, key, value, keep, projection, state):
+    def _attend_in_segments(self, query, key, value, keep, projection, state, segment_ids):
         """Causal attention over `RECOMPUTE_SEGMENT_LENGTH`-token segments, recomputed in the backward pass.
 
-        The same sums as one pass (the state carries every earlier segment), in segment order.
+        The same sums as one pass (the state carries every earlier segment, and its document with
+        `segment_ids`), in segment order.
         """
         batch, length = ops.shape(query)[0], query.shape[1]
         dtype = float_math_dtype(query.dtype)
         if state is None:
-            state = tuple(ops.cast(s, dtype) for s in self.initial_cache(batch))
+            state = self.initial_cache(batch, segments=segment_ids is not None)
+        # Document ids travel as floats (exact for any id below 2**24): recompute_grad differentiates every input.
+        state = tuple(ops.cast(s, dtype) for s in state)
         if keep is None:
             keep = ops.ones((batch, length, 1, 1), dtype)
+        documents = () if segment_ids is None else (ops.cast(segment_ids, dtype),)
         extra = () if projection is None else (projection,)
 
+        packed, state_size = segment_ids is not None, len(state)
+
         @tf.recompute_grad
-        def segment(segment_query, segment_key, segment_value, segment_keep, summary, normaliser, *projection):
-            attended, (summary, normaliser) = self._feature_attention(
+        def segment(segment_query, segment_key, segment_value, segment_keep, *carried):
+            # `carried`: the state's parts, then the segment's document ids when packed, then FAVOR+'s projection.
+            state, rest = carried[:state_size], carried[state_size:]
+            if packed:
+                state = (*state[:2], ops.cast(state[2], "int32"))
+            attended, state = self._feature_attention(
                 segment_query,
                 segment_key,
                 segment_value,
                 segment_keep,
-                projection[0] if projection else None,
+                rest[packed] if extra else None,
                 True,
-                (summary, normaliser),
+                state,
+                ops.cast(rest[0], "int32") if packed else None,
             )
             # The state first: its gradient comes from the next segment, so the recomputations run one
             # at a time, last segment first (recompute_grad waits for the first output's gradient).
-            return summary, normaliser, attended
+            return *(ops.cast(part, dtype) for part in state), attended
 
         sizes = [RECOMPUTE_SEGMENT_LENGTH] * (length // RECOMPUTE_SEGMENT_LENGTH)
         sizes += [length % RECOMPUTE_SEGMENT_LENGTH] if length % RECOMPUTE_SEGMENT_LENGTH else []
         # split, not slices: a slice's gradient is a whole-length tensor per segment.
-        pieces = zip(*(tf.split(tensor, sizes, axis=1) for tensor in (query, key, value, keep)))
+        pieces = zip(*(tf.split(tensor, sizes, axis=1) for tensor in (query, key, value, keep, *documents)))
         outputs = []
-        for segment_query, segment_key, segment_value, segment_keep in pieces:
-            *state, attended = segment(segment_query, segment_key, segment_value, segment_keep, *state, *extra)
+        for piece in pieces:
+            *state, attended = segment(*piece[:4], *state, *piece[4:], *extra)
             outputs.append(attended)  # (batch, segment, heads, value_dim)
+        if packed:
+            state[2] = ops.cast(state[2], "int32")
         return ops.concatenate(outputs, axis=1), tuple(state)
 
     def get_config(self):

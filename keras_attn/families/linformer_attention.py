@@ -8,7 +8,8 @@ and the rest zeroed, so the projection only ever sees real tokens at positions `
 content, and how much padding follows, never change an output.
 
 A causal request is refused: every projected key mixes the keys of the whole sequence, future
-tokens included, so no mask over the projected keys can hide the future from a query.
+tokens included, so no mask over the projected keys can hide the future from a query. So is a
+packed row (`segment_ids`), for the same reason: the projected keys mix every document of the row.
 """
 
 import keras
@@ -81,6 +82,7 @@ class LinformerSelfAttention(ProjectedSelfAttention):
         return_attention_scores: if `True`, also return the softmax weights over the projected
             keys, `(batch, heads, seq, projected_length)` (not over the tokens: each projected
             key mixes them all).
+        segment_ids: must be `None`: a packed row is refused (a `ValueError` says why).
         training: unused (no dropout).
 
     Example:
@@ -104,6 +106,12 @@ class LinformerSelfAttention(ProjectedSelfAttention):
             ("causal", CAUSAL_ERROR),
             ("cross", "Its length projections are over the positions of the query sequence itself."),
             ("attention_mask", "A query attends to projected keys that mix every token: no per-token mask applies."),
+            (
+                "segments",
+                "`segment_ids` cannot keep a packed row's documents apart: each projected key and value is a "
+                "weighted sum over every position of the row, every document included, so a query attending "
+                "to any of them already sees the other documents. Run each document as its own row.",
+            ),
             (
                 "cache",
                 "Each new token changes every projected key and value (mixtures over all positions): nothing "
@@ -183,8 +191,8 @@ class LinformerSelfAttention(ProjectedSelfAttention):
             return ops.einsum("bthd,htk->bkhd", tensor, projection[:, :length])
         return ops.einsum("bthd,tk->bkhd", tensor, projection[:length])
 
-    def _attend(self, query, key, value, key_mask, training, causal, return_weights):
-        # `causal` is always False: the constructor refuses `causal=True`, `check_call` `use_causal_mask=True`.
+    def _attend(self, query, key, value, key_mask, training, causal, return_weights, segment_ids):
+        # `causal` is always False, `segment_ids` always None (`check_call` refuses them): the constructor refuses `causal=True`, `check_call` `use_causal_mask=True`.
         if key_mask is not None:
             key, value = move_real_tokens_first(key, key_mask), move_real_tokens_first(value, key_mask)
         key = self._project_length(key, self.key_length_projection)  # (batch, projected_length, heads, key_dim)

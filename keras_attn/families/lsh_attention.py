@@ -19,7 +19,12 @@ The rules public implementations skip:
   `SELF_LOGIT`, far below any real logit and far above a masked one);
 - rotations are a non-trainable weight drawn from `seed`: hashing is deterministic at inference
   and saved with the model;
-- any length: the sequence is padded internally to a whole number of chunks.
+- any length: the sequence is padded internally to a whole number of chunks;
+- packed rows (`segment_ids`): tokens sort by (document, bucket, position), so each document's
+  buckets lie together, and a key of another document is never attended (masked inside the
+  windows). A document whose length and packed start are whole numbers of chunks therefore gets
+  exactly the chunks, and the outputs, it gets alone; causal, the `chunk_size` latest tokens of
+  its own bucket in its own document, whatever the lengths.
 """
 
 import keras
@@ -29,6 +34,7 @@ from keras import ops
 from keras_attn.core.softmax import default_scale
 from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import zero_masked
+from keras_attn.families.document_runs import document_bounds
 from keras_attn.families.projected_self_attention import ProjectedSelfAttention
 from keras_attn.layers.capabilities import AttentionCapabilities
 from keras_attn.utils import float_math_dtype
@@ -68,7 +74,38 @@ def _with_previous_chunk(chunks):
     return ops.concatenate([previous, chunks], axis=-2)
 
 
-def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, is_causal=False, return_weights=False):
+def _sort_keys(buckets, valid, num_buckets, segment_ids):
+    """Int32 `(batch, heads, hashes, seq)` whose ascending order is (document, bucket, position), masked tokens last.
+
+    A token at position `p` of a document starting at `s` with `n` tokens gets `(num_buckets + 1) * s +
+    bucket * n + p`, inside `[(num_buckets + 1) * s, (num_buckets + 1) * (s + n))`: the documents' ranges
+    are disjoint and in row order, with no product of two lengths (int32 holds any length's keys).
+    Without `segment_ids` the row is one document.
+    """
+    length = ops.shape(valid)[1]
+    positions = ops.arange(length, dtype="int32")[None, :]  # (1, seq)
+    if segment_ids is None:
+        start, size = ops.zeros_like(positions), ops.full_like(positions, length)
+    else:
+        start, end = document_bounds(segment_ids)  # (batch, seq)
+        size = end - start + 1
+    start, size, offset = (ops.expand_dims(ops.expand_dims(t, 1), 1) for t in (start, size, positions - start))
+    in_document = (num_buckets + 1) * start + buckets * size + offset
+    masked_last = (num_buckets + 1) * length + ops.expand_dims(ops.expand_dims(positions, 1), 1)
+    return ops.where(valid[:, None, None, :], in_document, masked_last)
+
+
+def lsh_attention(
+    query,
+    value,
+    rotations,
+    num_buckets,
+    chunk_size,
+    mask=None,
+    is_causal=False,
+    return_weights=False,
+    segment_ids=None,
+):
     """Reformer attention of shared query/keys; returns `(batch, seq, heads, value_dim)`.
 
     Args:
@@ -84,6 +121,8 @@ def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, i
             is made of: each round's probabilities scattered back to the key positions, weighted
             by the round's share of the total mass (a key found by several rounds gets the sum),
             zero for every key outside the query's buckets. Quadratic in the length.
+        segment_ids: optional int `(batch, seq)` documents of a packed row (0: padding): buckets
+            within each document, never a key of another one.
 
     Returns:
         The output, and the weights when `return_weights` (`output == weights @ value`).
@@ -95,6 +134,9 @@ def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, i
     padded_length = length + padding
     num_chunks = padded_length // chunk_size
     valid = ops.ones((batch, length), "bool") if mask is None else ops.cast(mask, "bool")
+    if segment_ids is not None:
+        segment_ids = ops.pad(ops.cast(segment_ids, "int32"), [[0, 0], [0, padding]])  # (batch, padded_length)
+        valid = valid & ops.not_equal(segment_ids[:, :length], 0)
     valid = ops.pad(valid, [[0, 0], [0, padding]], constant_values=False)  # (batch, padded_length)
     query = ops.pad(ops.cast(query, dtype), [[0, 0], [0, padding], [0, 0], [0, 0]])
     value = ops.pad(ops.cast(value, dtype), [[0, 0], [0, padding], [0, 0], [0, 0]])
@@ -102,8 +144,7 @@ def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, i
 
     buckets = hash_buckets(key, rotations, num_buckets)  # (batch, heads, hashes, padded_length)
     buckets = ops.where(valid[:, None, None, :], buckets, num_buckets)  # padding: a bucket of its own
-    positions = ops.arange(padded_length, dtype="int32")
-    order = ops.argsort(buckets * padded_length + positions, axis=-1)  # (batch, heads, hashes, padded_length)
+    order = ops.argsort(_sort_keys(buckets, valid, num_buckets, segment_ids), axis=-1)  # (batch, heads, hashes, seq)
     hashes = ops.shape(order)[2]
 
     def sorted_chunks(tensor):  # (batch, seq, heads, d) -> (batch, heads, hashes, chunks, chunk, d)
@@ -141,6 +182,13 @@ def lsh_attention(query, value, rotations, num_buckets, chunk_size, mask=None, i
     logits = ops.einsum("...cd,...ed->...ce", sorted_query * scale, window_key)
     query_positions, key_positions = sorted_positions[..., :, None], window_positions[..., None, :]
     allowed = window_valid[..., None, :] & sorted_valid[..., :, None]  # (..., chunk, 2 * chunk)
+    if segment_ids is not None:  # a window may reach into the previous document's chunk
+        sorted_segments = ops.reshape(
+            ops.take_along_axis(ops.broadcast_to(segment_ids[:, None, None, :], ops.shape(order)), order, axis=-1),
+            (batch, heads, hashes, num_chunks, chunk_size),
+        )
+        window_segments = _with_previous_chunk(sorted_segments[..., None])[..., 0]  # (..., chunks, 2 * chunk)
+        allowed = allowed & (sorted_segments[..., :, None] == window_segments[..., None, :])
     if is_causal:
         allowed = allowed & recent & same_bucket
     logits = ops.where(key_positions == query_positions, ops.cast(SELF_LOGIT, dtype), logits)
@@ -205,6 +253,10 @@ class LSHSelfAttention(ProjectedSelfAttention):
             by the round's share of the mass, as the output combines them (a key two rounds find
             gets both shares); zero outside the query's buckets; a real row sums to 1. Quadratic
             in the length: for looking, not for long inputs.
+        segment_ids: optional int `(batch, seq)`, the documents of a packed row (0: padding,
+            output zero): each token attends only within its own document, hashed and chunked
+            with it (exactly as alone when each document's length and start are whole numbers of
+            `chunk_size`; causal, whatever they are).
         training: unused (no dropout).
 
     Example:
@@ -225,6 +277,7 @@ class LSHSelfAttention(ProjectedSelfAttention):
         scores=True,
         onnx=True,
         softmax=True,
+        segments=True,
         reasons=(
             ("cross", "Queries and keys are one shared projection of the same sequence (Reformer)."),
             ("attention_mask", "Which keys a query sees is decided by hashing, not by a mask over every pair."),
@@ -264,7 +317,7 @@ class LSHSelfAttention(ProjectedSelfAttention):
             dtype="float32",
         )
 
-    def _attend(self, query, key, value, key_mask, training, causal, return_weights):
+    def _attend(self, query, key, value, key_mask, training, causal, return_weights, segment_ids):
         result = lsh_attention(
             query,
             value,
@@ -274,6 +327,7 @@ class LSHSelfAttention(ProjectedSelfAttention):
             mask=key_mask,
             is_causal=causal,
             return_weights=return_weights,
+            segment_ids=segment_ids,
         )
         return result if return_weights else (result, None)
 

@@ -8,8 +8,9 @@ config. A subclass implements `_attend(query, key, value, mask, training, causal
 
 The call is Keras's (`keras_attn.MultiHeadAttention`'s): `layer(query, value=None, key=None, *,
 query_mask=None, value_mask=None, key_mask=None, attention_mask=None, use_causal_mask=False,
-return_attention_scores=False, training=None, cache=None)`, `cache` only for a family whose
-capabilities declare one (it implements `_call_with_cache`). These families are self-attention only (`value` and
+return_attention_scores=False, segment_ids=None, training=None, cache=None)`, `cache` only for a family
+whose capabilities declare one (it implements `_call_with_cache`), `segment_ids` (a packed row, int
+`(batch, seq)`, 0 for padding: `keras_attn.core.segments`) only for one that declares `segments`. These families are self-attention only (`value` and
 `key` are `None` or `query` itself; `capabilities.cross` is `False`). Their padding masks mean what
 they mean in Keras and in `keras_attn.MultiHeadAttention` (each the Keras mask of `query` when not
 given): `query_mask` marks the real query positions (a `False` one outputs exactly zero), `value_mask`
@@ -25,6 +26,8 @@ from keras import ops
 from keras_attn.core.masks import either_mask
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import zero_padding
+from keras_attn.core.segments import resolve_segment_ids
+from keras_attn.families.document_runs import document_bounds
 from keras_attn.layers.capabilities import check_call
 from keras_attn.layers.capabilities import describe
 from keras_attn.layers.capabilities import unsupported
@@ -146,11 +149,19 @@ class ProjectedSelfAttention(keras.layers.Layer):
         query_mask, value_mask, key_mask = (None if mask is None else ops.cast(mask, "bool") for mask in masks)
         return query_mask, merge_masks(value_mask, key_mask)
 
-    def _checked_call(self, query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask):
-        """`(query_mask, key_mask, causal)` of a call, after refusing what the family's capabilities exclude."""
-        check_call(self, query, value, key, attention_mask, use_causal_mask)
+    def _checked_call(
+        self, query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask, segment_ids
+    ):
+        """`(query_mask, key_mask, causal, segment_ids)` of a call, after refusing what the family's capabilities
+        exclude: the padding masks also `False` at segment 0, the ids int32 `(batch, seq)` or `None`."""
+        check_call(self, query, value, key, attention_mask, use_causal_mask, segment_ids=segment_ids)
         causal = bool(use_causal_mask) or self.causal
-        return (*self.padding_masks(query, query_mask, value_mask, key_mask), causal)
+        query_mask, key_mask = self.padding_masks(query, query_mask, value_mask, key_mask)
+        segment_ids, _ = resolve_segment_ids(segment_ids, None, None, query.shape[1], query.shape[1])
+        if segment_ids is not None:
+            in_document = ops.not_equal(segment_ids, 0)  # (batch, seq)
+            query_mask, key_mask = merge_masks(query_mask, in_document), merge_masks(key_mask, in_document)
+        return query_mask, key_mask, causal, segment_ids
 
     def call(
         self,
@@ -164,21 +175,27 @@ class ProjectedSelfAttention(keras.layers.Layer):
         attention_mask=None,
         use_causal_mask=False,
         return_attention_scores=False,
+        segment_ids=None,
         training=None,
         cache=None,
     ):
-        query_mask, key_mask, causal = self._checked_call(
-            query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask
+        query_mask, key_mask, causal, segment_ids = self._checked_call(
+            query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask, segment_ids
         )
         if cache is not None:
             if type(self).capabilities.cache is None:
                 raise unsupported(self, "cache", f"cache={describe(cache)}")
-            return self._call_with_cache(query, query_mask, key_mask, causal, training, cache, return_attention_scores)
+            return self._call_with_cache(
+                query, query_mask, key_mask, causal, training, cache, return_attention_scores, segment_ids
+            )
         projected = self.project(query, query_mask, key_mask)
-        attended, weights = self._attend(*projected, key_mask, training, causal, return_attention_scores)
-        return self._finish(attended, weights, _rows_with_keys(query_mask, key_mask, causal), return_attention_scores)
+        attended, weights = self._attend(*projected, key_mask, training, causal, return_attention_scores, segment_ids)
+        output_rows = _rows_with_keys(query_mask, key_mask, causal, segment_ids)
+        return self._finish(attended, weights, output_rows, return_attention_scores)
 
-    def _call_with_cache(self, query, query_mask, key_mask, causal, training, cache, return_attention_scores):
+    def _call_with_cache(
+        self, query, query_mask, key_mask, causal, training, cache, return_attention_scores, segment_ids
+    ):
         """`(output, new cache)` of an incremental decoding step; a family whose capabilities declare a cache implements it."""
         raise NotImplementedError
 
@@ -194,12 +211,13 @@ class ProjectedSelfAttention(keras.layers.Layer):
             weights = ops.where(ops.cast(output_rows, "bool")[:, None, :, None], weights, ops.zeros_like(weights))
         return output, weights
 
-    def _attend(self, query, key, value, key_mask, training, causal, return_weights):
+    def _attend(self, query, key, value, key_mask, training, causal, return_weights, segment_ids):
         """The attention rule: `(attended, weights or None)`.
 
         `attended` is `(batch, seq, heads, value_dim)` from the projected heads, the key padding mask
-        `key_mask` (`(batch, seq)`, `False` keys never attended; `None`: every key real) and whether this
-        call is causal; `weights` (when `return_weights`) the attention weights `(batch, heads, seq, key_len)`
+        `key_mask` (`(batch, seq)`, `False` keys never attended; `None`: every key real), whether this
+        call is causal and the int32 `segment_ids` `(batch, seq)` of a packed row (`None`: one document;
+        only for a family declaring `segments`, each query attending within its own document); `weights` (when `return_weights`) the attention weights `(batch, heads, seq, key_len)`
         with `output == weights @ values` per head. The padded query rows are zeroed after the rule.
         """
         raise NotImplementedError
@@ -239,11 +257,19 @@ class ProjectedSelfAttention(keras.layers.Layer):
         return config
 
 
-def _rows_with_keys(query_mask, key_mask, causal):
-    """`(batch, seq or 1)`: the real query rows that see a real key (every key before them when `causal`);
-    `None` when every row does."""
+def _rows_with_keys(query_mask, key_mask, causal, segment_ids=None):
+    """`(batch, seq or 1)`: the real query rows that see a real key (every key before them when `causal`, of
+    their own document with `segment_ids`); `None` when every row does."""
     if key_mask is None:
         return query_mask
+    if segment_ids is not None:  # the real keys in the row's document (up to the row when causal), by prefix counts
+        counts = ops.cumsum(ops.cast(key_mask, "int32"), axis=1)  # (batch, seq), keys at or before each index
+        start, end = document_bounds(segment_ids)
+        before_start = ops.take_along_axis(counts, start, axis=1) - ops.take_along_axis(
+            ops.cast(key_mask, "int32"), start, axis=1
+        )
+        through = counts if causal else ops.take_along_axis(counts, end, axis=1)
+        return merge_masks(query_mask, through > before_start)
     if causal:  # row i sees keys 0..i
         has_keys = ops.cumsum(ops.cast(key_mask, "int32"), axis=1) > 0  # (batch, seq)
     else:
