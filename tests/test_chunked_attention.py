@@ -13,6 +13,7 @@ import tensorflow as tf
 from keras_attn.core import masks
 from keras_attn.core import softmax
 from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.kernels import single_query
 from keras_attn.kernels.chunked import chunk_tiles
 from keras_attn.kernels.chunked import chunked_attention
 from keras_attn.kernels.chunked import pattern_query_chunks
@@ -409,6 +410,9 @@ def test_cached_decoding_steps_see_only_their_documents_keys_in_the_cache():
         allowed &= (np.arange(12)[None, :] <= np.arange(steps)[:, None] + offset)[None, None]
         queries = query[:, :steps]
         expected, _ = reference.attention(queries, key, value, mask=allowed, scale=0.4)
+        documents = dict(query_segment_ids=query_ids, key_segment_ids=key_ids)
+        # One query outside XLA: the dense path takes its single-query route (no transposes).
+        assert single_query.applies(tf.constant(queries), tf.constant(key)) == (steps == 1)
         for implementation in ("dense", "chunked"):
             output = scaled_dot_product_attention(
                 queries,
@@ -417,8 +421,7 @@ def test_cached_decoding_steps_see_only_their_documents_keys_in_the_cache():
                 is_causal=True,
                 query_offset=offset,
                 scale=0.4,
-                query_segment_ids=query_ids,
-                key_segment_ids=key_ids,
                 implementation=implementation,
+                **documents,
             )
             np.testing.assert_allclose(output, expected, atol=1e-12, err_msg=f"{implementation}, {steps} steps")

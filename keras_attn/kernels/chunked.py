@@ -22,6 +22,25 @@ Each chunk holds whole rows. An inverse temperature of at most 1 is folded into 
 (`keras_attn.core.softmax`: finite fill, one fused softmax); a larger or tensor one multiplies logits
 already shifted by their row maximum (`keras_attn.kernels.streaming_softmax.softmax`, exact up to the
 float32 limit). Either way masked keys have weight exactly 0 and rows without keys a zero output.
+
+Packed rows (`query_segment_ids` / `key_segment_ids`, `keras_attn.core.segments`): a query attends
+only to keys of its own document, so a row of documents of lengths `n_1 .. n_k` needs only
+`sum n_i^2` of its `(sum n_i)^2` pairs. The chunk plan is static (Python ints) while the documents
+are data, so the chunk cannot narrow its keys by a data-dependent slice: the slice's length would be
+dynamic, which XLA refuses and which every chunk would then have to pad to the worst case anyway.
+Instead each chunk cuts its keys into tiles of `KEY_BLOCK_SIZE` (static shapes), and each tile is a
+`tf.cond` on whether its queries may share a document with its keys
+(`keras_attn.kernels.document_blocks`, from the ids of the tile's own queries and keys): the tiles
+that hold a document pair are computed, each with the document mask of its own ids (never the
+whole `(query_len, key_len)` mask), and the others are left out, so the logits, exponentials and
+products cost about `sum n_i^2` plus the tiles a document boundary cuts. Each computed tile takes a
+softmax of its own with its row statistics, the tiles merge into the one softmax of the chunk's rows
+(`streaming_softmax.merge`), and each tile's weights are rescaled by its share of the row's sum:
+the weights kept for the backward pass are exactly the row softmax's, and a skipped tile's are
+zeros that the backward pass skips by the same `tf.cond`. A `tf.cond` runs eagerly as a Python
+branch, and in a graph and under XLA as a conditional whose untaken branch costs nothing; a skipped
+tile still writes its zero weights (memory the chunk holds anyway), and dropout keep-masks are
+drawn for every tile (outside the custom gradient, so that the backward pass sees the same ones).
 """
 
 import dataclasses
