@@ -31,6 +31,22 @@ get weight exactly 0 (their logits never enter a sum: they are selected out, not
 query that sees no key has a zero output and gradient. Math in float32 (float64 for float64
 inputs) whatever the compute dtype. Not supported: an additive `bias` and attention dropout (the
 dispatcher then takes another kernel).
+
+Packed rows (`query_segment_ids` / `key_segment_ids`, `keras_attn.core.segments`): each step
+intersects the pattern with the document mask of its own queries and keys, built from their ids in
+the step's layout (a band chunk's rows and key slice, a residue step's grid columns), never the whole
+`(query_len, key_len)` mask. A step is left out (`tf.cond`, `keras_attn.kernels.document_blocks`)
+when none of its queries shares a document with its keys: a band chunk of the forward pass or of
+the query gradient, a key chunk of the band's key gradient, a residue step. What that skips follows
+from the layout: a band chunk's keys are its queries' neighbours, so on packed text it is skipped only
+where its queries or its key slice are padding; and a residue class holds every `stride`-th token of
+the whole row, so each residue step holds a token of every document at least `stride` long and is
+computed whenever its residues hold a real query and a real key of the same document. Within the
+computed steps the pairs of different documents are masked (exact, weight 0) but computed: the
+kernel's cost stays that of the pattern over the whole row (`band_width + key_len / stride` keys per
+query), and content of another document reaches a computed step's products (so NaN in one document's
+keys or values is not kept from the others, as it is by the chunked and blockwise kernels). Skipping
+the residue part per document would take tiles of grid rows inside each residue step.
 """
 
 import tensorflow as tf
