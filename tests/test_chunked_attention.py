@@ -425,3 +425,45 @@ def test_cached_decoding_steps_see_only_their_documents_keys_in_the_cache():
                 **documents,
             )
             np.testing.assert_allclose(output, expected, atol=1e-12, err_msg=f"{implementation}, {steps} steps")
+
+
+def test_packed_dropout_drops_the_row_softmax_and_the_gradient_uses_the_forward_masks():
+    rng = np.random.default_rng(10)
+    query, key, _ = _packed_inputs(rng)
+    allowed = _document_mask(PACKED_IDS, PACKED_IDS)
+    rate, seed = 0.3, 12
+
+    def attend(query, key, value):
+        return chunked_attention(
+            query,
+            key,
+            value,
+            is_causal=True,
+            scale=0.4,
+            dropout_rate=rate,
+            seed_generator=keras.random.SeedGenerator(seed),
+            chunk_size=CHUNK,
+            key_block_size=CHUNK,
+            query_segment_ids=PACKED_IDS,
+            key_segment_ids=PACKED_IDS,
+        )
+
+    one_hot = np.broadcast_to(np.eye(PACKED_LEN)[None, :, None, :], (BATCH, PACKED_LEN, HEADS, PACKED_LEN))
+    dropped = np.transpose(attend(query, key, tf.constant(one_hot)).numpy(), (0, 2, 1, 3))  # (b, h, q, k)
+    _, weights = reference.attention(query, key, one_hot, mask=allowed, is_causal=True, scale=0.4)
+    keep = dropped != 0.0
+    np.testing.assert_allclose(dropped[keep], weights[keep] / (1.0 - rate), atol=1e-12)
+    assert not np.any(keep & (weights == 0.0)) and 0.1 < 1.0 - keep[weights > 0].mean() < 0.5
+
+    def dense_with_the_same_masks(query, key, value):
+        logits = softmax.attention_logits(query, key) * 0.4
+        causal = masks.causal_mask(PACKED_LEN, PACKED_LEN)
+        weights = softmax.masked_softmax(logits, causal & allowed) * keep / (1.0 - rate)
+        return tf.einsum("bhqk,bkhd->bqhd", weights, value)
+
+    inputs = [tf.constant(t) for t in (query, key, one_hot)]
+    output_grad = tf.constant(rng.normal(size=one_hot.shape))
+    for got, want in zip(
+        output_gradients(attend, inputs, output_grad), output_gradients(dense_with_the_same_masks, inputs, output_grad)
+    ):
+        np.testing.assert_allclose(got, want, atol=1e-12)
