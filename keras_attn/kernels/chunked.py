@@ -224,9 +224,11 @@ def chunked_attention(
     plan = _ChunkPlan(
         chunks,
         tiles,
-        [[_tile_mask(mask, pattern, tile, query_offset, segment_ids) for tile in row] for row in tiles],
         _keep_scales(tiles, query, dropout_rate, seed_generator),
         [[_tile_may_share(tile, segment_ids) for tile in row] for row in tiles],
+        mask=mask,
+        pattern=pattern,
+        segment_ids=segment_ids,
         rows_may_be_empty=may_empty_rows(mask, pattern),
         key_len=key_len,
         has_bias=bias is not None,
@@ -248,15 +250,17 @@ def chunked_attention(
 
 @dataclasses.dataclass(frozen=True)
 class _ChunkPlan:
-    """The chunks of one call and, per chunk, its tiles with their merged masks, dropout
-    keep-scales (`None`: none) and whether their queries may share a document with their keys
-    (`None`: no segment ids, always computed)."""
+    """The chunks of one call and, per chunk, its tiles with their dropout keep-scales (`None`:
+    none) and whether their queries may share a document with their keys (`None`: no segment ids,
+    always computed); a tile's mask is built when the tile is computed (`tile_mask`)."""
 
     chunks: list
     tiles: list
-    masks: list
     keep_scales: list
     may_share: list
+    mask: object
+    pattern: object
+    segment_ids: object
     rows_may_be_empty: bool
     key_len: int
     has_bias: bool
@@ -266,6 +270,20 @@ class _ChunkPlan:
     @property
     def segmented(self):
         return any(flag is not None for row in self.may_share for flag in row)
+
+    def tile_mask(self, tile):
+        """The caller's mask, the pattern and the tile's document mask (from its own ids), merged."""
+        merged = pattern_mask(
+            None if self.mask is None else _pairwise_slice(self.mask, tile),
+            self.pattern,
+            tile.query_stop - tile.query_start,
+            tile.key_stop - tile.key_start,
+            query_offset=self.query_offset + tile.query_start,
+            key_offset=tile.key_start,
+        )
+        if self.segment_ids is None:
+            return merged
+        return merge_masks(merged, segment_mask(*_tile_ids(self.segment_ids, tile)))
 
     def positions(self, tile):
         """The query and key positions of a tile, for its position bias."""
@@ -281,22 +299,8 @@ def _tile_ids(segment_ids, tile):
     return query_ids[:, tile.query_start : tile.query_stop], key_ids[:, tile.key_start : tile.key_stop]
 
 
-def _tile_mask(mask, pattern, tile, query_offset, segment_ids):
-    """The caller's mask, the pattern and the tile's document mask (from its own ids), merged."""
-    merged = pattern_mask(
-        None if mask is None else _pairwise_slice(mask, tile),
-        pattern,
-        tile.query_stop - tile.query_start,
-        tile.key_stop - tile.key_start,
-        query_offset=query_offset + tile.query_start,
-        key_offset=tile.key_start,
-    )
-    if segment_ids is None or not tile.has_keys:
-        return merged
-    return merge_masks(merged, segment_mask(*_tile_ids(segment_ids, tile)))
-
-
 def _tile_may_share(tile, segment_ids):
+    """Whether the tile's queries may share a document with its keys (`None`: no ids, always computed)."""
     if segment_ids is None or not tile.has_keys:
         return None
     return document_blocks.may_share_document(*_tile_ids(segment_ids, tile))
@@ -378,7 +382,7 @@ def _forward(plan, scale, query, key, value, bias, parameters):
             outputs.append(tf.cast(output, value.dtype))
             chunk_weights.append(tile_weights)
             continue
-        weights = _chunk_weights(plan, chunk, plan.masks[index][0], scale, query, key, bias, parameters)
+        weights = _chunk_weights(plan, chunk, plan.tile_mask(chunk), scale, query, key, bias, parameters)
         keep_scale = plan.keep_scales[index][0]
         dropped = weights if keep_scale is None else weights * keep_scale
         outputs.append(tf.matmul(tf.cast(dropped, value.dtype), _keys(value, chunk)))  # (b, h, chunk_len, dv)
@@ -394,12 +398,11 @@ def _documents_forward(plan, index, scale, query, key, value, bias, parameters):
     queries = _queries(query, chunk)  # (batch, heads, chunk_len, depth)
     value = tf.cast(value, queries.dtype)
     parts = []
-    for tile, mask, keep_scale, may_share in zip(
-        plan.tiles[index], plan.masks[index], plan.keep_scales[index], plan.may_share[index]
-    ):
+    for tile, keep_scale, may_share in zip(plan.tiles[index], plan.keep_scales[index], plan.may_share[index]):
 
-        def computed(tile=tile, mask=mask, keep_scale=keep_scale):
-            logits = streaming_softmax.exclude(streaming_softmax.raw_logits(queries, _keys(key, tile)), mask)
+        def computed(tile=tile, keep_scale=keep_scale):
+            logits = streaming_softmax.raw_logits(queries, _keys(key, tile))
+            logits = streaming_softmax.exclude(logits, plan.tile_mask(tile))
             tile_bias = _chunk_bias(plan, tile, bias, parameters)
             tile_bias = None if tile_bias is None else tf.cast(tile_bias, logits.dtype)
             weights, (row_max, log_normaliser) = streaming_softmax.softmax(logits, scale, tile_bias)
