@@ -13,8 +13,11 @@ import tensorflow as tf
 from keras_attn.core import masks
 from keras_attn.core import softmax
 from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.kernels import single_query
+from keras_attn.kernels.chunked import chunk_tiles
 from keras_attn.kernels.chunked import chunked_attention
 from keras_attn.kernels.chunked import pattern_query_chunks
+from keras_attn.kernels.document_blocks import may_share_document
 from keras_attn.patterns import from_shorthands
 from tests import reference
 from tests.layer_checks import output_gradients
@@ -216,3 +219,251 @@ def test_pattern_query_chunks_cover_exactly_the_band(is_causal, sliding_window, 
     assert next_query == query_len
     assert np.all(covered[band])  # every key a query may attend to is in its chunk
     assert covered.sum() < band.size or band.all()  # and the chunks skip part of the masked area
+
+
+# Packed rows: documents of 6, 5 and 4 tokens and padding, in chunks of 4 queries over tiles of 4 keys.
+PACKED_IDS = np.array([[1] * 6 + [2] * 5 + [3] * 4 + [0] * 3, [1] * 3 + [2] * 9 + [3] * 2 + [0] * 4], "int32")
+PACKED_LEN = PACKED_IDS.shape[1]
+
+
+def _document_mask(query_ids, key_ids):
+    """NumPy `(batch, 1, q, k)`: same non-zero document."""
+    return ((query_ids[:, :, None] == key_ids[:, None, :]) & (query_ids[:, :, None] != 0))[:, None]
+
+
+def _packed_inputs(rng, batch=BATCH, length=PACKED_LEN, dtype="float64"):
+    shapes = ((batch, length, HEADS, DEPTH), (batch, length, HEADS, DEPTH), (batch, length, HEADS, VALUE_DEPTH))
+    return [rng.normal(size=shape).astype(dtype) for shape in shapes]
+
+
+PACKED_CASES = {
+    "causal": dict(is_causal=True),
+    "window": dict(sliding_window=3),
+    "no_pattern_bias": dict(bias=(1, HEADS, PACKED_LEN, PACKED_LEN)),
+    "causal_key_bias_and_mask": dict(is_causal=True, bias=(BATCH, 1, 1, PACKED_LEN), mask=(BATCH, 1, 1, PACKED_LEN)),
+    "large_scale": dict(is_causal=True, scale=3.0),  # not folded into the query: shifted, then scaled
+}
+
+
+@pytest.mark.parametrize("name", sorted(PACKED_CASES))
+def test_packed_rows_match_the_float64_reference_of_each_document(name):
+    rng = np.random.default_rng(6)
+    case = dict(PACKED_CASES[name])
+    scale = case.pop("scale", 0.4)
+    query, key, value = _packed_inputs(rng)
+    bias = None if "bias" not in case else rng.normal(size=case.pop("bias"))
+    mask = None if "mask" not in case else rng.random(case.pop("mask")) < 0.8
+    allowed = _document_mask(PACKED_IDS, PACKED_IDS) & (True if mask is None else mask)
+    expected, _ = reference.attention(query, key, value, mask=allowed, bias=bias, scale=scale, **case)
+    output_grad = rng.normal(size=expected.shape)
+
+    def attend(query, key, value, bias=None):
+        return chunked_attention(
+            query,
+            key,
+            value,
+            mask=mask,
+            bias=bias,
+            scale=scale,
+            chunk_size=CHUNK,
+            key_block_size=CHUNK,
+            query_segment_ids=PACKED_IDS,
+            key_segment_ids=PACKED_IDS,
+            **case,
+        )
+
+    inputs = [tf.constant(t) for t in (query, key, value)] + ([] if bias is None else [tf.constant(bias)])
+    np.testing.assert_allclose(attend(*inputs), expected, atol=1e-12, rtol=0)
+    causal = case.get("is_causal", False)
+    wants = reference.attention_gradients(
+        query, key, value, output_grad, mask=_window(allowed, case), bias=bias, is_causal=causal, scale=scale
+    )
+    wants = list(wants[:3]) + ([] if bias is None else [_reduced_like(wants[3], bias)])
+    for got, want in zip(output_gradients(attend, inputs, tf.constant(output_grad)), wants):
+        np.testing.assert_allclose(got, want, atol=1e-12, rtol=0)
+
+
+def _window(allowed, case):
+    """`allowed` with the case's sliding window (the reference's gradients take no window)."""
+    if "sliding_window" not in case:
+        return allowed
+    rows, cols = np.arange(allowed.shape[2])[:, None], np.arange(allowed.shape[3])[None, :]
+    return allowed & (np.abs(rows - cols) < case["sliding_window"])
+
+
+def _reduced_like(gradient, bias):
+    """A `(batch, heads, q, k)` gradient summed over the axes `bias` broadcasts."""
+    axes = tuple(axis for axis in range(4) if bias.shape[axis] == 1)
+    return gradient.sum(axis=axes, keepdims=True)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_packed_tiles_without_a_shared_document_are_never_computed(is_causal):
+    # Documents of 6, 6 and 6 tokens and 2 of padding, the same in both rows; chunks of 4 queries,
+    # tiles of 4 keys. The queries of documents 1 and 2 (0..11) share no document with the tiles
+    # [12, 16) and [16, 20) (document 3 and padding): NaN there reaches their outputs and gradients
+    # only if such a tile is computed (0 weight times NaN is NaN), as the dense path over the row shows.
+    ids = np.array([[1] * 6 + [2] * 6 + [3] * 6 + [0] * 2] * BATCH, "int32")
+    rng = np.random.default_rng(7)
+    query, key, value = _packed_inputs(rng, length=20)
+    poisoned_key, poisoned_value = key.copy(), value.copy()
+    poisoned_key[:, 12:], poisoned_value[:, 12:] = np.nan, np.nan
+    allowed = _document_mask(ids, ids)
+    expected, _ = reference.attention(query, key, value, mask=allowed, is_causal=is_causal, scale=0.5)
+    output_grad = rng.normal(size=expected.shape)
+    kept = slice(0, 12)
+
+    tiles = dict(chunk_size=4, key_block_size=4)
+
+    def attend(query, key, value):
+        return chunked_attention(
+            query, key, value, is_causal=is_causal, scale=0.5, query_segment_ids=ids, key_segment_ids=ids, **tiles
+        )
+
+    dense = scaled_dot_product_attention(
+        query, poisoned_key, poisoned_value, mask=allowed, is_causal=is_causal, scale=0.5, implementation="dense"
+    )
+    assert np.isnan(np.asarray(dense)[:, kept]).any()  # the poison reaches what computes the tiles
+    poisoned = [tf.constant(t) for t in (query, poisoned_key, poisoned_value)]
+    np.testing.assert_allclose(np.asarray(attend(*poisoned))[:, kept], expected[:, kept], atol=1e-12)
+    wants = reference.attention_gradients(query, key, value, output_grad, mask=allowed, is_causal=is_causal, scale=0.5)
+    for got, want in zip(output_gradients(attend, poisoned, tf.constant(output_grad)), wants):
+        np.testing.assert_allclose(got[:, kept], want[:, kept], atol=1e-12)
+
+
+def _computed_tiles(ids, chunk_size, pattern=None):
+    """Per tile of self-attention over packed `ids`: (computed by the plan, has a same-document pair)."""
+    allowed = _document_mask(ids, ids)[:, 0]  # (batch, length, length)
+    tiles = [
+        tile
+        for chunk in pattern_query_chunks(ids.shape[1], ids.shape[1], chunk_size, pattern)
+        for tile in chunk_tiles(chunk, chunk_size)
+    ]
+    return [
+        (
+            bool(
+                may_share_document(ids[:, tile.query_start : tile.query_stop], ids[:, tile.key_start : tile.key_stop])
+            ),
+            bool(allowed[:, tile.query_start : tile.query_stop, tile.key_start : tile.key_stop].any()),
+        )
+        for tile in tiles
+    ]
+
+
+@pytest.mark.parametrize("document_len, chunk_size", [(16, 16), (16, 8), (15, 16), (13, 4)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_the_plan_computes_exactly_the_tiles_holding_a_document_pair(document_len, chunk_size, is_causal):
+    ids = np.repeat(np.arange(1, 9, dtype="int32"), document_len)[None]  # a row of 8 documents
+    tiles = _computed_tiles(ids, chunk_size, from_shorthands(None, is_causal, None))
+    assert all(computed == needed for computed, needed in tiles)
+    if document_len % chunk_size == 0:  # aligned: each document's own (document_len / chunk_size)^2 tiles
+        per_document = (document_len // chunk_size) ** 2
+        if is_causal:
+            per_document = (per_document + document_len // chunk_size) // 2
+        assert sum(computed for computed, _ in tiles) == 8 * per_document
+
+
+def test_padding_queries_give_exact_zeros_and_the_dtypes_and_xla_agree():
+    rng = np.random.default_rng(8)
+    inputs = [tf.constant(t, "float32") for t in _packed_inputs(rng, dtype="float32")]
+    allowed = _document_mask(PACKED_IDS, PACKED_IDS)
+    expected, _ = reference.attention(*inputs, mask=allowed, is_causal=True, scale=0.4)
+    output_grad = tf.constant(rng.normal(size=expected.shape), "float32")
+
+    def attend(query, key, value):
+        return scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=0.4, segment_ids=PACKED_IDS, implementation="chunked"
+        )
+
+    def gradients(query, key, value):
+        with tf.GradientTape() as tape:
+            tape.watch([query, key, value])
+            loss = tf.reduce_sum(attend(query, key, value) * output_grad)
+        return [attend(query, key, value)] + tape.gradient(loss, [query, key, value])
+
+    eager = gradients(*inputs)
+    padding = PACKED_IDS == 0
+    assert np.all(eager[0].numpy()[padding] == 0.0) and np.all(eager[1].numpy()[padding] == 0.0)
+    np.testing.assert_allclose(eager[0], expected, atol=FLOAT32_ATOL)
+    for jit_compile in (False, True):
+        compiled = tf.function(gradients, jit_compile=jit_compile)(*inputs)
+        for got, want in zip(compiled, eager):
+            np.testing.assert_allclose(got, want, atol=FLOAT32_ATOL)
+    half = attend(*(tf.cast(t, "float16") for t in inputs))
+    assert half.dtype == "float16" and np.all(half.numpy()[padding] == 0.0)
+    np.testing.assert_allclose(tf.cast(half, "float32"), expected, atol=2e-3)
+
+
+def test_cached_decoding_steps_see_only_their_documents_keys_in_the_cache():
+    # A packed prompt of documents 1 and 2 in the cache; the new tokens continue document 2, and the
+    # last is padding. The dense path's one-query route and the chunked kernel at an offset agree
+    # with the reference over the cache's keys of the queries' own documents.
+    rng = np.random.default_rng(9)
+    cache_ids = np.array([[1, 1, 1, 1, 2, 2, 2, 2, 2, 0, 0, 0]] * BATCH, "int32")
+    cache_ids[1, 2:9] = 2
+    query, key, value = _packed_inputs(rng, length=12)
+    for offset, query_ids in ((9, np.array([[2], [2]], "int32")), (9, np.array([[2, 2, 0], [2, 1, 2]], "int32"))):
+        steps = query_ids.shape[1]
+        key_ids = cache_ids.copy()
+        key_ids[:, offset : offset + steps] = query_ids
+        allowed = _document_mask(query_ids, key_ids)
+        allowed &= (np.arange(12)[None, :] <= np.arange(steps)[:, None] + offset)[None, None]
+        queries = query[:, :steps]
+        expected, _ = reference.attention(queries, key, value, mask=allowed, scale=0.4)
+        documents = dict(query_segment_ids=query_ids, key_segment_ids=key_ids)
+        # One query outside XLA: the dense path takes its single-query route (no transposes).
+        assert single_query.applies(tf.constant(queries), tf.constant(key)) == (steps == 1)
+        for implementation in ("dense", "chunked"):
+            output = scaled_dot_product_attention(
+                queries,
+                key,
+                value,
+                is_causal=True,
+                query_offset=offset,
+                scale=0.4,
+                implementation=implementation,
+                **documents,
+            )
+            np.testing.assert_allclose(output, expected, atol=1e-12, err_msg=f"{implementation}, {steps} steps")
+
+
+def test_packed_dropout_drops_the_row_softmax_and_the_gradient_uses_the_forward_masks():
+    rng = np.random.default_rng(10)
+    query, key, _ = _packed_inputs(rng)
+    allowed = _document_mask(PACKED_IDS, PACKED_IDS)
+    rate, seed = 0.3, 12
+
+    def attend(query, key, value):
+        return chunked_attention(
+            query,
+            key,
+            value,
+            is_causal=True,
+            scale=0.4,
+            dropout_rate=rate,
+            seed_generator=keras.random.SeedGenerator(seed),
+            chunk_size=CHUNK,
+            key_block_size=CHUNK,
+            query_segment_ids=PACKED_IDS,
+            key_segment_ids=PACKED_IDS,
+        )
+
+    one_hot = np.broadcast_to(np.eye(PACKED_LEN)[None, :, None, :], (BATCH, PACKED_LEN, HEADS, PACKED_LEN))
+    dropped = np.transpose(attend(query, key, tf.constant(one_hot)).numpy(), (0, 2, 1, 3))  # (b, h, q, k)
+    _, weights = reference.attention(query, key, one_hot, mask=allowed, is_causal=True, scale=0.4)
+    keep = dropped != 0.0
+    np.testing.assert_allclose(dropped[keep], weights[keep] / (1.0 - rate), atol=1e-12)
+    assert not np.any(keep & (weights == 0.0)) and 0.1 < 1.0 - keep[weights > 0].mean() < 0.5
+
+    def dense_with_the_same_masks(query, key, value):
+        logits = softmax.attention_logits(query, key) * 0.4
+        causal = masks.causal_mask(PACKED_LEN, PACKED_LEN)
+        weights = softmax.masked_softmax(logits, causal & allowed) * keep / (1.0 - rate)
+        return tf.einsum("bhqk,bkhd->bqhd", weights, value)
+
+    inputs = [tf.constant(t) for t in (query, key, one_hot)]
+    output_grad = tf.constant(rng.normal(size=one_hot.shape))
+    for got, want in zip(
+        output_gradients(attend, inputs, output_grad), output_gradients(dense_with_the_same_masks, inputs, output_grad)
+    ):
+        np.testing.assert_allclose(got, want, atol=1e-12)

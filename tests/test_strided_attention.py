@@ -79,6 +79,18 @@ def _loss(output):
     return tf.reduce_sum(output * tf.cos(tf.range(DEPTH, dtype=output.dtype)))
 
 
+def _loss_gradients(attend):
+    """The function of `(query, key, value)` giving the gradients of `_loss(attend(...))`."""
+
+    def gradients(query, key, value):
+        with tf.GradientTape() as tape:
+            tape.watch([query, key, value])
+            loss = _loss(attend(query, key, value))
+        return tape.gradient(loss, [query, key, value])
+
+    return gradients
+
+
 MASK_KINDS = ("none", "keys", "queries", "full")
 SHAPES = ((13, 13, 0), (5, 14, 9), (17, 11, 0), (10, 23, 7))  # (query_len, key_len, query_offset)
 # Every pattern meets every mask kind and every shape (rotated, not their product).
@@ -152,13 +164,7 @@ def test_eager_tf_function_and_xla_agree():
     np.testing.assert_allclose(attend(query, key, value), expected, atol=2e-5)
     assert_jit_matches_eager(attend, (query, key, value))
 
-    def gradients(query, key, value):
-        with tf.GradientTape() as tape:
-            tape.watch([query, key, value])
-            loss = _loss(attend(query, key, value))
-        return tape.gradient(loss, [query, key, value])
-
-    assert_jit_matches_eager(gradients, tuple(tf.constant(t) for t in (query, key, value)))
+    assert_jit_matches_eager(_loss_gradients(attend), tuple(tf.constant(t) for t in (query, key, value)))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -216,3 +222,95 @@ def test_explicit_strided_refuses_what_it_cannot_take(overrides, message):
     call = _call(64, **overrides)
     with pytest.raises(ValueError, match=message):
         attention_module._choose_implementation("strided", call)
+
+
+# Packed rows: documents of 5, 6 and 4 tokens, then padding (band chunks of 4, one residue per step).
+PACKED_IDS = np.array([[1] * 5 + [2] * 6 + [3] * 4 + [0] * 5, [1] * 8 + [2] * 8 + [0] * 4], "int32")
+
+
+def _document_mask(query_ids, key_ids):
+    """NumPy `(batch, 1, q, k)`: same non-zero document."""
+    return ((query_ids[:, :, None] == key_ids[:, None, :]) & (query_ids[:, :, None] != 0))[:, None]
+
+
+PACKED_CASES = [
+    ("causal_strided", "none", 0),
+    ("strided", "keys", 0),
+    ("causal_strided_global", "full", 0),
+    ("causal_residues_only", "none", 0),
+    ("causal_strided", "none", 13),  # decoding: 7 new queries over a cache of 20 keys
+]
+
+
+@pytest.mark.parametrize("name, mask_kind, query_offset", PACKED_CASES)
+def test_packed_rows_match_the_float64_reference_of_each_document(small_steps, name, mask_kind, query_offset):
+    pattern, spec = PATTERNS[name]
+    key_len = PACKED_IDS.shape[1]
+    query_len = key_len - query_offset
+    key_ids, query_ids = PACKED_IDS, PACKED_IDS[:, query_offset:]
+    rng = np.random.default_rng(query_offset + len(name))
+    query, key, value = _inputs(rng, query_len, key_len)
+    mask = _mask(rng, mask_kind, query_len, key_len)
+    merged = _merged(spec, mask, query_len, key_len, query_offset) & _document_mask(query_ids, key_ids)
+    expected, _ = reference.attention(query, key, value, mask=merged, scale=0.5)
+
+    tensors = [tf.constant(t) for t in (query, key, value)]
+    with tf.GradientTape() as tape:
+        tape.watch(tensors)
+        documents = dict(query_segment_ids=query_ids, key_segment_ids=key_ids)
+        output = strided_attention(
+            *tensors, mask=mask, pattern=pattern, query_offset=query_offset, scale=0.5, **documents
+        )
+        loss = _loss(output)
+    np.testing.assert_allclose(output, expected, atol=1e-12)
+    assert np.all(np.asarray(output)[query_ids == 0] == 0.0)
+    output_gradient = np.broadcast_to(np.cos(np.arange(DEPTH)), expected.shape)
+    wants = reference.attention_gradients(query, key, value, output_gradient, mask=merged, scale=0.5)
+    for got, want in zip(tape.gradient(loss, tensors), wants):
+        np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+def test_packed_rows_agree_eagerly_in_a_graph_under_xla_and_in_float16():
+    pattern, spec = PATTERNS["causal_strided"]
+    query, key, value = _inputs(np.random.default_rng(5), 20, 20, "float32")
+    merged = _merged(spec, None, 20, 20, 0) & _document_mask(PACKED_IDS, PACKED_IDS)
+    expected, _ = reference.attention(query, key, value, mask=merged, scale=0.5)
+
+    def attend(query, key, value):
+        return scaled_dot_product_attention(
+            query, key, value, pattern=pattern, scale=0.5, segment_ids=PACKED_IDS, implementation="strided"
+        )
+
+    output = attend(query, key, value)
+    np.testing.assert_allclose(output, expected, atol=2e-5)
+    assert np.all(np.asarray(output)[PACKED_IDS == 0] == 0.0)
+
+    assert_jit_matches_eager(_loss_gradients(attend), tuple(tf.constant(t) for t in (query, key, value)))
+    half = attend(*(tf.cast(t, "float16") for t in (query, key, value)))
+    assert half.dtype == "float16" and np.all(np.asarray(half)[PACKED_IDS == 0] == 0.0)
+    np.testing.assert_allclose(tf.cast(half, "float32"), expected, atol=3e-2)
+
+
+def test_steps_without_a_shared_document_are_the_ones_skipped(small_steps):
+    # Band chunks (forward queries, backward keys) and residue steps are skipped exactly where the
+    # NumPy document mask has no pair: here the padding. A residue step holds a token of every
+    # document at least `stride` long, so on packed text it is computed and masked, never skipped.
+    pattern, _ = PATTERNS["causal_strided"]
+    ids = np.array([[1] * 7 + [2] * 6 + [0] * 11] * BATCH, "int32")
+    length = ids.shape[1]
+    plan = strided_layout.plan_of(pattern, length, length, 0)
+    masks = strided_layout.PartMasks.of(None, plan, (tf.constant(ids), tf.constant(ids)))
+    padded = np.pad(ids, [[0, 0], [0, plan.num_chunks * plan.chunk - length]])
+    allowed = _document_mask(padded, np.pad(ids, [[0, 0], [0, plan.num_key_chunks * plan.key_chunk - length]]))[:, 0]
+    band = [
+        (strided_layout.band_may_share(masks, index * plan.chunk, plan.chunk, start, plan.band_width), index, start)
+        for index, start in enumerate(plan.band_starts)
+    ]
+    for may_share, index, start in band:
+        rows, cols = slice(index * plan.chunk, (index + 1) * plan.chunk), slice(start, start + plan.band_width)
+        assert bool(may_share) == allowed[:, rows, cols].any()
+    assert sum(not bool(may_share) for may_share, _, _ in band) == 2  # the chunks of queries 16..23
+    residues = [bool(strided_layout.grid_may_share(plan, masks, step)) for step in range(plan.num_steps)]
+    assert all(residues) and len(residues) == 3
+    only_padding = strided_layout.PartMasks.of(None, plan, (tf.zeros_like(ids), tf.constant(ids)))
+    assert not any(bool(strided_layout.grid_may_share(plan, only_padding, step)) for step in range(plan.num_steps))

@@ -22,6 +22,25 @@ Each chunk holds whole rows. An inverse temperature of at most 1 is folded into 
 (`keras_attn.core.softmax`: finite fill, one fused softmax); a larger or tensor one multiplies logits
 already shifted by their row maximum (`keras_attn.kernels.streaming_softmax.softmax`, exact up to the
 float32 limit). Either way masked keys have weight exactly 0 and rows without keys a zero output.
+
+Packed rows (`query_segment_ids` / `key_segment_ids`, `keras_attn.core.segments`): a query attends
+only to keys of its own document, so a row of documents of lengths `n_1 .. n_k` needs only
+`sum n_i^2` of its `(sum n_i)^2` pairs. The chunk plan is static (Python ints) while the documents
+are data, so the chunk cannot narrow its keys by a data-dependent slice: the slice's length would be
+dynamic, which XLA refuses and which every chunk would then have to pad to the worst case anyway.
+Instead each chunk cuts its keys into tiles of `KEY_BLOCK_SIZE` (static shapes), and each tile is a
+`tf.cond` on whether its queries may share a document with its keys
+(`keras_attn.kernels.document_blocks`, from the ids of the tile's own queries and keys): the tiles
+that hold a document pair are computed, each with the document mask of its own ids (never the
+whole `(query_len, key_len)` mask), and the others are left out, so the logits, exponentials and
+products cost about `sum n_i^2` plus the tiles a document boundary cuts. Each computed tile takes a
+softmax of its own with its row statistics, the tiles merge into the one softmax of the chunk's rows
+(`streaming_softmax.merge`), and each tile's weights are rescaled by its share of the row's sum:
+the weights kept for the backward pass are exactly the row softmax's, and a skipped tile's are
+zeros that the backward pass skips by the same `tf.cond`. A `tf.cond` runs eagerly as a Python
+branch, and in a graph and under XLA as a conditional whose untaken branch costs nothing; a skipped
+tile still writes its zero weights (memory the chunk holds anyway), and dropout keep-masks are
+drawn for every tile (outside the custom gradient, so that the backward pass sees the same ones).
 """
 
 import dataclasses
@@ -31,6 +50,7 @@ import tensorflow as tf
 
 from keras_attn import patterns
 from keras_attn.core.masks import may_empty_rows
+from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import pattern_mask
 from keras_attn.core.position_bias import add_gradients
 from keras_attn.core.position_bias import bias_parameter_gradients
@@ -38,10 +58,12 @@ from keras_attn.core.position_bias import block_positions
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.position_bias import read_bias_parameters
 from keras_attn.core.position_bias import split_inputs
-from keras_attn.core.segments import with_segments_as_mask
+from keras_attn.core.segments import resolve_segment_ids
+from keras_attn.core.segments import segment_mask
 from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import masked_softmax
 from keras_attn.core.softmax import resolved_scale
+from keras_attn.kernels import document_blocks
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels.call import why_not_tensorflow_streaming
 from keras_attn.utils import float_math_dtype
@@ -49,6 +71,8 @@ from keras_attn.validation import check_scale
 
 # Queries per chunk: each chunk computes only the keys its pattern reaches.
 QUERY_CHUNK_SIZE = 128
+# Keys per tile of a chunk when segment ids are given: the unit a chunk skips.
+KEY_BLOCK_SIZE = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +107,6 @@ def why_unsupported(call):
 
 def attend(call):
     """`chunked_attention` of an `AttentionCall`, in chunks of `QUERY_CHUNK_SIZE` queries."""
-    call = with_segments_as_mask(call)
     return chunked_attention(
         call.query,
         call.key,
@@ -97,6 +120,8 @@ def attend(call):
         seed_generator=call.seed_generator,
         chunk_size=QUERY_CHUNK_SIZE,
         position_bias=call.position_bias,
+        query_segment_ids=call.query_segment_ids,
+        key_segment_ids=call.key_segment_ids,
     )
 
 
@@ -120,6 +145,16 @@ def pattern_query_chunks(query_len, key_len, chunk_size, pattern, query_offset=0
     return chunks
 
 
+def chunk_tiles(chunk, key_block_size):
+    """The chunk's keys cut at the multiples of `key_block_size` into tiles (`QueryChunk`s of the
+    chunk's queries over part of its keys); `None` or a chunk without keys: the chunk itself."""
+    if key_block_size is None or not chunk.has_keys:
+        return [chunk]
+    first_cut = (chunk.key_start // key_block_size + 1) * key_block_size
+    bounds = [chunk.key_start, *range(first_cut, chunk.key_stop, key_block_size), chunk.key_stop]
+    return [QueryChunk(chunk.query_start, chunk.query_stop, start, stop) for start, stop in zip(bounds, bounds[1:])]
+
+
 def chunked_attention(
     query,
     key,
@@ -135,6 +170,9 @@ def chunked_attention(
     seed_generator=None,
     chunk_size=QUERY_CHUNK_SIZE,
     position_bias=None,
+    query_segment_ids=None,
+    key_segment_ids=None,
+    key_block_size=KEY_BLOCK_SIZE,
 ):
     """Attention of `pattern_query_chunks` chunks, each over only the keys its pattern reaches.
 
@@ -157,6 +195,11 @@ def chunked_attention(
         chunk_size: queries per chunk.
         position_bias: optional `keras_attn.core.position_bias.PositionBias` for the query heads;
             its bias is computed per chunk from positions (query `i` at `i + query_offset`).
+        query_segment_ids: optional int `(batch, query_len)` document ids of the queries (0:
+            padding), with `key_segment_ids` `(batch, key_len)`: a query attends only to keys of
+            its own document, and the tiles where none does are skipped (module docstring).
+        key_segment_ids: see `query_segment_ids`.
+        key_block_size: keys per tile of a chunk when segment ids are given.
 
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype of `value`.
@@ -167,19 +210,11 @@ def chunked_attention(
     position_bias = check_position_bias(position_bias, query.shape[2])
     query_len, key_len = query.shape[1], key.shape[1]
     chunks = pattern_query_chunks(query_len, key_len, chunk_size, pattern, query_offset)
+    segment_ids = resolve_segment_ids(None, query_segment_ids, key_segment_ids, query_len, key_len)
+    segment_ids = None if segment_ids[0] is None else segment_ids
+    tiles = [chunk_tiles(chunk, None if segment_ids is None else key_block_size) for chunk in chunks]
     if mask is not None:
         mask = tf.convert_to_tensor(mask, tf.bool)
-    chunk_masks = [
-        pattern_mask(
-            None if mask is None else _pairwise_slice(mask, chunk),
-            pattern,
-            chunk.query_stop - chunk.query_start,
-            chunk.key_stop - chunk.key_start,
-            query_offset=query_offset + chunk.query_start,
-            key_offset=chunk.key_start,
-        )
-        for chunk in chunks
-    ]
     # Logits in float32 whatever the compute dtype: float16 products overflow at 65,504.
     dtype = float_math_dtype(query.dtype)
     query, scale = streaming_softmax.fold_scale(tf.cast(query, dtype), scale)
@@ -188,8 +223,12 @@ def chunked_attention(
     value = tf.transpose(value, (0, 2, 1, 3))  # (batch, heads, key_len, value_depth)
     plan = _ChunkPlan(
         chunks,
-        chunk_masks,
-        _keep_scales(chunks, query, dropout_rate, seed_generator),
+        tiles,
+        _keep_scales(tiles, query, dropout_rate, seed_generator),
+        [[_tile_may_share(tile, segment_ids) for tile in row] for row in tiles],
+        mask=mask,
+        pattern=pattern,
+        segment_ids=segment_ids,
         rows_may_be_empty=may_empty_rows(mask, pattern),
         key_len=key_len,
         has_bias=bias is not None,
@@ -211,23 +250,60 @@ def chunked_attention(
 
 @dataclasses.dataclass(frozen=True)
 class _ChunkPlan:
-    """The chunks of one call with their merged masks and dropout keep-scales (`None`: none)."""
+    """The chunks of one call and, per chunk, its tiles with their dropout keep-scales (`None`:
+    none) and whether their queries may share a document with their keys (`None`: no segment ids,
+    always computed); a tile's mask is built when the tile is computed (`tile_mask`)."""
 
     chunks: list
-    masks: list
+    tiles: list
     keep_scales: list
+    may_share: list
+    mask: object
+    pattern: object
+    segment_ids: object
     rows_may_be_empty: bool
     key_len: int
     has_bias: bool
     position_bias: object
     query_offset: int
 
-    def positions(self, chunk):
-        """The query and key positions of a chunk, for its position bias."""
-        return (
-            block_positions(self.query_offset + chunk.query_start, chunk.query_stop - chunk.query_start),
-            block_positions(chunk.key_start, chunk.key_stop - chunk.key_start),
+    @property
+    def segmented(self):
+        return any(flag is not None for row in self.may_share for flag in row)
+
+    def tile_mask(self, tile):
+        """The caller's mask, the pattern and the tile's document mask (from its own ids), merged."""
+        merged = pattern_mask(
+            None if self.mask is None else _pairwise_slice(self.mask, tile),
+            self.pattern,
+            tile.query_stop - tile.query_start,
+            tile.key_stop - tile.key_start,
+            query_offset=self.query_offset + tile.query_start,
+            key_offset=tile.key_start,
         )
+        if self.segment_ids is None:
+            return merged
+        return merge_masks(merged, segment_mask(*_tile_ids(self.segment_ids, tile)))
+
+    def positions(self, tile):
+        """The query and key positions of a tile, for its position bias."""
+        return (
+            block_positions(self.query_offset + tile.query_start, tile.query_stop - tile.query_start),
+            block_positions(tile.key_start, tile.key_stop - tile.key_start),
+        )
+
+
+def _tile_ids(segment_ids, tile):
+    """The document ids `(batch, tile queries)` and `(batch, tile keys)` of a tile."""
+    query_ids, key_ids = segment_ids
+    return query_ids[:, tile.query_start : tile.query_stop], key_ids[:, tile.key_start : tile.key_stop]
+
+
+def _tile_may_share(tile, segment_ids):
+    """Whether the tile's queries may share a document with its keys (`None`: no ids, always computed)."""
+    if segment_ids is None or not tile.has_keys:
+        return None
+    return document_blocks.may_share_document(*_tile_ids(segment_ids, tile))
 
 
 def _pairwise_slice(tensor, chunk):
@@ -247,22 +323,22 @@ def _queries(tensor, chunk):
     return tensor[:, :, chunk.query_start : chunk.query_stop]
 
 
-def _keep_scales(chunks, query, dropout_rate, seed_generator):
-    """Per chunk, `keep / (1 - rate)` of shape `(batch, heads, chunk_len, chunk_keys)`, or `None`.
+def _keep_scales(tiles, query, dropout_rate, seed_generator):
+    """Per chunk, per tile, `keep / (1 - rate)` of shape `(batch, heads, tile queries, tile keys)`, or `None`.
 
     Drawn outside the custom gradient (the seed generator's state is a variable), so the backward
     pass applies exactly the forward masks.
     """
     if dropout_rate == 0.0:
-        return [None] * len(chunks)
+        return [[None] * len(row) for row in tiles]
     batch, heads = tf.shape(query)[0], tf.shape(query)[1]
     dtype = float_math_dtype(query.dtype)
 
-    def keep_scale(chunk):
-        shape = tf.stack([batch, heads, chunk.query_stop - chunk.query_start, chunk.key_stop - chunk.key_start])
+    def keep_scale(tile):
+        shape = tf.stack([batch, heads, tile.query_stop - tile.query_start, tile.key_stop - tile.key_start])
         return keras.random.dropout(tf.ones(shape, dtype), dropout_rate, seed=seed_generator)
 
-    return [keep_scale(chunk) if chunk.has_keys else None for chunk in chunks]
+    return [[keep_scale(tile) if tile.has_keys else None for tile in row] for row in tiles]
 
 
 def _chunk_bias(plan, chunk, bias, parameters):
@@ -276,10 +352,9 @@ def _chunk_bias(plan, chunk, bias, parameters):
     return total
 
 
-def _chunk_weights(plan, index, scale, query, key, bias, parameters):
-    """Normalised float32 weights `(batch, heads, chunk_len, chunk_keys)` of chunk `index`; a row
-    without keys gets zero weights, so a zero output and gradient."""
-    chunk, mask = plan.chunks[index], plan.masks[index]
+def _chunk_weights(plan, chunk, mask, scale, query, key, bias, parameters):
+    """Normalised float32 weights `(batch, heads, chunk_len, chunk_keys)` of a chunk over all its
+    keys; a row without keys gets zero weights, so a zero output and gradient."""
     logits = streaming_softmax.raw_logits(_queries(query, chunk), _keys(key, chunk))  # (b, h, chunk_len, chunk_keys)
     bias = _chunk_bias(plan, chunk, bias, parameters)
     bias = None if bias is None else tf.cast(bias, logits.dtype)
@@ -293,7 +368,7 @@ def _chunk_weights(plan, index, scale, query, key, bias, parameters):
 
 
 def _forward(plan, scale, query, key, value, bias, parameters):
-    """Output `(batch, heads, query_len, value_depth)` and each chunk's weights (`None`: no keys)."""
+    """Output `(batch, heads, query_len, value_depth)` and, per chunk, its tiles' weights (`None`: no keys)."""
     outputs, chunk_weights = [], []
     batch, heads = tf.shape(query)[0], tf.shape(query)[1]
     for index, chunk in enumerate(plan.chunks):
@@ -302,61 +377,119 @@ def _forward(plan, scale, query, key, value, bias, parameters):
             outputs.append(tf.zeros(shape, value.dtype))
             chunk_weights.append(None)
             continue
-        weights = _chunk_weights(plan, index, scale, query, key, bias, parameters)
-        dropped = weights if plan.keep_scales[index] is None else weights * plan.keep_scales[index]
+        if plan.segmented:
+            output, tile_weights = _documents_forward(plan, index, scale, query, key, value, bias, parameters)
+            outputs.append(tf.cast(output, value.dtype))
+            chunk_weights.append(tile_weights)
+            continue
+        weights = _chunk_weights(plan, chunk, plan.tile_mask(chunk), scale, query, key, bias, parameters)
+        keep_scale = plan.keep_scales[index][0]
+        dropped = weights if keep_scale is None else weights * keep_scale
         outputs.append(tf.matmul(tf.cast(dropped, value.dtype), _keys(value, chunk)))  # (b, h, chunk_len, dv)
-        chunk_weights.append(weights)
+        chunk_weights.append([weights])
     return tf.concat(outputs, axis=2), chunk_weights  # (batch, heads, query_len, value_depth)
 
 
+def _documents_forward(plan, index, scale, query, key, value, bias, parameters):
+    """The float32 output `(batch, heads, chunk_len, value_depth)` of chunk `index` and its tiles'
+    weights: each tile a softmax of its own, skipped (zero weights) where no query shares a document
+    with a key, and the tiles merged into the one softmax of the chunk's rows."""
+    chunk = plan.chunks[index]
+    queries = _queries(query, chunk)  # (batch, heads, chunk_len, depth)
+    value = tf.cast(value, queries.dtype)
+    parts = []
+    for tile, keep_scale, may_share in zip(plan.tiles[index], plan.keep_scales[index], plan.may_share[index]):
+
+        def computed(tile=tile, keep_scale=keep_scale):
+            logits = streaming_softmax.raw_logits(queries, _keys(key, tile))
+            logits = streaming_softmax.exclude(logits, plan.tile_mask(tile))
+            tile_bias = _chunk_bias(plan, tile, bias, parameters)
+            tile_bias = None if tile_bias is None else tf.cast(tile_bias, logits.dtype)
+            weights, (row_max, log_normaliser) = streaming_softmax.softmax(logits, scale, tile_bias)
+            dropped = weights if keep_scale is None else weights * keep_scale
+            return weights, tf.matmul(dropped, _keys(value, tile)), row_max, log_normaliser
+
+        def skipped(tile=tile):
+            rows = tf.shape(queries[..., :1])  # (batch, heads, chunk_len, 1)
+            no_keys = tf.fill(rows, tf.constant(-float("inf"), queries.dtype))  # M = L = -inf: weight 0 in the merge
+            weights = tf.zeros(tf.concat([rows[:3], [tile.key_stop - tile.key_start]], 0), queries.dtype)
+            output = tf.zeros(tf.concat([rows[:3], [value.shape[-1]]], 0), queries.dtype)
+            return weights, output, no_keys, no_keys
+
+        parts.append(document_blocks.guarded(may_share, computed, skipped))
+    output, row_max, log_normaliser = streaming_softmax.merge([part[1:] for part in parts], scale)
+    tile_weights = []
+    for (weights, _, tile_max, tile_normaliser), may_share in zip(parts, plan.may_share[index]):
+        # The tile's weights were normalised over its own keys; its share of the chunk's sum rescales them.
+        share = tile_normaliser + streaming_softmax.times_scale(
+            scale, tile_max - streaming_softmax.finite_or_zero(row_max)
+        )
+        tile_weights.append(
+            document_blocks.guarded(
+                may_share,
+                lambda weights=weights, share=share: (
+                    weights * tf.exp(share - streaming_softmax.finite_or_zero(log_normaliser))
+                ),
+                lambda weights=weights: weights,
+            )
+        )
+    return output, tile_weights
+
+
 def _backward(plan, scale, inputs, output, chunk_weights, output_gradient):
-    """Gradients of ([scale,] query, key, value[, bias][, bias parameters]) from each chunk's stored
+    """Gradients of ([scale,] query, key, value[, bias][, bias parameters]) from each tile's stored
     weights: the logits `z = scale * (Q K^T - M) + bias` get `dZ`, the raw logits `scale * dZ`
-    (`scale=None`: folded into the query, whose gradient carries it outside)."""
+    (`scale=None`: folded into the query, whose gradient carries it outside). A skipped tile
+    (no query sharing a document with a key) has zero weights and contributes no gradient: it is
+    skipped here too."""
     query, key, value, bias, parameters = split_inputs(inputs, plan.has_bias)
     parameter_grads = tuple(tf.zeros_like(parameter) for parameter in parameters)
     dtype = float_math_dtype(query.dtype)
     query_f, key_f, value_f, output_gradient = (tf.cast(t, dtype) for t in (query, key, value, output_gradient))
     # rowsum(dO * O) = sum_k P_k dP_k, the subtracted term of the softmax gradient.
     delta = tf.reduce_sum(output_gradient * tf.cast(output, dtype), -1, keepdims=True)  # (batch, heads, q, 1)
-    with_dropout = any(keep_scale is not None for keep_scale in plan.keep_scales)
-    if not with_dropout:
+    shifted = None
+    if all(keep_scale is None for row in plan.keep_scales for keep_scale in row):
         # [dO, -delta] . [V, 1]^T = dP - delta: the subtraction rides on the matmul instead of
         # taking a pass over the weights (with dropout, dP is rescaled first and cannot).
-        shifted_grad = tf.concat([output_gradient, -delta], -1)  # (batch, heads, q, value_depth + 1)
-        shifted_values = tf.concat([value_f, tf.ones_like(value_f[..., :1])], -1)  # (batch, heads, k, dv + 1)
+        shifted = (
+            tf.concat([output_gradient, -delta], -1),  # (batch, heads, q, value_depth + 1)
+            tf.concat([value_f, tf.ones_like(value_f[..., :1])], -1),  # (batch, heads, k, value_depth + 1)
+        )
+    rows = _GradientRows(query_f, key_f, value_f, output_gradient, delta, shifted, bias, parameters)
     query_grads, key_grads, value_grads, bias_grads, scale_grads = [], [], [], [], []
     for index, chunk in enumerate(plan.chunks):
-        weights, keep_scale = chunk_weights[index], plan.keep_scales[index]
-        if weights is None:
+        if chunk_weights[index] is None:
             query_grads.append(tf.zeros_like(_queries(query_f, chunk)))
             bias_grads.append(None)
             continue
-        chunk_grad = _queries(output_gradient, chunk)  # (batch, heads, chunk_len, value_depth)
-        if not with_dropout:
-            dropped = weights
-            shifted = tf.matmul(_queries(shifted_grad, chunk), _keys(shifted_values, chunk), transpose_b=True)
-            logits_grad = weights * shifted  # (batch, heads, chunk_len, chunk_keys)
-        else:
-            dropped = weights * keep_scale
-            weights_grad = tf.matmul(chunk_grad, _keys(value_f, chunk), transpose_b=True) * keep_scale
-            logits_grad = weights * (weights_grad - _queries(delta, chunk))  # (b, h, chunk_len, chunk_keys)
-        value_grads.append(_pad_keys(tf.matmul(dropped, chunk_grad, transpose_a=True), chunk, plan.key_len))
-        query_side = tf.matmul(logits_grad, _keys(key_f, chunk))  # dZ K: (batch, heads, chunk_len, depth)
+        tile_grads = [
+            document_blocks.guarded(
+                may_share,
+                lambda tile=tile, weights=weights, keep_scale=keep_scale: _tile_gradients(
+                    plan, tile, weights, keep_scale, scale, rows
+                ),
+                lambda tile=tile, weights=weights: _skipped_gradients(tile, weights, rows),
+            )
+            for tile, weights, keep_scale, may_share in zip(
+                plan.tiles[index], chunk_weights[index], plan.keep_scales[index], plan.may_share[index]
+            )
+        ]
+        query_side = tf.add_n([grads["query"] for grads in tile_grads])  # dZ K: (batch, heads, chunk_len, depth)
         if scale is not None:
             scale_grads.append(streaming_softmax.scale_gradient(_queries(query_f, chunk), query_side))
         query_grads.append(streaming_softmax.times_scale(scale, query_side))
-        key_grad = tf.matmul(logits_grad, _queries(query_f, chunk), transpose_a=True)  # (b, h, chunk_keys, depth)
-        key_grads.append(_pad_keys(streaming_softmax.times_scale(scale, key_grad), chunk, plan.key_len))
-        bias_grads.append(logits_grad)
-        parameter_grads = add_gradients(
-            parameter_grads,
-            bias_parameter_gradients(plan.position_bias, parameters, *plan.positions(chunk), logits_grad),
-        )
+        key_grads.append(_pad_keys(_chunk_keys([grads["key"] for grads in tile_grads]), chunk, plan.key_len))
+        value_grads.append(_pad_keys(_chunk_keys([grads["value"] for grads in tile_grads]), chunk, plan.key_len))
+        if bias is not None:
+            tile_bias_grads = [grads["bias"] for grads in tile_grads]
+            bias_grads.append(tf.add_n(tile_bias_grads) if bias.shape[3] == 1 else _chunk_keys(tile_bias_grads, 3))
+        for grads in tile_grads:
+            parameter_grads = add_gradients(parameter_grads, grads["parameters"])
     grads = [] if scale is None else [tf.add_n(scale_grads) if scale_grads else tf.zeros_like(scale)]
     grads += [
         tf.cast(tf.concat(query_grads, axis=2), query.dtype),
-        tf.cast(tf.add_n(key_grads), key.dtype),
+        tf.cast(streaming_softmax.times_scale(scale, tf.add_n(key_grads)), key.dtype),
         tf.cast(tf.add_n(value_grads), value.dtype),
     ]
     if bias is not None:
@@ -364,21 +497,76 @@ def _backward(plan, scale, inputs, output, chunk_weights, output_gradient):
     return grads + list(parameter_grads)
 
 
+@dataclasses.dataclass(frozen=True)
+class _GradientRows:
+    """What every tile's gradient reads: the float32 inputs, `dO`, `delta`, the bias and its parameters."""
+
+    query: object
+    key: object
+    value: object
+    output_gradient: object
+    delta: object
+    shifted: object  # ([dO, -delta], [V, 1]) without dropout, else None
+    bias: object
+    parameters: tuple
+
+
+def _tile_gradients(plan, tile, weights, keep_scale, scale, rows):
+    """A tile's `dZ K` (`query`), `dZ^T Q` (`key`, the scale still to multiply), `P^T dO` (`value`),
+    its bias gradient and its position-bias parameters' gradients."""
+    output_gradient = _queries(rows.output_gradient, tile)  # (batch, heads, tile queries, value_depth)
+    if keep_scale is None:
+        dropped = weights
+        shifted_grad, shifted_values = rows.shifted
+        logits_grad = weights * tf.matmul(_queries(shifted_grad, tile), _keys(shifted_values, tile), transpose_b=True)
+    else:
+        dropped = weights * keep_scale
+        weights_grad = tf.matmul(output_gradient, _keys(rows.value, tile), transpose_b=True) * keep_scale  # dP
+        logits_grad = streaming_softmax.logits_gradient(weights, weights_grad, _queries(rows.delta, tile))
+    grads = {
+        "query": tf.matmul(logits_grad, _keys(rows.key, tile)),  # (batch, heads, tile queries, depth)
+        "key": tf.matmul(logits_grad, _queries(rows.query, tile), transpose_a=True),  # (b, h, tile keys, depth)
+        "value": tf.matmul(dropped, output_gradient, transpose_a=True),  # (batch, heads, tile keys, dv)
+        "parameters": bias_parameter_gradients(plan.position_bias, rows.parameters, *plan.positions(tile), logits_grad),
+    }
+    if rows.bias is not None:
+        grads["bias"] = streaming_softmax.broadcast_bias_gradient(rows.bias, logits_grad)
+    return grads
+
+
+def _skipped_gradients(tile, weights, rows):
+    """The zero gradients of a skipped tile, shaped as `_tile_gradients`' (`weights`: the tile's zeros)."""
+    grads = {
+        "query": tf.zeros_like(_queries(rows.query, tile)),
+        "key": tf.zeros_like(_keys(rows.key, tile)),
+        "value": tf.zeros_like(_keys(rows.value, tile)),
+        "parameters": tuple(tf.zeros_like(parameter) for parameter in rows.parameters),
+    }
+    if rows.bias is not None:
+        shape = [1 if rows.bias.shape[axis] == 1 else tf.shape(weights)[axis] for axis in range(4)]
+        grads["bias"] = tf.zeros(tf.stack(shape), weights.dtype)
+    return grads
+
+
+def _chunk_keys(tile_grads, axis=2):
+    """A chunk's tiles' key-side gradients side by side: its `[key_start, key_stop)`."""
+    return tile_grads[0] if len(tile_grads) == 1 else tf.concat(tile_grads, axis)
+
+
 def _pad_keys(tensor, chunk, key_len):
     """A chunk's `(batch, heads, chunk_keys, depth)` key gradient placed among all `key_len` keys."""
     return tf.pad(tensor, [[0, 0], [0, 0], [chunk.key_start, key_len - chunk.key_stop], [0, 0]])
 
 
-def _bias_gradient(plan, bias, logits_grads):
-    """The gradient of a broadcast bias from each chunk's logits gradient (`None`: no keys)."""
+def _bias_gradient(plan, bias, chunk_grads):
+    """The gradient of a broadcast bias from each chunk's `(b | 1, h | 1, chunk_len | 1, chunk_keys | 1)` (`None`: no keys)."""
     per_chunk = []
-    for chunk, logits_grad in zip(plan.chunks, logits_grads):
+    for chunk, grad in zip(plan.chunks, chunk_grads):
         query_rows = 1 if bias.shape[2] == 1 else chunk.query_stop - chunk.query_start
-        if logits_grad is None:
+        if grad is None:
             shape = tf.stack([tf.shape(bias)[0], tf.shape(bias)[1], query_rows, tf.shape(bias)[3]])
             per_chunk.append(tf.zeros(shape, float_math_dtype(bias.dtype)))
             continue
-        grad = streaming_softmax.broadcast_bias_gradient(bias, logits_grad)
         if bias.shape[3] != 1:
             grad = tf.pad(grad, [[0, 0], [0, 0], [0, 0], [chunk.key_start, plan.key_len - chunk.key_stop]])
         per_chunk.append(grad)

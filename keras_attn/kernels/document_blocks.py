@@ -1,15 +1,19 @@
 """Which blocks of a packed row's attention hold a query and a key of the same document.
 
-A kernel that splits the queries and the keys into blocks (`keras_attn.kernels.blockwise`) reads,
-per batch row and block, the smallest and largest non-zero segment id (`keras_attn.core.segments`).
-A query block and a key block can share a document only where, in some batch row, these id
-intervals overlap: a conservative test (a block holding documents 1 and 3 seems to reach a key
-block of document 2), exact for packed rows, whose documents are contiguous runs of increasing
-ids, and never wrong, since each computed block is masked exactly by `segment_mask`. A row of `k`
-documents then costs about the sum of their squared lengths instead of the square of the row.
+A block is a set of queries against a set of keys (a blockwise kernel's block, a chunk's key tile,
+a strided band chunk or residue step). Per batch row, the smallest and largest non-zero segment id
+of the block's queries and of its keys (`id_range`; `keras_attn.core.segments`) tell whether they
+can share a document: only where, in some batch row, these id intervals overlap. The test is
+conservative (a block holding documents 1 and 3 seems to reach a key block of document 2), exact
+for packed rows, whose documents are contiguous runs of increasing ids, and never wrong, since each
+computed block is masked exactly by `segment_mask` of its own ids. Padding (id 0) belongs to no
+document, so a block of padding queries or keys is skipped. A row of `k` documents then costs
+about the sum of their squared lengths instead of the square of the row.
 
-Everything is computed once per call, `(query_blocks, key_blocks)` booleans, so the loops only
-gather their bounds: it works eagerly, in `tf.function` and under XLA.
+Two ways to skip: the blockwise kernel reads the whole `(query_blocks, key_blocks)` table once per
+call (`document_blocks`) and narrows its loops' bounds; the chunked and strided kernels, whose plans
+are static, guard each tile with `tf.cond` (`may_share_document`, `guarded`). Both work eagerly, in
+`tf.function` and under XLA.
 """
 
 import dataclasses
@@ -17,9 +21,6 @@ import dataclasses
 import tensorflow as tf
 
 from keras_attn.core.segments import segment_mask
-
-_NO_ID_LOW = tf.int32.max  # the smallest id of a block without a document: above every id
-_NO_ID_HIGH = tf.int32.min
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,13 +81,10 @@ def _padded(ids, padded_len):
 
 
 def _block_ids(ids, block_size):
-    """Per batch row and block: the smallest and largest non-zero id (`_NO_ID_LOW` / `_NO_ID_HIGH` in a
-    block of padding only) and whether the block is one document without padding."""
+    """Per batch row and block: `id_range` of the block and whether the block is one document without padding."""
     blocks = tf.reshape(ids, tf.stack([tf.shape(ids)[0], -1, block_size]))  # (batch, blocks, block_size)
-    present = tf.not_equal(blocks, 0)
-    low = tf.reduce_min(tf.where(present, blocks, _NO_ID_LOW), axis=-1)
-    high = tf.reduce_max(tf.where(present, blocks, _NO_ID_HIGH), axis=-1)
-    single = tf.logical_and(tf.reduce_all(present, axis=-1), tf.equal(low, high))
+    low, high = id_range(blocks, axis=-1)
+    single = tf.logical_and(tf.reduce_all(tf.not_equal(blocks, 0), axis=-1), tf.equal(low, high))
     return low, high, single
 
 
@@ -102,3 +100,33 @@ def _span(reaches):
 
 def _block(ids, block, block_size):
     return tf.slice(ids, tf.stack([0, block * block_size]), tf.stack([-1, block_size]))
+
+
+def id_range(ids, axis=1):
+    """The smallest and largest non-zero id along `axis` of int32 `ids` `(batch, ...)`: a block's
+    documents; an all-padding block gets the empty range `(int32 max, int32 min)`."""
+    real = tf.not_equal(ids, 0)
+    low = tf.reduce_min(tf.where(real, ids, tf.int32.max), axis)
+    high = tf.reduce_max(tf.where(real, ids, tf.int32.min), axis)
+    return low, high
+
+
+def may_share_document(query_ids, key_ids):
+    """Scalar bool: whether some query of `query_ids` `(batch, queries)` may attend to a key of
+    `key_ids` `(batch, keys)`, in any row of the batch (overlapping id ranges)."""
+    (query_low, query_high), (key_low, key_high) = id_range(query_ids), id_range(key_ids)
+    overlap = tf.logical_and(query_low <= key_high, key_low <= query_high)  # (batch,)
+    return tf.reduce_any(overlap)
+
+
+def guarded(may_share, compute, skipped):
+    """`compute()` when the block may share a document (`may_share`, a scalar bool tensor), else
+    `skipped()` (what the block contributes when left out); `may_share=None` means always computed."""
+    if may_share is None:
+        return compute()
+    # The branches are plain TensorFlow: AutoGraph converting them again at each trace only costs time.
+    return tf.cond(
+        may_share,
+        tf.autograph.experimental.do_not_convert(compute),
+        tf.autograph.experimental.do_not_convert(skipped),
+    )

@@ -31,12 +31,29 @@ get weight exactly 0 (their logits never enter a sum: they are selected out, not
 query that sees no key has a zero output and gradient. Math in float32 (float64 for float64
 inputs) whatever the compute dtype. Not supported: an additive `bias` and attention dropout (the
 dispatcher then takes another kernel).
+
+Packed rows (`query_segment_ids` / `key_segment_ids`, `keras_attn.core.segments`): each step
+intersects the pattern with the document mask of its own queries and keys, built from their ids in
+the step's layout (a band chunk's rows and key slice, a residue step's grid columns), never the whole
+`(query_len, key_len)` mask. A step is left out (`tf.cond`, `keras_attn.kernels.document_blocks`)
+when none of its queries shares a document with its keys: a band chunk of the forward pass or of
+the query gradient, a key chunk of the band's key gradient, a residue step. What that skips follows
+from the layout: a band chunk's keys are its queries' neighbours, so on packed text it is skipped only
+where its queries or its key slice are padding; and a residue class holds every `stride`-th token of
+the whole row, so each residue step holds a token of every document at least `stride` long and is
+computed whenever its residues hold a real query and a real key of the same document. Within the
+computed steps the pairs of different documents are masked (exact, weight 0) but computed: the
+kernel's cost stays that of the pattern over the whole row (`band_width + key_len / stride` keys per
+query), and content of another document reaches a computed step's products (so NaN in one document's
+keys or values is not kept from the others, as it is by the chunked and blockwise kernels). Skipping
+the residue part per document would take tiles of grid rows inside each residue step.
 """
 
 import tensorflow as tf
 
-from keras_attn.core.segments import with_segments_as_mask
+from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.core.softmax import resolved_scale
+from keras_attn.kernels import document_blocks
 from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels import strided_layout
@@ -67,7 +84,6 @@ def why_unsupported(call):
 
 def attend(call):
     """`strided_attention` of an `AttentionCall`."""
-    call = with_segments_as_mask(call)
     return strided_attention(
         call.query,
         call.key,
@@ -76,6 +92,8 @@ def attend(call):
         pattern=call.pattern,
         query_offset=call.query_offset,
         scale=call.scale,
+        query_segment_ids=call.query_segment_ids,
+        key_segment_ids=call.key_segment_ids,
     )
 
 
@@ -100,7 +118,17 @@ def _why_not_strided(query, key, mask, pattern, query_offset):
     return None
 
 
-def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0, scale=None):
+def strided_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    pattern=None,
+    query_offset=0,
+    scale=None,
+    query_segment_ids=None,
+    key_segment_ids=None,
+):
     """Attention under a strided pattern, computing only its band and its residue classes.
 
     Called by `scaled_dot_product_attention(..., implementation="strided")`, which validates
@@ -118,6 +146,10 @@ def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0
         query_offset: Python int position of the first query among the keys.
         scale: the inverse temperature multiplying the logits; `None` (default) for
             `keras_attn.core.softmax.default_scale`, `1 / sqrt(depth)`.
+        query_segment_ids: optional int `(batch, query_len)` document ids of the queries (0:
+            padding), with `key_segment_ids` `(batch, key_len)`: a query attends only to keys of
+            its own document; the steps where none does are skipped (module docstring).
+        key_segment_ids: see `query_segment_ids`.
 
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype of `value`; fully masked rows are 0.
@@ -140,10 +172,9 @@ def strided_attention(query, key, value, mask=None, pattern=None, query_offset=0
     query, scale = streaming_softmax.fold_scale(tf.cast(query, dtype), scale)  # logits in float32 whatever the dtype
     scale = None if scale is None else tf.convert_to_tensor(scale, dtype)
     query, key, value = (tf.transpose(tf.cast(t, dtype), (0, 2, 1, 3)) for t in (query, key, value))  # (b, h, len, d)
-    masks = (
-        strided_layout.PartMasks(None, None)
-        if mask is None
-        else strided_layout.PartMasks.of(tf.cast(mask, tf.bool), plan)
+    segment_ids = resolve_segment_ids(None, query_segment_ids, key_segment_ids, plan.query_len, plan.key_len)
+    masks = strided_layout.PartMasks.of(
+        None if mask is None else tf.cast(mask, tf.bool), plan, None if segment_ids[0] is None else segment_ids
     )
     output = streaming_softmax.custom_gradient(  # (batch, heads, query_len, value_depth); the gradient recomputes
         lambda scale, *inputs: _forward(plan, masks, scale, *inputs),
@@ -162,6 +193,18 @@ def _partial_softmax(logits, allowed, values, scale):
     which merges as weight 0)."""
     weights, (row_max, log_normaliser) = streaming_softmax.softmax(streaming_softmax.exclude(logits, allowed), scale)
     return tf.matmul(weights, values), tf.concat([row_max, log_normaliser], -1)
+
+
+def _zero_rows(like, step_shape):
+    """Zeros `(batch, heads, *step_shape)` with `like`'s batch, heads and dtype: a skipped step's gradient."""
+    return tf.zeros(tf.concat([tf.shape(like)[:2], step_shape], 0), like.dtype)
+
+
+def _no_keys(like, rows, value_depth):
+    """What a skipped step contributes to the merge: zero outputs `(batch, heads, *rows, value_depth)`
+    and the statistics `(M, L) = (-inf, -inf)` of rows without keys, `(batch, heads, *rows, 2)`."""
+    statistics = tf.fill(tf.concat([tf.shape(like)[:2], rows, [2]], 0), tf.constant(-float("inf"), like.dtype))
+    return _zero_rows(like, [*rows, value_depth]), statistics
 
 
 def _weights(logits, allowed, statistics, scale):
@@ -187,8 +230,18 @@ def _band_forward(plan, masks, scale, query, key, value):
     query = strided_layout.pad_chunks(plan, query)
 
     def step(index, outputs, statistics):
-        _, start, logits, allowed = strided_layout.band_block(plan, masks, index, query, key)
-        output, chunk_statistics = _partial_softmax(logits, allowed, steps.rows(value, start, plan.band_width), scale)
+        def computed():
+            _, start, logits, allowed = strided_layout.band_block(plan, masks, index, query, key)
+            return _partial_softmax(logits, allowed, steps.rows(value, start, plan.band_width), scale)
+
+        may_share = strided_layout.band_may_share(
+            masks, index * plan.chunk, plan.chunk, strided_layout.band_start(plan, index), plan.band_width
+        )
+
+        def skipped():
+            return _no_keys(query, [plan.chunk], value.shape[-1])
+
+        output, chunk_statistics = document_blocks.guarded(may_share, computed, skipped)
         return index + 1, outputs.write(index, output), statistics.write(index, chunk_statistics)
 
     outputs, statistics = tf.while_loop(
@@ -213,9 +266,17 @@ def _strided_forward(plan, masks, scale, query, key, value):
     )  # (b, h, s, m, d)
 
     def step(index, outputs, statistics):
-        _, _, logits, allowed = strided_layout.grid_block(plan, masks, index, query_grid, key_grid)
-        values = steps.rows(value_grid, index * plan.residues_per_step, plan.residues_per_step)
-        output, step_statistics = _partial_softmax(logits, allowed, values, scale)
+        def computed():
+            _, _, logits, allowed = strided_layout.grid_block(plan, masks, index, query_grid, key_grid)
+            values = steps.rows(value_grid, index * plan.residues_per_step, plan.residues_per_step)
+            return _partial_softmax(logits, allowed, values, scale)
+
+        def skipped():
+
+            return _no_keys(query, [plan.residues_per_step, plan.query_rows], value.shape[-1])
+
+        may_share = strided_layout.grid_may_share(plan, masks, index)
+        output, step_statistics = document_blocks.guarded(may_share, computed, skipped)
         return index + 1, outputs.write(index, output), statistics.write(index, step_statistics)
 
     outputs, statistics = tf.while_loop(
@@ -291,12 +352,22 @@ def _band_query_gradient(plan, masks, scale, inputs, rows):
     query, key, value = inputs
 
     def step(index, query_grads):
-        queries, start, logits, allowed = strided_layout.band_block(plan, masks, index, query, key)
-        output_gradient, delta, statistics = (steps.rows(t, index * plan.chunk, plan.chunk) for t in rows)
-        weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, chunk, width)
-        keys, values = (steps.rows(t, start, plan.band_width) for t in (key, value))
-        logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (batch, heads, chunk, width)
-        return index + 1, query_grads.write(index, tf.matmul(logits_grad, keys))  # (b, h, chunk, depth)
+        def computed():
+            _, start, logits, allowed = strided_layout.band_block(plan, masks, index, query, key)
+            output_gradient, delta, statistics = (steps.rows(t, index * plan.chunk, plan.chunk) for t in rows)
+            weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, chunk, width)
+            keys, values = (steps.rows(t, start, plan.band_width) for t in (key, value))
+            logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (batch, heads, chunk, width)
+            return tf.matmul(logits_grad, keys)  # (batch, heads, chunk, depth)
+
+        may_share = strided_layout.band_may_share(
+            masks, index * plan.chunk, plan.chunk, strided_layout.band_start(plan, index), plan.band_width
+        )
+
+        def skipped():
+            return _zero_rows(query, [plan.chunk, query.shape[-1]])
+
+        return index + 1, query_grads.write(index, document_blocks.guarded(may_share, computed, skipped))
 
     query_grads = tf.while_loop(
         lambda index, *_: index < plan.num_chunks,
@@ -317,18 +388,26 @@ def _band_key_gradients(plan, masks, scale, inputs, rows):
         start = tf.gather(tf.constant(plan.band_query_starts, tf.int32), index)
         width = plan.band_query_width
         first_key = index * plan.key_chunk
-        keys, values = (steps.rows(t, first_key, plan.key_chunk) for t in (key, value))  # (b, h, key_chunk, d)
-        queries = steps.rows(query, start, width)  # (batch, heads, width, depth)
-        output_gradient, delta, statistics = (steps.rows(t, start, width) for t in rows)
-        logits = tf.matmul(queries, keys, transpose_b=True)  # (batch, heads, width, key_chunk)
-        allowed = strided_layout.band_allowed(plan, masks, start, width, first_key, plan.key_chunk)
-        weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, width, key_chunk)
-        logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (batch, heads, width, key_chunk)
-        return (
-            index + 1,
-            key_grads.write(index, tf.matmul(logits_grad, queries, transpose_a=True)),  # (b, h, key_chunk, depth)
-            value_grads.write(index, tf.matmul(weights, output_gradient, transpose_a=True)),  # (b, h, key_chunk, dv)
-        )
+
+        def computed():
+            keys, values = (steps.rows(t, first_key, plan.key_chunk) for t in (key, value))  # (b, h, key_chunk, d)
+            queries = steps.rows(query, start, width)  # (batch, heads, width, depth)
+            output_gradient, delta, statistics = (steps.rows(t, start, width) for t in rows)
+            logits = tf.matmul(queries, keys, transpose_b=True)  # (batch, heads, width, key_chunk)
+            allowed = strided_layout.band_allowed(plan, masks, start, width, first_key, plan.key_chunk)
+            weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, width, key_chunk)
+            logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (b, h, width, key_chunk)
+            return (
+                tf.matmul(logits_grad, queries, transpose_a=True),  # (batch, heads, key_chunk, depth)
+                tf.matmul(weights, output_gradient, transpose_a=True),  # (batch, heads, key_chunk, dv)
+            )
+
+        def skipped():
+            return tuple(_zero_rows(query, [plan.key_chunk, t.shape[-1]]) for t in (key, value))
+
+        may_share = strided_layout.band_may_share(masks, start, width, first_key, plan.key_chunk)
+        key_grad, value_grad = document_blocks.guarded(may_share, computed, skipped)
+        return index + 1, key_grads.write(index, key_grad), value_grads.write(index, value_grad)
 
     arrays = tf.while_loop(
         lambda index, *_: index < plan.num_key_chunks,
@@ -354,12 +433,23 @@ def _strided_backward(plan, masks, scale, inputs, rows):
     row_grids = [strided_layout.to_grid(t, plan.front, plan.query_rows, plan.stride) for t in rows]  # (b, h, s, u, ·)
 
     def step(index, query_grads, key_grads, value_grads):
-        queries, keys, logits, allowed = strided_layout.grid_block(plan, masks, index, query_grid, key_grid)
-        first = index * plan.residues_per_step
-        output_gradient, delta, statistics = (steps.rows(t, first, plan.residues_per_step) for t in row_grids)
-        weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, per_step, u, m)
-        values = steps.rows(value_grid, first, plan.residues_per_step)
-        grads = _block_gradients(weights, (queries, keys), values, output_gradient, delta)
+        def computed():
+            queries, keys, logits, allowed = strided_layout.grid_block(plan, masks, index, query_grid, key_grid)
+            first = index * plan.residues_per_step
+            output_gradient, delta, statistics = (steps.rows(t, first, plan.residues_per_step) for t in row_grids)
+            weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, per_step, u, m)
+            values = steps.rows(value_grid, first, plan.residues_per_step)
+            return _block_gradients(weights, (queries, keys), values, output_gradient, delta)
+
+        def skipped():
+            per_step = plan.residues_per_step
+            return (
+                _zero_rows(query, [per_step, plan.query_rows, query.shape[-1]]),
+                _zero_rows(query, [per_step, plan.key_rows, key.shape[-1]]),
+                _zero_rows(query, [per_step, plan.key_rows, value.shape[-1]]),
+            )
+
+        grads = document_blocks.guarded(strided_layout.grid_may_share(plan, masks, index), computed, skipped)
         arrays = (query_grads, key_grads, value_grads)
         return (index + 1, *(array.write(index, grad) for array, grad in zip(arrays, grads)))
 

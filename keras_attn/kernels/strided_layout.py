@@ -14,6 +14,8 @@ import keras
 import tensorflow as tf
 
 from keras_attn import patterns
+from keras_attn.core.segments import segment_mask
+from keras_attn.kernels import document_blocks
 from keras_attn.kernels import steps
 
 # Queries per chunk of the band part (a chunk of 128 under a window of 256 computes 383 keys).
@@ -115,17 +117,37 @@ def band_query_slices(band, chunk, query_len, key_len, query_offset):
 
 @dataclasses.dataclass(frozen=True)
 class PartMasks:
-    """The caller's mask in each part's layout (`None`: no mask)."""
+    """The caller's mask and the segment ids in each part's layout (`None`: no mask, no ids)."""
 
     band: object  # (batch | 1, heads | 1, num_chunks * chunk | 1, num_key_chunks * key_chunk | 1)
     grid: object  # (batch | 1, heads | 1, stride | 1, query_rows | 1, key_rows | 1)
+    band_ids: object = None  # query ids (batch, num_chunks * chunk), key ids (batch, num_key_chunks * key_chunk)
+    grid_ids: object = None  # query ids (batch, stride, query_rows), key ids (batch, stride, key_rows)
 
     @classmethod
-    def of(cls, mask, plan):
-        query_pad = plan.num_chunks * plan.chunk - plan.query_len if mask.shape[2] != 1 else 0
-        key_pad = plan.num_key_chunks * plan.key_chunk - plan.key_len if mask.shape[3] != 1 else 0
-        band = tf.pad(mask, [[0, 0], [0, 0], [0, query_pad], [0, key_pad]])
-        return cls(band, grid_mask(mask, plan))
+    def of(cls, mask, plan, segment_ids=None):
+        band = grid = band_ids = grid_ids = None
+        if mask is not None:
+            query_pad = plan.num_chunks * plan.chunk - plan.query_len if mask.shape[2] != 1 else 0
+            key_pad = plan.num_key_chunks * plan.key_chunk - plan.key_len if mask.shape[3] != 1 else 0
+            band = tf.pad(mask, [[0, 0], [0, 0], [0, query_pad], [0, key_pad]])
+            grid = grid_mask(mask, plan)
+        if segment_ids is not None:  # padded with 0: the padding belongs to no document
+            query_ids, key_ids = segment_ids
+            band_ids = (
+                tf.pad(query_ids, [[0, 0], [0, plan.num_chunks * plan.chunk - plan.query_len]]),
+                tf.pad(key_ids, [[0, 0], [0, plan.num_key_chunks * plan.key_chunk - plan.key_len]]),
+            )
+            grid_ids = (
+                _ids_grid(query_ids, plan.front, plan.query_rows, plan.stride),
+                _ids_grid(key_ids, 0, plan.key_rows, plan.stride),
+            )
+        return cls(band, grid, band_ids, grid_ids)
+
+
+def _ids_grid(ids, front, rows, stride):
+    """`(batch, length)` ids -> `(batch, stride, rows)`, laid out as `to_grid` lays out the tokens."""
+    return to_grid(ids[:, None, :, None], front, rows, stride)[:, 0, :, :, 0]
 
 
 def grid_mask(mask, plan):
@@ -166,7 +188,7 @@ def from_grid(grid, front, length):
 
 def band_block(plan, masks, index, query, key):
     """Query chunk `index`: its queries, key-slice start, logits `(b, h, chunk, width)` and allowed pairs."""
-    start = tf.gather(tf.constant(plan.band_starts, tf.int32), index)
+    start = band_start(plan, index)
     queries = steps.rows(query, index * plan.chunk, plan.chunk)  # (batch, heads, chunk, depth)
     logits = tf.matmul(queries, steps.rows(key, start, plan.band_width), transpose_b=True)  # (b, h, chunk, width)
     allowed = band_allowed(plan, masks, index * plan.chunk, plan.chunk, start, plan.band_width)
@@ -184,6 +206,8 @@ def band_allowed(plan, masks, first_query, num_queries, first_key, num_keys):
     # The keys of the query's residue class belong to the strided part.
     allowed = tf.logical_and(allowed, tf.logical_not(patterns.Strided(plan.stride).allows(positions, cols)))
     allowed = allowed[None, None]  # (1, 1, num_queries, num_keys)
+    if masks.band_ids is not None:
+        allowed = tf.logical_and(allowed, segment_mask(*band_ids(masks, first_query, num_queries, first_key, num_keys)))
     if masks.band is not None:
         query_full, key_full = masks.band.shape[2] != 1, masks.band.shape[3] != 1
         block = steps.rows(masks.band, first_query, num_queries) if query_full else masks.band
@@ -205,10 +229,50 @@ def grid_block(plan, masks, step, query_grid, key_grid):
     real_query = tf.logical_and(positions >= plan.query_offset, positions < plan.query_offset + plan.query_len)
     allowed = tf.logical_and(plan.pattern.allows(positions, cols), tf.logical_and(real_query, cols < plan.key_len))
     allowed = allowed[None, None]  # (1, 1, per_step, query_rows, key_rows)
+    if masks.grid_ids is not None:
+        query_ids, key_ids = grid_ids(plan, masks, step)  # (batch, per_step, query_rows), (batch, per_step, key_rows)
+        same = tf.logical_and(
+            tf.equal(query_ids[..., None], key_ids[:, :, None]), tf.not_equal(query_ids, 0)[..., None]
+        )
+        allowed = tf.logical_and(allowed, same[:, None])  # (batch, 1, per_step, query_rows, key_rows)
     if masks.grid is not None:
         block = steps.rows(masks.grid, first, per_step) if masks.grid.shape[2] != 1 else masks.grid
         allowed = tf.logical_and(allowed, block)  # (batch | 1, heads | 1, per_step, query_rows, key_rows)
     return queries, keys, logits, allowed
+
+
+def band_ids(masks, first_query, num_queries, first_key, num_keys):
+    """The document ids `(batch, num_queries)` and `(batch, num_keys)` of a band block."""
+    query_ids, key_ids = masks.band_ids
+    return steps.rows(query_ids, first_query, num_queries, axis=1), steps.rows(key_ids, first_key, num_keys, axis=1)
+
+
+def band_may_share(masks, first_query, num_queries, first_key, num_keys):
+    """Whether a band block's queries may share a document with its keys (`None`: no ids, always)."""
+    if masks.band_ids is None:
+        return None
+    return document_blocks.may_share_document(*band_ids(masks, first_query, num_queries, first_key, num_keys))
+
+
+def band_start(plan, index):
+    """The first key of query chunk `index`'s band slice (a scalar int32 tensor)."""
+    return tf.gather(tf.constant(plan.band_starts, tf.int32), index)
+
+
+def grid_ids(plan, masks, step):
+    """The document ids of the residues of `step`: `(batch, per_step, query_rows)`, `(batch, per_step, key_rows)`."""
+    return tuple(
+        steps.rows(ids, step * plan.residues_per_step, plan.residues_per_step, axis=1) for ids in masks.grid_ids
+    )
+
+
+def grid_may_share(plan, masks, step):
+    """Whether some query of `step`'s residues may share a document with a key of them (`None`: no ids)."""
+    if masks.grid_ids is None:
+        return None
+    query_ids, key_ids = grid_ids(plan, masks, step)
+    batch = tf.shape(query_ids)[0]
+    return document_blocks.may_share_document(tf.reshape(query_ids, [batch, -1]), tf.reshape(key_ids, [batch, -1]))
 
 
 def pad_chunks(plan, tensor):
