@@ -343,6 +343,21 @@ def test_auto_chooses_the_path_by_length_and_band(query_len, is_causal, return_w
     assert path == expected
 
 
+@pytest.mark.parametrize(
+    "query_len, return_weights, expected",
+    [
+        (attention_module.PACKED_BLOCKWISE_MIN_QUERY_LEN - 1, False, "dense"),
+        (attention_module.PACKED_BLOCKWISE_MIN_QUERY_LEN, False, "blockwise"),  # skips the blocks between documents
+        (attention_module.PACKED_BLOCKWISE_MIN_QUERY_LEN, True, "dense"),  # the weights are materialised anyway
+    ],
+)
+def test_auto_sends_packed_rows_to_the_kernel_that_skips_by_loop_bounds(query_len, return_weights, expected):
+    query = key = keras.KerasTensor((2, query_len, 4, 8))
+    ids = keras.KerasTensor((2, query_len), dtype="int32")
+    call = AttentionCall(query, key, key, return_weights=return_weights, query_segment_ids=ids, key_segment_ids=ids)
+    assert attention_module._choose_implementation("auto", call) == expected
+
+
 def test_mask_helpers_match_numpy():
     rows, cols = np.arange(4)[:, None], np.arange(6)[None, :]
     np.testing.assert_array_equal(causal_mask(4, 6)[0, 0], cols <= rows)

@@ -32,6 +32,7 @@ from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.core.softmax import bias_mask
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.kernels import KERNELS
+from keras_attn.kernels import blockwise_plan
 from keras_attn.kernels import chunked
 from keras_attn.kernels import strided
 from keras_attn.kernels.call import AttentionCall
@@ -60,6 +61,10 @@ STRIDED_MAX_KEY_FRACTION = 0.25
 # outweighs the keys it skips, and the chunked kernel, which computes every key of the band's
 # blocks, is preferred.
 STRIDED_MIN_QUERY_LEN = 2048
+# Packed rows (segment ids) go to the blockwise kernel from two of its smallest blocks: it skips the
+# blocks between documents by narrowing its loops' bounds, where dense computes the whole row and the
+# chunked kernel pays a conditional per tile and keeps the whole row's weights for the backward pass.
+PACKED_BLOCKWISE_MIN_QUERY_LEN = 2 * blockwise_plan.MIN_DEFAULT_BLOCK_SIZE
 
 
 def _check_inputs(query, key, value, mask):
@@ -211,7 +216,8 @@ def scaled_dot_product_attention(
             `"auto"` picks the first kernel that takes the call among: strided from
             `STRIDED_MIN_QUERY_LEN` queries when it computes at most
             `STRIDED_MAX_KEY_FRACTION` of the keys per query, blockwise on the
-            TensorFlow backend when the static
+            TensorFlow backend for packed rows (segment ids) from
+            `PACKED_BLOCKWISE_MIN_QUERY_LEN` queries or when the static
             `query_len * key_len` reaches `BLOCKWISE_MIN_ATTENTION_SIZE`
             (`BLOCKWISE_MIN_BANDED_ATTENTION_SIZE` with a pattern), else
             chunked when it applies and `query_len` reaches two chunks, else dense; dense
@@ -240,7 +246,10 @@ def scaled_dot_product_attention(
             (`keras_attn.core.segments`).
         query_segment_ids: optional int `(batch, query_len)` document ids of the queries, with
             `key_segment_ids` `(batch, key_len)`: cross-attention and cached decoding (the queries'
-            ids beside the whole cache's).
+            ids beside the whole cache's). A `position_bias` stays one of row positions (query
+            `query_offset + i`, key `j`): right for cached decoding, where each document runs on
+            in the cache's row, not for packed cross-attention rows whose documents start at
+            different places in the two rows (give those no position bias).
         key_segment_ids: see `query_segment_ids`.
 
     Returns:
@@ -334,6 +343,8 @@ def _auto_preference(call):
 
 
 def _size_preference(call, query_len, key_len):
+    if call.query_segment_ids is not None and query_len >= PACKED_BLOCKWISE_MIN_QUERY_LEN:
+        return ("blockwise", "dense")
     threshold = BLOCKWISE_MIN_BANDED_ATTENTION_SIZE if call.pattern is not None else BLOCKWISE_MIN_ATTENTION_SIZE
     if query_len * key_len >= threshold:
         return ("blockwise", "dense")
