@@ -23,6 +23,8 @@ class HashedBigramEmbedding(keras.layers.Layer):
 
     Call arguments:
         token_ids: int `(batch, seq)`.
+        segment_ids: optional int `(batch, seq)` of packed rows (`pipelines.batching.pack_documents`):
+            a pair across two documents is no bigram, as at the end of a document alone.
 
     Returns:
         `(batch, seq, output_dim)`.
@@ -40,12 +42,14 @@ class HashedBigramEmbedding(keras.layers.Layer):
     def build(self, input_shape):
         self.embedding.build((None,))
 
-    def call(self, token_ids):
+    def call(self, token_ids, segment_ids=None):
         buckets, real = hashed_bigrams(ops.cast(token_ids, "int32"), self.multiplier, self.num_buckets)
+        if segment_ids is not None:
+            real = ops.logical_and(real, ops.equal(segment_ids[:, :-1], segment_ids[:, 1:]))
         vectors = self.embedding(buckets) * ops.cast(ops.expand_dims(real, -1), self.compute_dtype)
         return ops.pad(vectors, ((0, 0), (0, 1), (0, 0)))  # (batch, seq, output_dim): none at the end
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape, segment_ids_shape=None):
         return (*input_shape, self.output_dim)
 
     def get_config(self):
