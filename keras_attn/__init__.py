@@ -2,6 +2,7 @@
 
 from keras_attn import attention_families
 from keras_attn import ops
+from keras_attn import packing
 from keras_attn import patterns
 from keras_attn.blocks.attention_pooling import AttentionPooling
 from keras_attn.blocks.feed_forward import FeedForward
@@ -61,6 +62,7 @@ __all__ = [
     "masked_softmax",
     "merge_masks",
     "ops",
+    "packing",
     "patterns",
     "scaled_dot_product_attention",
     "segment_mask",

@@ -28,7 +28,12 @@ from tests.markdown_examples import run_example
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = [name for name in keras_attn.__all__ if not name.startswith("__")]
-MODULES = {"attention_families", "ops", "patterns"}  # public modules: a page of members, no signature of their own
+MODULES = {
+    "attention_families",
+    "ops",
+    "packing",
+    "patterns",
+}  # public modules: a page of members, no signature of their own
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,327 @@
+"""Packing variable-length documents into rows of a fixed length, in `tf.data`, and back.
+
+`pack` turns a dataset of documents (a 1-D token tensor each, or a dict of token features with
+per-document features such as a label) into a dataset of rows of a fixed length holding several
+documents each, with the segment ids (`1..k` per row, `0` for padding) that the attention layers
+take and the positions that restart per document (`keras_attn.document_positions`). Every op is a
+TensorFlow graph op: the packer runs inside `tf.data` (no `py_function`) and under `tf.function`.
+As T5's and seqio's packers do, it reads `window` consecutive documents at a time and places each,
+in order, into the first row it fits in (`"first_fit"`) or into the fullest row it fits in
+(`"best_fit"`), opening a new row when none fits.
+
+`unpack` is the inverse for a model's outputs: per-token outputs `(batch, length, ...)` become a
+`RaggedTensor` with one row per document, per-document outputs `(batch, max_documents, ...)`
+(`MaskedGlobalPooling(max_documents=...)`, `AttentionPooling(max_documents=...)`) a dense tensor
+with one row per document. `mean_over_documents` and `mean_over_tokens` average per-document or
+per-token losses over the real documents or tokens only, so a packed batch has the loss the same
+documents have unpacked.
+"""
+
+import tensorflow as tf
+
+from keras_attn.core.segments import document_positions
+from keras_attn.validation import check_bool
+from keras_attn.validation import check_choice
+from keras_attn.validation import check_positive_int
+
+__all__ = ["pack", "unpack", "mean_over_documents", "mean_over_tokens"]
+
+STRATEGIES = ("first_fit", "best_fit")
+DOCUMENT_MASK = "document_mask"
+TOKENS = "tokens"  # the name of the token feature of a dataset of plain tensors
+
+
+def pack(dataset, row_length, *, max_documents=None, strategy="first_fit", window=128, truncate=False):
+    """Packs a dataset of variable-length documents into rows of `row_length` tokens.
+
+    Each document goes whole into one row (never split across rows); documents keep their order
+    within a row. Every document of the input is in exactly one output row.
+
+    Args:
+        dataset: a `tf.data.Dataset` whose elements are either a 1-D tensor (one document's
+            tokens), or a dict of features: 1-D token features (variable length; each gets its own
+            segment ids and positions, e.g. a translator's `"inputs"` and `"targets"`) and
+            per-document features of a fixed shape (e.g. a scalar `"label"`).
+        row_length: an int (the length of the rows of every token feature), or a dict
+            `{token feature: its row length}`, which also names the token features (every other
+            feature is then a per-document feature). With an int, the rank-1 features of a dict
+            are its token features.
+        max_documents: the most documents a row holds (the size of its per-document features);
+            defaults to the smallest row length (a row of one-token documents).
+        strategy: `"first_fit"` (the first row a document fits in) or `"best_fit"` (the row it
+            leaves the least room in), among the rows of the current window.
+        window: how many consecutive documents are packed together: larger windows pack tighter
+            and take longer per window (the search is linear in the rows open).
+        truncate: `False` (default): a document longer than its row length raises an
+            `InvalidArgumentError` when the dataset reaches it; `True` keeps its first
+            `row_length` tokens.
+
+    Returns:
+        A dataset of rows, each a dict: for a dataset of tensors, `"tokens"` `(row_length,)`,
+        `"segment_ids"` (int32, document `1, 2, ...` of the row, `0` for padding) and
+        `"positions"` (int32, restarting at 0 in each document); for a dataset of dicts,
+        `"<feature>"`, `"<feature>_segment_ids"` and `"<feature>_positions"` for each token
+        feature. Per-document features become `(max_documents, ...)` (document `s` of the row at
+        index `s - 1`, zeros after the last), and `"document_mask"` `(max_documents,)` is `True`
+        for the row's documents. Batch the rows with `.batch(...)`.
+
+    Example:
+
+    >>> documents = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[5, 6, 7], [8, 9], [3, 4, 5, 6]]))
+    >>> rows = pack(documents, row_length=5, max_documents=2)
+    >>> for row in rows.as_numpy_iterator():
+    ...     print(row["tokens"], row["segment_ids"], row["positions"], row["document_mask"])
+    [5 6 7 8 9] [1 1 1 2 2] [0 1 2 0 1] [ True  True]
+    [3 4 5 6 0] [1 1 1 1 0] [0 1 2 3 0] [ True False]
+    """
+    check_choice("strategy", strategy, STRATEGIES)
+    check_positive_int("window", window)
+    check_bool("truncate", truncate)
+    plain = not isinstance(dataset.element_spec, dict)
+    if plain:
+        dataset = dataset.map(lambda tokens: {TOKENS: tokens})
+    limits = _row_lengths(row_length, dataset.element_spec)
+    if max_documents is None:
+        max_documents = min(limits.values())
+    check_positive_int("max_documents", max_documents)
+    documents = _documents(dataset.element_spec, limits)
+    if DOCUMENT_MASK in documents:
+        raise ValueError(
+            f"A per-document feature may not be named {DOCUMENT_MASK!r}: the packed rows use that name for the "
+            f"mask of their documents. Received features: {sorted(dataset.element_spec)}"
+        )
+    dataset = dataset.map(lambda element: _fitted(element, limits, truncate))
+    dataset = dataset.padded_batch(window)
+    packer = _Packer(limits, documents, max_documents, strategy)
+    rows = dataset.map(packer.pack_window).unbatch()
+    if plain:
+        rows = rows.map(_plain_names)
+    return rows
+
+
+def unpack(values, document_mask, segment_ids=None):
+    """A packed batch's outputs, one per document, in the order of the rows and of the documents in each.
+
+    Args:
+        values: per-document outputs `(batch, max_documents, ...)` (a pooling layer's, with
+            `segment_ids=None`), or per-token outputs `(batch, length, ...)` (with `segment_ids`).
+        document_mask: boolean `(batch, max_documents)`, `True` for the rows' documents (the
+            packed rows' `"document_mask"`).
+        segment_ids: int `(batch, length)` for per-token `values`: document `s` of a row is the
+            run of tokens with id `s` (contiguous, ids increasing along the row, as `pack` lays
+            them out).
+
+    Returns:
+        Per-document `values`: a tensor `(documents, ...)`. Per-token `values`: a
+        `tf.RaggedTensor` `(documents, None, ...)`, each document's tokens in order.
+
+    Example:
+
+    >>> segment_ids = tf.constant([[1, 1, 2, 0], [1, 1, 1, 0]])
+    >>> document_mask = tf.constant([[True, True], [True, False]])
+    >>> unpack(tf.constant([[10, 11, 20, 0], [30, 31, 32, 0]]), document_mask, segment_ids).to_list()
+    [[10, 11], [20], [30, 31, 32]]
+    >>> unpack(tf.constant([[1.0, 2.0], [3.0, 0.0]]), document_mask).numpy().tolist()
+    [1.0, 2.0, 3.0]
+    """
+    values = tf.convert_to_tensor(values)
+    document_mask = tf.cast(document_mask, tf.bool)
+    _check_rank("document_mask", document_mask, 2)
+    if segment_ids is None:
+        return tf.boolean_mask(values, document_mask)
+    segment_ids = tf.cast(segment_ids, tf.int32)
+    _check_rank("segment_ids", segment_ids, 2)
+    max_documents = tf.shape(document_mask)[1]
+    slots = tf.range(1, max_documents + 1, dtype=tf.int32)  # (max_documents,)
+    members = tf.equal(segment_ids[:, :, None], slots)  # (batch, length, max_documents)
+    lengths = tf.reduce_sum(tf.cast(members, tf.int32), axis=1)  # (batch, max_documents)
+    tokens = tf.boolean_mask(values, tf.not_equal(segment_ids, 0))  # rows, then documents, then tokens
+    return tf.RaggedTensor.from_row_lengths(tokens, tf.boolean_mask(lengths, document_mask))
+
+
+def mean_over_documents(losses, document_mask):
+    """The mean of per-document `losses` `(batch, max_documents)` over the real documents only.
+
+    Equals the mean loss of the same documents unpacked (one per row). In `model.fit` the same
+    is `sample_weight=document_mask` with a loss built with `reduction="mean_with_sample_weight"`.
+
+    >>> float(mean_over_documents(tf.constant([[1.0, 3.0], [5.0, 99.0]]), tf.constant([[1, 1], [1, 0]])))
+    3.0
+    """
+    return _masked_mean(losses, document_mask)
+
+
+def mean_over_tokens(losses, segment_ids):
+    """The mean of per-token `losses` `(batch, length)` over the real tokens (segment id not 0).
+
+    Equals the mean over the real tokens of the same documents padded one per row (a language
+    model's loss): padding contributes nothing to the sum or to the count.
+
+    >>> float(mean_over_tokens(tf.constant([[1.0, 2.0, 3.0, 99.0]]), tf.constant([[1, 1, 2, 0]])))
+    2.0
+    """
+    return _masked_mean(losses, tf.not_equal(tf.cast(segment_ids, tf.int32), 0))
+
+
+def _masked_mean(values, mask):
+    values = tf.convert_to_tensor(values)
+    weights = tf.cast(mask, values.dtype)
+    return tf.reduce_sum(values * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+
+
+class _Packer:
+    """Packs one window of documents (a padded batch) into rows, with graph ops only."""
+
+    def __init__(self, limits, documents, max_documents, strategy):
+        self.names = sorted(limits)
+        self.limits = tf.constant([limits[name] for name in self.names], tf.int32)  # (features,)
+        self.row_lengths = limits
+        self.documents = documents
+        self.max_documents = max_documents
+        self.strategy = strategy
+
+    def pack_window(self, batch):
+        lengths = tf.stack([batch[_length_key(name)] for name in self.names], axis=1)  # (n, features)
+        row, slot, offset, num_rows = self.place(lengths)
+        packed = {}
+        for index, name in enumerate(self.names):
+            tokens = tf.RaggedTensor.from_tensor(batch[name], lengths=lengths[:, index])
+            packed.update(self.token_feature(name, tokens, row, slot, offset[:, index], num_rows))
+        where = tf.stack([row, slot], axis=1)  # (n, 2)
+        shape = tf.stack([num_rows, self.max_documents])
+        for name in self.documents:
+            values = batch[name]
+            packed[name] = tf.scatter_nd(where, values, tf.concat([shape, tf.shape(values)[1:]], axis=0))
+        packed[DOCUMENT_MASK] = tf.scatter_nd(where, tf.ones_like(row, tf.bool), shape)
+        return packed
+
+    def place(self, lengths):
+        """Each document's row, slot (its index within the row) and offsets, and the rows used."""
+        n = tf.shape(lengths)[0]
+        rows = tf.range(n)  # at most one row per document
+
+        def place_one(i, fill, count, num_rows, row, slot, offset):
+            length = lengths[i]  # (features,)
+            room = self.limits - fill - length  # (n, features): what a row would have left
+            fits = tf.reduce_all(room >= 0, axis=1) & (count < self.max_documents) & (rows < num_rows)
+            if self.strategy == "first_fit":
+                chosen = tf.argmax(tf.cast(fits, tf.int32), output_type=tf.int32)
+            else:
+                leftover = tf.where(fits, tf.reduce_sum(room, axis=1), tf.int32.max)
+                chosen = tf.argmin(leftover, output_type=tf.int32)
+            opens = tf.logical_not(tf.reduce_any(fits))
+            target = tf.where(opens, num_rows, chosen)
+            at = [[target]]
+            return (
+                i + 1,
+                tf.tensor_scatter_nd_add(fill, at, length[None]),
+                tf.tensor_scatter_nd_add(count, at, [1]),
+                num_rows + tf.cast(opens, tf.int32),
+                row.write(i, target),
+                slot.write(i, count[target]),
+                offset.write(i, fill[target]),
+            )
+
+        state = (
+            tf.constant(0),
+            tf.zeros_like(lengths),
+            tf.zeros([n], tf.int32),
+            tf.constant(0),
+            tf.TensorArray(tf.int32, size=n),
+            tf.TensorArray(tf.int32, size=n),
+            tf.TensorArray(tf.int32, size=n, element_shape=[len(self.names)]),
+        )
+        _, _, _, num_rows, row, slot, offset = tf.while_loop(lambda i, *_: i < n, place_one, state)
+        return row.stack(), slot.stack(), offset.stack(), num_rows
+
+    def token_feature(self, name, tokens, row, slot, offset, num_rows):
+        """The rows of one token feature, its segment ids and positions, from each document's place."""
+        document = tokens.value_rowids()  # (tokens,): which document each token is of
+        within = tf.range(tf.shape(document, out_type=tf.int64)[0]) - tf.gather(tokens.row_starts(), document)
+        where = tf.stack([tf.gather(row, document), tf.gather(offset, document) + tf.cast(within, tf.int32)], axis=1)
+        shape = tf.stack([num_rows, self.row_lengths[name]])
+        segment_ids = tf.scatter_nd(where, tf.gather(slot, document) + 1, shape)
+        return {
+            name: tf.scatter_nd(where, tokens.flat_values, shape),
+            f"{name}_segment_ids": segment_ids,
+            f"{name}_positions": document_positions(segment_ids),
+        }
+
+
+def _row_lengths(row_length, spec):
+    """`{token feature: its row length}`, after checking them against the dataset's features."""
+    if isinstance(row_length, dict):
+        missing = sorted(set(row_length) - set(spec))
+        if missing:
+            raise ValueError(
+                f"`row_length` names features the dataset does not have: {missing}. "
+                f"Received: row_length={row_length}, features={sorted(spec)}"
+            )
+        limits = dict(row_length)
+    else:
+        limits = {name: row_length for name, feature in spec.items() if feature.shape.rank == 1}
+        if not limits:
+            raise ValueError(
+                "The dataset has no 1-D (token) feature to pack. Received: element_spec="
+                f"{ {name: feature.shape for name, feature in spec.items()} }"
+            )
+    for name, limit in limits.items():
+        check_positive_int(f"row_length[{name!r}]" if isinstance(row_length, dict) else "row_length", limit)
+        if spec[name].shape.rank != 1:
+            raise ValueError(
+                f"Token feature {name!r} must be 1-D (one document's tokens). Received: shape={spec[name].shape}"
+            )
+    return limits
+
+
+def _documents(spec, limits):
+    """The per-document features: every feature that is not a token feature, of a fixed shape."""
+    documents = sorted(set(spec) - set(limits))
+    for name in documents:
+        if not spec[name].shape.is_fully_defined():
+            raise ValueError(
+                f"Per-document feature {name!r} must have a fixed shape (it is laid out `(max_documents, ...)`); "
+                f"name it in `row_length` if it is a token feature. Received: shape={spec[name].shape}"
+            )
+    return documents
+
+
+def _fitted(element, limits, truncate):
+    """The element with its token features checked against (or cut to) their row lengths, and their lengths."""
+    element = dict(element)
+    for name, limit in limits.items():
+        tokens = element[name]
+        if truncate:
+            tokens = tokens[:limit]
+        else:
+            too_long = tf.debugging.assert_less_equal(
+                tf.size(tokens),
+                limit,
+                message=(
+                    f"A document's {name!r} is longer than its row: `row_length`={limit}. Pass a larger "
+                    "`row_length`, or `truncate=True` to keep its first `row_length` tokens. Its length"
+                ),
+            )
+            with tf.control_dependencies([too_long]):
+                tokens = tf.identity(tokens)
+        element[name] = tokens
+        element[_length_key(name)] = tf.size(tokens, out_type=tf.int32)
+    return element
+
+
+def _length_key(name):
+    return f"{name}__length"  # an internal feature of the window batch, dropped by the packer
+
+
+def _plain_names(row):
+    return {
+        "tokens": row[TOKENS],
+        "segment_ids": row[f"{TOKENS}_segment_ids"],
+        "positions": row[f"{TOKENS}_positions"],
+        DOCUMENT_MASK: row[DOCUMENT_MASK],
+    }
+
+
+def _check_rank(name, tensor, rank):
+    if tensor.shape.rank != rank:
+        raise ValueError(f"`{name}` must have rank {rank}. Received: {name}.shape={tuple(tensor.shape)}")

@@ -1,0 +1,179 @@
+"""keras_attn.packing: documents packed into fixed-length rows in tf.data, and back.
+
+The oracle is the documents themselves: every document in comes out exactly once (read back from
+the rows by its own segment id), in the row a plain-Python first-fit or best-fit assigns it.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn import packing
+
+
+def random_documents(seed, count=40, longest=12):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, 100, size=rng.integers(1, longest + 1)).tolist() for _ in range(count)]
+
+
+def dataset_of(documents, **features):
+    return tf.data.Dataset.from_tensor_slices({"tokens": tf.ragged.constant(documents, dtype=tf.int32), **features})
+
+
+def rows_of(dataset):
+    return list(dataset.as_numpy_iterator())
+
+
+def documents_in(row, name="tokens"):
+    """`{segment id: its tokens}` of a row, read token by token."""
+    found = {}
+    for token, segment in zip(row[name], row[f"{name}_segment_ids"]):
+        if segment:
+            found.setdefault(int(segment), []).append(int(token))
+    return found
+
+
+def python_packing(lengths, row_length, max_documents, strategy, window):
+    """Rows as lists of document indices, packing each window of documents greedily (the oracle)."""
+    rows = []
+    for start in range(0, len(lengths), window):
+        fills, members = [], []
+        for index in range(start, min(start + window, len(lengths))):
+            fits = [
+                r
+                for r in range(len(fills))
+                if fills[r] + lengths[index] <= row_length and len(members[r]) < max_documents
+            ]
+            if not fits:
+                fills.append(0)
+                members.append([])
+                fits = [len(fills) - 1]
+            chosen = (
+                fits[0] if strategy == "first_fit" else min(fits, key=lambda r: row_length - fills[r] - lengths[index])
+            )
+            fills[chosen] += lengths[index]
+            members[chosen].append(index)
+        rows += members
+    return rows
+
+
+@pytest.mark.parametrize("strategy", packing.STRATEGIES)
+def test_every_document_comes_out_exactly_once_in_the_row_a_greedy_packing_gives_it(strategy):
+    documents = random_documents(0)
+    rows = rows_of(
+        packing.pack(
+            dataset_of(documents, index=np.arange(len(documents))),
+            row_length=16,
+            max_documents=3,
+            strategy=strategy,
+            window=16,
+        )
+    )
+    expected = python_packing([len(d) for d in documents], 16, 3, strategy, window=16)
+    assert [row["index"][row["document_mask"]].tolist() for row in rows] == expected
+    for row in rows:
+        found = documents_in(row)
+        real = int(row["document_mask"].sum())
+        assert sorted(found) == list(range(1, real + 1))  # ids 1..k, in the order of the slots
+        for segment, tokens in found.items():
+            assert tokens == documents[row["index"][segment - 1]]
+        assert not row["document_mask"][real:].any() and not row["index"][real:].any()  # zeros after the last
+
+
+def test_segment_ids_are_contiguous_runs_and_positions_restart_at_each_document():
+    rows = rows_of(packing.pack(dataset_of(random_documents(1)), row_length=20, max_documents=4))
+    for row in rows:
+        segment_ids = row["tokens_segment_ids"]
+        real = segment_ids[segment_ids > 0]
+        assert (np.diff(real) >= 0).all() and (segment_ids[len(real) :] == 0).all()  # packed left, in order
+        expected_positions = np.zeros_like(segment_ids)
+        for segment in np.unique(real):
+            expected_positions[segment_ids == segment] = np.arange((segment_ids == segment).sum())
+        np.testing.assert_array_equal(row["tokens_positions"], expected_positions)
+
+
+def test_a_dataset_of_plain_tensors_gives_tokens_segment_ids_positions_and_the_document_mask():
+    documents = random_documents(2, count=10)
+    rows = packing.pack(tf.data.Dataset.from_tensor_slices(tf.ragged.constant(documents)), row_length=12)
+    assert set(rows.element_spec) == {"tokens", "segment_ids", "positions", "document_mask"}
+    assert rows.element_spec["tokens"].shape == (12,) and rows.element_spec["document_mask"].shape == (12,)
+    out = []
+    for row in rows_of(rows):
+        out += documents_in({"tokens": row["tokens"], "tokens_segment_ids": row["segment_ids"]}).values()
+    assert sorted(out) == sorted(documents)
+
+
+def test_aligned_token_features_keep_each_document_under_one_segment_id_in_every_feature():
+    rng = np.random.default_rng(3)
+    inputs = [rng.integers(1, 50, size=rng.integers(1, 9)).tolist() for _ in range(30)]
+    targets = [rng.integers(1, 50, size=rng.integers(1, 7)).tolist() for _ in range(30)]
+    dataset = tf.data.Dataset.from_tensor_slices(
+        {"inputs": tf.ragged.constant(inputs), "targets": tf.ragged.constant(targets), "index": np.arange(30)}
+    )
+    rows = rows_of(packing.pack(dataset, {"inputs": 10, "targets": 8}, max_documents=4, strategy="best_fit"))
+    seen = []
+    for row in rows:
+        assert row["inputs"].shape == (10,) and row["targets"].shape == (8,)
+        source, target = documents_in(row, "inputs"), documents_in(row, "targets")
+        for segment in range(1, int(row["document_mask"].sum()) + 1):
+            index = row["index"][segment - 1]
+            assert source[segment] == inputs[index] and target[segment] == targets[index]
+            seen.append(index)
+    assert sorted(seen) == list(range(30))
+
+
+def test_a_document_longer_than_its_row_stops_the_dataset_naming_row_length_unless_truncated():
+    documents = [[1, 2], [3, 4, 5, 6, 7, 8], [9]]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"`row_length`=5.*`truncate=True`"):
+        rows_of(packing.pack(dataset_of(documents), row_length=5))
+    rows = rows_of(packing.pack(dataset_of(documents), row_length=5, truncate=True))
+    assert sorted(d for row in rows for d in documents_in(row).values()) == [[1, 2], [3, 4, 5, 6, 7], [9]]
+
+
+def test_the_packer_is_graph_only_and_runs_inside_a_tf_function():
+    rows = packing.pack(dataset_of(random_documents(4, count=20)), row_length=16).batch(3)
+    graph = rows._as_serialized_graph().numpy()
+    assert b"PyFunc" not in graph  # no py_function / numpy_function anywhere in the pipeline
+
+    @tf.function
+    def real_tokens():
+        total = tf.constant(0)
+        for batch in rows:
+            total += tf.reduce_sum(tf.cast(batch["tokens_segment_ids"] > 0, tf.int32))
+        return total
+
+    assert int(real_tokens()) == sum(len(d) for d in random_documents(4, count=20))
+
+
+def test_unpack_gives_each_documents_tokens_and_vectors_in_row_order():
+    documents = random_documents(5, count=12)
+    batch = next(iter(packing.pack(dataset_of(documents, index=np.arange(12)), row_length=16).batch(100)))
+    order = tf.boolean_mask(batch["index"], batch["document_mask"]).numpy()
+    tokens = packing.unpack(batch["tokens"], batch["document_mask"], batch["tokens_segment_ids"])
+    assert tokens.to_list() == [documents[i] for i in order]
+    features = tf.stack([batch["tokens"], 2 * batch["tokens"]], axis=-1)  # per-token vectors (batch, length, 2)
+    vectors = packing.unpack(features, batch["document_mask"], batch["tokens_segment_ids"])
+    assert vectors.to_list() == [[[t, 2 * t] for t in documents[i]] for i in order]
+    np.testing.assert_array_equal(packing.unpack(batch["index"], batch["document_mask"]), order)
+
+
+@pytest.mark.parametrize(
+    "arguments,match",
+    [
+        ({"row_length": 0}, r"`row_length` must be a positive integer.*Received: row_length=0"),
+        ({"row_length": 8, "strategy": "worst_fit"}, r"`strategy` must be one of .*Received: strategy='worst_fit'"),
+        ({"row_length": 8, "window": 0}, r"`window` must be a positive integer.*Received: window=0"),
+        ({"row_length": 8, "max_documents": -1}, r"`max_documents` must be a positive integer.*max_documents=-1"),
+        ({"row_length": 8, "truncate": "yes"}, r"`truncate` must be True or False.*Received: truncate='yes'"),
+        ({"row_length": {"targets": 8}}, r"`row_length` names features the dataset does not have: \['targets'\]"),
+        ({"row_length": {"label": 8}}, r"Token feature 'label' must be 1-D"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_the_argument(arguments, match):
+    with pytest.raises(ValueError, match=match):
+        packing.pack(dataset_of([[1, 2]], label=[0]), **arguments)
+
+
+def test_a_per_document_feature_named_document_mask_is_refused():
+    with pytest.raises(ValueError, match="may not be named 'document_mask'"):
+        packing.pack(dataset_of([[1, 2]], document_mask=[1]), row_length=4)
