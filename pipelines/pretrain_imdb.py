@@ -35,6 +35,7 @@ import tensorflow as tf
 from appkit.cli import positive_int
 from appkit.cli import require_writable_directory
 from appkit.cli import user_errors_exit
+from keras_attn.validation import check_choice
 from models.masked_language_model import build_masked_language_model
 from models.packed_documents import PACKED_IDS
 from models.packed_documents import SEGMENT_IDS
@@ -97,22 +98,31 @@ def model_config(args):
     )
 
 
-def masked_batches(ids, batch_size, config, seed, shuffle, pack=False):
-    """Length-bucketed batches of `(ids, label)` masked by `mask_tokens`: `(inputs, labels, weights)`.
+# How a batch of reviews is laid out: length-bucketed and padded to its bucket (the default),
+# padded to its longest review, or packed into rows (`--pack`).
+LAYOUTS = ("bucketed", "padded", "packed")
+
+
+def masked_batches(ids, batch_size, config, seed, shuffle, layout="bucketed"):
+    """Batches of `(ids, label)` masked by `mask_tokens`: `(inputs, labels, weights)`.
 
     Shuffled batches (training) get new masks at every pass; the others (validation) the same ones,
-    so that their loss compares across epochs. The review labels are dropped. `pack`: batches of
-    reviews in any order, masked, then packed into rows (`packed_masking`).
+    so that their loss compares across epochs. The review labels are dropped. `layout`, one of
+    `LAYOUTS`: "bucketed", reviews of similar length padded to their bucket; "padded", reviews in
+    any order padded to the longest; "packed", those masked, then packed into rows
+    (`packed_masking`).
     """
-    batching = (
-        imdb_data.padded if pack else functools.partial(imdb_data.batched, sequence_length=config.sequence_length)
-    )
+    check_choice("layout", layout, LAYOUTS)
+    if layout == "bucketed":
+        batching = functools.partial(imdb_data.batched, sequence_length=config.sequence_length)
+    else:
+        batching = imdb_data.padded
     batches = with_counted_batches(batching(ids, batch_size, shuffle=shuffle, seed=seed, drop_remainder=shuffle))
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=shuffle).batch(2)  # (2,) int64 each
 
     def masked(batch, batch_seed):
         masking = mask_tokens(batch[0], batch_seed, config.vocabulary_size)
-        return packed_masking(*masking, config.sequence_length) if pack else masking
+        return packed_masking(*masking, config.sequence_length) if layout == "packed" else masking
 
     return (
         tf.data.Dataset.zip(batches, seeds).map(masked, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
@@ -149,7 +159,7 @@ def pretrain(args):
         imdb_data.token_ids(split, vectorizer, config.sequence_length) for split in (splits.train, splits.validation)
     )
     train_batches, validation_batches = (
-        masked_batches(ids, args.batch_size, config, args.seed, shuffle=shuffle, pack=args.pack)
+        masked_batches(ids, args.batch_size, config, args.seed, shuffle, layout="packed" if args.pack else "bucketed")
         for ids, shuffle in ((train_ids, True), (validation_ids, False))
     )
     total_steps = args.epochs * int(train_batches.cardinality())
@@ -191,6 +201,7 @@ def pretrain(args):
         "masking": {"rate": MASK_RATE, "mask_id": MASK_ID},
         **training.run_summary(args, policy, strategy, fitted),
         "batch_size": args.batch_size,
+        "pack": args.pack,
         "weight_decay": args.weight_decay,
         "training_seconds": round(sum(epoch["epoch_seconds"] for epoch in fitted.history), 1),
         "epochs": [

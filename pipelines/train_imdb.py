@@ -288,6 +288,7 @@ def train(args):
         "pretrained": None if pretrained is None else pretrained.describe(),
         **training.run_summary(args, policy, strategy, fitted),
         "batch_size": args.batch_size,
+        "pack": args.pack,
         "weight_decay": args.weight_decay,
         "training_seconds": round(training_seconds, 1),
         "train_examples_per_second": round(splits.counts["train"] * len(epochs) / max(training_seconds, 1e-9), 1),
