@@ -49,8 +49,8 @@ class HashedBigramEmbedding(keras.layers.Layer):
         vectors = self.embedding(buckets) * ops.cast(ops.expand_dims(real, -1), self.compute_dtype)
         return ops.pad(vectors, ((0, 0), (0, 1), (0, 0)))  # (batch, seq, output_dim): none at the end
 
-    def compute_output_shape(self, input_shape, segment_ids_shape=None):
-        return (*input_shape, self.output_dim)
+    def compute_output_shape(self, token_ids_shape, segment_ids_shape=None):
+        return (*token_ids_shape, self.output_dim)
 
     def get_config(self):
         return {
