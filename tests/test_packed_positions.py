@@ -220,3 +220,128 @@ def test_position_bias_of_a_packed_row_equals_each_document_alone(implementation
     for grad, total in zip(grads[3:], table_grads):  # the documents' gradients sum
         np.testing.assert_allclose(grad, total, rtol=1e-4, atol=1e-4)
         assert np.abs(total).max() > 1e-2
+
+
+def packed_embedding_model():
+    """Token ids and segment ids in, rotated embeddings out: every position layer fed `segment_ids`."""
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    segments = keras.Input((None,), dtype="int32", name="segment_ids")
+    hidden = TokenAndPositionEmbedding(VOCABULARY, 16, 8, mask_zero=False)(ids, segment_ids=segments)
+    hidden = SinusoidalPositionEncoding(merge_mode="concat", encoding_dim=8)(hidden, segment_ids=segments)
+    heads = keras.layers.Reshape((-1, 2, 8))(hidden)
+    rotated = RotaryEmbedding()(heads, segment_ids=segments)
+    return keras.Model([ids, segments], keras.layers.Dense(3)(keras.layers.Reshape((-1, 16))(rotated)))
+
+
+def test_a_model_taking_segment_ids_exports_to_saved_model_and_onnx(tmp_path):
+    import onnxruntime
+
+    from export.onnx_conversion import convert
+
+    model = packed_embedding_model()
+    segment_ids = random_packing(np.random.default_rng(2), batch=3, length=13)
+    token_ids = np.where(
+        segment_ids != 0, np.random.default_rng(4).integers(1, VOCABULARY, segment_ids.shape), 0
+    ).astype("int32")
+    expected = keras.ops.convert_to_numpy(model([token_ids, segment_ids]))
+    assert_each_document_as_alone(
+        expected,
+        lambda row, start, stop: keras.ops.convert_to_numpy(
+            model([token_ids[row : row + 1, start:stop], segment_ids[row : row + 1, start:stop]])
+        )[0],
+        segment_ids,
+        atol=1e-5,
+    )
+
+    model.export(str(tmp_path / "saved_model"), format="tf_saved_model", verbose=False)
+    reloaded = tf.saved_model.load(str(tmp_path / "saved_model"))
+    np.testing.assert_allclose(reloaded.serve([token_ids, segment_ids]), expected, atol=1e-5)
+
+    spec = tf.TensorSpec((None, None), tf.int32)
+    convert(
+        tf.function(lambda ids, segments: model([ids, segments]), input_signature=[spec, spec]), tmp_path / "m.onnx"
+    )
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    names = [tensor.name for tensor in session.get_inputs()]
+    np.testing.assert_allclose(session.run(None, dict(zip(names, (token_ids, segment_ids))))[0], expected, atol=1e-4)
+
+
+POSITION_LAYERS = {
+    "sinusoidal": (lambda: SinusoidalPositionEncoding(), (2, 5, 4)),
+    "learned": (lambda: PositionEmbedding(sequence_length=8), (2, 5, 4)),
+    "rotary": (lambda: RotaryEmbedding(), (2, 5, 2, 4)),
+}
+
+
+@pytest.mark.parametrize("layer_name", sorted(POSITION_LAYERS))
+def test_given_positions_equal_the_contiguous_range_they_spell(layer_name):
+    factory, shape = POSITION_LAYERS[layer_name]
+    layer, inputs = factory(), _float_inputs(shape)
+    positions = np.tile(np.arange(3, 8, dtype="int32"), (2, 1))
+    np.testing.assert_allclose(layer(inputs, positions=positions), layer(inputs, start_index=3), atol=1e-6)
+    shuffled = positions[:, ::-1].copy()  # each token at its own position
+    got = keras.ops.convert_to_numpy(layer(inputs, positions=shuffled))
+    for t, position in enumerate(shuffled[0]):
+        alone = layer(inputs[:, t : t + 1], start_index=int(position))
+        np.testing.assert_allclose(got[:, t], keras.ops.convert_to_numpy(alone)[:, 0], atol=1e-6)
+
+
+@pytest.mark.parametrize("layer_name", sorted(POSITION_LAYERS))
+def test_bad_position_arguments_name_the_argument_and_value(layer_name):
+    factory, shape = POSITION_LAYERS[layer_name]
+    layer, inputs = factory(), _float_inputs(shape)
+    positions = np.zeros((2, 5), "int32")
+    with pytest.raises(ValueError, match=r"either `positions`.*not both.*segment_ids.shape=\(2, 5\)"):
+        layer(inputs, positions=positions, segment_ids=positions)
+    with pytest.raises(ValueError, match=r"`start_index` must stay 0.*start_index=2"):
+        layer(inputs, start_index=2, segment_ids=positions)
+    with pytest.raises(ValueError, match=r"`start_index` must stay 0.*start_index=<tf.Tensor"):
+        layer(inputs, start_index=tf.constant(0), positions=positions)
+    with pytest.raises(ValueError, match=r"`positions` must be integers.*positions.dtype=float32"):
+        layer(inputs, positions=positions.astype("float32"))
+    with pytest.raises(ValueError, match=r"`segment_ids` must be integers.*\(2, 5\).*segment_ids.shape=\(2, 4\)"):
+        layer(inputs, segment_ids=positions[:, :4])
+    with pytest.raises(ValueError, match=r"`positions` must be integers.*positions.shape=\(5,\)"):
+        layer(inputs, positions=positions[0])
+    with pytest.raises(ValueError, match=r"`positions` must be .*Received: positions holding -3"):
+        layer(inputs, positions=positions - 3)
+    with pytest.raises(ValueError, match=r"`start_index` must be an int >= 0.*start_index=-1"):
+        layer(inputs, start_index=-1)
+
+
+def test_learned_positions_past_the_table_are_refused_never_clamped():
+    layer = PositionEmbedding(sequence_length=8)
+    inputs = np.zeros((1, 3, 4), "float32")
+    with pytest.raises(ValueError, match=r"`positions` must hold whole-number ids in \[0, sequence_length=8\).*8"):
+        layer(inputs, positions=np.array([[6, 7, 8]], "int32"))
+    in_graph = tf.function(lambda x, positions: layer(x, positions=positions))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"sequence_length=8"):
+        in_graph(inputs, np.array([[6, 7, 8]], "int32"))
+    with pytest.raises(ValueError, match=r"9 exceeds sequence_length=8"):  # a row longer than the table
+        layer(np.zeros((1, 9, 4), "float32"), segment_ids=np.ones((1, 9), "int32"))
+    dynamic = tf.function(
+        lambda x, ids: layer(x, segment_ids=ids),
+        input_signature=[tf.TensorSpec((None, None, 4), tf.float32), tf.TensorSpec((None, None), tf.int32)],
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"exceeds sequence_length=8"):
+        dynamic(np.zeros((1, 9, 4), "float32"), np.ones((1, 9), "int32"))
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_packed_rows_equal_each_document_alone_under_mixed_precision_and_xla(policy, jit_compile):
+    keras.config.set_dtype_policy(policy)  # the conftest fixture restores float32
+    model = packed_embedding_model()
+    segment_ids = random_packing(np.random.default_rng(6), batch=3, length=13)
+    token_ids = np.where(segment_ids != 0, np.random.default_rng(8).integers(1, VOCABULARY, segment_ids.shape), 0)
+    packed = tf.function(model, jit_compile=jit_compile)([token_ids, segment_ids])
+    assert packed.dtype == model.compute_dtype
+    tolerance = {"float32": 1e-5, "mixed_float16": 1e-2, "mixed_bfloat16": 6e-2}[policy]
+    assert_each_document_as_alone(
+        keras.ops.convert_to_numpy(packed).astype("float32"),
+        lambda row, start, stop: keras.ops.convert_to_numpy(
+            model([token_ids[row : row + 1, start:stop], segment_ids[row : row + 1, start:stop]])
+        )[0].astype("float32"),
+        segment_ids,
+        atol=tolerance,
+    )
