@@ -71,7 +71,9 @@ def reviews(small_imdb_archive, imdb_cache_dir):
 def loss_and_gradients(model, inputs, loss):
     with tf.GradientTape() as tape:
         value = loss(model(inputs, training=False))
-    return value.numpy(), [gradient.numpy() for gradient in tape.gradient(value, model.trainable_weights)]
+    return value.numpy(), [
+        tf.convert_to_tensor(gradient).numpy() for gradient in tape.gradient(value, model.trainable_weights)
+    ]
 
 
 def assert_same_loss_and_gradients(padded, packed):
