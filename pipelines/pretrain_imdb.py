@@ -1,7 +1,7 @@
 """Pretrains the IMDB classifier's attention branch as a masked language model on the training reviews.
 
     python -m pipelines.pretrain_imdb [--data PATH] [--output-dir runs/imdb_pretrain] [--epochs N]
-        [--smoke] [any model flag of pipelines.train_imdb] ...
+        [--smoke] [--pack] [any model flag of pipelines.train_imdb] ...
 
 Self-supervised: the labels are never read. The reviews are those `pipelines.train_imdb` trains
 on with the same data flags (the official training split minus its validation slice, which
@@ -9,6 +9,11 @@ gives the validation loss here; the test split is never read), tokenised by the 
 adapted the same way. Each batch is masked in `tf.data` (`models.token_masking`: 15 % of the
 words, BERT's 80/10/10, new masks every epoch) and `models.masked_language_model` learns to
 predict them; its encoder is built by the classifier's own `review_encoder`.
+
+`--pack` lays each batch's masked reviews into rows of `sequence_length` tokens instead of
+padding them (`pipelines.batching.pack_documents`; attention, positions and bigrams stay within
+each review): the same reviews, masks and loss per batch, without the padding. The checkpoint is
+the same either way.
 
 `model.fit` shows Keras's progress bar; each epoch is committed (`pipelines.resumable_training`),
 so rerunning the same command after a kill resumes from the last finished epoch, and a longer

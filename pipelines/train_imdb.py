@@ -2,7 +2,7 @@
 
     python -m pipelines.train_imdb [--data PATH] [--smoke] [--mixed-precision mixed_bfloat16]
         [--jit-compile] [--strategy {default,mirrored,multi_worker}] [--output-dir runs/imdb]
-        [--pretrained {DIR,none}] ...
+        [--pretrained {DIR,none}] [--pack] ...
 
 Data: see `pipelines.imdb_data` (lookup order --data, $KERAS_ATTN_DATA / $IMDB_DATA_DIR,
 ../shared/data, TFDS). The vectoriser is adapted on the training split only (minus the held-out
@@ -17,6 +17,12 @@ default when `runs/imdb_pretrain` (`imdb_pretrain/` beside `--output-dir`) holds
 otherwise from random weights, and one line says how to pretrain. Its configuration and
 vocabulary must be this run's (`pipelines.encoder_checkpoint`); `summary.json` records
 `pretrained` (its directory and epochs, or `null`). `--pretrained none` turns it off.
+
+`--pack` trains the attention branch on each batch's reviews packed into rows of
+`--sequence-length` tokens (`pipelines.batching.pack_documents`; attention, positions and bigrams
+stay within each review, one vector pooled per review): the same examples and loss per batch as
+padded, without the padding. The n-gram branch reads the reviews as before; evaluation, the
+ensemble fit and the export use the padded classifier with the trained weights. One machine only.
 
 `--strategy multi_worker` trains on every worker of the `TF_CONFIG` cluster with
 `pipelines.distributed` (run the same command on each worker, or under `pipelines.launch`):
