@@ -99,7 +99,7 @@ def epoch_seconds(case, rounds):
         for layout, run in case.layouts.items()
     }
     steps = {
-        layout: (lambda layout=layout: case.layouts[layout].model.fit(datasets[layout], epochs=1, verbose=0))
+        layout: (lambda layout=layout: case.layouts[layout].model.fit(datasets[layout], epochs=1, verbose=0, shuffle=False))
         for layout in case.layouts
     }
     for step in steps.values():
