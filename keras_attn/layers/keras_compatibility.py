@@ -11,7 +11,9 @@ input or argument that cannot work.
 from keras import ops
 
 from keras_attn import patterns
+from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import pattern_mask
+from keras_attn.core.segments import segment_mask
 from keras_attn.layers import projections
 
 _SEQUENCE_AXIS = (1,)  # the attention axes of (batch, seq, features) inputs, resolved
@@ -98,7 +100,8 @@ def hooked_attention(
     layer, projected_query, projected_key, projected_value, attention_bias, options, training, return_attention_scores
 ):
     """A subclass's `_compute_attention`, called as Keras calls it: every mask merged (the pattern,
-    causal mask and window of `options`, `key_value_cache.attention_options`), no causal flag."""
+    causal mask and window of `options`, `key_value_cache.attention_options`, and the documents of
+    its segment ids), no causal flag."""
     if attention_bias is not None:
         raise ValueError(
             "`attention_bias` cannot reach an overridden `_compute_attention` (its signature has no "
@@ -112,6 +115,8 @@ def hooked_attention(
     pattern = patterns.from_shorthands(options["pattern"], options["is_causal"], options["sliding_window"])
     query_len, key_len = ops.shape(projected_query)[1], ops.shape(projected_key)[1]
     mask = pattern_mask(options["mask"], pattern, query_len, key_len, options["query_offset"])
+    if options["query_segment_ids"] is not None:  # the hook's signature has no ids: they join the mask
+        mask = merge_masks(mask, segment_mask(options["query_segment_ids"], options["key_segment_ids"]))
     return layer._compute_attention(
         projected_query, projected_key, projected_value, mask, training, return_attention_scores
     )
@@ -132,9 +137,16 @@ def call_over_attention_axes(
     attention_bias,
     cache,
     cache_update_index,
+    segment_ids,
 ):
-    """Keras's einsum path for other ranks, axes and output shapes, with this layer's masking rules."""
-    unsupported = {"attention_bias": attention_bias, "cache": cache, "cache_update_index": cache_update_index}
+    """Keras's einsum path for other ranks, axes and output shapes, with this layer's masking rules
+    (`segment_ids`: any of the call's segment-id arguments, which this path refuses)."""
+    unsupported = {
+        "attention_bias": attention_bias,
+        "cache": cache,
+        "cache_update_index": cache_update_index,
+        "segment_ids": segment_ids,
+    }
     _refuse_sequence_only(layer, unsupported, f"query.shape={tuple(query.shape)}", quote_value=False)
     if use_causal_mask and tuple(layer._attention_axes) != _SEQUENCE_AXIS:  # Keras's mask orders axis 1 only
         raise ValueError(

@@ -19,6 +19,7 @@ from keras_attn.core.softmax import zero_masked
 from keras_attn.layers import keras_compatibility
 from keras_attn.layers import key_value_cache
 from keras_attn.layers import projections
+from keras_attn.layers import segment_arguments
 from keras_attn.layers import window_cache
 from keras_attn.layers.capabilities import AttentionCapabilities
 from keras_attn.layers.capabilities import check_call
@@ -151,6 +152,20 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             are written at `index % W`; key masks, `attention_mask`, `attention_bias` and the
             returned scores cover those `W + query_len` keys (key masks: the `W` slots).
         cache_update_index: int or scalar int tensor, the position of the first new token.
+        segment_ids: optional int `(batch, seq)` document ids of packed self-attention rows
+            (several documents in one row, `0` for padding; `keras_attn.core.segments`): a query
+            attends only to keys of its own document, intersected with every mask above
+            (`use_causal_mask=True` is causal within each document, `sliding_window` a window
+            within it). A padding query (id 0) outputs exactly zero and, like a padding key,
+            reaches no output and no weight gradient whatever it holds.
+        query_segment_ids: optional int `(batch, query_len)`, with `key_segment_ids`
+            `(batch, key_len)`: the documents of cross-attention's queries and keys (the query of
+            document `d` attends to the keys of document `d`). With a precomputed cache
+            `key_segment_ids` covers its keys. In a cached step they are the new tokens' ids and
+            the ids of the tokens the cache holds as received, `(batch, cache_len)`, a record the
+            caller keeps beside the cache (all zeros when empty; after each step
+            `next_cache_segment_ids(...)`; `keras_attn.layers.segment_arguments`).
+        key_segment_ids: see `query_segment_ids`.
 
     Returns:
         `(batch, query_len, output_features)`; then the attention weights when
@@ -181,6 +196,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         scores=True,
         onnx=True,
         softmax=True,
+        segments=True,
     )
     causal = False  # a subclass with `causal = True` (`CausalSelfAttention`) is causal on every call
 
@@ -289,6 +305,15 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         """
         return key_value_cache.initial_cache(self, batch_size, max_length)
 
+    def next_cache_segment_ids(self, cache, key_segment_ids, query_segment_ids, cache_update_index):
+        """The segment ids of the tokens `cache` holds after a step: `key_segment_ids` `(batch,
+        cache_len)` (before the step) with the step's `query_segment_ids` written where the step
+        writes its keys (at `cache_update_index`, or into the ring buffer's slots). The record the
+        next step takes as `key_segment_ids`; `cache` is the cache as the step received it."""
+        return segment_arguments.next_cache_segment_ids(
+            self, cache, key_segment_ids, query_segment_ids, cache_update_index
+        )
+
     @property
     def num_key_value_heads(self):
         return self._num_key_value_heads
@@ -372,8 +397,18 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         attention_bias=None,
         cache=None,
         cache_update_index=None,
+        segment_ids=None,
+        query_segment_ids=None,
+        key_segment_ids=None,
     ):
-        check_call(self, query, value, key, projects_key=cache is None or cache_update_index is not None)
+        check_call(
+            self,
+            query,
+            value,
+            key,
+            projects_key=cache is None or cache_update_index is not None,
+            segment_ids=segment_arguments.first_given(segment_ids, query_segment_ids, key_segment_ids),
+        )
         check_scores_allowed(self._flash_attention, return_attention_scores)
         use_causal_mask = use_causal_mask or self.causal
         if value is None:  # self-attention: Keras fills the masks of two tensor arguments, not of one
@@ -400,7 +435,11 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 attention_bias,
                 cache,
                 cache_update_index,
+                segment_arguments.first_given(segment_ids, query_segment_ids, key_segment_ids),
             )
+        query_ids, key_ids = segment_arguments.call_segment_ids(
+            self, query, key, segment_ids, query_segment_ids, key_segment_ids, cache, cache_update_index
+        )
         ring = cache is not None and window_cache.is_window_cache(self._sliding_window, cache, cache_update_index)
         query_mask, value_mask, key_mask = key_value_cache.padding_masks(
             self, query, query_mask, value_mask, key_mask, use_causal_mask, cache, cache_update_index
@@ -419,7 +458,14 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             attention_mask=attention_mask,
             attention_bias=attention_bias,
         )
-        query, key, value = _padding_zeroed(query, key, value, query_mask, merge_masks(value_mask, key_mask), cache)
+        query, key, value = _padding_zeroed(
+            query,
+            key,
+            value,
+            merge_masks(query_mask, _real(query_ids)),
+            merge_masks(value_mask, key_mask, _real(key_ids)),
+            cache,
+        )
         projected_query, projected_key, projected_value, cache = key_value_cache.projected(
             self, query, key, value, cache, cache_update_index
         )
@@ -433,6 +479,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             ops.shape(query)[1],
             ops.shape(projected_key)[1],
         )
+        options.update(query_segment_ids=query_ids, key_segment_ids=key_ids)
         if type(self)._compute_attention is MultiHeadAttention._compute_attention:
             # (batch, query_len, heads, value_dim)[, (batch, heads, query_len, key_len)]
             attended, weights = self._attend(
@@ -449,7 +496,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 training,
                 return_attention_scores,
             )
-        return self._finish(query, attended, rows_with_keys(mask), weights, cache, return_attention_scores)
+        output_rows = merge_masks(rows_with_keys(mask), segment_arguments.rows_in_documents(mask, query_ids, key_ids))
+        return self._finish(query, attended, output_rows, weights, cache, return_attention_scores)
 
     def _attend(self, query, key, value, training, return_attention_scores, **options):
         """`scaled_dot_product_attention` with the layer's scale, dropout (the seed generator of Keras's
@@ -564,6 +612,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         attention_bias=None,
         cache=None,
         cache_update_index=None,
+        segment_ids=None,
+        query_segment_ids=None,
+        key_segment_ids=None,
     ):
         """Symbolic `output[, scores][, cache]`, as `call` returns them."""
         check_scores_allowed(self._flash_attention, return_attention_scores)
@@ -631,6 +682,11 @@ def _padding_zeroed(query, key, value, query_mask, key_positions, cache):
         value = zero_padding(value, key_positions)
         return query, value, value
     return query, zero_padding(key, key_positions), zero_padding(value, key_positions)
+
+
+def _real(segment_ids):
+    """The tokens of a document (id not 0), `None` without ids: the padding `_padding_zeroed` zeroes."""
+    return None if segment_ids is None else ops.not_equal(segment_ids, 0)
 
 
 def _results(output, weights, cache, return_attention_scores):

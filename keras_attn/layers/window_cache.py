@@ -78,16 +78,17 @@ def attended(cache, new_entries):
     return ops.concatenate([cache, ops.cast(new_entries, cache.dtype)], axis=2)
 
 
-def written(entries, window, cache_update_index):
-    """The ring buffer after the step: `(batch, 2, window, ...)` from its `attended` entries.
+def written(entries, window, cache_update_index, axis=2):
+    """The ring buffer after the step: `(batch, 2, window, ...)` from its `attended` entries (or, with
+    `axis=1`, the `(batch, window)` segment ids of its slots from those of the attended keys).
 
     Each slot takes the newest position of its residue class: a new token's entry, else its own.
     """
     index = ops.cast(cache_update_index, "int32")
-    newest = index + ops.cast(ops.shape(entries)[2] - window, "int32") - 1  # the last new token's position
+    newest = index + ops.cast(ops.shape(entries)[axis] - window, "int32") - 1  # the last new token's position
     positions = _newest_positions(newest, window)  # (window,) after the write
     source = ops.where(positions >= index, window + positions - index, ops.arange(window, dtype="int32"))
-    return ops.take(entries, source, axis=2)
+    return ops.take(entries, source, axis=axis)
 
 
 def extend_key_mask(name, key_mask, window, new_len):
