@@ -15,6 +15,10 @@ from models.translation_text import translation_vectorizer
 from pipelines.batching import bucket_boundaries
 
 SPLIT_METHODS = ("source", "pair")
+# How training batches are laid out: every batch padded to the sequence length, batches of similar
+# lengths padded to their bucket (`make_dataset`), or rows packing several pairs (`make_packed_dataset`).
+LAYOUTS = ("padded", "bucketed", "packed")
+BUCKET_WIDTH = 4
 
 
 def _check_fractions(validation_fraction, test_fraction):
@@ -149,7 +153,7 @@ def make_dataset(
     seed=0,
     drop_long=True,
     max_batch_size=None,
-    bucket_width=4,
+    bucket_width=BUCKET_WIDTH,
 ):
     """A teacher-forcing `tf.data.Dataset` of `((source, target_in), target_out)` int32 batches.
 
@@ -223,3 +227,15 @@ def make_packed_dataset(vectorizers, sources, targets, row_length, tokens_per_ba
 def _packed_teacher_forcing(rows):
     inputs = (rows["source"], rows["target_in"], rows["source_segment_ids"], rows["target_in_segment_ids"])
     return inputs, rows["target_out"]
+
+
+def layout_batches(layout, vectorizers, sources, targets, tokens_per_batch, row_length, shuffle=False, seed=0):
+    """The teacher-forcing batches of the pairs laid out as `layout` (one of `LAYOUTS`), about
+    `tokens_per_batch` token slots each; `row_length` is the packed rows' length. Every layout
+    holds the same pairs (those that fit `vectorizers.sequence_length`)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"`layout` must be one of {LAYOUTS}. Received: layout={layout!r}")
+    if layout == "packed":
+        return make_packed_dataset(vectorizers, sources, targets, row_length, tokens_per_batch, shuffle, seed)
+    width = vectorizers.sequence_length if layout == "padded" else BUCKET_WIDTH
+    return make_dataset(vectorizers, sources, targets, tokens_per_batch, shuffle, seed, bucket_width=width)
