@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from keras_attn import AttentionPooling
+from tests import layer_checks
 from tests.layer_checks import run_layer_test
+from tests.packed_rows import packed_rows
 
 
 def numpy_attention_pooling(layer, values, mask):
@@ -39,8 +41,8 @@ def random_inputs(rng, batch=4, length=7, features=6):
     return values, np.arange(length)[None, :] < lengths[:, None]
 
 
-def built_layer(features=6, seed=0):
-    layer = AttentionPooling(num_heads=2, key_dim=3)
+def built_layer(features=6, seed=0, max_documents=None):
+    layer = AttentionPooling(num_heads=2, key_dim=3, max_documents=max_documents)
     layer.build((None, None, features))
     rng = np.random.default_rng(seed)
     layer.set_weights([rng.standard_normal(w.shape).astype("float32") * 0.5 for w in layer.weights])  # biases too
@@ -99,3 +101,57 @@ def test_layer_contract():
         rng.standard_normal((2, 5, 6)).astype("float32"),
         expected_num_trainable_weights=9,
     )
+
+
+def random_packed_rows(rng):
+    return packed_rows(rng, lengths=((3, 1, 2), (6,), (), (2, 2)), row_length=7, features=6)
+
+
+def test_each_document_of_a_packed_row_pools_as_it_does_alone():
+    values, segment_ids, documents = random_packed_rows(np.random.default_rng(30))
+    layer = built_layer(seed=3, max_documents=3)  # non-zero output bias: empty slots must still be zeros
+    pooled = keras.ops.convert_to_numpy(layer(values, segment_ids=segment_ids))
+    assert pooled.shape == (4, 3, 6)
+    expected = np.zeros((4, 3, 6))
+    for row, segment, document in documents:
+        expected[row, segment - 1] = numpy_attention_pooling(layer, document[None], np.ones((1, len(document))))[0]
+        alone = keras.ops.convert_to_numpy(layer(document[None]))[0]
+        np.testing.assert_allclose(pooled[row, segment - 1], alone, atol=1e-5)
+    np.testing.assert_allclose(pooled, expected, atol=1e-5)
+
+
+def test_per_document_pooling_honours_the_mask_and_padding_never_leaks():
+    values, segment_ids, _ = random_packed_rows(np.random.default_rng(31))
+    mask = np.random.default_rng(32).random(segment_ids.shape) < 0.7
+    layer = built_layer(seed=4, max_documents=3)
+    got = keras.ops.convert_to_numpy(layer(values, mask=mask, segment_ids=segment_ids))
+    masked_ids = np.where(mask, segment_ids, 0)
+    for document in range(1, 4):
+        np.testing.assert_allclose(
+            got[:, document - 1], numpy_attention_pooling(layer, values, masked_ids == document), atol=1e-5
+        )
+    polluted = np.where(masked_ids[..., None] > 0, values, 1e4).astype("float32")
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(layer(polluted, mask=mask, segment_ids=segment_ids)), got, atol=1e-5
+    )
+
+
+def test_per_document_pooling_serializes_and_compiles():
+    values, segment_ids, _ = random_packed_rows(np.random.default_rng(33))
+
+    def factory():
+        vectors, ids = keras.Input((7, 6)), keras.Input((7,), dtype="int32")
+        pooled = AttentionPooling(num_heads=2, key_dim=3, max_documents=3)(vectors, segment_ids=ids)
+        assert tuple(pooled.shape) == (None, 3, 6)
+        return keras.Model([vectors, ids], pooled)
+
+    layer_checks.assert_serialization_round_trip(factory, [values, segment_ids])
+    layer_checks.assert_jit_matches_eager(factory(), [values, segment_ids])
+
+
+def test_segment_ids_need_max_documents():
+    values, segment_ids, _ = random_packed_rows(np.random.default_rng(34))
+    with pytest.raises(ValueError, match=r"needs `max_documents`.*Received: max_documents=None"):
+        AttentionPooling(2, 3)(values, segment_ids=segment_ids)
+    with pytest.raises(ValueError, match=r"`segment_ids` must hold whole-number ids in \[0, max_documents \+ 1=3\)"):
+        AttentionPooling(2, 3, max_documents=2)(values, segment_ids=segment_ids)

@@ -5,6 +5,7 @@ import pytest
 from keras_attn import MaskedGlobalPooling
 from tests import layer_checks
 from tests.layer_checks import run_layer_test
+from tests.packed_rows import packed_rows
 
 
 def numpy_pooling(values, mask, mode):
@@ -112,3 +113,69 @@ def test_layer_contract(mode):
         expected_num_trainable_weights=0,
         run_training=False,
     )
+
+
+def packed_documents(rng):
+    values, segment_ids, documents = packed_rows(rng, ((3, 1, 2), (5,), (), (2, 2, 2)), row_length=6, features=5)
+    return values - 3.0, segment_ids, [(row, segment, document - 3.0) for row, segment, document in documents]
+
+
+@pytest.mark.parametrize("mode", ["mean", "max"])
+def test_each_document_of_a_packed_row_pools_as_it_does_alone(mode):
+    values, segment_ids, documents = packed_documents(np.random.default_rng(20))
+    layer = MaskedGlobalPooling(mode=mode, max_documents=4)
+    pooled = keras.ops.convert_to_numpy(layer(values, segment_ids=segment_ids))
+    assert pooled.shape == (4, 4, 5)
+    expected = np.zeros((4, 4, 5))
+    for row, segment, document in documents:
+        expected[row, segment - 1] = numpy_pooling(document[None], np.ones((1, len(document)), bool), mode)[0]
+        alone = keras.ops.convert_to_numpy(MaskedGlobalPooling(mode=mode)(document[None]))[0]
+        np.testing.assert_allclose(pooled[row, segment - 1], alone, atol=1e-6)
+    np.testing.assert_allclose(pooled, expected, atol=1e-5)  # empty slots and the empty row are zeros
+
+
+@pytest.mark.parametrize("mode", ["mean", "max"])
+def test_per_document_pooling_honours_the_mask_and_padding_never_leaks(mode):
+    values, segment_ids, _ = packed_documents(np.random.default_rng(21))
+    mask = np.random.default_rng(22).random(segment_ids.shape) < 0.7
+    layer = MaskedGlobalPooling(mode=mode, max_documents=4)
+    got = keras.ops.convert_to_numpy(layer(values, mask=mask, segment_ids=segment_ids))
+    masked_ids = np.where(mask, segment_ids, 0)
+    for document in range(1, 5):
+        keep = masked_ids == document
+        np.testing.assert_allclose(got[:, document - 1], numpy_pooling(values, keep, mode), atol=1e-5)
+    polluted = np.where(masked_ids[..., None] > 0, values, np.nan).astype("float32")
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(layer(polluted, mask=mask, segment_ids=segment_ids)), got, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("mode", ["mean", "max"])
+def test_per_document_pooling_gradients_serialization_and_jit(mode):
+    values, segment_ids, _ = packed_documents(np.random.default_rng(23))
+    layer_checks.assert_gradients_match_finite_differences(
+        lambda: MaskedGlobalPooling(mode=mode, max_documents=4), values, segment_ids=segment_ids
+    )
+    layer_checks.assert_jit_matches_eager(
+        MaskedGlobalPooling(mode=mode, max_documents=4), values, segment_ids=segment_ids
+    )
+
+    def factory():
+        vectors, ids = keras.Input((6, 5)), keras.Input((6,), dtype="int32")
+        pooled = MaskedGlobalPooling(mode=mode, max_documents=4)(vectors, segment_ids=ids)
+        assert tuple(pooled.shape) == (None, 4, 5)
+        return keras.Model([vectors, ids], pooled)
+
+    layer_checks.assert_serialization_round_trip(factory, [values, segment_ids])
+
+
+def test_segment_ids_need_max_documents_and_ids_within_it():
+    values, segment_ids, _ = packed_documents(np.random.default_rng(24))
+    with pytest.raises(ValueError, match=r"needs `max_documents`.*Received: max_documents=None"):
+        MaskedGlobalPooling()(values, segment_ids=segment_ids)
+    with pytest.raises(ValueError, match=r"`segment_ids` must hold whole-number ids in \[0, max_documents \+ 1=3\)"):
+        MaskedGlobalPooling(max_documents=2)(values, segment_ids=segment_ids)
+    with pytest.raises(ValueError, match=r"`segment_ids` must be integer.*float32"):
+        MaskedGlobalPooling(max_documents=4)(values, segment_ids=segment_ids.astype("float32"))
+    with pytest.raises(ValueError, match=r"`max_documents` must be a positive integer.*max_documents=0"):
+        MaskedGlobalPooling(max_documents=0)

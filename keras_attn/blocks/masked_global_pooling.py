@@ -1,15 +1,18 @@
 """Global pooling over the real (unmasked) positions of a sequence."""
 
 import keras
-import numpy as np
 from keras import ops
+
+from keras_attn.blocks.documents import token_documents
+from keras_attn.validation import check_choice
+from keras_attn.validation import check_positive_int
 
 _MODES = ("mean", "max")
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 class MaskedGlobalPooling(keras.layers.Layer):
-    """Mean or max over the sequence axis, counting only positions the mask keeps.
+    """Mean or max over the sequence axis, counting only positions the mask keeps; per document of packed rows.
 
     `keras.layers.GlobalAveragePooling1D` divides by the number of real tokens too, but a
     sequence with no real token gives `0 / 0`; `GlobalMaxPooling1D` ignores the mask. Here
@@ -17,8 +20,14 @@ class MaskedGlobalPooling(keras.layers.Layer):
     the largest value among real positions, and a sequence whose positions are all masked
     pools to exact zeros (never NaN or `-inf`). Sums run in float32 (float64 for float64 inputs).
 
+    With `segment_ids` (rows packed with several documents, `keras_attn.packing.pack`), each
+    document pools alone: the output holds one vector per document, `(batch, max_documents,
+    features)`, document `s` of a row at index `s - 1`, equal to pooling that document by itself.
+
     Args:
         mode: `"mean"` or `"max"`.
+        max_documents: the most documents a packed row holds (the size of the output's document
+            axis); needed to call with `segment_ids`.
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -26,9 +35,12 @@ class MaskedGlobalPooling(keras.layers.Layer):
         mask: optional boolean `(batch, seq)`, `True` for real positions. Taken from the Keras
             mask of the inputs (`Embedding(mask_zero=True)` upstream) when not given; without
             any mask every position counts.
+        segment_ids: optional int `(batch, seq)`: each position's document `1..max_documents`
+            within its row, `0` for padding.
 
     Returns:
-        `(batch, features)` in the compute dtype. The output carries no mask.
+        `(batch, features)`, or `(batch, max_documents, features)` with `segment_ids`, in the
+        compute dtype; a document with no real position pools to zeros. The output carries no mask.
 
     Example:
 
@@ -37,13 +49,21 @@ class MaskedGlobalPooling(keras.layers.Layer):
     >>> pooled = MaskedGlobalPooling(mode="mean")(x)
     >>> tuple(pooled.shape)
     (None, 16)
+
+    One vector per document of a packed row:
+
+    >>> values = ops.convert_to_tensor([[[1.0], [3.0], [10.0], [0.0]]])
+    >>> segment_ids = ops.convert_to_tensor([[1, 1, 2, 0]])
+    >>> MaskedGlobalPooling("mean", max_documents=3)(values, segment_ids=segment_ids).numpy()[..., 0].tolist()
+    [[2.0, 10.0, 0.0]]
     """
 
-    def __init__(self, mode="mean", **kwargs):
-        if mode not in _MODES:
-            raise ValueError(f"`mode` must be one of {_MODES}. Received: mode={mode!r}")
+    def __init__(self, mode="mean", max_documents=None, **kwargs):
+        check_choice("mode", mode, _MODES)
+        check_positive_int("max_documents", max_documents, allow_none=True)
         super().__init__(**kwargs)
         self.mode = mode
+        self.max_documents = max_documents
         self.supports_masking = True
 
     def build(self, input_shape):
@@ -52,32 +72,41 @@ class MaskedGlobalPooling(keras.layers.Layer):
                 f"`inputs` must have rank 3 (batch, seq, features). Received: inputs.shape={tuple(input_shape)}"
             )
 
-    def call(self, inputs, mask=None):
+    def call(self, inputs, mask=None, segment_ids=None):
         accumulation = "float64" if keras.backend.standardize_dtype(inputs.dtype) == "float64" else "float32"
-        values = ops.cast(inputs, accumulation)  # (batch, seq, features)
-        if mask is None:
-            mask = ops.ones(ops.shape(inputs)[:2], dtype="bool")
-        _check_mask(mask, inputs)
-        keep = ops.expand_dims(ops.cast(mask, "bool"), -1)  # (batch, seq, 1)
-        count = ops.sum(ops.cast(keep, accumulation), axis=1)  # (batch, 1)
+        if mask is not None:
+            _check_mask(mask, inputs)
+        documents, count = token_documents(inputs, mask, segment_ids, self.max_documents)
+        batch, features = ops.shape(inputs)[0], inputs.shape[-1]
+        # One segment per (row, document), and a last one that collects the padding and is dropped.
+        index = ops.reshape(
+            ops.where(documents > 0, ops.arange(batch, dtype="int32")[:, None] * count + documents - 1, batch * count),
+            (-1,),
+        )
+        values = ops.reshape(ops.cast(inputs, accumulation), (-1, features))  # (batch * seq, features)
+        segments = batch * count + 1
+        real = ops.cast(ops.segment_sum(ops.ones_like(index, accumulation), index, segments)[:-1], accumulation)
+        real = ops.reshape(real, (batch, count, 1))  # positions of each document
         if self.mode == "mean":
-            total = ops.sum(ops.where(keep, values, 0.0), axis=1)  # (batch, features)
-            pooled = total / ops.maximum(count, 1.0)
+            total = ops.segment_sum(values, index, segments)
+            pooled = ops.reshape(total[:-1], (batch, count, features)) / ops.maximum(real, 1.0)
         else:
-            lowest = float(np.finfo(accumulation).min)
-            largest = ops.max(ops.where(keep, values, lowest), axis=1)  # (batch, features)
-            pooled = ops.where(count > 0.0, largest, 0.0)
-        return ops.cast(pooled, self.compute_dtype)
+            largest = ops.reshape(ops.segment_max(values, index, segments)[:-1], (batch, count, features))
+            pooled = ops.where(real > 0.0, largest, 0.0)
+        pooled = ops.cast(pooled, self.compute_dtype)
+        return pooled if segment_ids is not None else pooled[:, 0]
 
     def compute_mask(self, inputs, mask=None):
         return None
 
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[-1])
+    def compute_output_shape(self, inputs_shape, segment_ids_shape=None):
+        if segment_ids_shape is None:
+            return (inputs_shape[0], inputs_shape[-1])
+        return (inputs_shape[0], self.max_documents, inputs_shape[-1])
 
     def get_config(self):
         config = super().get_config()
-        config.update({"mode": self.mode})
+        config.update({"mode": self.mode, "max_documents": self.max_documents})
         return config
 
 

@@ -132,9 +132,12 @@ def _running_max(values):
 
 def _running_max_dynamic(values):
     length = tf.shape(values)[1]
+    index = tf.range(length)
 
     def double(shift, values):
-        shifted = tf.pad(values, [[0, 0], [shift, 0]])[:, :length]
+        # A gather, not a pad: XLA needs a pad's widths at compile time and `shift` changes per
+        # iteration. Tokens before `shift` read token 0, which is already in their prefix's maximum.
+        shifted = tf.gather(values, tf.maximum(index - shift, 0), axis=1)
         return shift * 2, tf.maximum(values, shifted)
 
     return tf.while_loop(lambda shift, _: shift < length, double, (tf.constant(1), values))[1]

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_attn.positions.token_positions import token_positions
+from keras_attn.utils import checked_ids
 from keras_attn.validation import check_elements
 from keras_attn.validation import check_position
 from keras_attn.validation import check_positive_int
@@ -27,6 +29,12 @@ class PositionEmbedding(keras.layers.Layer):
         inputs: `(batch, seq, features)`; only its shape is used.
         start_index: int or scalar int tensor, the position of the first element of `inputs`
             (cached decoding feeds one position at a time).
+        positions: optional int `(batch, seq)`, the position of every element instead, each in
+            `[0, sequence_length)` (checked as `token_ids` are by `TokenAndPositionEmbedding`).
+        segment_ids: optional int `(batch, seq)` documents of a packed row (0 for padding):
+            positions restart at 0 in each document (`keras_attn.document_positions`), so each
+            document gets the embeddings it gets alone. At most one of `start_index` (non-zero),
+            `positions` and `segment_ids` (`keras_attn.positions.token_positions`).
 
     Returns:
         `(batch, seq, features)` position embeddings in the compute dtype.
@@ -87,14 +95,39 @@ class PositionEmbedding(keras.layers.Layer):
         with tf.control_dependencies([assertion]):
             return tf.identity(length)
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None, segment_ids=None):
         length = inputs.shape[1] if inputs.shape[1] is not None else ops.shape(inputs)[1]
+        per_token = token_positions(inputs.shape, start_index, positions, segment_ids)  # (batch, seq) or None
+        if per_token is not None:
+            return self._embeddings_at(per_token, length, given=positions is not None)
         length = self._checked_length(length, start_index)
         embeddings = ops.slice(
             self.position_embeddings, (start_index, 0), (length, inputs.shape[-1])
         )  # (seq, features)
         embeddings = ops.cast(embeddings, self.compute_dtype)
         return ops.broadcast_to(ops.expand_dims(embeddings, 0), ops.shape(inputs))  # (batch, seq, features)
+
+    def _embeddings_at(self, per_token, length, given):
+        """The embeddings `(batch, seq, features)` of int32 positions `(batch, seq)`, read only from the table.
+
+        Given `positions` are checked against the table (`checked_ids`); positions within
+        documents (`segment_ids`) are below the row length, which is checked instead.
+        """
+        if given:
+            per_token = checked_ids("positions", per_token, self.sequence_length, "sequence_length")
+        else:
+            per_token = self._checked_positions_of(length, per_token)
+        return ops.cast(ops.take(self.position_embeddings, per_token, axis=0), self.compute_dtype)
+
+    def _checked_positions_of(self, length, per_token):
+        """`per_token`, behind the check that the row `length` fits in the table (`_checked_length`)."""
+        checked = self._checked_length(length, 0)
+        if isinstance(checked, int):
+            return per_token
+        import tensorflow as tf
+
+        with tf.control_dependencies([checked]):
+            return tf.identity(per_token)
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)

@@ -5,7 +5,7 @@ from keras import ops
 
 from keras_attn.positions.sinusoidal_position_encoding import check_max_wavelength
 from keras_attn.positions.sinusoidal_position_encoding import inverse_frequencies
-from keras_attn.positions.sinusoidal_position_encoding import positions
+from keras_attn.positions.token_positions import float_token_positions
 from keras_attn.utils import float_math_dtype
 from keras_attn.validation import check_number
 
@@ -30,6 +30,13 @@ class RotaryEmbedding(keras.layers.Layer):
         inputs: `(batch, seq, heads, depth)` with an even `depth` (projected queries or keys).
         start_index: int or scalar int tensor, the position of the first element of `inputs`
             (cached decoding feeds one position at a time).
+        positions: optional int `(batch, seq)`, the position (>= 0) of every element instead.
+        segment_ids: optional int `(batch, seq)` documents of a packed row (0 for padding):
+            positions restart at 0 in each document (`keras_attn.document_positions`); the
+            rotation only changes the logits by relative position, but this keeps each document's
+            rotated queries and keys exactly those of the document alone. At most one of
+            `start_index` (non-zero), `positions` and `segment_ids`
+            (`keras_attn.positions.token_positions`).
 
     Returns:
         The rotated `inputs`, same shape and dtype.
@@ -56,13 +63,13 @@ class RotaryEmbedding(keras.layers.Layer):
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None, segment_ids=None):
         dtype = float_math_dtype(self.compute_dtype)
-        scaled_positions = positions(ops.shape(inputs)[1], start_index, dtype) / self.scaling_factor  # (seq,)
+        at = float_token_positions(inputs, dtype, start_index, positions, segment_ids)  # (1 | batch, seq)
         angles = ops.einsum(
-            "t,f->tf", scaled_positions, inverse_frequencies(inputs.shape[-1], self.max_wavelength, dtype)
-        )  # (seq, depth / 2)
-        angles = ops.concatenate([angles, angles], axis=-1)[None, :, None, :]  # (1, seq, 1, depth)
+            "bt,f->btf", at / self.scaling_factor, inverse_frequencies(inputs.shape[-1], self.max_wavelength, dtype)
+        )  # (1 | batch, seq, depth / 2)
+        angles = ops.concatenate([angles, angles], axis=-1)[:, :, None, :]  # (1 | batch, seq, 1, depth)
         inputs = ops.cast(inputs, dtype)
         first, second = ops.split(inputs, 2, axis=-1)  # (batch, seq, heads, depth / 2)
         rotated_half = ops.concatenate([-second, first], axis=-1)  # (batch, seq, heads, depth)

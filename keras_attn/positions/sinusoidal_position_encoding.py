@@ -3,9 +3,9 @@
 import keras
 from keras import ops
 
+from keras_attn.positions.token_positions import float_token_positions
 from keras_attn.utils import float_math_dtype
 from keras_attn.validation import check_number
-from keras_attn.validation import check_position
 from keras_attn.validation import check_positive_int
 
 _MERGE_MODES = ("add", "concat")
@@ -22,23 +22,17 @@ def inverse_frequencies(dim, max_wavelength, dtype="float32"):
     return ops.power(ops.cast(max_wavelength, dtype), -exponents)
 
 
-def positions(length, start_index=0, dtype="float32"):
-    """Positions `start_index .. start_index + length - 1`; `(length,)`."""
-    check_position("start_index", start_index)
-    return ops.arange(length, dtype=dtype) + ops.cast(start_index, dtype)
-
-
-def sinusoids(length, dim, max_wavelength=10000, start_index=0, dtype="float32"):
-    """Encoding `(length, dim)`: `sin` on even features, `cos` on odd ones.
+def sinusoids(token_positions, dim, max_wavelength=10000):
+    """Encoding `(batch, length, dim)` of float positions `(batch, length)`: `sin` on even features, `cos` on odd ones.
 
     Feature `2i` of position `t` is `sin(t / max_wavelength ** (2i / dim))` and feature
-    `2i + 1` is the matching `cos`, for `t = start_index .. start_index + length - 1`.
+    `2i + 1` is the matching `cos`; computed in the dtype of `token_positions`.
     """
-    angles = ops.einsum(
-        "t,f->tf", positions(length, start_index, dtype), inverse_frequencies(dim, max_wavelength, dtype)
-    )  # (length, ceil(dim / 2))
-    pairs = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)  # (length, ceil(dim / 2), 2)
-    return ops.reshape(pairs, (length, -1))[:, :dim]  # (length, dim)
+    frequencies = inverse_frequencies(dim, max_wavelength, token_positions.dtype)  # (ceil(dim / 2),)
+    angles = ops.einsum("bt,f->btf", token_positions, frequencies)  # (batch, length, ceil(dim / 2))
+    pairs = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)  # (batch, length, ceil(dim / 2), 2)
+    batch, length = ops.shape(token_positions)[0], ops.shape(token_positions)[1]
+    return ops.reshape(pairs, (batch, length, -1))[..., :dim]  # (batch, length, dim)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -64,6 +58,11 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         inputs: `(batch, seq, features)`.
         start_index: int or scalar int tensor, the position of the first element of `inputs`
             (cached decoding feeds one position at a time).
+        positions: optional int `(batch, seq)`, the position (>= 0) of every element instead.
+        segment_ids: optional int `(batch, seq)` documents of a packed row (0 for padding):
+            positions restart at 0 in each document (`keras_attn.document_positions`), so each
+            document is encoded as it is alone. At most one of `start_index` (non-zero),
+            `positions` and `segment_ids` (`keras_attn.positions.token_positions`).
 
     Returns:
         `(batch, seq, features)` with `"add"`, `(batch, seq, features + encoding_dim)` with
@@ -105,13 +104,13 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     def _encoding_width(self, features):
         return self.encoding_dim or features
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None, segment_ids=None):
         batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
         width = self._encoding_width(inputs.shape[-1])
-        encoding = sinusoids(
-            length, width, self.max_wavelength, start_index, float_math_dtype(self.compute_dtype)
-        )  # (seq, width)
-        encoding = ops.expand_dims(ops.cast(encoding, self.compute_dtype), 0)  # (1, seq, width)
+        at = float_token_positions(
+            inputs, float_math_dtype(self.compute_dtype), start_index, positions, segment_ids
+        )  # (1 | batch, seq)
+        encoding = ops.cast(sinusoids(at, width, self.max_wavelength), self.compute_dtype)  # (1 | batch, seq, width)
         if self.merge_mode == "add":
             return inputs + encoding
         encoding = ops.broadcast_to(encoding, (batch, length, width))  # (batch, seq, width)

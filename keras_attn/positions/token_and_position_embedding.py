@@ -22,7 +22,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     """Embeds token ids and adds their position embedding.
 
     `output[b, t] = token_embedding(ids[b, t]) * (sqrt(embedding_dim) if scale_embeddings)
-    + position(start_index + t)`, with learned positions (`PositionEmbedding`, at most
+    + position(start_index + t)` (or of the given `positions`, or of positions restarting per
+    document with `segment_ids`), with learned positions (`PositionEmbedding`, at most
     `sequence_length` of them) or fixed sinusoids (`SinusoidalPositionEncoding`, any length).
     With `mask_zero=True` id 0 is padding: the output carries the Keras mask `ids != 0`, which
     mask-aware layers downstream (`TransformerEncoder`, `MultiHeadAttention`, pooling) use.
@@ -49,6 +50,11 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             past the end reads the last row; tests/test_attention_edge_inputs.py pins both).
         start_index: int or scalar int tensor, the position of the first token (cached
             decoding feeds one token at a time).
+        positions: optional int `(batch, seq)`, the position of every token instead.
+        segment_ids: optional int `(batch, seq)` documents of a packed row (0 for padding):
+            positions restart at 0 in each document (`keras_attn.document_positions`), so each
+            document is embedded as it is alone. At most one of `start_index` (non-zero),
+            `positions` and `segment_ids` (as `PositionEmbedding` / `SinusoidalPositionEncoding`).
 
     Returns:
         `(batch, seq, embedding_dim)`.
@@ -117,14 +123,15 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.token_embedding.build(token_ids_shape)
         self.position_embedding.build((*token_ids_shape, self.embedding_dim))
 
-    def call(self, token_ids, start_index=0):
+    def call(self, token_ids, start_index=0, positions=None, segment_ids=None):
         token_ids = checked_ids("token_ids", token_ids, self.vocabulary_size, "vocabulary_size")
         embedded = self.token_embedding(token_ids)  # (batch, seq, embedding_dim)
         if self.scale_embeddings:
             embedded = embedded * ops.cast(math.sqrt(self.embedding_dim), self.compute_dtype)
+        where = dict(start_index=start_index, positions=positions, segment_ids=segment_ids)
         if self.position_encoding == "learned":
-            return embedded + self.position_embedding(embedded, start_index=start_index)
-        return self.position_embedding(embedded, start_index=start_index)  # adds the sinusoids
+            return embedded + self.position_embedding(embedded, **where)
+        return self.position_embedding(embedded, **where)  # adds the sinusoids
 
     def compute_mask(self, token_ids, mask=None):
         if not self.mask_zero:
