@@ -204,7 +204,7 @@ class Translator(keras.Model):
     def encode(self, source_ids, training=None, source_segment_ids=None):
         """Encoder output `(batch, source_len, embedding_dim)`; of packed rows with `source_segment_ids`."""
         padding_mask = self.source_padding_mask(source_ids)
-        embedded = embed_packed(self.source_embedding, source_ids, source_segment_ids)
+        embedded = self.source_embedding(source_ids, positions=sentence_positions(source_segment_ids))
         hidden = self.source_dropout(embedded, training=training)
         attention_mask = within_documents(source_segment_ids, source_segment_ids)
         for layer in self.encoder_layers:
@@ -214,10 +214,8 @@ class Translator(keras.Model):
     def embed_target(self, target_ids, start_index=0, training=None, target_segment_ids=None):
         """Target embeddings of the tokens at positions `start_index ..` (or at their positions in
         their sentences, with `target_segment_ids`)."""
-        if target_segment_ids is None:
-            embedded = self.target_embedding(target_ids, start_index=start_index)
-        else:
-            embedded = embed_packed(self.target_embedding, target_ids, target_segment_ids)
+        positions = sentence_positions(target_segment_ids)
+        embedded = self.target_embedding(target_ids, start_index=start_index, positions=positions)
         return self.target_dropout(embedded, training=training)  # (batch, target_len, embedding_dim)
 
     def project(self, hidden):
@@ -302,14 +300,14 @@ def packed_inputs(inputs):
     return tuple(inputs)
 
 
-def embed_packed(embedding, token_ids, segment_ids):
-    """`embedding(token_ids)`, each token at its position within its sentence when `segment_ids` are given."""
-    if segment_ids is None:
-        return embedding(token_ids)
-    # TokenAndPositionEmbedding takes no per-token positions yet: add the learned rows ourselves.
-    table = embedding.position_embedding.position_embeddings
-    positions = document_positions(segment_ids)  # (batch, length)
-    return embedding.token_embedding(token_ids) + ops.cast(ops.take(table, positions, axis=0), embedding.compute_dtype)
+def sentence_positions(segment_ids):
+    """Each token's position in its sentence `(batch, length)`, or `None` unpacked.
+
+    Given as `positions=`, not `segment_ids=`: the embeddings then check the positions against
+    their table (`sequence_length`), where `segment_ids=` checks the row length, and a packed row
+    is longer than the longest sentence it holds.
+    """
+    return None if segment_ids is None else document_positions(segment_ids)
 
 
 def within_documents(query_segment_ids, key_segment_ids):
