@@ -7,6 +7,7 @@ from keras_attn.blocks.transformer_encoder import TransformerBlock
 from keras_attn.core.masks import zero_padding
 from keras_attn.layers.capabilities import describe
 from keras_attn.layers.capabilities import unsupported
+from keras_attn.layers.segment_arguments import real_tokens
 from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_sequence_shape
 from keras_attn.utils import keras_mask
@@ -105,6 +106,23 @@ class TransformerDecoder(TransformerBlock):
         use_causal_mask: whether self-attention is causal (default `True`; a given layer built
             causal, `causal=True`, refuses `False`).
         training: whether dropout is active.
+        decoder_segment_ids: optional int `(batch, target_len)`: the documents of packed decoder
+            rows, `1, 2, ...` for the tokens of each document, `0` for padding
+            (`keras_attn.core.segments`). Self-attention stays inside each document (causal
+            within it), and with cross-attention a decoder token of document `d` attends only
+            to the encoder tokens of document `d`, so each document's outputs and gradients are
+            those of the document alone. A token of id `0` is padding. Only for a
+            self-attention family whose `capabilities.segments` is `True` (else a `ValueError`
+            naming the family and why). In a cached step, the new tokens' documents.
+        encoder_segment_ids: optional int `(batch, source_len)` (over the cross-attention cache's
+            keys with one), the encoder rows' documents numbered as the decoder's; required
+            with `decoder_segment_ids` when the decoder has cross-attention, refused without it.
+        self_attention_cache_segment_ids: with `self_attention_cache` and `decoder_segment_ids`,
+            int `(batch, cache_len)`, the documents of the tokens the cache holds before the step
+            (all zeros when empty): the caller keeps it beside the cache, updated after each step
+            by `decoder.self_attention.next_cache_segment_ids(cache, ids, decoder_segment_ids,
+            index)` with the cache as the step received it. A recurrent state holds no documents:
+            packed decoding needs a key/value cache.
 
     Returns:
         `(batch, target_len, hidden)`; with a self-attention cache,
@@ -199,6 +217,48 @@ class TransformerDecoder(TransformerBlock):
                 f"cross_attention_cache={describe(cross_attention_cache)}"
             )
 
+    def _checked_documents(self, decoder_sequence, source_length, self_attention_cache, recurrent, given):
+        """`(decoder_segment_ids, encoder_segment_ids)` checked and int32 (`None` without) from the call's
+        segment-id arguments `given` (by name); a `ValueError` naming one that comes without what it needs."""
+        decoder_segment_ids = given["decoder_segment_ids"]
+        encoder_segment_ids = given["encoder_segment_ids"]
+        self_attention_cache_segment_ids = given["self_attention_cache_segment_ids"]
+        given = {
+            "decoder_segment_ids": decoder_segment_ids,
+            "encoder_segment_ids": encoder_segment_ids,
+            "self_attention_cache_segment_ids": self_attention_cache_segment_ids,
+        }
+        received = ", ".join(f"{name}.shape={describe(ids)}" for name, ids in given.items())
+        if decoder_segment_ids is None:
+            if encoder_segment_ids is not None or self_attention_cache_segment_ids is not None:
+                raise ValueError(f"The segment ids come with `decoder_segment_ids`. Received: {received}")
+            return None, None
+        if (self.cross_attention is not None) != (encoder_segment_ids is not None):
+            raise ValueError(
+                "With cross-attention the decoder's documents are matched with the encoder's: pass "
+                "`encoder_segment_ids` with `decoder_segment_ids` (without cross-attention, not at all). "
+                f"Received: {received}, cross-attention={self.cross_attention is not None}"
+            )
+        if recurrent:
+            raise ValueError(
+                f"Packed decoding needs a key/value cache: the recurrent state of {type(self.self_attention).__name__} "
+                f"holds no token's document. Received: {received}"
+            )
+        if (self_attention_cache is None) != (self_attention_cache_segment_ids is None):
+            raise ValueError(
+                "A cached step of packed rows takes `self_attention_cache_segment_ids`, the documents of the tokens "
+                "the cache holds (see `MultiHeadAttention.next_cache_segment_ids`), and only then. Received: "
+                f"{received}, self_attention_cache={describe(self_attention_cache)}"
+            )
+        decoder_segment_ids = self._checked_segment_ids(
+            self.self_attention, "decoder_segment_ids", decoder_segment_ids, decoder_sequence.shape[1]
+        )
+        if encoder_segment_ids is not None:
+            encoder_segment_ids = self._checked_segment_ids(
+                self.cross_attention, "encoder_segment_ids", encoder_segment_ids, source_length
+            )
+        return decoder_segment_ids, encoder_segment_ids
+
     def call(
         self,
         decoder_sequence,
@@ -212,6 +272,9 @@ class TransformerDecoder(TransformerBlock):
         cross_attention_cache=None,
         use_causal_mask=True,
         training=None,
+        decoder_segment_ids=None,
+        encoder_segment_ids=None,
+        self_attention_cache_segment_ids=None,
     ):
         self._check_call(encoder_sequence, self_attention_cache, cross_attention_cache)
         self._check_causal_request(use_causal_mask)
@@ -222,6 +285,17 @@ class TransformerDecoder(TransformerBlock):
                 "first new token (without it the new tokens are never written to the cache). "
                 "Received: self_attention_cache_update_index=None"
             )
+        decoder_segment_ids, encoder_segment_ids = self._checked_documents(
+            decoder_sequence,
+            _source_length(encoder_sequence, cross_attention_cache),
+            self_attention_cache,
+            recurrent,
+            dict(
+                decoder_segment_ids=decoder_segment_ids,
+                encoder_segment_ids=encoder_segment_ids,
+                self_attention_cache_segment_ids=self_attention_cache_segment_ids,
+            ),
+        )
         decoder_padding_mask = keras_mask(decoder_sequence) if decoder_padding_mask is None else decoder_padding_mask
         # With a key/value cache the mask may cover the whole cache (see `MultiHeadAttention`).
         over_the_tokens = self_attention_cache is None or recurrent  # else it may cover the whole cache
@@ -231,9 +305,21 @@ class TransformerDecoder(TransformerBlock):
         if over_the_tokens or _covers_the_tokens(decoder_padding_mask, decoder_sequence):
             # As in `TransformerEncoder`: padded rows are read as zeros, so they reach no weight gradient.
             decoder_sequence = zero_padding(decoder_sequence, decoder_padding_mask)
+        decoder_sequence = zero_padding(decoder_sequence, real_tokens(decoder_segment_ids))
+        if decoder_segment_ids is None:  # a family without segments never gets the keywords
+            self_documents = cross_documents = {}
+        else:
+            cross_documents = dict(query_segment_ids=decoder_segment_ids, key_segment_ids=encoder_segment_ids)
+            self_documents = (
+                dict(segment_ids=decoder_segment_ids)
+                if self_attention_cache is None
+                else dict(query_segment_ids=decoder_segment_ids, key_segment_ids=self_attention_cache_segment_ids)
+            )
 
         def self_attend(x):
-            options = dict(query_mask=decoder_padding_mask, use_causal_mask=use_causal_mask, training=training)
+            options = dict(
+                query_mask=decoder_padding_mask, use_causal_mask=use_causal_mask, training=training, **self_documents
+            )
             if self_attention_cache is None:
                 output = self.self_attention(
                     x, value_mask=decoder_padding_mask, attention_mask=decoder_attention_mask, **options
@@ -276,6 +362,7 @@ class TransformerDecoder(TransformerBlock):
                     attention_mask=encoder_attention_mask,
                     cache=cross_attention_cache,
                     training=training,
+                    **cross_documents,
                 )  # (batch, target_len, hidden), and the unchanged cache when given
                 return output[0] if cross_attention_cache is not None else output, None
 
@@ -288,6 +375,13 @@ class TransformerDecoder(TransformerBlock):
         if self.cross_attention is None:
             return x, self_attention_cache
         return x, self_attention_cache, cross_attention_cache
+
+
+def _source_length(encoder_sequence, cross_attention_cache):
+    """The static number of encoder tokens cross-attention reads (`None` without, or unknown)."""
+    if encoder_sequence is not None:
+        return encoder_sequence.shape[1]
+    return None if cross_attention_cache is None else cross_attention_cache.shape[2]
 
 
 def _covers_the_tokens(padding_mask, sequence):

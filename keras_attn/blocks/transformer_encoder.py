@@ -1,13 +1,20 @@
 """Transformer encoder block: self-attention and feed-forward, each with a residual and a norm."""
 
+import re
+
 import keras
 
 from keras_attn import patterns
 from keras_attn.blocks.feed_forward import FeedForward
 from keras_attn.core import position_bias as position_biases
+from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import zero_padding
+from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.layers.capabilities import AttentionCapabilities
+from keras_attn.layers.capabilities import describe
+from keras_attn.layers.capabilities import unsupported
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.segment_arguments import real_tokens
 from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_sequence_shape
 from keras_attn.utils import clone_initializer
@@ -148,6 +155,19 @@ class TransformerBlock(keras.layers.Layer):
             name=name,
         )
 
+    def _checked_segment_ids(self, layer, name, segment_ids, length):
+        """`segment_ids` (`name` in the block's call) as int32 `(batch, length)`, `None` without; the
+        `unsupported` error when `layer`'s family does not declare `segments` (it would attend across
+        the documents), the `ValueError` naming `name` for ids that are not one int per token."""
+        if segment_ids is None:
+            return None
+        if not type(layer).capabilities.segments:
+            raise unsupported(layer, "segments", f"{name}.shape={describe(segment_ids)} in {type(self).__name__}")
+        try:
+            return resolve_segment_ids(segment_ids, None, None, length, length)[0]
+        except ValueError as error:  # the block's argument name, not the attention's
+            raise ValueError(re.sub(r"\bsegment_ids\b", name, str(error))) from None
+
     def _layer_norm(self, name, shape):
         norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
         norm.build(shape)
@@ -278,6 +298,15 @@ class TransformerEncoder(TransformerBlock):
         training: whether dropout is active.
         return_attention_scores: if `True`, also return the attention weights
             `(batch, heads, seq, key_len)` (`key_len` is `projected_length` for Linformer).
+        segment_ids: optional int `(batch, seq)`: the documents of packed rows, `1, 2, ...` for
+            the tokens of each document, `0` for padding (`keras_attn.core.segments`,
+            T5X/seqio's `segment_ids`). Each token attends only to the tokens of its own
+            document (intersected with the padding and attention masks), so every document's
+            outputs and gradients are those of the document alone in its own row; a token of id
+            `0` is padding, as if `padding_mask` were `False` there. Only for a family whose
+            `capabilities.segments` is `True` (else a `ValueError` naming the family and why).
+            Positions are the caller's: give the embedding positions restarting per document
+            (`keras_attn.document_positions(segment_ids)`).
 
     Returns:
         `(batch, seq, hidden)`, and the attention weights when `return_attention_scores`.
@@ -311,12 +340,22 @@ class TransformerEncoder(TransformerBlock):
         self._build_self_attention(inputs_shape)
         self._build_feed_forward(inputs_shape)
 
-    def call(self, inputs, padding_mask=None, attention_mask=None, training=None, return_attention_scores=False):
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        segment_ids=None,
+    ):
         padding_mask = keras_mask(inputs) if padding_mask is None else padding_mask
         check_padding_mask("padding_mask", padding_mask, inputs.shape)
+        segment_ids = self._checked_segment_ids(self.self_attention, "segment_ids", segment_ids, inputs.shape[1])
         # The residual and the feed-forward see every row: a padded one is zeroed first, so that what
         # it held (NaN, inf) reaches no weight gradient (the Keras mask stays the output's).
-        inputs = zero_padding(inputs, padding_mask)
+        inputs = zero_padding(inputs, merge_masks(padding_mask, real_tokens(segment_ids)))
+        documents = {} if segment_ids is None else {"segment_ids": segment_ids}  # a family without them: no keyword
 
         def attend(x):
             attended = self.self_attention(
@@ -326,6 +365,7 @@ class TransformerEncoder(TransformerBlock):
                 attention_mask=attention_mask,
                 training=training,
                 return_attention_scores=return_attention_scores,
+                **documents,
             )  # (batch, seq, hidden)[, (batch, heads, seq, seq)]
             # Scores only when asked: asking would also keep long inputs off blockwise attention.
             return attended if return_attention_scores else (attended, None)

@@ -462,8 +462,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             query,
             key,
             value,
-            merge_masks(query_mask, _real(query_ids)),
-            merge_masks(value_mask, key_mask, _real(key_ids)),
+            merge_masks(query_mask, segment_arguments.real_tokens(query_ids)),
+            merge_masks(value_mask, key_mask, segment_arguments.real_tokens(key_ids)),
             cache,
         )
         projected_query, projected_key, projected_value, cache = key_value_cache.projected(
@@ -682,11 +682,6 @@ def _padding_zeroed(query, key, value, query_mask, key_positions, cache):
         value = zero_padding(value, key_positions)
         return query, value, value
     return query, zero_padding(key, key_positions), zero_padding(value, key_positions)
-
-
-def _real(segment_ids):
-    """The tokens of a document (id not 0), `None` without ids: the padding `_padding_zeroed` zeroes."""
-    return None if segment_ids is None else ops.not_equal(segment_ids, 0)
 
 
 def _results(output, weights, cache, return_attention_scores):

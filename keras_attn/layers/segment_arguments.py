@@ -64,6 +64,11 @@ def next_cache_segment_ids(layer, cache, key_segment_ids, query_segment_ids, cac
     return _written(record, query_ids, cache_update_index)
 
 
+def real_tokens(segment_ids):
+    """`(batch, seq)` bool, the tokens of a document (id not 0): what is not padding; `None` without ids."""
+    return None if segment_ids is None else ops.not_equal(segment_ids, 0)
+
+
 def _written(record, new_ids, index):
     """`record` `(batch, max_len)` with `new_ids` `(batch, n)` at `index .. index + n - 1`: a selection
     (elementwise, so it runs under XLA and in ONNX whatever the index)."""
