@@ -15,7 +15,6 @@ from appkit.cli import config_field
 from keras_attn.blocks.transformer_decoder import TransformerDecoder
 from keras_attn.blocks.transformer_encoder import TransformerEncoder
 from keras_attn.core.segments import document_positions
-from keras_attn.core.segments import segment_mask
 from keras_attn.positions.token_and_position_embedding import TokenAndPositionEmbedding
 from models.serialization import register_serializable
 from models.translation_text import END_TOKEN
@@ -206,9 +205,8 @@ class Translator(keras.Model):
         padding_mask = self.source_padding_mask(source_ids)
         embedded = self.source_embedding(source_ids, positions=sentence_positions(source_segment_ids))
         hidden = self.source_dropout(embedded, training=training)
-        attention_mask = within_documents(source_segment_ids, source_segment_ids)
         for layer in self.encoder_layers:
-            hidden = layer(hidden, padding_mask=padding_mask, attention_mask=attention_mask, training=training)
+            hidden = layer(hidden, padding_mask=padding_mask, segment_ids=source_segment_ids, training=training)
         return self.encoder_norm(hidden)  # (batch, source_len, embedding_dim)
 
     def embed_target(self, target_ids, start_index=0, training=None, target_segment_ids=None):
@@ -240,16 +238,14 @@ class Translator(keras.Model):
         packed rows with `target_segment_ids` and `source_segment_ids`."""
         hidden = self.embed_target(target_ids, training=training, target_segment_ids=target_segment_ids)
         target_padding_mask = ops.not_equal(target_ids, PADDING_ID)  # (batch, target_len)
-        self_attention_mask = within_documents(target_segment_ids, target_segment_ids)
-        cross_attention_mask = within_documents(target_segment_ids, source_segment_ids)
         for layer in self.decoder_layers:
             hidden = layer(
                 hidden,
                 encoder_output,
                 decoder_padding_mask=target_padding_mask,
-                decoder_attention_mask=self_attention_mask,
                 encoder_padding_mask=source_padding_mask,
-                encoder_attention_mask=cross_attention_mask,
+                decoder_segment_ids=target_segment_ids,  # causal self-attention within each target sentence
+                encoder_segment_ids=source_segment_ids,  # cross-attention to the pair's own source
                 training=training,
             )
         return self.project(hidden)  # (batch, target_len, target_vocabulary_size)
@@ -308,13 +304,6 @@ def sentence_positions(segment_ids):
     is longer than the longest sentence it holds.
     """
     return None if segment_ids is None else document_positions(segment_ids)
-
-
-def within_documents(query_segment_ids, key_segment_ids):
-    """Boolean `(batch, query_len, key_len)`: which keys share each query's sentence, or `None` unpacked."""
-    if query_segment_ids is None:
-        return None
-    return segment_mask(query_segment_ids, key_segment_ids)[:, 0]
 
 
 @register_serializable("keras_attn")

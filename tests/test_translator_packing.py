@@ -59,10 +59,12 @@ def _model(**overrides):
     return build_translator(tiny_config(tiny_vectorizers(), **overrides))
 
 
-@pytest.mark.parametrize("tie_embeddings", [True, False])
-def test_a_packed_batch_has_each_pairs_logits_and_the_loss_of_the_unpacked_batch(tie_embeddings):
+@pytest.mark.parametrize(
+    "options", [{"tie_embeddings": True}, {"tie_embeddings": False}, {"attention": "window", "attention_window": 3}]
+)
+def test_a_packed_batch_has_each_pairs_logits_and_the_loss_of_the_unpacked_batch(options):
     pairs = _pairs(7)
-    model = _model(tie_embeddings=tie_embeddings)
+    model = _model(**options)
     unpacked_inputs, unpacked_out = _padded(pairs)
     packed_inputs, packed_out = _packed_by_hand(pairs, rows=2, row_length=4 * tiny_vectorizers().sequence_length)
     unpacked_logits = keras.ops.convert_to_numpy(model(unpacked_inputs))
