@@ -18,6 +18,10 @@ configuration on real reviews, its batches from `pretrain_imdb.masked_batches` i
 (packed: `pipelines.batching.pack_documents` rows of `sequence_length`). The padding share of
 the classifier's attention branch is the same batches' (it reads the same first
 `sequence_length` tokens of each review).
+
+"translator": `pipelines.train_translator.packing_benchmark_layouts`, the translator's teacher-
+forcing step on the same sentence pairs in each layout (its token slots and real tokens count
+the source and the target input).
 """
 
 import dataclasses
@@ -35,6 +39,7 @@ from models.sentiment_classifier import SentimentClassifierConfig
 from pipelines import imdb_data
 from pipelines import pretrain_imdb
 from pipelines import train_imdb
+from pipelines import train_translator
 
 PEER_RATIO = "speedup_vs_padded"
 GOAL_FIELDS = ("speedup_vs_bucketed", "padding_share", "real_tokens_per_s")
@@ -88,18 +93,27 @@ def imdb_pretraining_case(args):
     return AppCase("imdb_pretraining", layouts, {"model": config.to_dict()})
 
 
+def translator_case(args):
+    runs = train_translator.packing_benchmark_layouts(examples=args.examples, smoke=args.smoke, layouts=LAYOUTS)
+    return AppCase("translator", {layout: LayoutRun(*run) for layout, run in runs.items()}, {"smoke": args.smoke})
+
+
 # App name -> function of the parsed arguments returning its `AppCase`.
-APP_CASES = {"imdb_pretraining": imdb_pretraining_case}
+APP_CASES = {"imdb_pretraining": imdb_pretraining_case, "translator": translator_case}
 
 
 def epoch_seconds(case, rounds):
     """`{layout: best seconds of one epoch}`: one warm-up epoch each, then `rounds` in turn."""
     datasets = {
-        layout: tf.data.Dataset.from_generator(lambda run=run: iter(run.batches), output_signature=_signature(run))
+        layout: tf.data.Dataset.from_generator(
+            lambda run=run: iter(run.batches), output_signature=_signature(run)
+        ).apply(tf.data.experimental.assert_cardinality(len(run.batches)))
         for layout, run in case.layouts.items()
     }
     steps = {
-        layout: (lambda layout=layout: case.layouts[layout].model.fit(datasets[layout], epochs=1, verbose=0, shuffle=False))
+        layout: (
+            lambda layout=layout: case.layouts[layout].model.fit(datasets[layout], epochs=1, verbose=0, shuffle=False)
+        )
         for layout in case.layouts
     }
     for step in steps.values():
