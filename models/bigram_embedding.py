@@ -23,9 +23,11 @@ class HashedBigramEmbedding(keras.layers.Layer):
 
     Call arguments:
         token_ids: int `(batch, seq)`.
+        segment_ids: optional int `(batch, seq)` of packed rows (`pipelines.batching.pack_documents`):
+            a pair across two documents is no bigram, as at the end of a document alone.
 
     Returns:
-        `(batch, seq, output_dim)`.
+        `(batch, seq, output_dim)`, with the Keras mask of the real (non-padding) tokens.
     """
 
     def __init__(self, num_buckets, output_dim, multiplier=30_011, **kwargs):
@@ -40,13 +42,20 @@ class HashedBigramEmbedding(keras.layers.Layer):
     def build(self, input_shape):
         self.embedding.build((None,))
 
-    def call(self, token_ids):
+    def call(self, token_ids, segment_ids=None):
         buckets, real = hashed_bigrams(ops.cast(token_ids, "int32"), self.multiplier, self.num_buckets)
+        if segment_ids is not None:
+            real = ops.logical_and(real, ops.equal(segment_ids[:, :-1], segment_ids[:, 1:]))
         vectors = self.embedding(buckets) * ops.cast(ops.expand_dims(real, -1), self.compute_dtype)
         return ops.pad(vectors, ((0, 0), (0, 1), (0, 0)))  # (batch, seq, output_dim): none at the end
 
-    def compute_output_shape(self, input_shape):
-        return (*input_shape, self.output_dim)
+    def compute_mask(self, token_ids, segment_ids=None, mask=None):
+        # The real tokens, as the token embedding's: added to it (`keras.layers.Add` keeps only the
+        # masks its inputs carry), the sum keeps the padding mask the encoder blocks attend with.
+        return ops.not_equal(token_ids, 0)
+
+    def compute_output_shape(self, token_ids_shape, segment_ids_shape=None):
+        return (*token_ids_shape, self.output_dim)
 
     def get_config(self):
         return {

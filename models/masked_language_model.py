@@ -15,6 +15,7 @@ cost several times the encoder.
 import keras
 from keras import ops
 
+from models.packed_documents import GatherTokens
 from models.sentiment_classifier import build_review_encoder
 
 
@@ -57,12 +58,16 @@ class TiedTokenLogits(keras.layers.Layer):
         return super().get_config()
 
 
-def build_masked_language_model(config):
+def build_masked_language_model(config, packed=False):
     """The masked language model of `config`'s attention branch, as a functional `keras.Model`.
 
     Args:
         config: a `models.sentiment_classifier.SentimentClassifierConfig` (its `ENCODER_FIELDS`
             and `dropout`).
+        packed: whether it reads packed rows (`pipelines.batching.pack_documents` of the corrupted
+            ids): the inputs are then `packed_ids` and `segment_ids` (int32 `(rows, row_length)`)
+            and `masked_positions` in the flattened rows (the padded batch's positions mapped
+            through `token_index`), so the logits, labels and loss keep the padded batch's layout.
 
     Returns:
         `(model, encoder)`: `model`, named "masked_language_model", takes `{"token_ids": int32
@@ -71,14 +76,14 @@ def build_masked_language_model(config):
         "review_encoder", is its encoder (`build_review_encoder`: the same layers), what a
         checkpoint keeps.
     """
-    encoder = build_review_encoder(config)
+    encoder = build_review_encoder(config, packed=packed)
     masked_positions = keras.Input((None,), dtype="int32", name="masked_positions")
-    hidden = GatherPositions(name="gather_masked")(encoder.output, masked_positions)  # (batch, targets, dim)
+    gather = GatherTokens if packed else GatherPositions
+    hidden = gather(name="gather_masked")(encoder.output, masked_positions)  # (batch, targets, dim)
     hidden = keras.layers.Dense(config.embedding_dim, activation="gelu", name="mlm_transform")(hidden)
     hidden = keras.layers.LayerNormalization(epsilon=1e-5, name="mlm_layer_norm")(hidden)
     token_embedding = encoder.get_layer("token_and_position_embedding").token_embedding
     logits = TiedTokenLogits(token_embedding, name="mlm_logits")(hidden)  # (batch, targets, vocabulary_size)
-    model = keras.Model(
-        {"token_ids": encoder.input, "masked_positions": masked_positions}, logits, name="masked_language_model"
-    )
+    inputs = encoder.input if packed else {"token_ids": encoder.input}
+    model = keras.Model({**inputs, "masked_positions": masked_positions}, logits, name="masked_language_model")
     return model, encoder

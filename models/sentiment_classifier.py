@@ -34,6 +34,10 @@ from models.bigram_embedding import HashedBigramEmbedding
 from models.ngram_bag import WEIGHTINGS
 from models.ngram_bag import NgramBag
 from models.ngram_bag import check_bigram_ids
+from models.packed_documents import PACKED_IDS
+from models.packed_documents import SEGMENT_IDS
+from models.packed_documents import TOKEN_INDEX
+from models.packed_documents import GatherTokens
 from models.sparse_linear import SparseLinear
 from models.vocabulary import smallest_vocabulary_size
 from models.weighted_ngram_embedding import WeightedNgramEmbedding
@@ -165,7 +169,7 @@ ENCODER_FIELDS = (
 )
 
 
-def review_encoder(token_ids, config):
+def review_encoder(token_ids, config, segment_ids=None):
     """The attention branch up to its last encoder block, on functional tensors.
 
     Token (and optional hashed bigram) embeddings of the first `sequence_length` ids, dropout and
@@ -177,11 +181,15 @@ def review_encoder(token_ids, config):
     Args:
         token_ids: int32 `(batch, seq)`, 0 = padding.
         config: a `SentimentClassifierConfig` (its `ENCODER_FIELDS` and `dropout`).
+        segment_ids: int32 `(batch, seq)` when `token_ids` are packed rows
+            (`pipelines.batching.pack_documents`): positions restart at each document, attention
+            and bigrams stay within it, so each document is encoded as it is alone.
 
     Returns:
         `(batch, min(seq, sequence_length), embedding_dim)`, with the Keras mask of the real tokens.
     """
     first_tokens = token_ids[:, : config.sequence_length]  # (batch, min(seq, sequence_length))
+    segments = {} if segment_ids is None else {"segment_ids": segment_ids[:, : config.sequence_length]}
     hidden = TokenAndPositionEmbedding(
         config.vocabulary_size,
         config.sequence_length,
@@ -189,13 +197,13 @@ def review_encoder(token_ids, config):
         mask_zero=True,
         position_encoding=config.position_encoding,
         name="token_and_position_embedding",
-    )(first_tokens)  # (batch, seq, embedding_dim)
+    )(first_tokens, **segments)  # (batch, seq, embedding_dim)
     if config.attention_bigram_buckets:
         hidden = keras.layers.Add(name="token_and_bigram_embedding")(
             [
                 hidden,
                 HashedBigramEmbedding(config.attention_bigram_buckets, config.embedding_dim, name="bigram_embedding")(
-                    first_tokens
+                    first_tokens, **segments
                 ),
             ]
         )
@@ -207,15 +215,35 @@ def review_encoder(token_ids, config):
             dropout=config.dropout,
             self_attention=self_attention_prototype(config),
             name=f"encoder_{index}",
-        )(hidden)  # (batch, seq, embedding_dim)
+        )(hidden, **segments)  # (batch, seq, embedding_dim)
     return hidden
 
 
-def build_review_encoder(config):
+def build_review_encoder(config, packed=False):
     """`review_encoder` as a `keras.Model` named "review_encoder": int token ids `(batch, seq)` ->
-    `(batch, min(seq, sequence_length), embedding_dim)`; what a pretraining checkpoint holds."""
-    token_ids = keras.Input((None,), dtype="int32", name="token_ids")
-    return keras.Model(token_ids, review_encoder(token_ids, config), name="review_encoder")
+    `(batch, min(seq, sequence_length), embedding_dim)`; what a pretraining checkpoint holds.
+
+    `packed=True`: it reads packed rows instead, a dict of `packed_ids` and `segment_ids` (int32
+    `(rows, row_length)`, `pipelines.batching.pack_documents`), with the same weights."""
+    if not packed:
+        token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+        return keras.Model(token_ids, review_encoder(token_ids, config), name="review_encoder")
+    inputs = packed_inputs(config)
+    return keras.Model(inputs, review_encoder(inputs[PACKED_IDS], config, inputs[SEGMENT_IDS]), name="review_encoder")
+
+
+def packed_inputs(config):
+    """The `keras.Input`s of packed rows: `{packed_ids, segment_ids}`, int32 `(rows, row_length)`.
+
+    Raises:
+        ValueError: `config` reads n-grams, not a token sequence (there is nothing to pack).
+    """
+    if config.attention_inputs != "tokens":
+        raise ValueError(
+            "Packed rows need `attention_inputs='tokens'` (the n-gram attention reads no token sequence). "
+            f"Received: attention_inputs={config.attention_inputs!r}"
+        )
+    return {name: keras.Input((None,), dtype="int32", name=name) for name in (PACKED_IDS, SEGMENT_IDS)}
 
 
 def load_encoder_weights(classifier, encoder):
@@ -245,13 +273,24 @@ def load_encoder_weights(classifier, encoder):
     return copied
 
 
-def _attention_logit(token_ids, config):
-    """The attention branch of `config.attention_inputs`: its features, dropout, logit `(batch, 1)`."""
+def _attention_logit(token_ids, config, packed=None):
+    """The attention branch of `config.attention_inputs`: its features, dropout, logit `(batch, 1)`.
+
+    `packed`: the `packed_ids`, `segment_ids` and `token_index` inputs of the first
+    `sequence_length` tokens of `token_ids`' reviews packed into rows; the encoder reads those rows
+    and each review's hidden states are gathered back before the pooling, so that it pools one
+    vector per review from the same states as over the padded batch."""
     if config.attention_inputs == "ngrams":
         features = _ngram_attention_features(token_ids, config)
     else:
-        hidden = review_encoder(token_ids, config)  # (batch, seq, embedding_dim)
-        features = [MaskedGlobalPooling(mode, name=f"{mode}_pooling")(hidden) for mode in config.pooling]
+        if packed is None:
+            hidden = review_encoder(token_ids, config)  # (batch, seq, embedding_dim)
+            mask = None  # the Keras mask of `hidden`
+        else:
+            rows = review_encoder(packed[PACKED_IDS], config, packed[SEGMENT_IDS])  # (rows, row_length, dim)
+            hidden = GatherTokens(name="review_tokens")(rows, packed[TOKEN_INDEX])  # (batch, seq, embedding_dim)
+            mask = keras.ops.not_equal(token_ids[:, : config.sequence_length], 0)  # (batch, seq)
+        features = [MaskedGlobalPooling(mode, name=f"{mode}_pooling")(hidden, mask=mask) for mode in config.pooling]
         features = features[0] if len(features) == 1 else keras.layers.Concatenate(name="attention_features")(features)
     features = keras.layers.Dropout(config.dropout, name="attention_dropout")(features)
     return keras.layers.Dense(1, dtype="float32", name="attention_logit")(features)
@@ -284,7 +323,7 @@ def adapt_ngram_weights(classifier, batches):
                 layer.bigram_vocabulary.assign(bag.bigram_vocabulary)
 
 
-def build_sentiment_classifier(config=SentimentClassifierConfig()):
+def build_sentiment_classifier(config=SentimentClassifierConfig(), packed=False):
     """The classifier as a functional `keras.Model`: int token ids `(batch, seq)` -> probability.
 
     The "ensemble" layer weighs the branch logits `[attention, ngram]` (initially their mean);
@@ -297,6 +336,10 @@ def build_sentiment_classifier(config=SentimentClassifierConfig()):
 
     Args:
         config: a `SentimentClassifierConfig`.
+        packed: whether the attention branch reads packed rows (`pipelines.batching.pack_documents`
+            of the first `sequence_length` tokens of the reviews): the inputs are then a dict of
+            `token_ids` and the packed `packed_ids`, `segment_ids` and `token_index`. Same weights,
+            same outputs as the padded model.
 
     Returns:
         A `keras.Model` named "sentiment_classifier" with one input `token_ids` (int32,
@@ -304,6 +347,9 @@ def build_sentiment_classifier(config=SentimentClassifierConfig()):
         positive-class probability.
     """
     token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+    packed_rows = None
+    if packed:
+        packed_rows = {**packed_inputs(config), TOKEN_INDEX: keras.Input((None,), dtype="int32", name=TOKEN_INDEX)}
     ngram_bag = NgramBag(
         config.vocabulary_size,
         config.bigram_buckets,
@@ -314,7 +360,7 @@ def build_sentiment_classifier(config=SentimentClassifierConfig()):
     )
     features, values = ngram_bag(token_ids)  # (batch, 2 * seq - 1) each: a sparse weighted bag of n-grams
     logits = [
-        _attention_logit(token_ids, config),
+        _attention_logit(token_ids, config, packed_rows),
         SparseLinear(ngram_bag.num_features, dtype="float32", name="ngram_logit")((features, values)),
     ]
     # Not trainable with the branches: `fit_ensemble` fits it afterwards, on held-out data.
@@ -326,7 +372,8 @@ def build_sentiment_classifier(config=SentimentClassifierConfig()):
         name="ensemble",
     )(keras.layers.Concatenate(name="branch_logits")(logits))  # (batch, 1)
     probability = keras.layers.Activation("sigmoid", dtype="float32", name="probability")(ensemble)
-    return keras.Model(token_ids, probability, name="sentiment_classifier")
+    inputs = token_ids if packed_rows is None else {"token_ids": token_ids, **packed_rows}
+    return keras.Model(inputs, probability, name="sentiment_classifier")
 
 
 def training_model(classifier):

@@ -14,6 +14,7 @@ from keras import ops
 from appkit.cli import config_field
 from keras_attn.blocks.transformer_decoder import TransformerDecoder
 from keras_attn.blocks.transformer_encoder import TransformerEncoder
+from keras_attn.core.segments import document_positions
 from keras_attn.positions.token_and_position_embedding import TokenAndPositionEmbedding
 from models.serialization import register_serializable
 from models.translation_text import END_TOKEN
@@ -86,7 +87,12 @@ class Translator(keras.Model):
 
     Call arguments:
         inputs: a tuple `(source_ids, target_in_ids)` of int tensors `(batch, source_len)`,
-            `(batch, target_len)`, zero-padded.
+            `(batch, target_len)`, zero-padded; or packed rows `(source_ids, target_in_ids,
+            source_segment_ids, target_segment_ids)` holding several sentence pairs per row, pair
+            `i` of a row numbered `i` in both segment ids (0 for padding): the encoder and the
+            decoder self-attention stay inside each sentence, a target sentence's cross-attention
+            reads only its own source, and positions restart at each sentence, so every pair is
+            translated exactly as alone (`pipelines.translation_data.make_packed_dataset`).
         training: whether dropout is active.
 
     Returns:
@@ -194,17 +200,20 @@ class Translator(keras.Model):
     def source_padding_mask(self, source_ids):
         return ops.not_equal(source_ids, PADDING_ID)  # (batch, source_len)
 
-    def encode(self, source_ids, training=None):
-        """Encoder output `(batch, source_len, embedding_dim)`."""
+    def encode(self, source_ids, training=None, source_segment_ids=None):
+        """Encoder output `(batch, source_len, embedding_dim)`; of packed rows with `source_segment_ids`."""
         padding_mask = self.source_padding_mask(source_ids)
-        hidden = self.source_dropout(self.source_embedding(source_ids), training=training)
+        embedded = self.source_embedding(source_ids, positions=sentence_positions(source_segment_ids))
+        hidden = self.source_dropout(embedded, training=training)
         for layer in self.encoder_layers:
-            hidden = layer(hidden, padding_mask=padding_mask, training=training)
+            hidden = layer(hidden, padding_mask=padding_mask, segment_ids=source_segment_ids, training=training)
         return self.encoder_norm(hidden)  # (batch, source_len, embedding_dim)
 
-    def embed_target(self, target_ids, start_index=0, training=None):
-        """Target embeddings of the tokens at positions `start_index ..`."""
-        embedded = self.target_embedding(target_ids, start_index=start_index)
+    def embed_target(self, target_ids, start_index=0, training=None, target_segment_ids=None):
+        """Target embeddings of the tokens at positions `start_index ..` (or at their positions in
+        their sentences, with `target_segment_ids`)."""
+        positions = sentence_positions(target_segment_ids)
+        embedded = self.target_embedding(target_ids, start_index=start_index, positions=positions)
         return self.target_dropout(embedded, training=training)  # (batch, target_len, embedding_dim)
 
     def project(self, hidden):
@@ -216,9 +225,18 @@ class Translator(keras.Model):
         logits = ops.matmul(hidden, ops.transpose(embeddings))  # (..., target_vocabulary_size)
         return logits + ops.cast(self.output_bias, hidden.dtype)
 
-    def decode(self, target_ids, encoder_output, source_padding_mask, training=None):
-        """Logits for every position of `target_ids`, without a cache (the full causal pass)."""
-        hidden = self.embed_target(target_ids, training=training)
+    def decode(
+        self,
+        target_ids,
+        encoder_output,
+        source_padding_mask,
+        training=None,
+        target_segment_ids=None,
+        source_segment_ids=None,
+    ):
+        """Logits for every position of `target_ids`, without a cache (the full causal pass); of
+        packed rows with `target_segment_ids` and `source_segment_ids`."""
+        hidden = self.embed_target(target_ids, training=training, target_segment_ids=target_segment_ids)
         target_padding_mask = ops.not_equal(target_ids, PADDING_ID)  # (batch, target_len)
         for layer in self.decoder_layers:
             hidden = layer(
@@ -226,14 +244,23 @@ class Translator(keras.Model):
                 encoder_output,
                 decoder_padding_mask=target_padding_mask,
                 encoder_padding_mask=source_padding_mask,
+                decoder_segment_ids=target_segment_ids,  # causal self-attention within each target sentence
+                encoder_segment_ids=source_segment_ids,  # cross-attention to the pair's own source
                 training=training,
             )
         return self.project(hidden)  # (batch, target_len, target_vocabulary_size)
 
     def call(self, inputs, training=None):
-        source_ids, target_ids = inputs
-        encoder_output = self.encode(source_ids, training=training)
-        return self.decode(target_ids, encoder_output, self.source_padding_mask(source_ids), training=training)
+        source_ids, target_ids, source_segment_ids, target_segment_ids = packed_inputs(inputs)
+        encoder_output = self.encode(source_ids, training=training, source_segment_ids=source_segment_ids)
+        return self.decode(
+            target_ids,
+            encoder_output,
+            self.source_padding_mask(source_ids),
+            training=training,
+            target_segment_ids=target_segment_ids,
+            source_segment_ids=source_segment_ids,
+        )
 
     def get_config(self):
         config = super().get_config()
@@ -254,6 +281,29 @@ class Translator(keras.Model):
             }
         )
         return config
+
+
+def packed_inputs(inputs):
+    """`(source_ids, target_ids, source_segment_ids, target_segment_ids)` of the call's `inputs`
+    (the segment ids `None` for unpacked pairs)."""
+    if len(inputs) not in (2, 4):
+        raise ValueError(
+            "`inputs` must be `(source_ids, target_in_ids)` or packed rows `(source_ids, target_in_ids, "
+            f"source_segment_ids, target_segment_ids)`. Received: {len(inputs)} inputs"
+        )
+    if len(inputs) == 2:
+        return (*inputs, None, None)
+    return tuple(inputs)
+
+
+def sentence_positions(segment_ids):
+    """Each token's position in its sentence `(batch, length)`, or `None` unpacked.
+
+    Given as `positions=`, not `segment_ids=`: the embeddings then check the positions against
+    their table (`sequence_length`), where `segment_ids=` checks the row length, and a packed row
+    is longer than the longest sentence it holds.
+    """
+    return None if segment_ids is None else document_positions(segment_ids)
 
 
 @register_serializable("keras_attn")

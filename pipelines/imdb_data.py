@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from models.export_manifest import file_sha256
 from pipelines.batching import bucket_boundaries
+from pipelines.batching import pack_documents
 
 DATA_ENV_VARS = ("KERAS_ATTN_DATA", "IMDB_DATA_DIR")
 CACHE_ENV_VAR = "KERAS_ATTN_CACHE"
@@ -285,3 +286,18 @@ def batched(ids, batch_size, sequence_length, shuffle=False, seed=None, drop_rem
         pad_to_bucket_boundary=True,
         drop_remainder=drop_remainder,
     ).prefetch(tf.data.AUTOTUNE)
+
+
+def padded(ids, batch_size, shuffle=False, seed=None, drop_remainder=False):
+    """Batches `(ids (batch, longest), labels (batch,))` of reviews in any order, padded to the
+    longest of each batch: what `packed` lays into rows (the packing, not the order, removes the
+    padding)."""
+    if shuffle:
+        ids = ids.shuffle(50_000, seed=seed, reshuffle_each_iteration=True)
+    return ids.padded_batch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+
+
+def packed(token_ids, sequence_length):
+    """The attention branch's packed rows of a batch of reviews: `pipelines.batching.pack_documents`
+    of the first `sequence_length` tokens of each, into rows of `sequence_length`."""
+    return pack_documents(token_ids[:, :sequence_length], sequence_length)

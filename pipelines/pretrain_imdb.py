@@ -1,7 +1,7 @@
 """Pretrains the IMDB classifier's attention branch as a masked language model on the training reviews.
 
     python -m pipelines.pretrain_imdb [--data PATH] [--output-dir runs/imdb_pretrain] [--epochs N]
-        [--smoke] [any model flag of pipelines.train_imdb] ...
+        [--smoke] [--pack] [any model flag of pipelines.train_imdb] ...
 
 Self-supervised: the labels are never read. The reviews are those `pipelines.train_imdb` trains
 on with the same data flags (the official training split minus its validation slice, which
@@ -9,6 +9,11 @@ gives the validation loss here; the test split is never read), tokenised by the 
 adapted the same way. Each batch is masked in `tf.data` (`models.token_masking`: 15 % of the
 words, BERT's 80/10/10, new masks every epoch) and `models.masked_language_model` learns to
 predict them; its encoder is built by the classifier's own `review_encoder`.
+
+`--pack` lays each batch's masked reviews into rows of `sequence_length` tokens instead of
+padding them (`pipelines.batching.pack_documents`; attention, positions and bigrams stay within
+each review): the same reviews, masks and loss per batch, without the padding. The checkpoint is
+the same either way.
 
 `model.fit` shows Keras's progress bar; each epoch is committed (`pipelines.resumable_training`),
 so rerunning the same command after a kill resumes from the last finished epoch, and a longer
@@ -25,6 +30,7 @@ docs/models/imdb_classifier.md); `--epochs N` continues a finished run.
 
 import argparse
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -34,8 +40,14 @@ import tensorflow as tf
 from appkit.cli import positive_int
 from appkit.cli import require_writable_directory
 from appkit.cli import user_errors_exit
+from keras_attn.validation import check_choice
 from models.masked_language_model import build_masked_language_model
+from models.packed_documents import PACKED_IDS
+from models.packed_documents import SEGMENT_IDS
+from models.packed_documents import TOKEN_INDEX
 from models.sentiment_classifier import SentimentClassifierConfig
+from models.sentiment_classifier import build_review_encoder
+from models.sentiment_classifier import load_encoder_weights
 from models.token_masking import MASK_ID
 from models.token_masking import MASK_RATE
 from models.token_masking import mask_tokens
@@ -44,6 +56,7 @@ from pipelines import encoder_checkpoint
 from pipelines import imdb_data
 from pipelines import train_imdb
 from pipelines import training
+from pipelines.batching import pack_documents
 from pipelines.batching import with_counted_batches
 
 PROG = "python -m pipelines.pretrain_imdb"
@@ -66,6 +79,7 @@ def parse_args(argv=None):
         jit_compile_help="XLA-compile the train/eval steps",
     )
     parser.add_argument("--batch-size", type=positive_int, default=32)
+    train_imdb.add_pack_argument(parser)
     training.add_config_arguments(parser, pretraining_config(SentimentClassifierConfig()))
     args = parser.parse_args(argv)
     with user_errors_exit(PROG, args.debug):
@@ -89,23 +103,48 @@ def model_config(args):
     )
 
 
-def masked_batches(ids, batch_size, config, seed, shuffle):
-    """Length-bucketed batches of `(ids, label)` masked by `mask_tokens`: `(inputs, labels, weights)`.
+# How a batch of reviews is laid out: length-bucketed and padded to its bucket (the default),
+# padded to its longest review, or packed into rows (`--pack`).
+LAYOUTS = ("bucketed", "padded", "packed")
+
+
+def masked_batches(ids, batch_size, config, seed, shuffle, layout="bucketed"):
+    """Batches of `(ids, label)` masked by `mask_tokens`: `(inputs, labels, weights)`.
 
     Shuffled batches (training) get new masks at every pass; the others (validation) the same ones,
-    so that their loss compares across epochs. The review labels are dropped.
+    so that their loss compares across epochs. The review labels are dropped. `layout`, one of
+    `LAYOUTS`: "bucketed", reviews of similar length padded to their bucket; "padded", reviews in
+    any order padded to the longest; "packed", those masked, then packed into rows
+    (`packed_masking`).
     """
-    batches = with_counted_batches(
-        imdb_data.batched(ids, batch_size, config.sequence_length, shuffle=shuffle, seed=seed, drop_remainder=shuffle)
-    )
+    check_choice("layout", layout, LAYOUTS)
+    if layout == "bucketed":
+        batching = functools.partial(imdb_data.batched, sequence_length=config.sequence_length)
+    else:
+        batching = imdb_data.padded
+    batches = with_counted_batches(batching(ids, batch_size, shuffle=shuffle, seed=seed, drop_remainder=shuffle))
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=shuffle).batch(2)  # (2,) int64 each
+
+    def masked(batch, batch_seed):
+        masking = mask_tokens(batch[0], batch_seed, config.vocabulary_size)
+        return packed_masking(*masking, config.sequence_length) if layout == "packed" else masking
+
     return (
-        tf.data.Dataset.zip(batches, seeds)
-        .map(
-            lambda batch, batch_seed: mask_tokens(batch[0], batch_seed, config.vocabulary_size),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
-        .prefetch(tf.data.AUTOTUNE)
+        tf.data.Dataset.zip(batches, seeds).map(masked, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def packed_masking(inputs, labels, weights, row_length):
+    """`mask_tokens`' batch with its corrupted reviews packed into rows of `row_length`
+    (`pipelines.batching.pack_documents`, read by `build_masked_language_model(packed=True)`): the
+    masked positions are mapped into the flattened rows; the targets and weights are unchanged, so
+    the loss is the padded batch's. Masking before packing keeps the lengths (masks are words)."""
+    packed = pack_documents(inputs["token_ids"], row_length)
+    positions = tf.gather(packed[TOKEN_INDEX], inputs["masked_positions"], batch_dims=1)  # (batch, targets)
+    return (
+        {PACKED_IDS: packed[PACKED_IDS], SEGMENT_IDS: packed[SEGMENT_IDS], "masked_positions": positions},
+        labels,
+        weights,
     )
 
 
@@ -124,11 +163,13 @@ def pretrain(args):
     train_ids, validation_ids = (
         imdb_data.token_ids(split, vectorizer, config.sequence_length) for split in (splits.train, splits.validation)
     )
-    train_batches = masked_batches(train_ids, args.batch_size, config, args.seed, shuffle=True)
-    validation_batches = masked_batches(validation_ids, args.batch_size, config, args.seed, shuffle=False)
+    train_batches, validation_batches = (
+        masked_batches(ids, args.batch_size, config, args.seed, shuffle, layout="packed" if args.pack else "bucketed")
+        for ids, shuffle in ((train_ids, True), (validation_ids, False))
+    )
     total_steps = args.epochs * int(train_batches.cardinality())
     with strategy.scope():
-        model, encoder = build_masked_language_model(config)
+        model, encoder = build_masked_language_model(config, packed=args.pack)
         model.compile(
             optimizer=training.adamw_with_warmup(
                 args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay
@@ -165,6 +206,7 @@ def pretrain(args):
         "masking": {"rate": MASK_RATE, "mask_id": MASK_ID},
         **training.run_summary(args, policy, strategy, fitted),
         "batch_size": args.batch_size,
+        "pack": args.pack,
         "weight_decay": args.weight_decay,
         "training_seconds": round(sum(epoch["epoch_seconds"] for epoch in fitted.history), 1),
         "epochs": [
@@ -175,6 +217,9 @@ def pretrain(args):
             for row in fitted.history
         ],
     }
+    if args.pack:  # the checkpoint is the padded encoder's, whichever way it was trained: same weights
+        packed_encoder, encoder = encoder, build_review_encoder(config)
+        load_encoder_weights(encoder, packed_encoder)
     return encoder_checkpoint.write(output_dir, encoder, config, summary)  # the best epoch's encoder
 
 

@@ -2,7 +2,7 @@
 
     python -m pipelines.train_imdb [--data PATH] [--smoke] [--mixed-precision mixed_bfloat16]
         [--jit-compile] [--strategy {default,mirrored,multi_worker}] [--output-dir runs/imdb]
-        [--pretrained {DIR,none}] ...
+        [--pretrained {DIR,none}] [--pack] ...
 
 Data: see `pipelines.imdb_data` (lookup order --data, $KERAS_ATTN_DATA / $IMDB_DATA_DIR,
 ../shared/data, TFDS). The vectoriser is adapted on the training split only (minus the held-out
@@ -18,6 +18,12 @@ otherwise from random weights, and one line says how to pretrain. Its configurat
 vocabulary must be this run's (`pipelines.encoder_checkpoint`); `summary.json` records
 `pretrained` (its directory and epochs, or `null`). `--pretrained none` turns it off.
 
+`--pack` trains the attention branch on each batch's reviews packed into rows of
+`--sequence-length` tokens (`pipelines.batching.pack_documents`; attention, positions and bigrams
+stay within each review, one vector pooled per review): the same examples and loss per batch as
+padded, without the padding. The n-gram branch reads the reviews as before; evaluation, the
+ensemble fit and the export use the padded classifier with the trained weights. One machine only.
+
 `--strategy multi_worker` trains on every worker of the `TF_CONFIG` cluster with
 `pipelines.distributed` (run the same command on each worker, or under `pipelines.launch`):
 `--batch-size` is the global batch, validation and test accuracy are global, only the chief
@@ -32,6 +38,7 @@ import json
 from pathlib import Path
 
 import keras
+import tensorflow as tf
 
 from appkit.cli import positive_int
 from appkit.cli import require_writable_directory
@@ -43,6 +50,7 @@ from models.sentiment_classifier import SentimentClassifierConfig
 from models.sentiment_classifier import adapt_ngram_weights
 from models.sentiment_classifier import build_sentiment_classifier
 from models.sentiment_classifier import fit_ensemble
+from models.sentiment_classifier import load_encoder_weights
 from models.sentiment_classifier import training_model
 from pipelines import distributed
 from pipelines import encoder_checkpoint
@@ -110,6 +118,7 @@ def parse_args(argv=None, prog=PROG, parents=(), description=DESCRIPTION):
         "--cpu-devices", type=positive_int, help="split the CPU into N logical devices (mirrored training without GPUs)"
     )
     parser.add_argument("--batch-size", type=positive_int, default=32)
+    add_pack_argument(parser)
     parser.add_argument("--max-test", type=positive_int, help="cap on test reviews")
     parser.add_argument(
         "--pretrained",
@@ -121,9 +130,23 @@ def parse_args(argv=None, prog=PROG, parents=(), description=DESCRIPTION):
     args = parser.parse_args(argv)
     with user_errors_exit(prog, args.debug):
         model_config(args)  # the flags' combination (e.g. --sequence-length above --max-tokens)
+        if args.pack and args.strategy == distributed.MULTI_WORKER:
+            raise ValueError(f"`--pack` trains on one machine only. Received: --pack with --strategy={args.strategy}")
     # Resolved once, here: the main job's other seeds train in other output directories.
     args.pretrained = encoder_checkpoint.request(args.pretrained, args.output_dir)
     return args
+
+
+def add_pack_argument(parser):
+    """`--pack`: the attention branch reads the reviews of each batch packed into rows of
+    `--sequence-length` tokens (`pipelines.batching.pack_documents`): the same examples and loss,
+    without the padding; `pipelines.pretrain_imdb` takes it too."""
+    parser.add_argument(
+        "--pack",
+        action="store_true",
+        help="pack each batch's reviews into rows of --sequence-length tokens for the attention branch "
+        "(attention within each review; same examples and loss, no padding)",
+    )
 
 
 def add_data_arguments(parser):
@@ -189,38 +212,45 @@ def train(args):
     def batches(ids, **options):
         return imdb_data.batched(ids, args.batch_size, config.max_tokens, **options)
 
+    def training_batches(ids, **options):  # what the trainer reads: packed rows beside the reviews under --pack
+        if not args.pack:
+            return batches(ids, **options)
+        return imdb_data.padded(ids, args.batch_size, **options).map(
+            lambda ids, label: ({"token_ids": ids, **imdb_data.packed(ids, config.sequence_length)}, label),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+
     def every_output(ids, label):
         return ids, {name: label for name in (*BRANCHES, "probability")}
 
     # Tokenised once and cached: the idf adaptation and every training epoch read the same ids.
     train_ids = imdb_data.token_ids(splits.train, vectorizer, config.max_tokens)
-    train_batches = with_counted_batches(batches(train_ids, shuffle=True, seed=args.seed, drop_remainder=True))
-    # Counted once: Keras shows the steps from the first epoch and warns of no "ran out of data".
-    validation_batches, test_batches = (
-        with_counted_batches(batches(imdb_data.token_ids(split, vectorizer, config.max_tokens)))
-        for split in (splits.validation, splits.test)
+    train_batches = with_counted_batches(training_batches(train_ids, shuffle=True, seed=args.seed, drop_remainder=True))
+    validation_ids, test_ids = (
+        imdb_data.token_ids(split, vectorizer, config.max_tokens) for split in (splits.validation, splits.test)
     )
+    # Counted once: Keras shows the steps from the first epoch and warns of no "ran out of data".
+    validation_batches, test_batches = (with_counted_batches(batches(ids)) for ids in (validation_ids, test_ids))
+    fit_validation_batches = with_counted_batches(training_batches(validation_ids)) if args.pack else validation_batches
     total_steps = args.epochs * int(train_batches.cardinality())
 
     with strategy.scope():
         model = build_sentiment_classifier(config)
-        adapt_ngram_weights(model, batches(train_ids))  # feature weights from the training split only
+        # Under --pack the branches train in a view reading packed rows, with the same layers' weights.
+        fitted_model = build_sentiment_classifier(config, packed=True) if args.pack else model
+        adapt_ngram_weights(fitted_model, batches(train_ids))  # feature weights from the training split only
         if pretrained is not None:  # a resumed run's backup then replaces every weight
-            encoder_checkpoint.load_into(model, pretrained)
+            encoder_checkpoint.load_into(fitted_model, pretrained)
         model.compile(
             loss=keras.losses.BinaryCrossentropy(),
             metrics=[keras.metrics.BinaryAccuracy(name="accuracy")],
             jit_compile=args.jit_compile,
         )
         # Each branch learns from its own loss; the accuracy followed is the ensemble's.
-        trainer = training_model(model)
-        trainer.compile(
-            optimizer=training.adamw_with_warmup(
-                args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay
-            ),
-            loss={branch: keras.losses.BinaryCrossentropy() for branch in BRANCHES},
-            metrics={name: [keras.metrics.BinaryAccuracy(name="accuracy")] for name in (*BRANCHES, "probability")},
-            jit_compile=args.jit_compile,
+        trainer = compiled_trainer(
+            fitted_model,
+            training.adamw_with_warmup(args.learning_rate, total_steps, args.warmup_fraction, args.weight_decay),
+            args.jit_compile,
         )
     fitted = training.fit(
         args,
@@ -229,15 +259,19 @@ def train(args):
         trainer,
         total_steps,
         train_batches.map(every_output),
-        validation_batches.map(every_output),
+        fit_validation_batches.map(every_output),
         monitor=MONITOR,
         mode=MONITOR_MODE,
         losses={branch: keras.losses.BinaryCrossentropy() for branch in BRANCHES},
         metrics={f"{name}_accuracy": distributed.accuracy(name) for name in (*BRANCHES, "probability")},
-        epoch_batches=lambda epoch: batches(train_ids, shuffle=True, seed=args.seed + epoch, drop_remainder=True).map(
-            every_output
-        ),
+        epoch_batches=lambda epoch: training_batches(
+            train_ids, shuffle=True, seed=args.seed + epoch, drop_remainder=True
+        ).map(every_output),
     )
+    if args.pack:  # the classifier read from here on is the padded one, with the weights trained
+        load_encoder_weights(model, fitted_model)
+        with strategy.scope():
+            trainer = compiled_trainer(model, "adam", args.jit_compile)
     with strategy.scope():
         ensemble = fit_ensemble(model, validation_batches)
     if fitted.distributed_trainer is not None:  # global figures: every worker evaluates its share
@@ -260,6 +294,7 @@ def train(args):
         "pretrained": None if pretrained is None else pretrained.describe(),
         **training.run_summary(args, policy, strategy, fitted),
         "batch_size": args.batch_size,
+        "pack": args.pack,
         "weight_decay": args.weight_decay,
         "training_seconds": round(training_seconds, 1),
         "train_examples_per_second": round(splits.counts["train"] * len(epochs) / max(training_seconds, 1e-9), 1),
@@ -272,6 +307,18 @@ def train(args):
     write_json_atomic(output_dir / "summary.json", summary)
     chief = output_dir == Path(args.output_dir)
     return TrainingRun(model, trainer, vectorizer, config, splits, summary, output_dir, chief)
+
+
+def compiled_trainer(classifier, optimizer, jit_compile):
+    """`training_model(classifier)` compiled with a loss and an accuracy per branch."""
+    trainer = training_model(classifier)
+    trainer.compile(
+        optimizer=optimizer,
+        loss={branch: keras.losses.BinaryCrossentropy() for branch in BRANCHES},
+        metrics={name: [keras.metrics.BinaryAccuracy(name="accuracy")] for name in (*BRANCHES, "probability")},
+        jit_compile=jit_compile,
+    )
+    return trainer
 
 
 def main(argv=None):

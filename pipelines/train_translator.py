@@ -2,7 +2,7 @@
 
     python -m pipelines.train_translator [--data ../shared/data/spa-eng/spa-eng.zip] [--attention dense|window|linear]
         [--source es --target en] [--smoke] [--mixed-precision float32] [--jit-compile]
-        [--strategy {default,mirrored,multi_worker}] [--output-dir runs/translator] ...
+        [--strategy {default,mirrored,multi_worker}] [--pack [--pack-length N]] [--output-dir runs/translator] ...
 
 Data: `--data` is a UTF-8 file of tab-separated pairs or a zip holding one (first two columns,
 language codes `--columns`, default `en,<the other language>`). The seeded train/validation/test
@@ -11,6 +11,12 @@ split, so no test source is seen in training and each test source keeps all its 
 `--split-by pair` is the old split over pairs). It is written to `<output-dir>/split.json` (method,
 seed, the data file's SHA-256), the vocabularies to `<output-dir>/{source,target}_vocabulary.txt`;
 both are reused when the command is rerun, which resumes training from the last finished epoch.
+
+`--pack` trains on rows of `--pack-length` tokens (default two sequence lengths) each packing
+several sentence pairs (`pipelines.translation_data.make_packed_dataset`): pair `i` of a row is
+segment `i` of its encoder and decoder rows, attention and positions stay inside each pair, and
+the loss averages over the same real target tokens, and batches hold little padding;
+validation, test and decoding stay one sentence per row, and the saved model is the same.
 
 Training: AdamW with warm-up and cosine decay over `--epochs` (7), label smoothing
 `--label-smoothing` (0.1), in float32 by default: a CPU without bfloat16 matrix units (AMX) gains
@@ -47,6 +53,7 @@ import os
 import time
 from pathlib import Path
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -95,6 +102,9 @@ SMOKE_MODEL = TranslatorConfig(
     num_decoder_layers=1,
 )
 SMOKE_DATA = {"max_pairs": 1_500, "max_test": 64}
+# A --pack row's default length, in longest sentences: room for several short pairs at a quarter of the
+# attention cost per token of rows four times as long.
+PACKED_ROW_SENTENCES = 2
 NUM_EXAMPLES = 8
 
 
@@ -143,6 +153,16 @@ def parse_args(argv=None):
         "--label-smoothing", type=fraction, default=0.1, help="share of the target put uniformly on the vocabulary"
     )
     parser.add_argument("--tokens-per-batch", type=positive_int, default=2048, help="padded source tokens per batch")
+    parser.add_argument(
+        "--pack",
+        action="store_true",
+        help="train on rows packing several sentence pairs each (attention kept inside each pair), not on padded batches",
+    )
+    parser.add_argument(
+        "--pack-length",
+        type=positive_int,
+        help=f"tokens per packed row on each side (default {PACKED_ROW_SENTENCES} x the sequence length)",
+    )
     parser.add_argument("--validation-fraction", type=fraction, default=0.05)
     parser.add_argument("--test-fraction", type=fraction, default=0.1)
     parser.add_argument("--max-pairs", type=positive_int, help="use only the first N pairs of the file")
@@ -177,6 +197,11 @@ def parse_args(argv=None):
 def model_config(args):
     """The default (or smoke) configuration, overridden by the model flags given."""
     return training.configured(SMOKE_MODEL if args.smoke else TranslatorConfig(), args)
+
+
+def packed_row_length(pack_length, config):
+    """The packed rows' length: `pack_length` (`--pack-length`), or `PACKED_ROW_SENTENCES` longest sentences."""
+    return pack_length or PACKED_ROW_SENTENCES * config.sequence_length
 
 
 def pair_columns(args):
@@ -271,10 +296,22 @@ def _train(args, output_dir):
             vectorizers, *pairs[name], tokens_per_batch=args.tokens_per_batch, seed=seed, **options
         )
 
+    def training_batches(seed):
+        return translation_data.layout_batches(
+            "packed" if args.pack else "bucketed",
+            vectorizers,
+            *pairs["train"],
+            tokens_per_batch=args.tokens_per_batch,
+            row_length=packed_row_length(args.pack_length, config),
+            shuffle=True,
+            seed=seed,
+        )
+
     # Counted once: Keras shows the steps from the first epoch and warns of no "ran out of data".
+    # Validation and test batches stay unpacked: their figures compare with an unpacked run's.
     validation_batches = with_counted_batches(batches("validation"))
     test_batches = with_counted_batches(batches("test", drop_long=False))
-    train_batches = with_counted_batches(batches("train", shuffle=True))
+    train_batches = with_counted_batches(training_batches(args.seed))
     total_steps = args.epochs * int(train_batches.cardinality())
 
     with strategy.scope():
@@ -301,7 +338,7 @@ def _train(args, output_dir):
         mode="max",
         losses=translation_loss(args.label_smoothing),
         metrics={"token_accuracy": distributed.token_accuracy()},
-        epoch_batches=lambda epoch: batches("train", seed=args.seed + epoch, shuffle=True),
+        epoch_batches=lambda epoch: training_batches(args.seed + epoch),
         counted=distributed.real_tokens(PADDING_ID),
     )
     training_seconds = time.perf_counter() - started
@@ -326,6 +363,7 @@ def _train(args, output_dir):
         "parameters": model.count_params(),
         **training.run_summary(args, policy, strategy, fitted),
         "tokens_per_batch": args.tokens_per_batch,
+        "packed_row_length": packed_row_length(args.pack_length, config) if args.pack else None,
         "training_seconds": round(training_seconds, 1),
         "training_seconds_all_epochs": round(sum(row.get("epoch_seconds", 0.0) for row in epochs), 1),
         "cpu_count": os.cpu_count(),
@@ -452,6 +490,53 @@ def evaluate_run(args):
     summary = evaluate_translations(model, vectorizers, ReferenceSet.from_pairs(*pairs["test"]), args)
     write_json_atomic(output_dir / f"evaluation_beam{args.beam_size}.json", summary)
     return summary
+
+
+def packing_benchmark_layouts(
+    examples=512, tokens_per_batch=2048, smoke=False, seed=0, data=DEFAULT_DATA, layouts=translation_data.LAYOUTS
+):
+    """The translator's case of `benchmarks.packed_training`: one training step on the same pairs in each layout.
+
+    `examples` pairs drawn (seeded) from the whole of `data` (the file is sorted by length), the
+    vocabularies adapted on them, and the default model (`SMOKE_MODEL` with `smoke`), compiled as
+    training compiles it (`compile_translator`, label smoothing 0.1, no XLA: batch shapes vary).
+
+    Returns:
+        `{layout: (model, batches, token_slots, real_tokens)}` for each of `layouts`
+        (`translation_data.LAYOUTS`): a fresh compiled model, the list of its `(inputs, target_out)`
+        batches, and how many source and target-input token slots and real (non-padding) tokens
+        those batches hold; packed rows are `PACKED_ROW_SENTENCES` sequence lengths long.
+    """
+    config = SMOKE_MODEL if smoke else TranslatorConfig()
+    sources, targets = orient_pairs(read_pairs(data), ("en", "es"), "es", "en")
+    chosen = np.random.default_rng(seed).choice(len(sources), size=examples, replace=False)
+    sources, targets = [sources[i] for i in chosen], [targets[i] for i in chosen]
+    vocabularies = translation_data.build_vocabularies(
+        sources, targets, config.source_vocabulary_size, config.target_vocabulary_size
+    )
+    vectorizers = TranslationVectorizers(*vocabularies, config.sequence_length)
+    config = dataclasses.replace(
+        config,
+        source_vocabulary_size=vectorizers.source_vocabulary_size,
+        target_vocabulary_size=vectorizers.target_vocabulary_size,
+    )
+    runs = {}
+    for layout in layouts:
+        batches = list(
+            translation_data.layout_batches(
+                layout, vectorizers, sources, targets, tokens_per_batch, packed_row_length(None, config)
+            )
+        )
+        keras.utils.set_random_seed(seed)
+        model = compile_translator(build_translator(config), 1e-3, len(batches), label_smoothing=0.1)
+        tokens = [side for inputs, _ in batches for side in inputs[:2]]  # source, target_in
+        runs[layout] = (
+            model,
+            batches,
+            sum(int(np.prod(side.shape)) for side in tokens),
+            sum(int(tf.math.count_nonzero(side)) for side in tokens),
+        )
+    return runs
 
 
 def main(argv=None):

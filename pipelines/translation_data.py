@@ -8,12 +8,17 @@ vocabularies on the training sentences and builds the teacher-forcing datasets.
 import numpy as np
 import tensorflow as tf
 
+from keras_attn.packing import pack
 from models.translation_text import END_TOKEN
 from models.translation_text import START_TOKEN
 from models.translation_text import translation_vectorizer
 from pipelines.batching import bucket_boundaries
 
 SPLIT_METHODS = ("source", "pair")
+# How training batches are laid out: every batch padded to the sequence length, batches of similar
+# lengths padded to their bucket (`make_dataset`), or rows packing several pairs (`make_packed_dataset`).
+LAYOUTS = ("padded", "bucketed", "packed")
+BUCKET_WIDTH = 4
 
 
 def _check_fractions(validation_fraction, test_fraction):
@@ -102,30 +107,13 @@ def _teacher_forcing(source_ids, target_ids):
     return (source_ids, target_ids[:-1]), target_ids[1:]
 
 
-def make_dataset(
-    vectorizers,
-    sources,
-    targets,
-    tokens_per_batch=4096,
-    shuffle=False,
-    seed=0,
-    drop_long=True,
-    max_batch_size=None,
-):
-    """A teacher-forcing `tf.data.Dataset` of `((source, target_in), target_out)` int32 batches.
-
-    Pairs are vectorised once and cached; batches group sentences of similar length
-    (`bucket_by_sequence_length`, padded to the bucket boundary so that compiled shapes are few)
-    with about `tokens_per_batch` tokens each, and are prefetched.
+def teacher_forcing_pairs(vectorizers, sources, targets, drop_long=True):
+    """A cached `tf.data.Dataset` of `((source, target_in), target_out)` int32 pairs, one per sentence pair.
 
     Args:
         vectorizers: a `TranslationVectorizers`.
         sources, targets: lists of sentences.
-        tokens_per_batch: padded tokens per batch (per side); short buckets get more sentences.
-        shuffle: shuffle pairs each epoch (training).
-        seed: shuffle seed.
         drop_long: drop pairs longer than `vectorizers.sequence_length` (else truncate them).
-        max_batch_size: optional cap on the sentences in a batch.
     """
     if len(sources) != len(targets):
         raise ValueError(
@@ -153,10 +141,42 @@ def make_dataset(
     dataset = tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))
     dataset = dataset.batch(4096).map(vectorize).unbatch().map(add_special_tokens)
     dataset = dataset.filter(fits) if drop_long else dataset.map(truncate)
-    dataset = dataset.map(_teacher_forcing).cache()
+    return dataset.map(_teacher_forcing).cache()
+
+
+def make_dataset(
+    vectorizers,
+    sources,
+    targets,
+    tokens_per_batch=4096,
+    shuffle=False,
+    seed=0,
+    drop_long=True,
+    max_batch_size=None,
+    bucket_width=BUCKET_WIDTH,
+):
+    """A teacher-forcing `tf.data.Dataset` of `((source, target_in), target_out)` int32 batches.
+
+    Pairs are vectorised once and cached; batches group sentences of similar length
+    (`bucket_by_sequence_length`, padded to the bucket boundary so that compiled shapes are few)
+    with about `tokens_per_batch` tokens each, and are prefetched.
+
+    Args:
+        vectorizers: a `TranslationVectorizers`.
+        sources, targets: lists of sentences.
+        tokens_per_batch: padded tokens per batch (per side); short buckets get more sentences.
+        shuffle: shuffle pairs each epoch (training).
+        seed: shuffle seed.
+        drop_long: drop pairs longer than `vectorizers.sequence_length` (else truncate them).
+        max_batch_size: optional cap on the sentences in a batch.
+        bucket_width: the batches' lengths are multiples of it (capped at the sequence length);
+            `vectorizers.sequence_length` pads every batch to that length (one bucket).
+    """
+    length = vectorizers.sequence_length
+    dataset = teacher_forcing_pairs(vectorizers, sources, targets, drop_long)
     if shuffle:
         dataset = dataset.shuffle(len(sources), seed=seed, reshuffle_each_iteration=True)
-    boundaries = bucket_boundaries(length, width=4)
+    boundaries = bucket_boundaries(length, width=bucket_width)
     # One batch size per bucket, plus one for the (empty) bucket past the last boundary.
     batch_sizes = [max(1, tokens_per_batch // (boundary - 1)) for boundary in boundaries + boundaries[-1:]]
     if max_batch_size:
@@ -168,3 +188,54 @@ def make_dataset(
         pad_to_bucket_boundary=True,
     )
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def make_packed_dataset(vectorizers, sources, targets, row_length, tokens_per_batch=4096, shuffle=False, seed=0):
+    """Teacher-forcing batches of packed rows: `((source, target_in, source_segment_ids,
+    target_segment_ids), target_out)`, int32, every tensor `(rows, row_length)`.
+
+    Each row holds several sentence pairs (`keras_attn.packing.pack`, first fit): pair `i` of a
+    row is segment `i` of its encoder row and of its decoder row (0 is padding), which is what
+    `models.translator.Translator` reads to keep attention inside each pair; `target_out` is 0
+    past the real tokens, so the loss averages over the same tokens as unpacked. Pairs longer than
+    `vectorizers.sequence_length` are dropped (as `make_dataset(drop_long=True)`).
+
+    Args:
+        vectorizers: a `TranslationVectorizers`.
+        sources, targets: lists of sentences.
+        row_length: tokens per row on each side, at least `vectorizers.sequence_length`.
+        tokens_per_batch: tokens per batch on each side: `tokens_per_batch // row_length` rows.
+        shuffle: shuffle pairs each epoch (training), before they are packed.
+        seed: shuffle seed.
+    """
+    if row_length < vectorizers.sequence_length:
+        raise ValueError(
+            "`row_length` must hold the longest sentence, `sequence_length` "
+            f"({vectorizers.sequence_length}). Received: row_length={row_length}"
+        )
+    dataset = teacher_forcing_pairs(vectorizers, sources, targets)
+    if shuffle:
+        dataset = dataset.shuffle(len(sources), seed=seed, reshuffle_each_iteration=True)
+    dataset = dataset.map(
+        lambda inputs, target_out: {"source": inputs[0], "target_in": inputs[1], "target_out": target_out}
+    )
+    rows = pack(dataset, row_length)
+    batches = rows.batch(max(1, tokens_per_batch // row_length)).map(_packed_teacher_forcing)
+    return batches.prefetch(tf.data.AUTOTUNE)
+
+
+def _packed_teacher_forcing(rows):
+    inputs = (rows["source"], rows["target_in"], rows["source_segment_ids"], rows["target_in_segment_ids"])
+    return inputs, rows["target_out"]
+
+
+def layout_batches(layout, vectorizers, sources, targets, tokens_per_batch, row_length, shuffle=False, seed=0):
+    """The teacher-forcing batches of the pairs laid out as `layout` (one of `LAYOUTS`), about
+    `tokens_per_batch` token slots each; `row_length` is the packed rows' length. Every layout
+    holds the same pairs (those that fit `vectorizers.sequence_length`)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"`layout` must be one of {LAYOUTS}. Received: layout={layout!r}")
+    if layout == "packed":
+        return make_packed_dataset(vectorizers, sources, targets, row_length, tokens_per_batch, shuffle, seed)
+    width = vectorizers.sequence_length if layout == "padded" else BUCKET_WIDTH
+    return make_dataset(vectorizers, sources, targets, tokens_per_batch, shuffle, seed, bucket_width=width)

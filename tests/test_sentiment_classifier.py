@@ -109,8 +109,9 @@ def test_logistic_regression_reaches_the_optimum():
     assert weights[1] > weights[0] > 0
 
 
-def test_padding_does_not_change_the_prediction():
-    model = build_sentiment_classifier(TINY)
+@pytest.mark.parametrize("attention_bigram_buckets", [0, 13])
+def test_padding_does_not_change_the_prediction(attention_bigram_buckets):
+    model = build_sentiment_classifier(dataclasses.replace(TINY, attention_bigram_buckets=attention_bigram_buckets))
     ids = token_ids(np.random.default_rng(1), [10, 6, 2, 0])
     padded = np.pad(ids, [(0, 0), (0, 6)])  # up to max_tokens
     np.testing.assert_allclose(
