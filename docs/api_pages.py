@@ -36,7 +36,7 @@ SECTIONS = {
         "merge_masks",
         "ops",
     ],
-    "Packing": ["packing", "segment_mask", "document_positions"],
+    "Packing": ["packing", "document_positions"],
     "Conversion": ["convert", "enable", "disable"],
     "Visualization": [
         "visualization.attention_weights",

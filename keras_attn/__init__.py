@@ -14,7 +14,6 @@ from keras_attn.core.masks import causal_mask
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import sliding_window_mask
 from keras_attn.core.segments import document_positions
-from keras_attn.core.segments import segment_mask
 from keras_attn.core.softmax import masked_softmax
 from keras_attn.families.linear_attention import LinearAttention
 from keras_attn.families.linformer_attention import LinformerSelfAttention
@@ -65,7 +64,6 @@ __all__ = [
     "packing",
     "patterns",
     "scaled_dot_product_attention",
-    "segment_mask",
     "sliding_window_mask",
     "__version__",
 ]

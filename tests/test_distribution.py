@@ -127,7 +127,6 @@ uses = {
     "attention_families": lambda: ka.attention_families.build("linear", num_heads=2, key_dim=8)(
         x, return_attention_scores=True),
     "ops": lambda: ka.ops.dot_product_attention(q, q, q, is_causal=True),
-    "segment_mask": lambda: ka.segment_mask(ids, ids),
     "document_positions": lambda: ka.document_positions(ids),
     "packing": lambda: list(ka.packing.pack(tensorflow.data.Dataset.from_tensor_slices(tensorflow.ragged.constant(
         [[1, 2], [3]])), row_length=4)),

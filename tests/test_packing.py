@@ -13,7 +13,7 @@ from keras_attn import MaskedGlobalPooling
 from keras_attn import MultiHeadAttention
 from keras_attn import causal_mask
 from keras_attn import packing
-from keras_attn import segment_mask
+from keras_attn.patterns import document_mask
 
 
 def random_documents(seed, count=40, longest=12):
@@ -212,7 +212,7 @@ class Encoder:
     def __call__(self, tokens, positions, segment_ids, causal):
         tokens_embedding, positions_embedding, attention = self.layers
         x = tokens_embedding(tokens) + positions_embedding(positions)
-        mask = segment_mask(segment_ids, segment_ids)  # (batch, 1, length, length)
+        mask = document_mask(segment_ids)  # (batch, 1, length, length)
         if causal:
             mask = tf.logical_and(mask, causal_mask(x.shape[1], x.shape[1]))
         return x + attention(x, x, attention_mask=mask)

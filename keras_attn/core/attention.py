@@ -241,9 +241,9 @@ def scaled_dot_product_attention(
         segment_ids: optional int `(batch, length)` document ids of a packed row, `0` for padding
             (self-attention: queries and keys are the same tokens): a query attends only to keys of
             its own document, intersected with the mask and the pattern (`is_causal=True` is then
-            causal within each document); a padding query outputs zeros. The chunked, blockwise and
-            strided kernels skip the blocks in which no query shares a document with a key
-            (`keras_attn.core.segments`).
+            causal within each document); a padding query outputs zeros. The blockwise and chunked
+            kernels skip the blocks in which no query shares a document with a key
+            (`keras_attn.kernels.document_blocks`); the strided kernel skips only padding.
         query_segment_ids: optional int `(batch, query_len)` document ids of the queries, with
             `key_segment_ids` `(batch, key_len)`: cross-attention and cached decoding (the queries'
             ids beside the whole cache's). A `position_bias` stays one of row positions (query

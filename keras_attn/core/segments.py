@@ -6,8 +6,8 @@ non-zero ids); a query of segment 0 attends to nothing (zero output), a key of s
 no query. This is T5X/seqio's `segment_ids`, FlashAttention's variable-length batches and xformers'
 `BlockDiagonalMask` written as data: the kernels intersect it with the mask and the pattern
 (`Causal()` then means causal within each document, a `SlidingWindow` a window within it), and the
-chunked, blockwise and strided kernels skip the blocks in which no query shares a document with a
-key. Positions that restart per document come from `document_positions`.
+blockwise and chunked kernels skip the blocks in which no query shares a document with a key
+(`keras_attn.kernels.document_blocks`). Positions that restart per document come from `document_positions`.
 
 Self-attention takes `segment_ids` (the same ids for queries and keys); cross-attention and cached
 decoding take `query_segment_ids` `(batch, query_len)` and `key_segment_ids` `(batch, key_len)`.
