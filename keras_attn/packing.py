@@ -77,7 +77,13 @@ def pack(dataset, row_length, *, max_documents=None, strategy="first_fit", windo
     check_choice("strategy", strategy, STRATEGIES)
     check_positive_int("window", window)
     check_bool("truncate", truncate)
-    plain = not isinstance(dataset.element_spec, dict)
+    plain = isinstance(dataset.element_spec, (tf.TensorSpec, tf.RaggedTensorSpec))
+    if not plain and not isinstance(dataset.element_spec, dict):
+        raise ValueError(
+            "`dataset` elements must be one document's tokens (a 1-D tensor) or a dict of features; put the "
+            "parts of a tuple under names (`dataset.map(lambda tokens, label: {'tokens': tokens, 'label': label})`). "
+            f"Received: dataset.element_spec={dataset.element_spec}"
+        )
     if plain:
         dataset = dataset.map(lambda tokens: {TOKENS: tokens})
     limits = _row_lengths(row_length, dataset.element_spec)
@@ -93,7 +99,7 @@ def pack(dataset, row_length, *, max_documents=None, strategy="first_fit", windo
     dataset = dataset.map(lambda element: _fitted(element, limits, truncate))
     dataset = dataset.padded_batch(window)
     packer = _Packer(limits, documents, max_documents, strategy)
-    rows = dataset.map(packer.pack_window).unbatch()
+    rows = dataset.map(packer.pack_window, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
     if plain:
         rows = rows.map(_plain_names)
     return rows
@@ -197,42 +203,41 @@ class _Packer:
 
     def place(self, lengths):
         """Each document's row, slot (its index within the row) and offsets, and the rows used."""
-        n = tf.shape(lengths)[0]
-        rows = tf.range(n)  # at most one row per document
+        rows = self.rows(lengths)  # (n,)
+        n = tf.shape(rows)[0]
+        index = tf.range(n)
+        earlier = tf.equal(rows[:, None], rows[None, :]) & (index[None, :] < index[:, None])  # (n, n): same row, before
+        slot = tf.reduce_sum(tf.cast(earlier, tf.int32), axis=1)
+        offset = tf.reduce_sum(tf.cast(earlier, tf.int32)[:, :, None] * lengths[None], axis=1)  # (n, features)
+        return rows, slot, offset, tf.reduce_max(rows) + 1
 
-        def place_one(i, fill, count, num_rows, row, slot, offset):
+    def rows(self, lengths):
+        """Each document's row, placing the documents one by one in order.
+
+        There are as many candidate rows as documents, the unopened ones empty: a document always
+        fits the first of them (its length was checked), so a document that fits no open row opens
+        the next one, and `"best_fit"` prefers any open row it fits (it leaves no more room).
+        """
+        n = tf.shape(lengths)[0]
+
+        def place_one(i, fill, count, rows):
             length = lengths[i]  # (features,)
-            room = self.limits - fill - length  # (n, features): what a row would have left
-            fits = tf.reduce_all(room >= 0, axis=1) & (count < self.max_documents) & (rows < num_rows)
+            room = self.limits - fill - length  # (n, features): what each row would have left
+            fits = tf.reduce_all(room >= 0, axis=1) & (count < self.max_documents)
             if self.strategy == "first_fit":
                 chosen = tf.argmax(tf.cast(fits, tf.int32), output_type=tf.int32)
             else:
-                leftover = tf.where(fits, tf.reduce_sum(room, axis=1), tf.int32.max)
-                chosen = tf.argmin(leftover, output_type=tf.int32)
-            opens = tf.logical_not(tf.reduce_any(fits))
-            target = tf.where(opens, num_rows, chosen)
-            at = [[target]]
+                chosen = tf.argmin(tf.where(fits, tf.reduce_sum(room, axis=1), tf.int32.max), output_type=tf.int32)
+            at = [[chosen]]
             return (
                 i + 1,
                 tf.tensor_scatter_nd_add(fill, at, length[None]),
                 tf.tensor_scatter_nd_add(count, at, [1]),
-                num_rows + tf.cast(opens, tf.int32),
-                row.write(i, target),
-                slot.write(i, count[target]),
-                offset.write(i, fill[target]),
+                rows.write(i, chosen),
             )
 
-        state = (
-            tf.constant(0),
-            tf.zeros_like(lengths),
-            tf.zeros([n], tf.int32),
-            tf.constant(0),
-            tf.TensorArray(tf.int32, size=n),
-            tf.TensorArray(tf.int32, size=n),
-            tf.TensorArray(tf.int32, size=n, element_shape=[len(self.names)]),
-        )
-        _, _, _, num_rows, row, slot, offset = tf.while_loop(lambda i, *_: i < n, place_one, state)
-        return row.stack(), slot.stack(), offset.stack(), num_rows
+        state = (tf.constant(0), tf.zeros_like(lengths), tf.zeros([n], tf.int32), tf.TensorArray(tf.int32, size=n))
+        return tf.while_loop(lambda i, *_: i < n, place_one, state)[3].stack()
 
     def token_feature(self, name, tokens, row, slot, offset, num_rows):
         """The rows of one token feature, its segment ids and positions, from each document's place."""

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from keras_attn import CausalSelfAttention
 from keras_attn import CrossAttention
+from keras_attn import LinearAttention
 from keras_attn import LinformerSelfAttention
 from keras_attn import MultiHeadAttention
 from keras_attn import SelfAttention
@@ -312,6 +313,37 @@ def test_decoding_a_packed_prompt_continues_a_document_as_that_document_alone(ca
     assert_close(packed, whole, 2e-5, "decoded in the packed cache against one causal call")
 
 
+def test_a_decoder_decoding_a_packed_prompt_continues_its_last_document_with_its_own_source():
+    keras.utils.set_random_seed(22)
+    decoder = TransformerDecoder(16, HEADS)
+    rng = np.random.default_rng(23)
+    prompt = rng.normal(size=(1, 7, FEATURES)).astype("float32")
+    continuation = rng.normal(size=(1, 3, FEATURES)).astype("float32")
+    source_ids = np.array([[1, 1, 2, 2, 2, 0]], "int32")  # A's source, B's source, padding
+    source = rng.normal(size=(1, 6, 6)).astype("float32")
+    decoder(prompt, source)
+    cache, cross = decoder.initial_self_attention_cache(1, 10), decoder.compute_cross_attention_cache(source)
+    record = np.zeros((1, 10), "int32")
+    ids, outputs = PROMPT_IDS, []
+    for start, tokens in ((0, prompt), *((7 + step, continuation[:, step : step + 1]) for step in range(3))):
+        output, new_cache, _ = decoder(
+            tokens,
+            self_attention_cache=cache,
+            self_attention_cache_update_index=start,
+            cross_attention_cache=cross,
+            encoder_padding_mask=source_ids != 0,
+            decoder_segment_ids=ids,
+            encoder_segment_ids=source_ids,
+            self_attention_cache_segment_ids=record,
+        )
+        record = decoder.self_attention.next_cache_segment_ids(cache, record, ids, start)
+        cache, ids = new_cache, np.full((1, 1), 2, "int32")
+        outputs.append(np.asarray(output))
+    whole = np.asarray(decoder(np.concatenate([prompt[:, B], continuation], axis=1), source[:, 2:5]))
+    assert_close(np.concatenate(outputs[1:], axis=1), whole[:, 4:], 2e-5, "B continued by the decoder")
+    assert_close(outputs[0][:, B], whole[:, :4], 2e-5, "B's prompt in the packed prefill")
+
+
 def test_the_cache_record_holds_each_slot_document():
     layer = CausalSelfAttention(HEADS, KEY_DIM, sliding_window=4)
     layer(np.zeros((1, 7, FEATURES), "float32"))
@@ -363,6 +395,12 @@ def test_a_family_without_segments_is_refused_by_the_blocks_and_by_its_call():
         ValueError, match=r"LinformerSelfAttention does not support segments.*segment_ids.shape=\(2, 10\)"
     ):
         encoder(x, segment_ids=SEGMENT_IDS)
+    # A recurrent state sums over every earlier token: it cannot hold which document each came from.
+    recurrent = TransformerDecoder(16, HEADS, self_attention=LinearAttention(HEADS, KEY_DIM, causal=True))
+    recurrent(x)
+    state = recurrent.initial_self_attention_cache(2, 10)
+    with pytest.raises(ValueError, match=r"Packed decoding needs a key/value cache.*LinearAttention"):
+        recurrent(x, self_attention_cache=state, decoder_segment_ids=SEGMENT_IDS)
     keras_axes = MultiHeadAttention(HEADS, KEY_DIM, attention_axes=(1, 2))
     grid = np.ones((2, 10, 3, FEATURES), "float32")
     with pytest.raises(ValueError, match=r"`segment_ids` needs \(batch, seq, features\) inputs"):

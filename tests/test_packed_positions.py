@@ -174,22 +174,35 @@ def _position_biases():
     return biases
 
 
-def _attention_with_gradients(position_bias, query, key, value, **kwargs):
+def _attention_with_gradients(position_bias, query, key, value, jit_compile=False, **kwargs):
     """Output and gradients of (query, key, value, bias parameters) of a fixed projection of the output."""
-    tensors = [tf.constant(t) for t in (query, key, value)]
-    with tf.GradientTape() as tape:
-        tape.watch(tensors)
-        output = scaled_dot_product_attention(*tensors, position_bias=position_bias, **kwargs)
-        loss = tf.reduce_sum(output * tf.cos(tf.range(DEPTH, dtype="float32")))
-    grads = tape.gradient(loss, tensors + list(position_bias.trainable_weights), unconnected_gradients="zero")
-    return output.numpy(), [tf.convert_to_tensor(grad).numpy() for grad in grads]
+
+    def run(*tensors):
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            output = scaled_dot_product_attention(*tensors, position_bias=position_bias, **kwargs)
+            loss = tf.reduce_sum(output * tf.cos(tf.range(DEPTH, dtype="float32")))
+        variables = list(tensors) + list(position_bias.trainable_weights)
+        grads = tape.gradient(loss, variables, unconnected_gradients="zero")
+        return output, [tf.convert_to_tensor(grad) for grad in grads]
+
+    run = tf.function(run, jit_compile=True) if jit_compile else run
+    output, grads = run(*(tf.constant(t) for t in (query, key, value)))
+    return output.numpy(), [grad.numpy() for grad in grads]
 
 
 @pytest.mark.parametrize("implementation", ["dense", "chunked", "blockwise"])
 @pytest.mark.parametrize(
-    "bias_name, is_causal", [("alibi", False), ("alibi", True), ("t5_bidirectional", False)] + [("t5_causal", True)]
+    "bias_name, is_causal, jit_compile",
+    [
+        ("alibi", False, False),
+        ("alibi", True, False),
+        ("t5_bidirectional", False, False),
+        ("t5_causal", True, False),
+        ("t5_bidirectional", False, True),  # XLA: one case per kernel, compiling costs
+    ],
 )
-def test_position_bias_of_a_packed_row_equals_each_document_alone(implementation, bias_name, is_causal):
+def test_position_bias_of_a_packed_row_equals_each_document_alone(implementation, bias_name, is_causal, jit_compile):
     position_bias = _position_biases()[bias_name]
     shape = (*BIAS_SEGMENT_IDS.shape, HEADS, DEPTH)
     query, key, value = (_float_inputs(shape, seed) for seed in range(3))
@@ -201,6 +214,7 @@ def test_position_bias_of_a_packed_row_equals_each_document_alone(implementation
         segment_ids=BIAS_SEGMENT_IDS,
         is_causal=is_causal,
         implementation=implementation,
+        jit_compile=jit_compile,
     )
     table_grads = [np.zeros_like(grad) for grad in grads[3:]]
     for row, start, stop in documents(BIAS_SEGMENT_IDS):
@@ -345,3 +359,14 @@ def test_packed_rows_equal_each_document_alone_under_mixed_precision_and_xla(pol
         segment_ids,
         atol=tolerance,
     )
+
+
+def test_a_model_taking_segment_ids_compiles_with_xla_for_any_length():
+    model = packed_embedding_model()
+    spec = tf.TensorSpec((None, None), tf.int32)
+    compiled = tf.function(lambda ids, segments: model([ids, segments]), input_signature=[spec, spec], jit_compile=True)
+    rng = np.random.default_rng(9)
+    for length in (3, 13, 16):
+        segment_ids = random_packing(rng, batch=2, length=length)
+        token_ids = np.where(segment_ids != 0, rng.integers(1, VOCABULARY, segment_ids.shape), 0).astype("int32")
+        np.testing.assert_allclose(compiled(token_ids, segment_ids), model([token_ids, segment_ids]), atol=1e-5)

@@ -4,11 +4,16 @@ The oracle is the documents themselves: every document in comes out exactly once
 the rows by its own segment id), in the row a plain-Python first-fit or best-fit assigns it.
 """
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_attn import MaskedGlobalPooling
+from keras_attn import MultiHeadAttention
+from keras_attn import causal_mask
 from keras_attn import packing
+from keras_attn import segment_mask
 
 
 def random_documents(seed, count=40, longest=12):
@@ -174,6 +179,128 @@ def test_bad_arguments_are_refused_naming_the_argument(arguments, match):
         packing.pack(dataset_of([[1, 2]], label=[0]), **arguments)
 
 
+def test_a_dataset_of_tuples_is_refused_with_the_way_to_name_its_parts():
+    pairs = tf.data.Dataset.from_tensor_slices((tf.ragged.constant([[1, 2], [3]]), [0, 1]))
+    with pytest.raises(ValueError, match=r"a dict of features.*Received: dataset.element_spec=\("):
+        packing.pack(pairs, row_length=4)
+
+
 def test_a_per_document_feature_named_document_mask_is_refused():
     with pytest.raises(ValueError, match="may not be named 'document_mask'"):
         packing.pack(dataset_of([[1, 2]], document_mask=[1]), row_length=4)
+
+
+class Encoder:
+    """Embedding, learnt positions and self-attention within each document (by the mask of its segment ids)."""
+
+    def __init__(self, vocabulary, dim, seed):
+        keras.utils.set_random_seed(seed)
+        self.layers = [
+            keras.layers.Embedding(vocabulary, dim),
+            keras.layers.Embedding(32, dim),
+            MultiHeadAttention(num_heads=2, key_dim=4),
+        ]
+
+    def __call__(self, tokens, positions, segment_ids, causal):
+        tokens_embedding, positions_embedding, attention = self.layers
+        x = tokens_embedding(tokens) + positions_embedding(positions)
+        mask = segment_mask(segment_ids, segment_ids)  # (batch, 1, length, length)
+        if causal:
+            mask = tf.logical_and(mask, causal_mask(x.shape[1], x.shape[1]))
+        return x + attention(x, x, attention_mask=mask)
+
+
+def one_per_row(documents, row_length):
+    """The documents padded one per row, as unpacked training sees them: tokens, segment ids (1), positions."""
+    tokens = np.zeros((len(documents), row_length), "int32")
+    for row, document in enumerate(documents):
+        tokens[row, : len(document)] = document
+    segment_ids = (np.arange(row_length)[None] < np.array([len(d) for d in documents])[:, None]).astype("int32")
+    return tokens, segment_ids, np.where(segment_ids > 0, np.arange(row_length)[None], 0)
+
+
+def all_rows(rows):
+    return {name: tf.constant(value) for name, value in next(iter(rows.batch(1000).as_numpy_iterator())).items()}
+
+
+def gradients_of(loss_fn, variables):
+    with tf.GradientTape() as tape:
+        loss = loss_fn()
+    return loss, tape.gradient(loss, variables)
+
+
+def assert_same_loss_and_gradients(packed_loss, unpacked_loss, variables):
+    packed, packed_gradients = gradients_of(packed_loss, variables)
+    unpacked, unpacked_gradients = gradients_of(unpacked_loss, variables)
+    np.testing.assert_allclose(float(packed), float(unpacked), rtol=1e-5)
+    for got, want in zip(packed_gradients, unpacked_gradients):
+        np.testing.assert_allclose(tf.convert_to_tensor(got), tf.convert_to_tensor(want), rtol=1e-4, atol=1e-6)
+
+
+def test_a_classifier_has_the_same_loss_and_gradients_on_packed_rows_as_on_the_documents_unpacked():
+    documents = random_documents(6, count=24, longest=10)
+    labels = np.random.default_rng(7).integers(0, 3, size=len(documents))
+    rows = all_rows(packing.pack(dataset_of(documents, label=labels), row_length=16, max_documents=4))
+    encode = Encoder(100, 8, seed=0)
+    pooling = MaskedGlobalPooling("mean", max_documents=4)
+    classify = keras.layers.Dense(3)
+    cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+    def packed_loss():
+        x = encode(rows["tokens"], rows["tokens_positions"], rows["tokens_segment_ids"], causal=False)
+        logits = classify(pooling(x, segment_ids=rows["tokens_segment_ids"]))  # (rows, max_documents, 3)
+        return packing.mean_over_documents(cross_entropy(rows["label"], logits), rows["document_mask"])
+
+    tokens, segment_ids, positions = one_per_row(documents, 16)
+
+    def unpacked_loss():
+        x = encode(tokens, positions, segment_ids, causal=False)
+        return tf.reduce_mean(cross_entropy(labels, classify(MaskedGlobalPooling("mean")(x, mask=segment_ids > 0))))
+
+    packed_loss()  # builds the layers
+    assert len(rows["tokens"]) < len(documents) / 2  # the rows do hold several documents each
+    assert_same_loss_and_gradients(packed_loss, unpacked_loss, trainable_variables(*encode.layers, classify))
+
+    # In model.fit: sample_weight=document_mask with a loss that divides by the weights' sum.
+    keras_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight")
+    x = encode(rows["tokens"], rows["tokens_positions"], rows["tokens_segment_ids"], causal=False)
+    logits = classify(pooling(x, segment_ids=rows["tokens_segment_ids"]))
+    np.testing.assert_allclose(
+        float(keras_loss(rows["label"], logits, sample_weight=rows["document_mask"])), float(unpacked_loss()), rtol=1e-5
+    )
+
+
+def test_a_language_model_has_the_same_token_loss_and_gradients_on_packed_rows_as_unpacked():
+    documents = random_documents(8, count=20, longest=11)
+    documents = [d + [7] if len(d) == 1 else d for d in documents]  # at least one next token to predict
+    shifted = tf.data.Dataset.from_tensor_slices(
+        {
+            "inputs": tf.ragged.constant([d[:-1] for d in documents]),
+            "targets": tf.ragged.constant([d[1:] for d in documents]),
+        }
+    )
+    rows = all_rows(packing.pack(shifted, row_length=12, max_documents=6, strategy="best_fit"))
+    encode = Encoder(100, 8, seed=1)
+    predict = keras.layers.Dense(100)
+    cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+    def packed_loss():
+        x = encode(rows["inputs"], rows["inputs_positions"], rows["inputs_segment_ids"], causal=True)
+        losses = cross_entropy(rows["targets"], predict(x))  # (rows, length)
+        return packing.mean_over_tokens(losses, rows["targets_segment_ids"])
+
+    inputs, segment_ids, positions = one_per_row([d[:-1] for d in documents], 12)
+    targets, _, _ = one_per_row([d[1:] for d in documents], 12)
+
+    def unpacked_loss():
+        losses = cross_entropy(targets, predict(encode(inputs, positions, segment_ids, causal=True)))
+        return tf.reduce_sum(losses * segment_ids) / tf.reduce_sum(tf.cast(segment_ids, tf.float32))
+
+    packed_loss()
+    np.testing.assert_array_equal(rows["inputs_segment_ids"], rows["targets_segment_ids"])  # aligned features
+    assert len(rows["inputs"]) < len(documents) / 2
+    assert_same_loss_and_gradients(packed_loss, unpacked_loss, trainable_variables(*encode.layers, predict))
+
+
+def trainable_variables(*layers):
+    return [variable for layer in layers for variable in layer.trainable_variables]

@@ -21,6 +21,9 @@ class CausalSelfAttention(SelfAttention):
 
     Call arguments: those of `SelfAttention` (`value=None`), always causal
     (`use_causal_mask` need not be passed); with a cache the padding masks cover `max_len`.
+    With `segment_ids` each document of a packed row is causal within itself; decoding a packed
+    prompt passes the new tokens' `query_segment_ids` and the cache's `key_segment_ids`, kept
+    with `next_cache_segment_ids` (a document continues as if alone in its row).
 
     Example:
 

@@ -23,7 +23,9 @@ class CrossAttention(MultiHeadAttention):
     query_mask=..., value_mask=..., ...)`, `value` the context (e.g. encoder outputs) and
     `value_mask` its padding, the Keras mask of `value` when not given. With a `cache`
     `(batch, 2, context_len, kv_heads, key_dim)` of the context projected once, `value` is ignored
-    and the call returns `(output, cache)`.
+    and the call returns `(output, cache)`. Packed rows: `query_segment_ids` `(batch, query_len)`
+    and `key_segment_ids` `(batch, context_len)` (`0` for padding): a query of document `d` attends
+    only to the context tokens of document `d`.
 
     Example:
 

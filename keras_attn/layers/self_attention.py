@@ -24,7 +24,10 @@ class SelfAttention(MultiHeadAttention):
         `layer(x, query_mask=..., value_mask=..., attention_mask=..., use_causal_mask=...,
         return_attention_scores=..., training=...)`; the masks are the Keras mask of `x` when not
         given. A `value` or `key` other than `x` raises a `ValueError` (`capabilities.cross` is
-        `False`: use `MultiHeadAttention` or `CrossAttention`).
+        `False`: use `MultiHeadAttention` or `CrossAttention`). Packed rows: `segment_ids`
+        `(batch, seq)` (`0` for padding) keeps each token's attention inside its document; a
+        cached step takes `query_segment_ids` and `key_segment_ids` instead (see
+        `keras_attn.MultiHeadAttention`).
 
     Example:
 

@@ -65,6 +65,15 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     >>> x = TokenAndPositionEmbedding(1000, 128, 64)(ids)  # carries the mask ids != 0
     >>> tuple(x.shape)
     (None, None, 64)
+
+    A packed row: two documents, then padding; each document is embedded as it is alone.
+
+    >>> packed_ids = keras.ops.convert_to_tensor([[5, 6, 7, 8, 9, 0]])
+    >>> segment_ids = keras.ops.convert_to_tensor([[1, 1, 1, 2, 2, 0]])  # positions 0 1 2 0 1 0
+    >>> embed = TokenAndPositionEmbedding(1000, 128, 64)
+    >>> packed = embed(packed_ids, segment_ids=segment_ids)
+    >>> bool(keras.ops.all(packed[0, 3:5] == embed(packed_ids[:, 3:5])[0]))
+    True
     """
 
     def __init__(

@@ -13,6 +13,8 @@ one meaning:
   document packed at offset 300 is encoded exactly as it is alone.
 """
 
+import numbers
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -40,7 +42,7 @@ def token_positions(inputs_shape, start_index=0, positions=None, segment_ids=Non
             f"not both. Received: positions.shape={_shape(positions)}, segment_ids.shape={_shape(segment_ids)}"
         )
     ((name, ids),) = given.items()
-    if not (isinstance(start_index, int) and start_index == 0):
+    if not (isinstance(start_index, numbers.Integral) and start_index == 0):  # a tensor may hold anything
         raise ValueError(
             f"`start_index` offsets contiguous positions; with `{name}` every token's position is given, so "
             f"`start_index` must stay 0 (add the offset to `positions`). Received: start_index={start_index!r}"
