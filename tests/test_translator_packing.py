@@ -197,3 +197,18 @@ def test_every_layout_holds_the_same_tokens_and_packing_pads_least():
         translation_data.layout_batches("ragged", vectorizers, sources, targets, 512, row_length)
     with pytest.raises(ValueError, match="row_length=8"):
         translation_data.make_packed_dataset(vectorizers, sources, targets, row_length=8)
+
+
+def test_shuffled_packed_epochs_have_the_same_batches_in_number_and_pairs_in_another_order():
+    vectorizers = tiny_vectorizers()
+    sources, targets = spanish_english_slice()
+    batches = translation_data.make_packed_dataset(
+        vectorizers, sources[:400], targets[:400], 2 * vectorizers.sequence_length, 256, shuffle=True, seed=3
+    )
+    epochs = []
+    for _ in range(2):  # one dataset, iterated twice, as fit iterates it each epoch
+        epochs.append([keras.ops.convert_to_numpy(inputs[0]) for inputs, _ in batches])
+    assert len(epochs[0]) == len(epochs[1])
+    flat = [np.concatenate(epoch) for epoch in epochs]
+    assert sorted(map(tuple, flat[0])) == sorted(map(tuple, flat[1]))  # the same rows
+    assert not np.array_equal(flat[0], flat[1])  # in another order
