@@ -205,7 +205,8 @@ def make_packed_dataset(vectorizers, sources, targets, row_length, tokens_per_ba
         sources, targets: lists of sentences.
         row_length: tokens per row on each side, at least `vectorizers.sequence_length`.
         tokens_per_batch: tokens per batch on each side: `tokens_per_batch // row_length` rows.
-        shuffle: shuffle pairs each epoch (training), before they are packed.
+        shuffle: shuffle the pairs once before they are packed (how many rows they fill depends on
+            their order, and an epoch's batches are counted once), then the rows each epoch (training).
         seed: shuffle seed.
     """
     if row_length < vectorizers.sequence_length:
@@ -214,12 +215,14 @@ def make_packed_dataset(vectorizers, sources, targets, row_length, tokens_per_ba
             f"({vectorizers.sequence_length}). Received: row_length={row_length}"
         )
     dataset = teacher_forcing_pairs(vectorizers, sources, targets)
-    if shuffle:
-        dataset = dataset.shuffle(len(sources), seed=seed, reshuffle_each_iteration=True)
+    if shuffle:  # once: the rows, and so the batches per epoch, must not change in number between epochs
+        dataset = dataset.shuffle(len(sources), seed=seed, reshuffle_each_iteration=False)
     dataset = dataset.map(
         lambda inputs, target_out: {"source": inputs[0], "target_in": inputs[1], "target_out": target_out}
     )
-    rows = pack(dataset, row_length)
+    rows = pack(dataset, row_length).cache()
+    if shuffle:  # each epoch: the rows
+        rows = rows.shuffle(len(sources), seed=seed, reshuffle_each_iteration=True)
     batches = rows.batch(max(1, tokens_per_batch // row_length)).map(_packed_teacher_forcing)
     return batches.prefetch(tf.data.AUTOTUNE)
 

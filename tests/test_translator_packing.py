@@ -172,3 +172,43 @@ def test_pack_trains_end_to_end_and_the_model_translates_and_exports_one_sentenc
     np.testing.assert_array_equal(cached, expected)
     _, report = verified_export.export_translator(model, vectorizers, str(tmp_path / "export"), sentences)
     assert report == {"sentences": len(sentences), "saved_model_matches": True, "onnx_matches": True}
+
+
+def _tokens(batches):
+    """`(token slots, real tokens)` of the source and target-input sides of teacher-forcing batches."""
+    sides = [keras.ops.convert_to_numpy(side) for inputs, _ in batches for side in inputs[:2]]
+    return sum(side.size for side in sides), sum(int((side != 0).sum()) for side in sides)
+
+
+def test_every_layout_holds_the_same_tokens_and_packing_pads_least():
+    vectorizers = tiny_vectorizers()
+    sources, targets = spanish_english_slice()
+    row_length = 2 * vectorizers.sequence_length
+    counts = {
+        layout: _tokens(
+            translation_data.layout_batches(layout, vectorizers, sources[:300], targets[:300], 512, row_length)
+        )
+        for layout in translation_data.LAYOUTS
+    }
+    assert len({real for _, real in counts.values()}) == 1
+    padding = {layout: 1 - real / slots for layout, (slots, real) in counts.items()}
+    assert padding["packed"] < padding["bucketed"] < padding["padded"]
+    with pytest.raises(ValueError, match="layout='ragged'"):
+        translation_data.layout_batches("ragged", vectorizers, sources, targets, 512, row_length)
+    with pytest.raises(ValueError, match="row_length=8"):
+        translation_data.make_packed_dataset(vectorizers, sources, targets, row_length=8)
+
+
+def test_shuffled_packed_epochs_have_the_same_batches_in_number_and_pairs_in_another_order():
+    vectorizers = tiny_vectorizers()
+    sources, targets = spanish_english_slice()
+    batches = translation_data.make_packed_dataset(
+        vectorizers, sources[:400], targets[:400], 2 * vectorizers.sequence_length, 256, shuffle=True, seed=3
+    )
+    epochs = []
+    for _ in range(2):  # one dataset, iterated twice, as fit iterates it each epoch
+        epochs.append([keras.ops.convert_to_numpy(inputs[0]) for inputs, _ in batches])
+    assert len(epochs[0]) == len(epochs[1])
+    flat = [np.concatenate(epoch) for epoch in epochs]
+    assert sorted(map(tuple, flat[0])) == sorted(map(tuple, flat[1]))  # the same rows
+    assert not np.array_equal(flat[0], flat[1])  # in another order
