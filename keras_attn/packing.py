@@ -24,7 +24,7 @@ from keras_attn.validation import check_bool
 from keras_attn.validation import check_choice
 from keras_attn.validation import check_positive_int
 
-__all__ = ["pack", "unpack", "mean_over_documents", "mean_over_tokens"]
+__all__ = ["pack", "unpack", "place", "mean_over_documents", "mean_over_tokens"]
 
 STRATEGIES = ("first_fit", "best_fit")
 DOCUMENT_MASK = "document_mask"
@@ -144,6 +144,42 @@ def unpack(values, document_mask, segment_ids=None):
     return tf.RaggedTensor.from_row_lengths(tokens, tf.boolean_mask(lengths, document_mask))
 
 
+def place(lengths, row_length, *, strategy="first_fit"):
+    """Where each document goes in rows of `row_length` tokens: its row and its offset in that row.
+
+    The placement `pack` makes within each window, for a pipeline that lays its batches out itself
+    (e.g. keeping one step's examples together: sort the lengths, longest first, for first-fit
+    decreasing). Graph ops only. The documents are placed one by one in the order given, each into
+    the first open row it fits (`"first_fit"`) or the fullest (`"best_fit"`), a new row opened when
+    none fits; the rows used are `0, 1, ...`.
+
+    Args:
+        lengths: int `(documents,)`, each at most `row_length`.
+        row_length: an int, the tokens of a row.
+        strategy: `"first_fit"` or `"best_fit"`.
+
+    Returns:
+        `(rows, offsets)`: int32 `(documents,)` each.
+
+    Example:
+
+    >>> rows, offsets = place([3, 2, 4], row_length=5)
+    >>> rows.numpy().tolist(), offsets.numpy().tolist()
+    ([0, 0, 1], [0, 3, 0])
+    """
+    check_choice("strategy", strategy, STRATEGIES)
+    check_positive_int("row_length", row_length)
+    lengths = tf.cast(tf.convert_to_tensor(lengths), tf.int32)
+    _check_rank("lengths", lengths, 1)
+    too_long = tf.debugging.assert_less_equal(
+        lengths, row_length, message=f"A document is longer than its row: `row_length`={row_length}. The lengths"
+    )
+    with tf.control_dependencies([too_long]):
+        lengths = tf.identity(lengths)[:, None]  # (documents, 1): one token feature
+    rows = _rows(lengths, tf.constant([row_length], tf.int32), strategy, tf.int32.max)
+    return rows, _slots_and_offsets(rows, lengths)[1][:, 0]
+
+
 def mean_over_documents(losses, document_mask):
     """The mean of per-document `losses` `(batch, max_documents)` over the real documents only.
 
@@ -221,41 +257,9 @@ class _Packer:
 
     def place(self, lengths):
         """Each document's row, slot (its index within the row) and offsets, and the rows used."""
-        rows = self.rows(lengths)  # (n,)
-        n = tf.shape(rows)[0]
-        index = tf.range(n)
-        earlier = tf.equal(rows[:, None], rows[None, :]) & (index[None, :] < index[:, None])  # (n, n): same row, before
-        slot = tf.reduce_sum(tf.cast(earlier, tf.int32), axis=1)
-        offset = tf.reduce_sum(tf.cast(earlier, tf.int32)[:, :, None] * lengths[None], axis=1)  # (n, features)
+        rows = _rows(lengths, self.limits, self.strategy, self.max_documents)  # (n,)
+        slot, offset = _slots_and_offsets(rows, lengths)
         return rows, slot, offset, tf.reduce_max(rows) + 1
-
-    def rows(self, lengths):
-        """Each document's row, placing the documents one by one in order.
-
-        There are as many candidate rows as documents, the unopened ones empty: a document always
-        fits the first of them (its length was checked), so a document that fits no open row opens
-        the next one, and `"best_fit"` prefers any open row it fits (it leaves no more room).
-        """
-        n = tf.shape(lengths)[0]
-
-        def place_one(i, fill, count, rows):
-            length = lengths[i]  # (features,)
-            room = self.limits - fill - length  # (n, features): what each row would have left
-            fits = tf.reduce_all(room >= 0, axis=1) & (count < self.max_documents)
-            if self.strategy == "first_fit":
-                chosen = tf.argmax(tf.cast(fits, tf.int32), output_type=tf.int32)
-            else:
-                chosen = tf.argmin(tf.where(fits, tf.reduce_sum(room, axis=1), tf.int32.max), output_type=tf.int32)
-            at = [[chosen]]
-            return (
-                i + 1,
-                tf.tensor_scatter_nd_add(fill, at, length[None]),
-                tf.tensor_scatter_nd_add(count, at, [1]),
-                rows.write(i, chosen),
-            )
-
-        state = (tf.constant(0), tf.zeros_like(lengths), tf.zeros([n], tf.int32), tf.TensorArray(tf.int32, size=n))
-        return tf.while_loop(lambda i, *_: i < n, place_one, state)[3].stack()
 
     def token_feature(self, name, tokens, row, slot, offset, num_rows):
         """The rows of one token feature, its segment ids and positions, from each document's place."""
@@ -269,6 +273,46 @@ class _Packer:
             f"{name}_segment_ids": segment_ids,
             f"{name}_positions": document_positions(segment_ids),
         }
+
+
+def _rows(lengths, limits, strategy, max_documents):
+    """Each document's row, placing the documents `(n, features)` one by one in order into rows of
+    `limits` `(features,)` tokens holding at most `max_documents` documents.
+
+    There are as many candidate rows as documents, the unopened ones empty: a document always
+    fits the first of them (its length was checked), so a document that fits no open row opens
+    the next one, and `"best_fit"` prefers any open row it fits (it leaves no more room).
+    """
+    n = tf.shape(lengths)[0]
+
+    def place_one(i, fill, count, rows):
+        length = lengths[i]  # (features,)
+        room = limits - fill - length  # (n, features): what each row would have left
+        fits = tf.reduce_all(room >= 0, axis=1) & (count < max_documents)
+        if strategy == "first_fit":
+            chosen = tf.argmax(tf.cast(fits, tf.int32), output_type=tf.int32)
+        else:
+            chosen = tf.argmin(tf.where(fits, tf.reduce_sum(room, axis=1), tf.int32.max), output_type=tf.int32)
+        at = [[chosen]]
+        return (
+            i + 1,
+            tf.tensor_scatter_nd_add(fill, at, length[None]),
+            tf.tensor_scatter_nd_add(count, at, [1]),
+            rows.write(i, chosen),
+        )
+
+    state = (tf.constant(0), tf.zeros_like(lengths), tf.zeros([n], tf.int32), tf.TensorArray(tf.int32, size=n))
+    return tf.while_loop(lambda i, *_: i < n, place_one, state)[3].stack()
+
+
+def _slots_and_offsets(rows, lengths):
+    """Each document's index within its row and its offsets `(n, features)` there (the lengths of the
+    documents placed before it in the same row)."""
+    index = tf.range(tf.shape(rows)[0])
+    earlier = tf.equal(rows[:, None], rows[None, :]) & (index[None, :] < index[:, None])  # (n, n): same row, before
+    slot = tf.reduce_sum(tf.cast(earlier, tf.int32), axis=1)
+    offset = tf.reduce_sum(tf.cast(earlier, tf.int32)[:, :, None] * lengths[None], axis=1)  # (n, features)
+    return slot, offset
 
 
 def _row_lengths(row_length, spec):

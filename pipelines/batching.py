@@ -6,6 +6,8 @@ bucket with `bucket_boundaries`, and both trainers count their batches with `wit
 
 import tensorflow as tf
 
+from keras_attn import packing
+
 
 def with_counted_batches(dataset):
     """`dataset` with its number of batches counted once (one pass) and declared as its cardinality.
@@ -70,19 +72,9 @@ def pack_documents(token_ids, row_length):
 
 
 def _first_fit_decreasing(lengths, row_length):
-    """Each document's row and offset in it: the documents, longest first, each into the first row
-    with room. `(rows, offsets)`, int32 `(documents,)`; the rows used are 0, 1, ..., in order."""
-    count = tf.shape(lengths)[0]
+    """Each document's row and offset: the documents, longest first, each into the first row with
+    room (`keras_attn.packing.place`). `(rows, offsets)`, int32 `(documents,)`; rows used 0, 1, ..."""
     order = tf.argsort(lengths, direction="DESCENDING", stable=True)
-
-    def place(step, fills, rows, offsets):
-        document = order[step]
-        length = lengths[document]
-        row = tf.argmax(tf.cast(fills + length <= row_length, tf.int32), output_type=tf.int32)  # an empty row fits
-        rows = tf.tensor_scatter_nd_update(rows, [[document]], [row])
-        offsets = tf.tensor_scatter_nd_update(offsets, [[document]], [fills[row]])
-        return step + 1, tf.tensor_scatter_nd_add(fills, [[row]], [length]), rows, offsets
-
-    empty = tf.zeros([count], tf.int32)
-    _, _, rows, offsets = tf.while_loop(lambda step, *_: step < count, place, (0, empty, empty, empty))
-    return rows, offsets
+    rows, offsets = packing.place(tf.gather(lengths, order), row_length)  # in the sorted order
+    back = tf.argsort(order)  # each document's index in the sorted order
+    return tf.gather(rows, back), tf.gather(offsets, back)

@@ -85,6 +85,20 @@ def test_every_document_comes_out_exactly_once_in_the_row_a_greedy_packing_gives
         assert not row["document_mask"][real:].any() and not row["index"][real:].any()  # zeros after the last
 
 
+@pytest.mark.parametrize("strategy", packing.STRATEGIES)
+def test_place_puts_each_document_where_a_greedy_packing_does_after_the_ones_before_it(strategy):
+    lengths = [len(document) for document in random_documents(seed=3)]
+    rows, offsets = packing.place(lengths, row_length=16, strategy=strategy)
+    members = python_packing(lengths, 16, max_documents=len(lengths), strategy=strategy, window=len(lengths))
+    for row, documents in enumerate(members):
+        assert [int(rows[index]) for index in documents] == [row] * len(documents)
+        assert [int(offsets[index]) for index in documents] == list(
+            np.cumsum([0] + [lengths[i] for i in documents])[:-1]
+        )
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row_length`=16"):
+        packing.place([3, 17], row_length=16)
+
+
 def test_segment_ids_are_contiguous_runs_and_positions_restart_at_each_document():
     rows = rows_of(packing.pack(dataset_of(random_documents(1)), row_length=20, max_documents=4))
     for row in rows:
