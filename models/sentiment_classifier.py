@@ -233,7 +233,7 @@ def build_review_encoder(config, packed=False):
 
 
 def packed_inputs(config):
-    """The `keras.Input`s of packed rows: `{packed_ids, segment_ids}`, int32 `(rows, row_length)`.
+    """The `keras.Input`s of packed rows: `{packed_ids, segment_ids}`, int32 `(rows, sequence_length)`.
 
     Raises:
         ValueError: `config` reads n-grams, not a token sequence (there is nothing to pack).
@@ -243,7 +243,10 @@ def packed_inputs(config):
             "Packed rows need `attention_inputs='tokens'` (the n-gram attention reads no token sequence). "
             f"Received: attention_inputs={config.attention_inputs!r}"
         )
-    return {name: keras.Input((None,), dtype="int32", name=name) for name in (PACKED_IDS, SEGMENT_IDS)}
+    # Rows are always `sequence_length` long; a static length lets `implementation="auto"` pick the
+    # kernel that skips the blocks between documents (it cannot size a row it does not know).
+    length = config.sequence_length
+    return {name: keras.Input((length,), dtype="int32", name=name) for name in (PACKED_IDS, SEGMENT_IDS)}
 
 
 def load_encoder_weights(classifier, encoder):
