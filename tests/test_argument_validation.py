@@ -100,6 +100,7 @@ KINDS = {
     "merge_mode": "choice",
     "position_encoding": "choice",
     "sequence_length": "positive_int",
+    "max_documents": "positive_int_or_none",
     "max_distance": "positive_int",
     "bidirectional": "bool",
     "max_wavelength": "number_above_1",
