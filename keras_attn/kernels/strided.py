@@ -41,12 +41,12 @@ the query gradient, a key chunk of the band's key gradient, a residue step. What
 from the layout: a band chunk's keys are its queries' neighbours, so on packed text it is skipped only
 where its queries or its key slice are padding; and a residue class holds every `stride`-th token of
 the whole row, so each residue step holds a token of every document at least `stride` long and is
-computed whenever its residues hold a real query and a real key of the same document. Within the
-computed steps the pairs of different documents are masked (exact, weight 0) but computed: the
-kernel's cost stays that of the pattern over the whole row (`band_width + key_len / stride` keys per
-query), and content of another document reaches a computed step's products (so NaN in one document's
-keys or values is not kept from the others, as it is by the chunked and blockwise kernels). Skipping
-the residue part per document would take tiles of grid rows inside each residue step.
+computed whenever its residues hold a real query and a real key of the same document. Because a
+residue class interleaves every document, the pairs of different documents inside a computed step are
+masked (weight exactly 0) but still multiplied: the cost stays that of the pattern over the whole row
+(`band_width + key_len / stride` keys per query), and a non-finite key or value of one real document
+can reach another's products (padding cannot: the dispatcher zeroes it). Skipping per document would
+need tiles of grid rows inside each residue step.
 """
 
 import tensorflow as tf
