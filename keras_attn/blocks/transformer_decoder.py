@@ -142,9 +142,15 @@ class TransformerDecoder(TransformerBlock):
     ...                             self_attention_cache_update_index=0, cross_attention_cache=cross)
     """
 
-    def __init__(self, intermediate_dim, num_heads, **kwargs):
-        super().__init__(intermediate_dim, num_heads, **kwargs)
-        check_causal(self.self_attention_prototype)
+    def _check_self_attention(self, layer):
+        """The encoder's checks, then the decoder's own: its self-attention must be able to be causal.
+
+        An override rather than an `__init__` of its own: the constructor (its signature, the one
+        the API page shows) stays `TransformerBlock`'s, every argument in it.
+        """
+        prototype = super()._check_self_attention(layer)
+        check_causal(prototype)
+        return prototype
 
     def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
         check_sequence_shape("decoder_sequence", decoder_sequence_shape)
