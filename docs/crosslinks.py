@@ -2,9 +2,11 @@
 spelt in full) or `ALiBi` (a public class by its own name), becomes a link to its API page, in the
 docstrings (`CrossLinks`, a griffe extension) and in the guides (`on_page_markdown`, a MkDocs hook).
 The links are autorefs (`[text][identifier]`): a name without a page fails the strict build.
-Fenced code blocks are left as they are.
+Fenced code blocks are left as they are. Back the other way, each API page ends with the guides
+and model cards that name it (`guides_naming`).
 """
 
+import posixpath
 import re
 import sys
 from pathlib import Path
@@ -53,5 +55,70 @@ class CrossLinks(griffe.Extension):
             obj.docstring.value = linked(obj.docstring.value, self.names)
 
 
+GUIDE_FOLDERS = ("guides", "models")  # the pages that teach, under docs/
+
+
+def named_in(text, name):
+    """Whether `text` (a page, its code included) uses the public `name`: spelt in full
+    (`keras_attn.packing`), imported (`from keras_attn.visualization import focus`), or, for a class
+    or a submodule's name (distinctive words), by itself (`ALiBi`, `visualization.plot_head`)."""
+    if re.search(rf"\bkeras_attn\.{re.escape(name)}\b", text):
+        return True
+    module, _, short = name.rpartition(".")
+    module = f"keras_attn.{module}" if module else "keras_attn"
+    for group in re.findall(rf"\bfrom {re.escape(module)} import \(?([\w, \n]+)", text):
+        if short in {imported.strip() for imported in group.split(",")}:
+            return True
+    distinctive = "." in name or name[0].isupper()
+    return distinctive and re.search(rf"(?<![\w.]){re.escape(name)}\b", text) is not None
+
+
+def guides_naming(names):
+    """`{public name: [(title, docs-relative path)]}`: the guides and model cards that use each of
+    `names`, in the navigation's folder order."""
+    naming = {}
+    for folder in GUIDE_FOLDERS:
+        for guide in sorted((REPO_ROOT / "docs" / folder).glob("*.md")):
+            text = guide.read_text(encoding="utf-8")
+            title = re.search(r"(?m)^# (.+)$", text).group(1).replace("`", "")
+            for name in names:
+                if named_in(text, name):
+                    naming.setdefault(name, []).append((title, f"{folder}/{guide.name}"))
+    return naming
+
+
+def related_guides(name, naming):
+    """The guides of `name` (`guides_naming`), or, when no guide uses it, those of the other names
+    of its API section (`causal_mask`: the guides of the kernels and ops)."""
+    if naming.get(name):
+        return naming[name]
+    section = next(names for names in api_pages.SECTIONS.values() if name in names)
+    return list(dict.fromkeys(guide for other in section for guide in naming.get(other, [])))
+
+
+def with_guides(markdown, page_uri, guides):
+    """An API page's `markdown` followed by a "Guides" list linking each of `guides`."""
+    here = posixpath.dirname(page_uri)
+    links = [f"- [{title}]({posixpath.relpath(path, here)})" for title, path in guides]
+    return "\n".join([markdown.rstrip("\n"), "", "## Guides", "", *links, ""])
+
+
+def with_api_links(markdown, page_uri, naming):
+    """A guide's `markdown` followed by an "API reference" line linking every public name it uses."""
+    used = [name for name, guides in naming.items() if any(path == page_uri for _, path in guides)]
+    if not used:
+        return markdown
+    links = ", ".join(f"[`keras_attn.{name}`][keras_attn.{name}]" for name in used)
+    return "\n".join(
+        [markdown.rstrip("\n"), "", "## API reference", "", f"The public names this page uses: {links}.", ""]
+    )
+
+
 def on_page_markdown(markdown, page, config, files):
+    uri = page.file.src_uri
+    naming = guides_naming(api_pages.public_names())
+    if uri.startswith("api/") and markdown.startswith("::: "):
+        markdown = with_guides(markdown, uri, related_guides(markdown.split()[1].removeprefix("keras_attn."), naming))
+    elif uri.split("/")[0] in GUIDE_FOLDERS:
+        markdown = with_api_links(markdown, uri, naming)
     return linked(markdown, identifiers())

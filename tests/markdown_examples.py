@@ -1,5 +1,7 @@
 """The ```python blocks of a Markdown page, each named after the section it sits in, to run one test each."""
 
+import ast
+import copy
 import re
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
@@ -29,3 +31,56 @@ def python_examples(page):
 def run_example(code, page):
     """Runs one example as a fresh module would, its errors pointing into `page`."""
     exec(compile(code, str(page), "exec"), {"__name__": "markdown_example"})
+
+
+_RETURNS_ITS_ARGUMENT = {"convert"}  # `keras_attn.convert(model)` converts in place and returns `model`
+_ASSERTIONS = {"assert_allclose", "assert_array_equal", "assert_equal", "assert_array_almost_equal", "assertEqual"}
+
+
+def _callee(call):
+    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+
+
+def self_comparisons(code):
+    """The lines of `code` whose assertion compares a thing with itself (an `==` or `assert_allclose`
+    that cannot fail): the same expression on both sides, once the names bound to the same object
+    (`b = a`, `b = keras_attn.convert(a)`) are one."""
+    tree = ast.parse(code)
+    same = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            if (
+                isinstance(target, ast.Tuple)
+                and isinstance(value, ast.Call)
+                and _callee(value) in _RETURNS_ITS_ARGUMENT
+            ):
+                target = target.elts[0]  # `fast, report = convert(model, return_report=True)`
+            if isinstance(value, ast.Call) and _callee(value) in _RETURNS_ITS_ARGUMENT and value.args:
+                value = value.args[0]
+            if isinstance(target, ast.Name) and isinstance(value, ast.Name):
+                same[target.id] = same.get(value.id, value.id)
+
+    class Canonical(ast.NodeTransformer):
+        def visit_Name(self, node):
+            return ast.Name(id=same.get(node.id, node.id), ctx=ast.Load())
+
+    def canonical(node):
+        return ast.dump(Canonical().visit(copy.deepcopy(node)))
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _callee(node) in _ASSERTIONS and len(node.args) >= 2:
+            pair = node.args[:2]
+        elif (
+            isinstance(node, ast.Assert)
+            and isinstance(node.test, ast.Compare)
+            and not isinstance(node.test.ops[0], (ast.Is, ast.IsNot))  # `is` asserts the sameness on purpose
+            and len(node.test.comparators) == 1
+        ):
+            pair = [node.test.left, node.test.comparators[0]]
+        else:
+            continue
+        if canonical(pair[0]) == canonical(pair[1]):
+            lines.append(node.lineno)
+    return lines

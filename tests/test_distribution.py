@@ -158,3 +158,56 @@ def test_importing_and_using_every_public_name_loads_nothing_optional(dist, tmp_
     assert report["unknown"] == [], f"public names the test cannot use: {report['unknown']}"
     loaded = {name.split(".")[0] for name in report["new"]}
     assert not loaded & APP_MODULES, sorted(loaded & APP_MODULES)
+
+
+# README's install commands, each as this test runs it: offline (`--no-index`, `--no-deps`: the
+# dependencies are the venv's, `--no-build-isolation`: setuptools is too), into a directory of its
+# own. A command README gives that this table does not know fails the test.
+_README_INSTALL = {
+    "pip install .": ["install", "--target", "{target}", "."],
+    'pip install -e ".[viz]"': ["install", "--dry-run", "-e", ".[viz]"],
+    "pip install build": None,  # the `test` extra's `build`: the `dist` fixture runs it
+    "python -m build": None,  # what the `dist` fixture runs (offline: --no-isolation)
+    "pip install dist/keras_attn-*.whl": ["install", "--target", "{target}", "{wheel}"],
+}
+_OFFLINE = ["--no-index", "--no-deps", "--no-build-isolation", "--quiet"]
+
+
+def readme_install_commands():
+    """The commands of README.md's "## Install" shell block (`&&` splits one line in two)."""
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"^## Install\n.*?^```sh\n(.*?)^```", text, re.MULTILINE | re.DOTALL).group(1)
+    lines = [line.split("#")[0].strip() for line in block.splitlines()]
+    return [command.strip() for line in lines if line for command in line.split("&&")]
+
+
+def test_the_readme_install_commands_install_a_working_keras_attn(dist, tmp_path):
+    commands = readme_install_commands()
+    assert set(commands) == set(_README_INSTALL), f"README.md's install commands changed: {commands}"
+    installed = []
+    for command in commands:
+        arguments = _README_INSTALL[command]
+        if arguments is None:
+            continue
+        target = tmp_path / f"target{len(installed)}"
+        pip = [a.format(target=target, wheel=dist[0]) for a in arguments]
+        subprocess.run([sys.executable, "-m", "pip", *pip, *_OFFLINE], cwd=REPO_ROOT, check=True, capture_output=True)
+        if "--target" in pip:
+            installed.append(target)
+    for target in installed:  # a fresh interpreter, away from the checkout, imports what pip installed
+        found = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; sys.path.insert(0, sys.argv[1]); import keras_attn as k; "
+                "print(k.__file__, k.__version__, k.MultiHeadAttention.__name__)",
+                str(target),
+            ],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert Path(found[0]).is_relative_to(target) and found[1:] == [keras_attn.__version__, "MultiHeadAttention"]
+    named = {extra for command in commands for extra in re.findall(r"\[(\w+)\]", command)}
+    assert named and named <= set(_wheel_metadata(dist[0]).get_all("Provides-Extra")), named

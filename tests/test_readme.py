@@ -7,8 +7,12 @@ import re
 
 import pytest
 
+from docs import api_pages
+from docs import benchmarks_page
+from docs import home_page
 from tests.markdown_examples import python_examples
 from tests.markdown_examples import run_example
+from tests.markdown_examples import self_comparisons
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = REPO_ROOT / "README.md"
@@ -35,3 +39,63 @@ def test_no_commit_ids_or_load_averages_on_the_reading_pages(page):
     text = page.read_text(encoding="utf-8")
     assert not COMMIT_ID.findall(text), f"{page.name} quotes commit ids: {COMMIT_ID.findall(text)}"
     assert not LOAD_AVERAGE.findall(text), f"{page.name} quotes load averages: {LOAD_AVERAGE.findall(text)}"
+
+
+DOCS = REPO_ROOT / "docs"
+MARKDOWN_PAGES = [README, *sorted(DOCS.rglob("*.md"))]
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_FENCE = re.compile(r"(?ms)^([ \t]*)(```|~~~).*?^\1\2[ \t]*$")
+
+
+def generated_pages():
+    """The docs-relative paths of the pages the site's hooks generate (docs/api_pages.py, docs/benchmarks_page.py)."""
+    return {api_pages.API_INDEX, benchmarks_page.PAGE, *(api_pages.page_path(n) for n in api_pages.public_names())}
+
+
+def broken_links(page):
+    """The relative links of `page` (outside fenced code) that reach no file: README's must name a
+    file of the repository; a docs page's may also name a page the site generates."""
+    text = _FENCE.sub("", page.read_text(encoding="utf-8"))
+    broken = []
+    for target in _LINK.findall(text):
+        path = target.split("#")[0]
+        if not path or re.match(r"[a-z]+:", path):
+            continue  # an anchor on the page itself, or an external address
+        resolved = (page.parent / path).resolve()
+        if resolved.is_file():
+            continue
+        in_docs = resolved.is_relative_to(DOCS) and page != README
+        if not (in_docs and resolved.relative_to(DOCS).as_posix() in generated_pages()):
+            broken.append(target)
+    return broken
+
+
+@pytest.mark.parametrize("page", MARKDOWN_PAGES, ids=lambda page: str(page.relative_to(REPO_ROOT)))
+def test_every_relative_link_reaches_a_file_of_the_repository_or_a_generated_page(page):
+    assert not broken_links(page), f"{page.name}: links to nothing: {broken_links(page)}"
+
+
+@pytest.mark.parametrize("page", MARKDOWN_PAGES, ids=lambda page: str(page.relative_to(REPO_ROOT)))
+def test_no_example_asserts_that_a_thing_equals_itself(page):
+    for name, code in python_examples(page):
+        assert not self_comparisons(code), (
+            f"{page.name} {name}: lines {self_comparisons(code)} compare a thing with itself"
+        )
+
+
+def test_the_checks_find_a_dead_link_and_a_comparison_of_a_model_with_itself(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("[here](missing.md), [site](https://keras.io), [top](#top)\n")
+    assert broken_links(page) == ["missing.md"]
+    code = "fast = keras_attn.convert(model)\nnp.testing.assert_allclose(fast(x), model(x))\nassert fast is model\n"
+    assert self_comparisons(code) == [2]
+
+
+def test_the_home_page_and_the_navigation_list_every_guide_and_model_card():
+    home = (DOCS / "index.md").read_text(encoding="utf-8")
+    navigation = (REPO_ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    for page in [*sorted((DOCS / "guides").glob("*.md")), *sorted((DOCS / "models").glob("*.md"))]:
+        path = page.relative_to(DOCS).as_posix()
+        assert f"]({path})" in home, f"docs/index.md does not link {path}"
+        assert f": {path}\n" in navigation, f"mkdocs.yml's nav does not list {path}"
+    assert home_page.MARKER in home, "docs/index.md must show the version"
