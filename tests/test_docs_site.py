@@ -5,9 +5,12 @@ and an example, a search for "multi head" finds `MultiHeadAttention` and the ker
 formulas render. The pages' Python examples run as written, each as its own test."""
 
 import functools
+import html
 import http.server
+import importlib
 import inspect
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -44,8 +47,8 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    """The site built with warnings as errors, served on a loopback port."""
+def built_site(tmp_path_factory):
+    """The directory of the site built with warnings as errors."""
     out = tmp_path_factory.mktemp("site")
     pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
     result = subprocess.run(
@@ -56,6 +59,13 @@ def site(tmp_path_factory):
         env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def site(built_site):
+    """The built site served on a loopback port."""
+    out = built_site
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(out)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/"
@@ -91,7 +101,8 @@ def crawl(site):
             assert response is not None and response.status == 200, f"dead link: {url}"
             assert not broken_images(page), f"{url}: images that do not load: {broken_images(page)}"
             examples = page.eval_on_selector_all(
-                "article pre", "blocks => blocks.filter(b => b.innerText.includes('>>>')).length"
+                "article pre",
+                "blocks => blocks.filter(b => b.closest('.language-python') && !b.closest('.mkdocstrings-source')).length",
             )
             signature = page.query_selector("article h1 + .doc-signature")
             signature = signature.inner_text() if signature else None
@@ -129,7 +140,7 @@ def test_every_page_loads_every_link_resolves_no_table_is_clipped_and_every_publ
         if name in PUBLIC:  # the top-level names (keras_attn.visualization's: a signature is enough)
             if inspect.signature(getattr(keras_attn, name)).parameters:  # `enable()` has none
                 assert "PARAMETER" in text, f"keras_attn.{name}: no arguments"
-            assert examples, f"keras_attn.{name}: no runnable (doctest) example"
+            assert examples, f"keras_attn.{name}: no runnable example"
 
 
 def test_searching_multi_head_finds_multi_head_attention(site):
@@ -216,3 +227,69 @@ def test_the_pages_have_python_examples():
 @pytest.mark.parametrize("code,page", PAGE_EXAMPLES)
 def test_the_pages_python_examples_run(code, page):
     run_example(code, page)
+
+
+def _text(fragment):
+    """The text of an HTML fragment, as a reader copying it gets it."""
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+def api_page(built_site, name):
+    return (built_site / api_pages.page_path(name).removesuffix(".md") / "index.html").read_text(encoding="utf-8")
+
+
+def documented_arguments(obj):
+    """The argument names of `obj`'s docstring's `Args:` section (its first-level entries)."""
+    section = re.search(r"(?m)^    Args:\n((?:        .*\n|[ \t]*\n)+)", obj.__doc__ or "")
+    return re.findall(r"(?m)^        \*{0,2}(\w+)(?: \([^)]*\))?:", section.group(1)) if section else []
+
+
+def public_object(name):
+    module, _, short = name.rpartition(".")
+    return getattr(importlib.import_module(f"keras_attn.{module}" if module else "keras_attn"), short)
+
+
+def test_every_class_page_signature_lists_every_documented_argument_and_its_default(built_site):
+    for name in api_pages.public_names():
+        obj = public_object(name)
+        if not inspect.isclass(obj):
+            continue
+        signature = re.search(r'class="[^"]*doc-signature[^"]*">(.*?)</code>', api_page(built_site, name), re.DOTALL)
+        shown = _text(signature.group(1))
+        missing = [argument for argument in documented_arguments(obj) if not re.search(rf"\b{argument}\b", shown)]
+        assert not missing, f"keras_attn.{name}: the page's signature {shown!r} hides {missing}"
+        for parameter in inspect.signature(obj).parameters.values():
+            if parameter.default is not inspect.Parameter.empty and parameter.default is not None:
+                assert f"{parameter.name}=" in shown, f"keras_attn.{name}: no default shown for {parameter.name}"
+
+
+def article_without_source(page_html):
+    """A built page's article, without the collapsed "Source code in ..." blocks."""
+    article = page_html.split("<article", 1)[1]
+    return re.sub(r'<details class="mkdocstrings-source">.*?</details>', "", article, flags=re.DOTALL)
+
+
+def rendered_examples(page_html):
+    """The Python code blocks of a built page, as a reader copies them."""
+    blocks = re.findall(
+        r'<div class="language-python highlight"><pre>(.*?)</pre>', article_without_source(page_html), re.DOTALL
+    )
+    return [_text(block) for block in blocks]
+
+
+@pytest.mark.parametrize("name", api_pages.public_names())
+def test_every_api_page_example_runs_as_copied_and_links_its_guides(built_site, name):
+    page = api_page(built_site, name)
+    assert "&gt;&gt;&gt;" not in article_without_source(page), f"{name}: a >>> prompt"
+    namespace = {"__name__": "api_example"}
+    for code in rendered_examples(page):  # in order, in one namespace: a later example may follow on
+        exec(compile(code, f"api/{name}", "exec"), namespace)
+    guides = re.search(r'id="guides".*?</ul>', page, re.DOTALL)
+    assert guides and re.search(r'href="(?:\.\./)+(?:guides|models)/', guides.group(0)), f"{name}: no guide linked"
+
+
+def test_the_home_page_shows_the_version_and_links_every_guide(built_site):
+    home = (built_site / "index.html").read_text(encoding="utf-8")
+    assert f"Version {keras_attn.__version__}." in _text(home)
+    for guide in sorted((REPO_ROOT / "docs" / "guides").glob("*.md")):
+        assert f'href="guides/{guide.stem}/"' in home, f"the home page does not link {guide.name}"
