@@ -584,3 +584,19 @@ def test_a_layer_is_not_a_model():
     layer = keras.layers.MultiHeadAttention(2, 4)
     with pytest.raises(ValueError, match=r"`model` must be a keras.Model. Received: model=<MultiHeadAttention"):
         keras_attn.convert(layer)
+
+
+def test_a_custom_layers_attention_reloads_as_its_code_builds_it_and_converts_again(tmp_path):
+    """The guides' saving rule: a Functional model's own attention layers reload converted, the one
+    a custom layer builds in its code reloads as Keras's layer, with the same outputs either way."""
+    inputs = keras.Input((LENGTH, WIDTH))
+    x = keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS, name="plain")(inputs, inputs)
+    model = keras_attn.convert(keras.Model(inputs, BlockLayer(name="block")(x)))
+    x = np.random.default_rng(5).normal(size=(2, LENGTH, WIDTH)).astype("float32")
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert isinstance(loaded.get_layer("plain"), keras_attn.MultiHeadAttention)
+    assert type(loaded.get_layer("block").attention) is keras.layers.MultiHeadAttention
+    assert max_difference(loaded(x), model(x)) < TOLERANCE
+    keras_attn.convert(loaded)
+    assert isinstance(loaded.get_layer("block").attention, keras_attn.MultiHeadAttention)
