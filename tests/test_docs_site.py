@@ -24,10 +24,12 @@ from docs import api_pages
 from docs import benchmarks_page
 from docs import call_arguments
 from docs import crosslinks
+from docs import doctest_blocks
 from tests.browser import broken_images
 from tests.browser import open_url
 from tests.markdown_examples import python_examples
 from tests.markdown_examples import run_example
+from tests.markdown_examples import self_comparisons
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = [name for name in keras_attn.__all__ if not name.startswith("__")]
@@ -283,6 +285,7 @@ def test_every_api_page_example_runs_as_copied_and_links_its_guides(built_site, 
     assert "&gt;&gt;&gt;" not in article_without_source(page), f"{name}: a >>> prompt"
     namespace = {"__name__": "api_example"}
     for code in rendered_examples(page):  # in order, in one namespace: a later example may follow on
+        assert not self_comparisons(code), f"{name}: an example compares a thing with itself:\n{code}"
         exec(compile(code, f"api/{name}", "exec"), namespace)
     guides = re.search(r'id="guides".*?</ul>', page, re.DOTALL)
     assert guides and re.search(r'href="(?:\.\./)+(?:guides|models)/', guides.group(0)), f"{name}: no guide linked"
@@ -293,3 +296,15 @@ def test_the_home_page_shows_the_version_and_links_every_guide(built_site):
     assert f"Version {keras_attn.__version__}." in _text(home)
     for guide in sorted((REPO_ROOT / "docs" / "guides").glob("*.md")):
         assert f'href="guides/{guide.stem}/"' in home, f"the home page does not link {guide.name}"
+
+
+def test_a_doctest_becomes_python_that_imports_what_it_uses_by_its_public_path():
+    import griffe
+
+    package = griffe.load("keras_attn", search_paths=[str(REPO_ROOT)])
+    module = package["layers.conversion"]
+    docstring = "Text.\n\n>>> x = keras.Input((2,))\n>>> convert(x)  # doctest: +SKIP\n'out'\n\n>>> x.shape\n(None, 2)"
+    assert doctest_blocks.runnable_examples(docstring, module, doctest_blocks.public_paths(package)) == (
+        "Text.\n\n```python\nimport keras\nfrom keras_attn import convert\n\nx = keras.Input((2,))\nconvert(x)\n"
+        "# 'out'\n```\n\n```python\nx.shape\n# (None, 2)\n```"
+    )

@@ -83,7 +83,8 @@ def explorer_html(
         attention_maps: `AttentionMap`s (see `attention_maps`), one per layer.
         title: the page's heading.
         subtitle: a line under it (e.g. the input and the prediction).
-        max_queries, max_keys: longer maps are `focus`ed (query window, top keys) and say so.
+        max_queries: a map with more queries is `focus`ed (a window of queries) and says so.
+        max_keys: a map with more keys is `focus`ed (the keys most attended to) and says so.
         extra_html: trusted HTML put above the explorer (e.g. `token_highlight_html`, figures as
             `data:` images); it must not load anything from the network.
     """
