@@ -1,8 +1,12 @@
 """The ```python blocks of a Markdown page, each named after the section it sits in, to run one test each."""
 
 import ast
+import builtins
 import copy
+import io
 import re
+import sys
+import tokenize
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 _HEADING = re.compile(r"^#+ (.+)$", re.MULTILINE)
@@ -28,9 +32,39 @@ def python_examples(page):
     return examples
 
 
+def expected_prints(code):
+    """`{(first line, last line): text}`: the output each `print(...)  # text` call of `code` claims
+    (the comment on the call's last line)."""
+    comments = {
+        token.start[0]: token.string[1:]
+        for token in tokenize.generate_tokens(io.StringIO(code).readline)
+        if token.type == tokenize.COMMENT
+    }
+    return {
+        (node.lineno, node.end_lineno): comments[node.end_lineno]
+        for node in ast.walk(ast.parse(code))
+        if isinstance(node, ast.Call) and _callee(node) == "print" and node.end_lineno in comments
+    }
+
+
 def run_example(code, page):
-    """Runs one example as a fresh module would, its errors pointing into `page`."""
-    exec(compile(code, str(page), "exec"), {"__name__": "markdown_example"})
+    """Runs one example as a fresh module would, its errors pointing into `page`; a `print` whose
+    line ends with a comment must print what the comment says (whitespace aside)."""
+    claims, wrong = expected_prints(code), []
+
+    def checked_print(*args, **kwargs):
+        printed = io.StringIO()
+        builtins.print(*args, **{**kwargs, "file": printed})
+        builtins.print(printed.getvalue(), end="")
+        line = sys._getframe(1).f_lineno
+        for (first, last), claim in claims.items():
+            if first <= line <= last and printed.getvalue().split() != claim.split():
+                wrong.append(
+                    f"{page}:{first}: prints {printed.getvalue().strip()!r}, its comment says {claim.strip()!r}"
+                )
+
+    exec(compile(code, str(page), "exec"), {"__name__": "markdown_example", "print": checked_print})
+    assert not wrong, "\n".join(wrong)
 
 
 _RETURNS_ITS_ARGUMENT = {"convert"}  # `keras_attn.convert(model)` converts in place and returns `model`

@@ -75,6 +75,19 @@ def test_every_relative_link_reaches_a_file_of_the_repository_or_a_generated_pag
     assert not broken_links(page), f"{page.name}: links to nothing: {broken_links(page)}"
 
 
+# A code span naming a file under one of the repository's own folders (`tests/test_convert.py`,
+# `keras_attn/kernels/streaming_softmax.py`): the evidence a page cites must exist.
+_TRACKED_FOLDERS = ("keras_attn", "tests", "benchmarks", "docs", "pipelines", "models", "export", "appkit")
+_CITED_FILE = re.compile(rf"`((?:{'|'.join(_TRACKED_FOLDERS)})/[\w/.-]+\.\w+)`")
+
+
+@pytest.mark.parametrize("page", MARKDOWN_PAGES, ids=lambda page: str(page.relative_to(REPO_ROOT)))
+def test_every_file_a_page_cites_exists(page):
+    cited = _CITED_FILE.findall(page.read_text(encoding="utf-8"))
+    missing = [path for path in cited if not (REPO_ROOT / path).is_file()]
+    assert not missing, f"{page.name} cites files the repository does not have: {missing}"
+
+
 @pytest.mark.parametrize("page", MARKDOWN_PAGES, ids=lambda page: str(page.relative_to(REPO_ROOT)))
 def test_no_example_asserts_that_a_thing_equals_itself(page):
     for name, code in python_examples(page):
@@ -83,12 +96,15 @@ def test_no_example_asserts_that_a_thing_equals_itself(page):
         )
 
 
-def test_the_checks_find_a_dead_link_and_a_comparison_of_a_model_with_itself(tmp_path):
+def test_the_checks_find_a_dead_link_a_comparison_of_a_model_with_itself_and_a_wrong_printed_claim(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("[here](missing.md), [site](https://keras.io), [top](#top)\n")
     assert broken_links(page) == ["missing.md"]
     code = "fast = keras_attn.convert(model)\nnp.testing.assert_allclose(fast(x), model(x))\nassert fast is model\n"
     assert self_comparisons(code) == [2]
+    run_example("print([1, 2],\n      'x')  # [1, 2]   x\n", page)  # the claim, whitespace aside
+    with pytest.raises(AssertionError, match=r"prints '\[1, 3\]', its comment says '\[1, 2\]'"):
+        run_example("for _ in range(1):\n    print([1, 3])  # [1, 2]\n", page)
 
 
 def test_the_home_page_and_the_navigation_list_every_guide_and_model_card():
