@@ -114,9 +114,17 @@ def with_api_links(markdown, page_uri, naming):
     )
 
 
+_naming = {}  # guides_naming() of the build under way (on_pre_build): read once, not once per page
+
+
+def on_pre_build(config):
+    _naming.clear()
+    _naming.update(guides_naming(api_pages.public_names()))
+
+
 def on_page_markdown(markdown, page, config, files):
     uri = page.file.src_uri
-    naming = guides_naming(api_pages.public_names())
+    naming = _naming
     if uri.startswith("api/") and markdown.startswith("::: "):
         markdown = with_guides(markdown, uri, related_guides(markdown.split()[1].removeprefix("keras_attn."), naming))
     elif uri.split("/")[0] in GUIDE_FOLDERS:
