@@ -160,7 +160,7 @@ def test_a_query_without_keys_gets_a_zero_output():
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        (dict(attn_logits_soft_cap=30.0), "attn_logits_soft_cap=30.0"),
+        (dict(attn_logits_soft_cap=-30.0), "attn_logits_soft_cap=-30.0"),
         (dict(flash_attention="yes"), "flash_attention='yes'"),
         (dict(mask=np.ones((1, 1, 1, QUERY_LEN, KEY_LEN), bool)), "mask.shape=(1, 1, 1, 150, 290)"),
     ],

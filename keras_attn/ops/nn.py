@@ -22,6 +22,7 @@ from keras import ops
 
 from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.validation import check_bool
+from keras_attn.validation import check_soft_cap
 
 _RANK = 4  # (batch, heads, query_len, key_len): what the mask and the bias broadcast to
 # `flash_attention` -> the kernel of `scaled_dot_product_attention` that runs the call.
@@ -54,7 +55,10 @@ def dot_product_attention(
         flash_attention: `True` for the streaming kernel (memory linear in the length, forward
             and backward; TensorFlow backend), `False` for the dense kernel, `None` (default) for
             keras_attn's choice by size.
-        attn_logits_soft_cap: must be `None` (Keras supports it on JAX with TPUs only).
+        attn_logits_soft_cap: optional positive number: the logits become
+            `tanh(scale * Q K^T / cap) * cap` before the bias and the mask (Gemma 2's soft-capping;
+            `keras_attn.scaled_dot_product_attention`'s `logit_soft_cap`). Keras runs it on JAX
+            with TPUs only.
 
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype the three inputs promote to.
@@ -65,11 +69,7 @@ def dot_product_attention(
     >>> tuple(dot_product_attention(q, k, v, is_causal=True, flash_attention=True).shape)
     (2, 6, 4, 8)
     """
-    if attn_logits_soft_cap is not None:
-        raise ValueError(
-            "`attn_logits_soft_cap` is not supported (Keras supports it on JAX with TPUs only). "
-            f"Received: attn_logits_soft_cap={attn_logits_soft_cap!r}"
-        )
+    check_soft_cap(attn_logits_soft_cap, "attn_logits_soft_cap")
     check_bool("flash_attention", flash_attention, allow_none=True)
     query, key, value = ops.convert_to_tensor(query), ops.convert_to_tensor(key), ops.convert_to_tensor(value)
     dtype = keras.backend.result_type(query.dtype, key.dtype, value.dtype)
@@ -85,6 +85,7 @@ def dot_product_attention(
         bias=bias,
         is_causal=is_causal,
         scale=scale,
+        logit_soft_cap=attn_logits_soft_cap,
         implementation=_IMPLEMENTATION[None if flash_attention is None else bool(flash_attention)],
     )
 
