@@ -175,6 +175,30 @@ def test_masks_and_cross_attention_inputs_equal_the_original():
         assert max_difference(got, expected) < TOLERANCE
 
 
+def test_attention_over_an_image_axes_is_converted_and_runs_our_kernel(monkeypatch):
+    # `attention_axes=(1, 2)`: reported converted only because the flattened axes run on our kernel.
+    from keras_attn.layers import multi_head_attention
+
+    def build():
+        image = keras.Input((3, 4, WIDTH))
+        attended = keras.layers.MultiHeadAttention(2, 4, attention_axes=(1, 2), name="spatial")(image, image)
+        return keras.Model(image, keras.layers.Dense(2)(attended), name="image_model")
+
+    model, fast = twins(build)
+    report = keras_attn.convert(fast, return_report=True)[1]
+    assert report.converted == ("image_model/spatial",) and report.unconverted == ()
+    kernel_calls = []
+    original = multi_head_attention.scaled_dot_product_attention
+    monkeypatch.setattr(
+        multi_head_attention,
+        "scaled_dot_product_attention",
+        lambda *args, **kwargs: kernel_calls.append(kwargs) or original(*args, **kwargs),
+    )
+    x = np.random.default_rng(3).normal(size=(2, 3, 4, WIDTH)).astype("float32")
+    assert max_difference(fast(x), model(x)) < TOLERANCE
+    assert len(kernel_calls) == 1
+
+
 def test_sequential_model_with_a_nested_functional_block():
     def build():
         inputs = keras.Input((LENGTH, WIDTH))

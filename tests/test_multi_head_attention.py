@@ -556,17 +556,51 @@ def test_functional_model_returns_scores_and_cache_symbolically():
     assert [tuple(t.shape) for t in cached] == [(None, 3, 8), (None, 2, 3, 5), (None, 2, 5, 2, 4)]
 
 
-@pytest.mark.parametrize("attention_axes", [(1, 2), (2,), -2])
-def test_rank4_attention_axes_match_keras_with_the_same_weights(attention_axes):
-    """Attention over the spatial axes of a feature map, and over one of them, as Keras computes it."""
-    rng = np.random.default_rng(4)
-    query, value = _normal(rng, 2, 3, 4, 8), _normal(rng, 2, 3, 4, 8)
-    mask = np.ones((2, 3, 4, 3, 4), bool) if attention_axes == (1, 2) else None
+@pytest.mark.parametrize(
+    "shape, attention_axes",
+    [
+        ((2, 3, 4, 8), (1, 2)),  # a feature map's two spatial axes
+        ((2, 3, 4, 8), (2,)),  # one of them, the other a batch axis
+        ((2, 3, 4, 8), -2),
+        ((2, 3, 2, 4, 8), (1, 3)),  # not contiguous
+        ((2, 3, 2, 4, 8), (3, 1)),  # in reverse: Keras's scores follow the order given
+    ],
+)
+def test_attention_axes_run_our_kernel_as_keras_computes_them(shape, attention_axes, monkeypatch):
+    """Attention over several axes, or another one than the sequence, flattened into one sequence on
+    our kernel: outputs, scores (Keras's layout) and gradients as Keras's layer with the same weights."""
+    from keras_attn.layers import multi_head_attention
+
+    kernel_calls = []
+
+    def spy(*args, **kwargs):
+        kernel_calls.append(kwargs)
+        return scaled_dot_product_attention(*args, **kwargs)
+
+    monkeypatch.setattr(multi_head_attention, "scaled_dot_product_attention", spy)
+    rng = np.random.default_rng(len(shape) + sum(np.atleast_1d(attention_axes)))
+    query, value = _normal(rng, *shape), _normal(rng, *shape)
+    axes = [axis % len(shape) for axis in np.atleast_1d(attention_axes)]
+    attended = [shape[axis] for axis in axes]
+    mask = rng.random((shape[0], *attended, *attended)) < 0.7  # Keras's (batch, <query axes>, <key axes>)
     keras_layer, ours = _twin_layers([query, value], num_heads=2, key_dim=4, attention_axes=attention_axes)
     expected, expected_scores = keras_layer(query, value, attention_mask=mask, return_attention_scores=True)
+    kernel_calls.clear()
     output, scores = ours(query, value, attention_mask=mask, return_attention_scores=True)
+    assert len(kernel_calls) == 1
     np.testing.assert_allclose(output, expected, atol=1e-5)
+    assert scores.shape == expected_scores.shape
     np.testing.assert_allclose(scores, expected_scores, atol=1e-5)
+
+    def gradients(layer):
+        inputs = [tf.constant(query), tf.constant(value)]
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            loss = tf.reduce_sum(layer(*inputs, attention_mask=mask) * np.linspace(-1, 1, shape[-1]))
+        return tape.gradient(loss, inputs + layer.trainable_variables)
+
+    for got, want in zip(gradients(ours), gradients(keras_layer)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
 
 
 def test_rank4_fully_masked_query_gets_zero_weights():

@@ -1,9 +1,10 @@
 """The routes by which `MultiHeadAttention` behaves as Keras's layer where its own kernels do not run.
 
-The layer's kernels take `(batch, seq, features)` inputs attending over the sequence (axis 1) with
-a 1-D output shape. Other ranks, `attention_axes` and output shapes run Keras's einsum path with
-this layer's masking rules (`call_over_attention_axes`; options that only the sequence path has
-are refused, naming them). A subclass overriding `_compute_attention` (Keras's hook) is called as
+The layer's fast path takes `(batch, seq, features)` inputs attending over the sequence (axis 1)
+with a 1-D output shape. Other ranks, `attention_axes` and output shapes take Keras's route through
+its projections and masks (`call_over_attention_axes`; options that only the sequence path has are
+refused, naming them), whose attention is still keras_attn's kernel: the layer's
+`_compute_attention` flattens the attention axes into one sequence (`keras_attn.layers.attention_axes`). A subclass overriding `_compute_attention` (Keras's hook) is called as
 Keras calls it, with every mask merged (`hooked_attention`). The shape and axes checks name the
 input or argument that cannot work.
 """
@@ -139,7 +140,8 @@ def call_over_attention_axes(
     cache_update_index,
     segment_ids,
 ):
-    """Keras's einsum path for other ranks, axes and output shapes, with this layer's masking rules
+    """Keras's route for other ranks, axes and output shapes (its einsum projections and masks, the
+    layer's `_compute_attention` on keras_attn's kernel), with this layer's masking rules
     (`segment_ids`: any of the call's segment-id arguments, which this path refuses)."""
     unsupported = {
         "attention_bias": attention_bias,

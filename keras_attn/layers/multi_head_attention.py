@@ -3,8 +3,9 @@
 The class keeps Keras's hooks and the public API; its parts live beside it, one concept each:
 `multi_head_arguments` (the constructor checks), `projections` (fused QKV, output projection),
 `mask_arguments` (merging and checking the mask arguments), `key_value_cache` (what a cached call
-attends over; the ring buffer is `window_cache`) and `keras_compatibility` (Keras's einsum path for
-other axes, a subclass's `_compute_attention` hook, the shape and axes checks).
+attends over; the ring buffer is `window_cache`) and `keras_compatibility` (Keras's route for
+other axes, a subclass's `_compute_attention` hook, the shape and axes checks); `attention_axes`
+flattens several attention axes into one sequence for the kernels.
 """
 
 import keras
@@ -16,6 +17,7 @@ from keras_attn.core.masks import either_mask
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import zero_padding
 from keras_attn.core.softmax import zero_masked
+from keras_attn.layers import attention_axes
 from keras_attn.layers import keras_compatibility
 from keras_attn.layers import key_value_cache
 from keras_attn.layers import projections
@@ -567,9 +569,10 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             give a zero output (and zero weights), the library's contract for every family.
 
         This implementation runs `keras_attn.core.attention.scaled_dot_product_attention` with the
-        layer's `scale`, `hard`, dropout and `implementation` on rank-4 tensors, and Keras's
-        einsum with this layer's masked softmax for more attention axes. An `attention_bias`
-        cannot reach an override (a `ValueError` says so).
+        layer's `scale`, `hard`, dropout and `implementation` on rank-4 tensors, and on higher ranks
+        too (`attention_axes` over several axes, or other axes than the sequence) with the attention
+        axes flattened into one sequence (`keras_attn.layers.attention_axes`: Keras's semantics, its
+        scores' layout). An `attention_bias` cannot reach an override (a `ValueError` says so).
         """
         if len(query.shape) == 4:
             mask = None if attention_mask is None else as_4d_mask(attention_mask)
@@ -581,7 +584,15 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             attention_mask = (
                 causal if attention_mask is None else ops.logical_and(ops.cast(attention_mask, "bool"), causal)
             )
-        return super()._compute_attention(query, key, value, attention_mask, training, return_attention_scores)
+        return attention_axes.flattened(
+            lambda q, k, v, mask: self._attend(q, k, v, training, return_attention_scores, mask=mask),
+            query,
+            key,
+            value,
+            self._attention_axes,
+            attention_mask,
+            return_attention_scores,
+        )
 
     def _masked_softmax(self, attention_scores, attention_mask=None):
         """Keras's masked softmax, then exact zeros at masked entries: a fully masked row is all zero."""
