@@ -296,7 +296,8 @@ def tune(
     reports), and writes them to `keras_attn.core.cost_model.user_calibration_path()`
     (`$KERAS_ATTN_CACHE/calibration.json`, else `~/.cache/keras_attn/calibration.json`), never into
     the package. `implementation="auto"` reads it from then on (in this process too), the shipped
-    calibration filling what it lacks. A few minutes with the defaults; the figures are as noisy as
+    calibration filling what it lacks. Several minutes with the defaults (45 calls, each on every kernel
+    taking it: tracing dominates at these lengths); the figures are as noisy as
     the machine's load.
 
     Args:
