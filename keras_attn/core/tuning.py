@@ -3,7 +3,8 @@
 A grid of attention calls (`grid`: lengths, batch sizes, and the settings causal, bidirectional,
 packed, windowed, strided, each as a forward call and a training call with and without dropout) is
 measured on every kernel that takes each call (`measure`: best wall time of a compiled step,
-forward and backward in training; the first run's peak resident memory where Linux reports it),
+forward and backward in training; the first run's peak in TensorFlow's allocator where it keeps
+statistics),
 and the coefficients of each kernel and mode are fitted by non-negative least squares on relative
 error (`fit`): times spread over orders of magnitude, and what the dispatcher compares is ratios.
 `benchmarks/dispatch_grid.py` runs the full grid and writes the calibration the package ships;
@@ -30,7 +31,7 @@ SETTINGS = ("causal", "bidirectional", "packed", "windowed", "strided")
 WINDOW = 256  # keys each query of a windowed call sees (Mistral-style local attention)
 STRIDE = 64  # the strided setting's band and stride: Causal() & (SlidingWindow(64) | Strided(64))
 DOCUMENTS = 4  # equal documents per packed row
-MEMORY_FLOOR_BYTES = 32 * 2**20  # peaks below this are the allocator's noise: not fitted
+MEMORY_FLOOR_BYTES = 2**20  # peaks below a megabyte are the allocator's rounding: not fitted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,23 +167,20 @@ def _materialise(result):
 
 
 def _peak_bytes(step):
-    """The first run's peak resident memory over the resident memory before it (Linux), else `None`."""
-    if not os.path.exists("/proc/self/clear_refs"):
+    """The first run's peak of TensorFlow's CPU allocator over what it held before, or `None` when
+    the allocator keeps no statistics (it does once `TF_CPU_ALLOCATOR_USE_BFC=true` was set before
+    TensorFlow started). The process's resident memory would not do: the allocator keeps what a
+    step freed, so a later step's peak would not show in it."""
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    except (ValueError, tf.errors.OpError):
         _materialise(step())
         return None
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")  # the peak (VmHWM) := the resident memory now (VmRSS)
-    before = _status_bytes("VmRSS")
     _materialise(step())
-    return max(0, _status_bytes("VmHWM") - before)
-
-
-def _status_bytes(field):
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"no {field} in /proc/self/status")
+    return max(0, tf.config.experimental.get_memory_info("CPU:0")["peak"] - before)
 
 
 def measure(cell, names, repeats=2):
@@ -292,8 +290,8 @@ def tune(
 
     Measures each kernel on a grid of calls (every length and batch size, causal, bidirectional,
     packed, windowed and strided, forward and training with and without dropout), fits the time
-    coefficients (and the memory ones when `measure_memory`, from the peak resident memory Linux
-    reports), and writes them to `keras_attn.core.cost_model.user_calibration_path()`
+    coefficients (and the memory ones when `measure_memory`, from the peaks of TensorFlow's CPU
+    allocator: set `TF_CPU_ALLOCATOR_USE_BFC=true` before TensorFlow starts), and writes them to `keras_attn.core.cost_model.user_calibration_path()`
     (`$KERAS_ATTN_CACHE/calibration.json`, else `~/.cache/keras_attn/calibration.json`), never into
     the package. `implementation="auto"` reads it from then on (in this process too), the shipped
     calibration filling what it lacks. Several minutes with the defaults (45 calls, each on every kernel
@@ -308,7 +306,8 @@ def tune(
         repeats: timed runs of each step, the best kept (positive int).
         settings: the kinds of call of the grid, a non-empty subset of `SETTINGS` (a kernel that
             takes none of them keeps its shipped coefficients: the strided one needs `"strided"`).
-        measure_memory: also refit the memory coefficients (bool).
+        measure_memory: also refit the memory coefficients (bool); a `ValueError` when
+            TensorFlow's allocator keeps no statistics.
         verbose: print each measured cell (bool).
 
     Returns:
@@ -340,6 +339,11 @@ def tune(
             raise ValueError(f"`{name}` must be a bool. Received: {name}={value!r}")
     cells = grid(tuple(lengths), tuple(batch_sizes), heads, depth, tuple(settings))
     calibration, _ = calibrate(cells, repeats, measure_memory, log=print if verbose else None)
+    if measure_memory and not calibration["memory"]:
+        raise ValueError(
+            "`measure_memory=True` needs the peaks of TensorFlow's CPU allocator: set "
+            "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts. Received: measure_memory=True"
+        )
     description = {
         "lengths": list(lengths),
         "batch_sizes": list(batch_sizes),
