@@ -26,6 +26,7 @@ the step's tensors hold, without the process's other memory.
     python -m benchmarks.dispatch_grid --lengths 256 512 1024 --batch-sizes 1   # a few minutes
 """
 
+import json
 import os
 import sys
 import tempfile
@@ -138,6 +139,7 @@ def main(argv=None):
         settings=dict(nargs="+", default=None, help="kinds of call (keras_attn.core.tuning.SETTINGS; default all)"),
         cap_gb=dict(type=float, default=3.0, help="skip a kernel whose pairwise tensors pass this (GB)"),
         max_steps=dict(type=int, default=512, help="skip a kernel with more loop steps than this"),
+        refit_from=dict(default=None, help="refit to the measurements of an earlier run's JSON instead of measuring"),
         calibration_output=dict(default=None, help="where to write the fitted calibration (default: the shipped one)"),
     )
     args = parser.parse_args(argv)
@@ -157,17 +159,21 @@ def main(argv=None):
     if args.smoke and not args.calibration_output:  # a smoke run never replaces the shipped calibration
         output = os.path.splitext(args.output or os.path.join(measurement.RESULTS_DIR, "dispatch_grid_smoke"))[0]
         output += "_calibration.json"
-    cells = [
-        cell
-        for cell in tuning.grid(
-            args.lengths, args.batch_sizes, args.heads, args.depth, args.settings or tuning.SETTINGS
-        )
-        if cell.batch == 1 or cell.batch * cell.length <= args.max_tokens
-    ]
-    rows = measure_grid(cells, args.repeats, args.cap_gb, args.max_steps)
+    if args.refit_from:
+        cells, rows = rows_from_results(args.refit_from)
+    else:
+        cells = [
+            cell
+            for cell in tuning.grid(
+                args.lengths, args.batch_sizes, args.heads, args.depth, args.settings or tuning.SETTINGS
+            )
+            if cell.batch == 1 or cell.batch * cell.length <= args.max_tokens
+        ]
+        rows = measure_grid(cells, args.repeats, args.cap_gb, args.max_steps)
     calibration = {"time": tuning.fit(rows, "time"), "memory": tuning.fit(rows, "memory")}
     grid_description = {
-        k: getattr(args, k) for k in ("lengths", "batch_sizes", "max_tokens", "heads", "depth", "repeats")
+        k: getattr(args, k)
+        for k in ("lengths", "batch_sizes", "max_tokens", "heads", "depth", "repeats", "settings", "refit_from")
     }
     tuning.write_calibration(calibration, output, grid_description)
     print(f"wrote the calibration {output}")
@@ -199,6 +205,31 @@ def main(argv=None):
     }
     measurement.write_results("dispatch_grid" + ("_smoke" if args.smoke else ""), payload, args.output)
     return judged
+
+
+def rows_from_results(path):
+    """The cells and measured rows of an earlier run's results JSON (what `judge` wrote)."""
+    from keras_attn.core import cost_model
+    from keras_attn.core import tuning
+
+    results = json.loads(open(path, encoding="utf-8").read())
+    heads, depth = results["config"]["heads"], results["config"]["depth"]
+    cells, rows = [], []
+    for row in results["rows"]:
+        cell = tuning.Cell(row["batch"], row["length"], heads, depth, row["setting"], row["mode"], row["dropout"])
+        cells.append(cell)
+        for name in (*tuning.candidates(cell), cost_model.KERAS_DENSE):
+            if f"{name}_ms" in row:
+                peak = row.get(f"{name}_peak_mb")
+                rows.append(
+                    {
+                        "cell": cell,
+                        "name": name,
+                        "seconds": row[f"{name}_ms"] / 1e3,
+                        "peak_bytes": None if peak is None else peak * 2**20,
+                    }
+                )
+    return cells, rows
 
 
 def judge_under(calibration, cells, rows):
