@@ -119,7 +119,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.child:
         return run_child(args.case, args.mode, args.length, args.heads, args.depth, args.stride, args.repeats)
-    if args.smoke:  # long enough for "auto" to take the strided kernel (STRIDED_MIN_QUERY_LEN)
+    if args.smoke:  # long enough for the strided pattern to leave most keys out
         args.lengths, args.dense_max_length, args.heads, args.depth, args.stride, args.repeats = (
             [2048],
             2048,

@@ -30,6 +30,8 @@ SECTIONS = {
     "Patterns": ["patterns"],
     "Kernels and ops": [
         "scaled_dot_product_attention",
+        "explain_implementation",
+        "tune",
         "masked_softmax",
         "causal_mask",
         "sliding_window_mask",

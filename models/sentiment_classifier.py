@@ -243,8 +243,8 @@ def packed_inputs(config):
             "Packed rows need `attention_inputs='tokens'` (the n-gram attention reads no token sequence). "
             f"Received: attention_inputs={config.attention_inputs!r}"
         )
-    # Rows are always `sequence_length` long; a static length lets `implementation="auto"` pick the
-    # kernel that skips the blocks between documents (it cannot size a row it does not know).
+    # Rows are always `sequence_length` long; a static length lets `implementation="auto"` predict
+    # each kernel's cost (with an unknown length it can only take the dense kernel).
     length = config.sequence_length
     return {name: keras.Input((length,), dtype="int32", name=name) for name in (PACKED_IDS, SEGMENT_IDS)}
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import keras_attn
 from keras_attn.core import attention as attention_module
+from keras_attn.core import cost_model
 from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.core.masks import causal_mask
 from keras_attn.core.masks import merge_masks
@@ -25,6 +26,7 @@ from keras_attn.kernels import kernels_table
 from keras_attn.kernels.call import AttentionCall
 from keras_attn.patterns import Causal
 from tests import reference
+from tests.dispatch_rule import rule_choice
 from tests.layer_checks import assert_gradients_match_finite_differences
 from tests.layer_checks import assert_jit_matches_eager
 
@@ -323,39 +325,36 @@ def test_gradients_match_finite_differences():
 
 
 @pytest.mark.parametrize(
-    "query_len, is_causal, return_weights, expected",
+    "query_len, is_causal, return_weights, packed",
     [
-        (128, True, False, "dense"),  # one chunk: nothing to skip
-        (256, True, False, "chunked"),
-        (256, False, False, "chunked"),  # no band: every key, the written-out gradient
-        (256, True, True, "dense"),  # the weights are materialised anyway
-        (512, True, False, "chunked"),
-        (4096, True, False, "chunked"),
-        (8192, True, False, "blockwise"),
-        (2048, False, False, "chunked"),
-        (4096, False, False, "blockwise"),  # no band: blockwise from 4096 x 4096
+        (128, True, False, False),
+        (256, True, False, False),
+        (256, False, False, False),
+        (256, True, True, False),  # the weights are materialised anyway: dense
+        (4096, True, False, False),
+        (8192, True, False, False),
+        (4096, False, False, False),
+        (255, False, False, True),
+        (256, False, False, True),
+        (256, False, True, True),  # the weights are materialised anyway: dense
     ],
 )
-def test_auto_chooses_the_path_by_length_and_band(query_len, is_causal, return_weights, expected):
+def test_auto_takes_the_fastest_kernel_no_heavier_than_keras(query_len, is_causal, return_weights, packed):
     query = key = keras.KerasTensor((2, query_len, 4, 8))
-    call = AttentionCall(query, key, key, pattern=Causal() if is_causal else None, return_weights=return_weights)
+    ids = keras.KerasTensor((2, query_len), dtype="int32") if packed else None
+    call = AttentionCall(
+        query,
+        key,
+        key,
+        pattern=Causal() if is_causal else None,
+        return_weights=return_weights,
+        query_segment_ids=ids,
+        key_segment_ids=ids,
+    )
     path = attention_module._choose_implementation("auto", call)
-    assert path == expected
-
-
-@pytest.mark.parametrize(
-    "query_len, return_weights, expected",
-    [
-        (attention_module.PACKED_BLOCKWISE_MIN_QUERY_LEN - 1, False, "dense"),
-        (attention_module.PACKED_BLOCKWISE_MIN_QUERY_LEN, False, "blockwise"),  # skips the blocks between documents
-        (attention_module.PACKED_BLOCKWISE_MIN_QUERY_LEN, True, "dense"),  # the weights are materialised anyway
-    ],
-)
-def test_auto_sends_packed_rows_to_the_kernel_that_skips_by_loop_bounds(query_len, return_weights, expected):
-    query = key = keras.KerasTensor((2, query_len, 4, 8))
-    ids = keras.KerasTensor((2, query_len), dtype="int32")
-    call = AttentionCall(query, key, key, return_weights=return_weights, query_segment_ids=ids, key_segment_ids=ids)
-    assert attention_module._choose_implementation("auto", call) == expected
+    assert path == rule_choice(cost_model.explain(call))
+    if return_weights:
+        assert path == "dense"
 
 
 def test_mask_helpers_match_numpy():

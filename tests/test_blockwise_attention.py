@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn.core import attention
 from keras_attn.core import masks
 from keras_attn.core import softmax
 from keras_attn.core.attention import scaled_dot_product_attention
@@ -19,6 +18,7 @@ from keras_attn.kernels.blockwise import blockwise_attention
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.patterns import Causal
 from tests import reference
+from tests.dispatch_rule import prefer_kernel
 from tests.layer_checks import output_gradients
 
 FLOAT32_ATOL = 1e-5
@@ -298,7 +298,9 @@ def test_grouped_query_heads_through_the_core():
     np.testing.assert_allclose(output, expected, atol=FLOAT32_ATOL)
 
 
-def test_auto_picks_blockwise_from_the_threshold_unless_weights_are_returned(monkeypatch):
+def test_auto_runs_blockwise_where_the_calibration_predicts_it_fastest_unless_weights_are_returned(
+    monkeypatch, tmp_path
+):
     calls = []
 
     def spy(*args, **kwargs):
@@ -306,14 +308,13 @@ def test_auto_picks_blockwise_from_the_threshold_unless_weights_are_returned(mon
         return blockwise_attention(*args, **kwargs)
 
     monkeypatch.setattr(blockwise_module, "blockwise_attention", spy)  # the name its `attend` calls
-    monkeypatch.setattr(attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 40 * 40)
-    monkeypatch.setattr(attention, "BLOCKWISE_MIN_BANDED_ATTENTION_SIZE", 30 * 30)
     rng = np.random.default_rng(11)
-    short = _inputs(rng, query_len=20, key_len=20, value_depth=DEPTH)
     medium = _inputs(rng, query_len=30, key_len=30, value_depth=DEPTH)
     long = _inputs(rng, query_len=40, key_len=40, value_depth=DEPTH)
-    scaled_dot_product_attention(*short, is_causal=True)
-    scaled_dot_product_attention(*medium)
+    prefer_kernel(monkeypatch, tmp_path / "dense", "dense")
+    scaled_dot_product_attention(*medium, is_causal=True)
+    assert not calls
+    prefer_kernel(monkeypatch, tmp_path / "blockwise", "blockwise")
     scaled_dot_product_attention(*long, is_causal=True, return_weights=True)
     assert not calls
     output = scaled_dot_product_attention(*medium, is_causal=True)
@@ -397,8 +398,8 @@ def test_flash_attention_true_runs_the_blockwise_kernel_with_the_dense_result(mo
     assert ran == ["blockwise"]
 
 
-def test_flash_attention_false_forces_the_dense_kernel(monkeypatch):
-    monkeypatch.setattr(attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 8 * 8)  # "auto" would take blockwise
+def test_flash_attention_false_forces_the_dense_kernel(monkeypatch, tmp_path):
+    prefer_kernel(monkeypatch, tmp_path, "blockwise")  # "auto" would take blockwise
     ran = _kernel_spy(monkeypatch)
     inputs = np.random.default_rng(15).normal(size=(1, 16, 8)).astype("float32")
     MultiHeadAttention(num_heads=2, key_dim=4)(inputs, inputs)

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from keras_attn.core import attention as attention_module
+from keras_attn.core import cost_model
 from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.kernels.call import AttentionCall
 from keras_attn.patterns import Causal
@@ -152,13 +153,14 @@ def test_streaming_kernels_refuse_hard_attention_naming_it(implementation):
         scaled_dot_product_attention(query, key, value, is_causal=True, hard=True, implementation=implementation)
 
 
-@pytest.mark.parametrize("query_len", [512, 8192])  # where auto would take chunked, then blockwise
+@pytest.mark.parametrize("query_len", [512, 8192])
 def test_auto_takes_the_dense_kernel_for_hard_attention(query_len):
     query = keras.KerasTensor((1, query_len, 4, 8))
     call = AttentionCall(query, query, query, pattern=Causal(), hard=True)
     assert attention_module._choose_implementation("auto", call) == "dense"
+    assert [c.name for c in cost_model.explain(call).candidates if not c.unsupported] == ["dense"]
     soft = AttentionCall(query, query, query, pattern=Causal())
-    assert attention_module._choose_implementation("auto", soft) != "dense"
+    assert len([c for c in cost_model.explain(soft).candidates if not c.unsupported]) > 1  # the others take it soft
 
 
 def test_hard_must_be_a_bool():

@@ -8,6 +8,7 @@ beyond what `import keras, tensorflow` already loaded. The version is written on
 
 import email.parser
 import json
+import os
 import re
 import subprocess
 import sys
@@ -132,6 +133,8 @@ uses = {
         [[1, 2], [3]])), row_length=4)),
     "enable": lambda: (ka.enable(), keras.ops.dot_product_attention(q, q, q, flash_attention=True), ka.disable()),
     "disable": lambda: ka.disable(),
+    "explain_implementation": lambda: str(ka.explain_implementation((1, 8, 2, 4), is_causal=True)),
+    "tune": lambda: ka.tune(lengths=(8,), heads=1, depth=4, repeats=1, settings=("causal",)),  # KERAS_ATTN_CACHE
     "__version__": lambda: ka.__version__,
 }
 unknown = sorted(set(ka.__all__) - set(uses))
@@ -151,6 +154,7 @@ def test_importing_and_using_every_public_name_loads_nothing_optional(dist, tmp_
         cwd=tmp_path,
         capture_output=True,
         text=True,
+        env={**os.environ, "KERAS_ATTN_CACHE": str(tmp_path / "cache")},  # where `tune` writes
     )
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])

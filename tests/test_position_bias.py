@@ -24,6 +24,7 @@ from keras_attn.patterns import Causal
 from keras_attn.patterns import SlidingWindow
 from keras_attn.patterns import Strided
 from tests import reference
+from tests.dispatch_rule import prefer_kernel
 from tests.kernel_registry import kernels_taking
 from tests.layer_checks import assert_jit_matches_eager
 from tests.layer_checks import assert_mixed_precision_close
@@ -156,14 +157,15 @@ def test_position_bias_adds_to_an_explicit_bias():
     assert np.abs(causal_expected - without_position_bias).max() > 1e-2  # the position bias counts
 
 
-def test_auto_never_drops_the_bias_on_a_kernel_without_one():
-    # A long strided pattern: "auto" would pick the strided kernel, which takes no position bias.
+def test_auto_never_drops_the_bias_on_a_kernel_without_one(monkeypatch, tmp_path):
+    # A strided pattern where "auto" would pick the strided kernel, which takes no position bias.
+    prefer_kernel(monkeypatch, tmp_path, "strided")
     pattern, spec = (
         Causal() & (SlidingWindow(32) | Strided(32)),
         ("and", ("causal",), ("or", ("window", 32), ("strided", 32))),
     )
     layer = _biases()["alibi"]
-    length = 2048  # "auto" takes the strided kernel from STRIDED_MIN_QUERY_LEN queries
+    length = 256
     query, key, value = (t[:1] for t in _inputs(np.random.default_rng(2), length, length)[:3])
     positions = np.arange(length)
     mask = reference.pattern_allowed(spec, positions, positions)[None, None]

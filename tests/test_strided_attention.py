@@ -12,7 +12,9 @@ import pytest
 import tensorflow as tf
 
 from keras_attn.core import attention as attention_module
+from keras_attn.core import cost_model
 from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.kernels import strided
 from keras_attn.kernels import strided_layout
 from keras_attn.kernels.call import AttentionCall
 from keras_attn.kernels.strided import strided_attention
@@ -22,6 +24,7 @@ from keras_attn.patterns import GlobalTokens
 from keras_attn.patterns import SlidingWindow
 from keras_attn.patterns import Strided
 from tests import reference
+from tests.dispatch_rule import rule_choice
 from tests.layer_checks import assert_jit_matches_eager
 
 BATCH, HEADS, DEPTH = 2, 2, 4
@@ -187,24 +190,29 @@ def _call(length, pattern=SPARSE_TRANSFORMER, **overrides):
 
 
 @pytest.mark.parametrize(
-    "call, expected",
+    "call, strided_takes_it",
     [
-        (_call(4096, SPARSE_TRANSFORMER), "strided"),
-        (_call(16384, SlidingWindow(128) | Strided(128)), "strided"),
-        (_call(4096, Causal()), "chunked"),  # no strided part
-        (_call(16384, BlockLocal(256)), "blockwise"),  # no strided part
-        (_call(512, SPARSE_TRANSFORMER), "chunked"),  # a band slice and a residue class are most keys
-        # Few keys per query, but below STRIDED_MIN_QUERY_LEN queries: the chunked kernel.
-        (_call(attention_module.STRIDED_MIN_QUERY_LEN // 2, SMALL_STRIDE), "chunked"),
-        (_call(attention_module.STRIDED_MIN_QUERY_LEN, SMALL_STRIDE), "strided"),
-        (_call(4096, SPARSE_TRANSFORMER, bias=keras.KerasTensor((1, 8, 4096, 4096))), "chunked"),
-        (_call(4096, SPARSE_TRANSFORMER, dropout_rate=0.1), "chunked"),
-        (_call(4096, SPARSE_TRANSFORMER, return_weights=True), "dense"),
-        (_call(4096, SPARSE_TRANSFORMER, query_offset=tf.constant(0)), "dense"),  # tensor offset: not chunked either
+        (_call(4096, SPARSE_TRANSFORMER), True),
+        (_call(16384, SlidingWindow(128) | Strided(128)), True),
+        (_call(4096, Causal()), False),  # no strided part
+        (_call(16384, BlockLocal(256)), False),  # no strided part
+        (_call(512, SPARSE_TRANSFORMER), True),  # a band slice and a residue class are most keys
+        (_call(1024, SMALL_STRIDE), True),
+        (_call(2048, SMALL_STRIDE), True),
+        (_call(4096, SPARSE_TRANSFORMER, bias=keras.KerasTensor((1, 8, 4096, 4096))), False),
+        (_call(4096, SPARSE_TRANSFORMER, dropout_rate=0.1), False),
+        (_call(4096, SPARSE_TRANSFORMER, return_weights=True), False),  # dense: the only kernel returning weights
+        (_call(4096, SPARSE_TRANSFORMER, query_offset=tf.constant(0)), False),  # tensor offset
     ],
 )
-def test_auto_picks_strided_only_where_it_applies_and_saves_work(call, expected):
-    assert attention_module._choose_implementation("auto", call) == expected
+def test_auto_picks_strided_only_where_it_applies_and_by_the_rule(call, strided_takes_it):
+    chosen = attention_module._choose_implementation("auto", call)
+    assert chosen == rule_choice(cost_model.explain(call))
+    assert (strided.why_unsupported(call) is None) == strided_takes_it
+    if not strided_takes_it:
+        assert chosen != "strided"
+    if call.return_weights:
+        assert chosen == "dense"
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from keras_attn.patterns import SlidingWindow
 from keras_attn.patterns import Strided
 from tests import layer_checks
 from tests import reference
+from tests.dispatch_rule import prefer_kernel
 from tests.layer_checks import run_layer_test
 
 BATCH, LENGTH, HIDDEN = 3, 6, 8
@@ -181,8 +182,9 @@ def test_bad_arguments_name_the_value():
 
 
 @pytest.mark.parametrize("return_attention_scores", [False, True])
-def test_long_inputs_take_blockwise_attention_unless_scores_are_asked(monkeypatch, return_attention_scores):
-    import keras_attn.core.attention
+def test_blockwise_attention_runs_where_auto_takes_it_unless_scores_are_asked(
+    monkeypatch, tmp_path, return_attention_scores
+):
     import keras_attn.kernels.blockwise
 
     calls = []
@@ -193,13 +195,13 @@ def test_long_inputs_take_blockwise_attention_unless_scores_are_asked(monkeypatc
         return blockwise(*args, **kwargs)
 
     monkeypatch.setattr(keras_attn.kernels.blockwise, "blockwise_attention", spy)  # the name its `attend` calls
-    monkeypatch.setattr(keras_attn.core.attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 16 * 16)
+    prefer_kernel(monkeypatch, tmp_path / "blockwise", "blockwise")
     encoder = TransformerEncoder(intermediate_dim=8, num_heads=2)
     inputs = np.random.default_rng(0).normal(size=(1, 16, 4)).astype("float32")
     result = encoder(inputs, return_attention_scores=return_attention_scores)
     assert len(calls) == (0 if return_attention_scores else 1)
     output = result[0] if return_attention_scores else result
-    monkeypatch.setattr(keras_attn.core.attention, "BLOCKWISE_MIN_ATTENTION_SIZE", 2**62)
+    prefer_kernel(monkeypatch, tmp_path / "dense", "dense")
     dense = encoder(inputs)  # the dense path without scores, same weights: an independent pass
     assert len(calls) == (0 if return_attention_scores else 1)
     np.testing.assert_allclose(output, dense, atol=1e-5)

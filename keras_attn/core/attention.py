@@ -27,6 +27,7 @@ import keras
 from keras import ops
 
 from keras_attn import patterns
+from keras_attn.core import cost_model
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import zero_padding
 from keras_attn.core.position_bias import check_position_bias
@@ -34,9 +35,6 @@ from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.core.softmax import bias_mask
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.kernels import KERNELS
-from keras_attn.kernels import blockwise_plan
-from keras_attn.kernels import chunked
-from keras_attn.kernels import strided
 from keras_attn.kernels.call import AttentionCall
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_position
@@ -46,28 +44,6 @@ from keras_attn.validation import check_soft_cap
 
 _MASK_RANK = 4
 ATTENTION_IMPLEMENTATIONS = ("auto", *KERNELS)
-# `implementation="auto"` switches to blockwise attention (memory linear in the length) from
-# `query_len * key_len` this large. Below it the chunked kernel is preferred, with or without a
-# pattern: it computes only the keys a causal or banded pattern lets each query chunk reach and has
-# a written-out gradient, but it keeps each chunk's weights for the backward pass, as many as dense
-# attention holds. So without a pattern blockwise takes over where the dense weights of one
-# sequence grow large (4096 x 4096), and with one, where the kept chunk weights of a sequence reach
-# gigabytes (8192 x 8192 in float32 is 256 MB per head); benchmarks/layer_throughput.py times the
-# kernels on both sides of them.
-BLOCKWISE_MIN_ATTENTION_SIZE = 4096 * 4096
-BLOCKWISE_MIN_BANDED_ATTENTION_SIZE = 8192 * 8192
-# `"auto"` prefers the strided kernel when it computes at most this fraction of the keys for each
-# query (a band slice plus one residue class): below it the blockwise and chunked kernels, which
-# compute every block a residue class reaches, do several times its work.
-STRIDED_MAX_KEY_FRACTION = 0.25
-# ... and from this many queries: below it the strided kernel's per-chunk and per-step overhead
-# outweighs the keys it skips, and the chunked kernel, which computes every key of the band's
-# blocks, is preferred.
-STRIDED_MIN_QUERY_LEN = 2048
-# Packed rows (segment ids) go to the blockwise kernel from two of its smallest blocks: it skips the
-# blocks between documents by narrowing its loops' bounds, where dense computes the whole row and the
-# chunked kernel pays a conditional per tile and keeps the whole row's weights for the backward pass.
-PACKED_BLOCKWISE_MIN_QUERY_LEN = 2 * blockwise_plan.MIN_DEFAULT_BLOCK_SIZE
 
 
 def _check_inputs(query, key, value, mask):
@@ -217,15 +193,14 @@ def scaled_dot_product_attention(
             `Causal() & (SlidingWindow(s) | Strided(s))`, static lengths, an int `query_offset`,
             no bias, no dropout) uses `keras_attn.kernels.strided`: each query computes only
             a band of keys and its residue class `(i - j) % s == 0`, memory linear in the length;
-            `"auto"` picks the first kernel that takes the call among: strided from
-            `STRIDED_MIN_QUERY_LEN` queries when it computes at most
-            `STRIDED_MAX_KEY_FRACTION` of the keys per query, blockwise on the
-            TensorFlow backend for packed rows (segment ids) from
-            `PACKED_BLOCKWISE_MIN_QUERY_LEN` queries or when the static
-            `query_len * key_len` reaches `BLOCKWISE_MIN_ATTENTION_SIZE`
-            (`BLOCKWISE_MIN_BANDED_ATTENTION_SIZE` with a pattern), else
-            chunked when it applies and `query_len` reaches two chunks, else dense; dense
-            whenever `return_weights`.
+            `"auto"` (`keras_attn.core.cost_model`) takes, among the kernels that take the call,
+            the one predicted fastest among those predicted to hold at most the peak memory of
+            Keras's dense attention for the same call (its logits, weights and dropout in the
+            compute dtype), else the one predicted lightest; predictions come from a calibration
+            fitted to measurements (shipped, or refitted on this machine by `keras_attn.tune()`),
+            forward and backward when `training`, forward otherwise; with an unknown length, the
+            dense kernel. `keras_attn.explain_implementation` shows each kernel's predictions
+            and why it was or was not taken.
         pattern: optional `keras_attn.patterns.Pattern` (or its config): which keys each
             query position may attend to; intersected with `is_causal` and `sliding_window`.
         hard: if `True`, hard attention: each query's weights are one-hot on its allowed key
@@ -312,6 +287,7 @@ def scaled_dot_product_attention(
         query_segment_ids=query_segment_ids,
         key_segment_ids=key_segment_ids,
         logit_soft_cap=logit_soft_cap,
+        training=bool(training),
     )
     return KERNELS[_choose_implementation(implementation, call)].attend(call)
 
@@ -320,7 +296,7 @@ def _choose_implementation(implementation, call):
     """The name of the kernel `implementation` resolves to for this `AttentionCall`.
 
     A named kernel must take the call (else a `ValueError` with the kernel's reason); `"auto"`
-    tries the kernels `_auto_preference` lists for the call's size and takes the first that can.
+    takes `keras_attn.core.cost_model.choose(call)`.
     """
     if implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(
@@ -331,33 +307,4 @@ def _choose_implementation(implementation, call):
         if reason:
             raise ValueError(f"`implementation={implementation!r}` needs {reason}")
         return implementation
-    return next(name for name in _auto_preference(call) if not KERNELS[name].why_unsupported(call))
-
-
-def _auto_preference(call):
-    """Kernel names from most to least preferred for the call's static size, dense (which takes
-    every call) last: strided first when it takes the call, has `STRIDED_MIN_QUERY_LEN` queries
-    and computes at most `STRIDED_MAX_KEY_FRACTION` of the keys per query; then blockwise from
-    `BLOCKWISE_MIN_ATTENTION_SIZE` query-key pairs (`BLOCKWISE_MIN_BANDED_ATTENTION_SIZE` with a
-    pattern), chunked from two query chunks."""
-    query_len, key_len = call.query.shape[1], call.key.shape[1]
-    if query_len is None or key_len is None:
-        return ("dense",)
-    if (
-        query_len >= STRIDED_MIN_QUERY_LEN
-        and not strided.why_unsupported(call)
-        and strided.keys_per_query(call) <= STRIDED_MAX_KEY_FRACTION * key_len
-    ):
-        return ("strided", *_size_preference(call, query_len, key_len))
-    return _size_preference(call, query_len, key_len)
-
-
-def _size_preference(call, query_len, key_len):
-    if call.query_segment_ids is not None and query_len >= PACKED_BLOCKWISE_MIN_QUERY_LEN:
-        return ("blockwise", "dense")
-    threshold = BLOCKWISE_MIN_BANDED_ATTENTION_SIZE if call.pattern is not None else BLOCKWISE_MIN_ATTENTION_SIZE
-    if query_len * key_len >= threshold:
-        return ("blockwise", "dense")
-    if query_len >= 2 * chunked.QUERY_CHUNK_SIZE:
-        return ("chunked", "dense")
-    return ("dense",)
+    return cost_model.choose(call)

@@ -45,6 +45,7 @@ from keras_attn.core.position_bias import split_inputs
 from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.kernels import blockwise_plan
+from keras_attn.kernels import cost
 from keras_attn.kernels import document_blocks
 from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
@@ -81,6 +82,27 @@ def attend(call):
         key_segment_ids=call.key_segment_ids,
         logit_soft_cap=call.logit_soft_cap,
     )
+
+
+def cost_features(call):
+    """The `keras_attn.kernels.cost` features of a call this kernel takes: each query block computes
+    the key blocks its pattern reaches, one block per loop step, holding one block's logits at a
+    time (the backward pass recomputes them). Packed rows count as one document (the blocks skipped
+    between documents depend on the data)."""
+    _, query_len, key_len, _, _, _ = cost.sizes(call)
+    plan = blockwise_plan.BlockPlan(
+        query_len=query_len,
+        key_len=key_len,
+        query_block=blockwise_plan.clamp_block(blockwise_plan.default_block_size(query_len), query_len),
+        key_block=blockwise_plan.clamp_block(blockwise_plan.default_block_size(key_len), key_len),
+        pattern=call.pattern,
+        query_offset=call.query_offset if isinstance(call.query_offset, int) else 0,
+        dropout_rate=call.dropout_rate,
+    )
+    ranges = [plan.key_blocks_for(query_block) for query_block in range(plan.num_query_blocks)]
+    blocks = sum(max(0, stop - start) for start, stop in ranges)
+    block_pairs = plan.query_block * plan.key_block
+    return cost.features(call, computed_pairs=blocks * block_pairs, steps=blocks, held_pairs=block_pairs)
 
 
 def blockwise_attention(

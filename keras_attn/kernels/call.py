@@ -19,7 +19,8 @@ class AttentionCall:
 
     `key` and `value` already have as many heads as `query`; `scale` is a number or a tensor (the
     dispatcher resolves `None`); `dropout_rate` is the effective rate (0 outside training); `pattern` merges `pattern=`
-    with the `is_causal` / `sliding_window` shorthands (`None`: every key allowed).
+    with the `is_causal` / `sliding_window` shorthands (`None`: every key allowed); `training` says
+    whether gradients are expected (what `keras_attn.kernels.cost` features count).
     """
 
     query: object  # (batch, query_len, heads, depth)
@@ -38,6 +39,7 @@ class AttentionCall:
     query_segment_ids: object = None  # int32 (batch, query_len), 0 for padding: keras_attn.core.segments
     key_segment_ids: object = None  # int32 (batch, key_len); both or neither
     logit_soft_cap: object = None  # a positive float: logits `tanh(scale * Q K^T / cap) * cap` before bias and mask
+    training: bool = False  # a training call: the cost model predicts its forward and backward passes
 
 
 def why_not_tensorflow_streaming(call):

@@ -63,6 +63,7 @@ from keras_attn.core.segments import segment_mask
 from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import masked_softmax
 from keras_attn.core.softmax import resolved_scale
+from keras_attn.kernels import cost
 from keras_attn.kernels import document_blocks
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels.call import why_not_tensorflow_streaming
@@ -124,6 +125,19 @@ def attend(call):
         key_segment_ids=call.key_segment_ids,
         logit_soft_cap=call.logit_soft_cap,
     )
+
+
+def cost_features(call):
+    """The `keras_attn.kernels.cost` features of a call this kernel takes: each chunk computes the
+    keys its pattern reaches (in tiles of `KEY_BLOCK_SIZE` keys, one step each, for packed rows);
+    a training call keeps every chunk's weights for the backward pass, a forward call one chunk's."""
+    _, query_len, key_len, _, _, _ = cost.sizes(call)
+    chunks = pattern_query_chunks(query_len, key_len, QUERY_CHUNK_SIZE, call.pattern, call.query_offset)
+    computed = [(chunk.query_stop - chunk.query_start) * (chunk.key_stop - chunk.key_start) for chunk in chunks]
+    tile_size = None if call.query_segment_ids is None else KEY_BLOCK_SIZE
+    steps = sum(len(chunk_tiles(chunk, tile_size)) for chunk in chunks)
+    held = sum(computed) if call.training else max(computed, default=0)
+    return cost.features(call, computed_pairs=sum(computed), steps=steps, held_pairs=held)
 
 
 def pattern_query_chunks(query_len, key_len, chunk_size, pattern, query_offset=0):

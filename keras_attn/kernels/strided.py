@@ -56,6 +56,7 @@ import tensorflow as tf
 from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.core.softmax import soft_capped
+from keras_attn.kernels import cost
 from keras_attn.kernels import document_blocks
 from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
@@ -105,6 +106,19 @@ def keys_per_query(call):
     """Keys the kernel computes for each query of a call it takes: a band slice plus a residue class."""
     plan = strided_layout.plan_of(call.pattern, call.query.shape[1], call.key.shape[1], call.query_offset)
     return plan.band_width + plan.key_rows
+
+
+def cost_features(call):
+    """The `keras_attn.kernels.cost` features of a call this kernel takes: each query computes
+    `keys_per_query` keys, in band chunks and residue steps, holding one step's logits at a time."""
+    plan = strided_layout.plan_of(call.pattern, call.query.shape[1], call.key.shape[1], call.query_offset)
+    held = max(plan.chunk * plan.band_width, plan.residues_per_step * plan.query_rows * plan.key_rows)
+    return cost.features(
+        call,
+        computed_pairs=plan.query_len * keys_per_query(call),
+        steps=plan.num_chunks + plan.num_steps,
+        held_pairs=held,
+    )
 
 
 def _why_not_strided(query, key, mask, pattern, query_offset):

@@ -97,8 +97,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         implementation: `"auto"` (default), `"dense"`, `"chunked"` or `"blockwise"`, as for
             `keras_attn.core.attention.scaled_dot_product_attention`: chunked attention skips the
             keys a causal or sliding-window mask hides; blockwise attention keeps memory linear
-            in the sequence length; `"auto"` picks between them by length when the attention
-            scores are not returned.
+            in the sequence length; `"auto"` takes the kernel predicted fastest among those predicted
+            to hold no more than Keras's dense attention (`keras_attn.explain_implementation`),
+            the dense one when the attention scores are returned.
         scale: the inverse temperature beta of the softmax, `softmax(beta * Q K^T)`: a
             positive number, or `None` (default) for Keras's `1 / sqrt(key_dim)`.
         hard: if `True`, hard attention: each query takes the value of its allowed key with

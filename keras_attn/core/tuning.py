@@ -1,0 +1,360 @@
+"""Calibrating the cost model (`keras_attn.core.cost_model`) on this machine: `tune()`.
+
+A grid of attention calls (`grid`: lengths, batch sizes, and the settings causal, bidirectional,
+packed, windowed, strided, each as a forward call and a training call with and without dropout) is
+measured on every kernel that takes each call (`measure`: best wall time of a compiled step,
+forward and backward in training; the first run's peak in TensorFlow's allocator where it keeps
+statistics),
+and the coefficients of each kernel and mode are fitted by non-negative least squares on relative
+error (`fit`): times spread over orders of magnitude, and what the dispatcher compares is ratios.
+`benchmarks/dispatch_grid.py` runs the full grid and writes the calibration the package ships;
+`tune()` refits the time coefficients on a small grid and stores them in the user's cache
+directory, where the dispatcher reads them first (the bytes a kernel holds do not depend on the
+machine's speed: the memory coefficients stay the shipped ones unless `measure_memory=True`).
+"""
+
+import dataclasses
+import json
+import os
+import time
+
+import keras
+import numpy as np
+
+from keras_attn import patterns
+from keras_attn.core import cost_model
+from keras_attn.kernels import KERNELS
+from keras_attn.kernels import cost
+from keras_attn.kernels.call import AttentionCall
+
+SETTINGS = ("causal", "bidirectional", "packed", "windowed", "strided")
+WINDOW = 256  # keys each query of a windowed call sees (Mistral-style local attention)
+STRIDE = 64  # the strided setting's band and stride: Causal() & (SlidingWindow(64) | Strided(64))
+DOCUMENTS = 4  # equal documents per packed row
+MEMORY_FLOOR_BYTES = 2**20  # peaks below a megabyte are the allocator's rounding: not fitted
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One call of the grid: `batch` rows of `length` tokens, `heads` x `depth`, a `setting` of
+    `SETTINGS`, in `mode` (`"forward"` or `"training"`), with attention dropout or not."""
+
+    batch: int
+    length: int
+    heads: int
+    depth: int
+    setting: str
+    mode: str
+    dropout: bool
+
+    def pattern(self):
+        if self.setting == "causal":
+            return patterns.Causal()
+        if self.setting == "windowed":
+            return patterns.Causal() & patterns.SlidingWindow(WINDOW)
+        if self.setting == "strided":
+            return patterns.Causal() & (patterns.SlidingWindow(STRIDE) | patterns.Strided(STRIDE))
+        return None
+
+    def segment_ids(self):
+        if self.setting != "packed":
+            return None
+        document = -(-self.length // DOCUMENTS)
+        ids = np.arange(self.length) // document + 1
+        return np.broadcast_to(ids, (self.batch, self.length)).astype("int32")
+
+    def call(self, query=None, key=None, value=None):
+        """The `AttentionCall` of this cell (symbolic tensors unless given)."""
+        shape = (self.batch, self.length, self.heads, self.depth)
+        query = keras.KerasTensor(shape) if query is None else query
+        ids = self.segment_ids()
+        ids = None if ids is None else keras.KerasTensor(ids.shape, "int32")
+        return AttentionCall(
+            query=query,
+            key=query if key is None else key,
+            value=query if value is None else value,
+            pattern=self.pattern(),
+            scale=self.depth**-0.5,
+            dropout_rate=0.1 if self.dropout else 0.0,
+            query_segment_ids=ids,
+            key_segment_ids=ids,
+            training=self.mode == "training",
+        )
+
+
+def grid(lengths, batch_sizes, heads=8, depth=64, settings=SETTINGS):
+    """Every `Cell` of the grid: each length, batch size and setting as a forward call, a training
+    call and a training call with dropout."""
+    return [
+        Cell(batch, length, heads, depth, setting, mode, dropout)
+        for length in lengths
+        for batch in batch_sizes
+        for setting in settings
+        for mode, dropout in (("forward", False), ("training", False), ("training", True))
+    ]
+
+
+def candidates(cell):
+    """The kernels of the registry that take the cell's call."""
+    call = cell.call()
+    return [name for name, module in KERNELS.items() if not module.why_unsupported(call)]
+
+
+def _step(cell, implementation):
+    """A compiled step of the cell on `implementation` (a kernel, or `KERAS_DENSE`: Keras's layer's own attention)."""
+    import tensorflow as tf
+
+    from keras_attn.core.attention import scaled_dot_product_attention
+    from keras_attn.core.segments import segment_mask
+
+    shape = (cell.batch, cell.length, cell.heads, cell.depth)
+    query, key, value = (tf.random.normal(shape, seed=seed) for seed in (1, 2, 3))
+    ids = cell.segment_ids()
+    pattern = cell.pattern()
+    seed_generator = keras.random.SeedGenerator(0)
+    if implementation == cost_model.KERAS_DENSE:
+        layer = keras.layers.MultiHeadAttention(cell.heads, cell.depth, dropout=0.1 if cell.dropout else 0.0)
+        layer(tf.zeros((1, 2, cell.heads * cell.depth)), tf.zeros((1, 2, cell.heads * cell.depth)))
+
+        def attend(q, k, v):
+            # What the layer's `call` hands its attention: the causal flag alone, else a (batch, q, k) mask.
+            mask = None
+            if cell.setting in ("windowed", "strided"):
+                mask = pattern.block_mask(cell.length, cell.length, 0, 0)[:, 0]
+            elif ids is not None:
+                mask = segment_mask(tf.constant(ids), tf.constant(ids))[:, 0]
+            mask = None if mask is None else tf.broadcast_to(mask, (cell.batch, cell.length, cell.length))
+            return layer._compute_attention(
+                q, k, v, attention_mask=mask, training=cell.mode == "training", use_causal_mask=cell.setting == "causal"
+            )[0]
+
+    else:
+
+        def attend(q, k, v):
+            return scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                pattern=pattern,
+                dropout_rate=0.1 if cell.dropout else 0.0,
+                training=cell.mode == "training",
+                seed_generator=seed_generator,
+                segment_ids=None if ids is None else tf.constant(ids),
+                implementation=implementation,
+            )
+
+    @tf.function
+    def forward():
+        return attend(query, key, value)
+
+    @tf.function
+    def training():
+        with tf.GradientTape() as tape:
+            tape.watch((query, key, value))
+            loss = tf.reduce_sum(tf.cast(attend(query, key, value), "float32") ** 2)
+        return tape.gradient(loss, (query, key, value))
+
+    step = training if cell.mode == "training" else forward
+    step.get_concrete_function()  # traced outside the measurement
+    return step
+
+
+def _materialise(result):
+    import tensorflow as tf
+
+    for tensor in tf.nest.flatten(result):
+        tensor.numpy()
+
+
+def _peak_bytes(step):
+    """The first run's peak of TensorFlow's CPU allocator over what it held before, or `None` when
+    the allocator keeps no statistics (it does once `TF_CPU_ALLOCATOR_USE_BFC=true` was set before
+    TensorFlow started). The process's resident memory would not do: the allocator keeps what a
+    step freed, so a later step's peak would not show in it."""
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    except (ValueError, tf.errors.OpError):
+        _materialise(step())
+        return None
+    _materialise(step())
+    return max(0, tf.config.experimental.get_memory_info("CPU:0")["peak"] - before)
+
+
+def measure(cell, names, repeats=2):
+    """`{name: {"seconds", "peak_bytes"}}` of the cell on each implementation of `names`, run in
+    turn `repeats` times after a first run (whose peak memory is measured): each keeps its best time."""
+    steps = {name: _step(cell, name) for name in names}
+    rows = {name: {"seconds": float("inf"), "peak_bytes": _peak_bytes(step)} for name, step in steps.items()}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            _materialise(step())
+            rows[name]["seconds"] = min(rows[name]["seconds"], time.perf_counter() - start)
+    return rows
+
+
+def _nonnegative_least_squares(features, targets):
+    """`x >= 0` minimising `|features @ x - targets|`: least squares, dropping the most negative
+    coefficient's column until none is negative (enough for a handful of features)."""
+    active = list(range(features.shape[1]))
+    while active:
+        solution, *_ = np.linalg.lstsq(features[:, active], targets, rcond=None)
+        if solution.min() >= 0:
+            result = np.zeros(features.shape[1])
+            result[active] = solution
+            return result
+        del active[int(np.argmin(solution))]
+    return np.zeros(features.shape[1])
+
+
+def fit(rows, part):
+    """Coefficients `{name: {mode: {feature: value}}}` of `part` (`"time"` or `"memory"`) fitted to
+    measured `rows` (`{"cell": Cell, "name", "seconds", "peak_bytes"}`), on relative error."""
+    target_key, feature_names = (
+        ("seconds", cost.TIME_FEATURES) if part == "time" else ("peak_bytes", cost.MEMORY_FEATURES)
+    )
+    groups = {}
+    for row in rows:
+        target = row[target_key]
+        if target is None or not np.isfinite(target):
+            continue
+        features = cost_model.kernel_features(row["name"], row["cell"].call())
+        values = features.time if part == "time" else features.memory
+        if part == "memory" and values["pairwise_bytes"] + values["linear_bytes"] < MEMORY_FLOOR_BYTES:
+            continue
+        groups.setdefault((row["name"], row["cell"].mode), []).append(([values[f] for f in feature_names], target))
+    coefficients = {}
+    for (name, mode), samples in sorted(groups.items()):
+        matrix = np.array([x for x, _ in samples], dtype="float64")
+        targets = np.array([y for _, y in samples], dtype="float64")
+        weights = 1.0 / np.maximum(targets, np.finfo("float64").tiny)  # relative error
+        solution = _nonnegative_least_squares(matrix * weights[:, None], targets * weights)
+        coefficients.setdefault(name, {})[mode] = {f: float(v) for f, v in zip(feature_names, solution)}
+    return coefficients
+
+
+def calibrate(cells, repeats=2, measure_memory=True, log=print):
+    """Measures every cell on the kernels that take it (and Keras's layer) and fits the coefficients.
+
+    Returns `(calibration, rows)`: the calibration dict (`"time"`, `"memory"`, `"grid"`) and the
+    measured rows. Memory is fitted only when `measure_memory`.
+    """
+    rows = []
+    for cell in cells:
+        names = [*candidates(cell), cost_model.KERAS_DENSE] if measure_memory else candidates(cell)
+        for name, measured in measure(cell, names, repeats).items():
+            rows.append({"cell": cell, "name": name, **measured})
+        if log:
+            log(f"{cell}: " + ", ".join(f"{r['name']} {r['seconds'] * 1e3:.1f} ms" for r in rows[-len(names) :]))
+    calibration = {"time": fit(rows, "time"), "memory": fit(rows, "memory") if measure_memory else {}}
+    return calibration, rows
+
+
+def write_calibration(calibration, path, grid_description):
+    """Writes `calibration` (plus the grid and the machine it was measured on) as JSON to `path`."""
+    import platform
+
+    payload = {
+        "version": 1,
+        "grid": grid_description,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        },
+        **calibration,
+    }
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    temporary = path + ".tmp"
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(payload, file, indent=1, sort_keys=True)
+    os.replace(temporary, path)
+    return path
+
+
+def tune(
+    lengths=(256, 512, 1024),
+    batch_sizes=(1,),
+    heads=8,
+    depth=64,
+    repeats=2,
+    settings=SETTINGS,
+    measure_memory=False,
+    verbose=False,
+):
+    """Refits the dispatcher's cost model on this machine and stores it in the user's cache directory.
+
+    Measures each kernel on a grid of calls (every length and batch size, causal, bidirectional,
+    packed, windowed and strided, forward and training with and without dropout), fits the time
+    coefficients (and the memory ones when `measure_memory`, from the peaks of TensorFlow's CPU
+    allocator: set `TF_CPU_ALLOCATOR_USE_BFC=true` before TensorFlow starts), and writes them to `keras_attn.core.cost_model.user_calibration_path()`
+    (`$KERAS_ATTN_CACHE/calibration.json`, else `~/.cache/keras_attn/calibration.json`), never into
+    the package. `implementation="auto"` reads it from then on (in this process too), the shipped
+    calibration filling what it lacks. Several minutes with the defaults (45 calls, each on every kernel
+    taking it: tracing dominates at these lengths); the figures are as noisy as
+    the machine's load.
+
+    Args:
+        lengths: sequence lengths of the grid (positive ints).
+        batch_sizes: batch sizes of the grid (positive ints).
+        heads: attention heads of the grid's calls (positive int).
+        depth: per-head depth of the grid's calls (positive int).
+        repeats: timed runs of each step, the best kept (positive int).
+        settings: the kinds of call of the grid, a non-empty subset of `SETTINGS` (a kernel that
+            takes none of them keeps its shipped coefficients: the strided one needs `"strided"`).
+        measure_memory: also refit the memory coefficients (bool); a `ValueError` when
+            TensorFlow's allocator keeps no statistics.
+        verbose: print each measured cell (bool).
+
+    Returns:
+        The path of the calibration written.
+
+    Example:
+
+    >>> import keras_attn
+    >>> keras_attn.tune(lengths=(0,))
+    Traceback (most recent call last):
+    ...
+    ValueError: `lengths` must be a non-empty sequence of positive ints. Received: lengths=(0,)
+    """
+    for name, values in (("lengths", lengths), ("batch_sizes", batch_sizes)):
+        if (
+            isinstance(values, (str, bytes))
+            or not hasattr(values, "__iter__")
+            or not values
+            or not all(_positive_int(v) for v in values)
+        ):
+            raise ValueError(f"`{name}` must be a non-empty sequence of positive ints. Received: {name}={values!r}")
+    if isinstance(settings, str) or not settings or not set(settings) <= set(SETTINGS):
+        raise ValueError(f"`settings` must be a non-empty sequence of {SETTINGS}. Received: settings={settings!r}")
+    for name, value in (("heads", heads), ("depth", depth), ("repeats", repeats)):
+        if not _positive_int(value):
+            raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+    for name, value in (("measure_memory", measure_memory), ("verbose", verbose)):
+        if not isinstance(value, bool):
+            raise ValueError(f"`{name}` must be a bool. Received: {name}={value!r}")
+    cells = grid(tuple(lengths), tuple(batch_sizes), heads, depth, tuple(settings))
+    calibration, _ = calibrate(cells, repeats, measure_memory, log=print if verbose else None)
+    if measure_memory and not calibration["memory"]:
+        raise ValueError(
+            "`measure_memory=True` needs the peaks of TensorFlow's CPU allocator: set "
+            "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts. Received: measure_memory=True"
+        )
+    description = {
+        "lengths": list(lengths),
+        "batch_sizes": list(batch_sizes),
+        "heads": heads,
+        "depth": depth,
+        "settings": list(settings),
+    }
+    path = write_calibration(calibration, cost_model.user_calibration_path(), description)
+    cost_model.reload_calibration()
+    return path
+
+
+def _positive_int(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

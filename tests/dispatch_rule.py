@@ -1,0 +1,37 @@
+"""`implementation="auto"`'s rule restated from an explanation's numbers, and a calibration that makes
+one kernel the fastest: for the tests of what the dispatcher (`keras_attn.core.cost_model`) runs."""
+
+import functools
+
+from keras_attn.core import cost_model
+from keras_attn.core import tuning
+from keras_attn.kernels import KERNELS
+
+
+def rule_choice(explanation):
+    """The kernel the rule takes given the explanation's predictions: the fastest of the kernels
+    taking the call that are predicted no heavier than Keras's dense attention, else the lightest
+    (the first taker when nothing was predicted)."""
+    takers = [candidate for candidate in explanation.candidates if not candidate.unsupported]
+    if explanation.keras_peak_bytes is None:
+        return takers[0].name
+    admissible = [candidate for candidate in takers if candidate.peak_bytes <= explanation.keras_peak_bytes]
+    if admissible:
+        return min(admissible, key=lambda candidate: candidate.seconds).name
+    return min(takers, key=lambda candidate: candidate.peak_bytes).name
+
+
+def prefer_kernel(monkeypatch, tmp_path, kernel):
+    """For the rest of the test, a user calibration in `tmp_path` under which `kernel` is predicted
+    fastest at any size (a fixed cost per call, half the others') and every kernel holds the tensors
+    it counts once (so a streaming kernel is never heavier than Keras's dense attention)."""
+    times = {name: {mode: {"calls": 0.5 if name == kernel else 1.0} for mode in cost_model.MODES} for name in KERNELS}
+    memory = {
+        name: dict.fromkeys(cost_model.MODES, dict(cost_model.ANALYTIC_MEMORY))
+        for name in (*KERNELS, cost_model.KERAS_DENSE)
+    }
+    tuning.write_calibration({"time": times, "memory": memory}, tmp_path / cost_model.CALIBRATION_FILE, {})
+    monkeypatch.setenv(cost_model.CACHE_ENV, str(tmp_path))
+    # Fresh caches, which the monkeypatch puts back (with the shipped calibration) after the test.
+    monkeypatch.setattr(cost_model, "calibration", functools.lru_cache(maxsize=1)(cost_model.calibration.__wrapped__))
+    monkeypatch.setattr(cost_model, "_CHOICES", {})
