@@ -16,6 +16,7 @@ from keras_attn.core.segments import with_segments_as_mask
 from keras_attn.core.softmax import attention_logits
 from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import mask_fill
+from keras_attn.core.softmax import query_with_scale
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.core.softmax import shifted_logits
 from keras_attn.core.softmax import softmax_with_exact_saturated_gradient
@@ -71,7 +72,8 @@ def dense_attention(
     inputs, repeats grouped key/value heads and resolves `scale` first; the arguments mean the same
     as there, with `dropout_rate` the effective rate (pass 0 outside training).
 
-    The logits are `scale * (Q K^T - row max)` (`shifted_logits`: exact for any `scale`) plus the
+    The logits are `(scale * Q) K^T` for a Python `scale <= 1` (Keras's order; no pass over the
+    logits), else `scale * (Q K^T - row max)` (`shifted_logits`: exact for any `scale`), plus the
     biases; masked logits are the dtype's lowest finite value (`fill_masked`), so a partly masked
     row's masked weights are exactly 0 at any logit scale. A fully masked row softmaxes to uniform weights: its output is zeroed after the value
     product (a boolean reduction of the mask and a pass over `(batch, query_len, heads, depth)`
@@ -98,8 +100,9 @@ def dense_attention(
     rows_may_be_empty = may_empty_rows(mask, pattern)
     mask = pattern_mask(mask, pattern, ops.shape(query)[1], ops.shape(key)[1], query_offset)
     one_query = single_query.applies(query, key)  # a cached decoding step outside XLA: no transposes
-    logits = single_query.logits(query, key) if one_query else attention_logits(query, key)
-    logits = shifted_logits(logits, scale, mask)  # (batch, heads, query_len, key_len)
+    scaled_query, logits_scale = query_with_scale(query, scale)
+    logits = single_query.logits(scaled_query, key) if one_query else attention_logits(scaled_query, key)
+    logits = shifted_logits(logits, logits_scale, mask)  # (batch, heads, query_len, key_len)
     if bias is not None:
         logits = logits + ops.cast(bias, logits.dtype)
     logits = _add_position_bias(logits, check_position_bias(position_bias, query.shape[2]), query_offset)
