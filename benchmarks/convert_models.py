@@ -13,7 +13,7 @@ constructor arguments at a realistic width (`--width 768 --heads 12`, a feed-for
 with dropout 0. Each model runs in three variants with the same weights:
 
 - `keras`: as built (the peer of every ratio);
-- `converted`: `keras_attn.convert(model, strict=False)`;
+- `converted`: `keras_attn.convert(model, strict=False)` (`--implementation` names its kernel; `auto` by default);
 - `flash`: as built, its step traced under `keras_attn.enable()` (Keras's own flash switch routed
   to keras_attn's streaming kernel); only where Keras's layers call `keras.ops.dot_product_attention`
   (KerasHub's Llama, Mistral and Gemma attention does not on TensorFlow, and Keras's layer with
@@ -251,7 +251,7 @@ def variant_model(name, variant, length, args):
     model, inputs = build(name, length, args)
     if variant != "converted":
         return model, inputs, "ok"
-    model, report = keras_attn.convert(model, strict=False, return_report=True)
+    model, report = keras_attn.convert(model, implementation=args.implementation, strict=False, return_report=True)
     if report.unconverted:
         return model, inputs, f"{len(report.unconverted)} attention layer(s) not converted: {report.unconverted[0][1]}"
     return model, inputs, "ok" if report.converted or report.adapted else "convert found no attention layer"
@@ -337,7 +337,8 @@ def memory_rows(name, length, args):
     for variant in variants_of(name, args):
         arguments = ["-m", "benchmarks.convert_models", "--child", "--model", name, "--variant", variant]
         arguments += ["--length", str(length), f"--tokens={args.tokens}"]
-        arguments += [f"--{flag}={getattr(args, flag)}" for flag in ("width", "heads", "layers", "vocabulary")]
+        flags = ("width", "heads", "layers", "vocabulary", "implementation")
+        arguments += [f"--{flag}={getattr(args, flag)}" for flag in flags]
         memory = measurement.run_watched_child(arguments, args.cap_gb)
         row = {**_base_row(name, length, args, variant), "memory_status": memory.pop("status"), **memory}
         rows.append(row)
@@ -406,6 +407,7 @@ def main(argv=None):
         layers=dict(type=int, default=2),
         vocabulary=dict(type=int, default=1000),
         repeats=dict(type=int, default=2),
+        implementation=dict(default="auto", help="the converted variant's kernel (convert's `implementation`)"),
         generate=dict(action="store_true", help="also greedy generation of --generate-models"),
         generate_models=dict(nargs="+", choices=tuple(CAUSAL_LMS), default=list(CAUSAL_LMS)),
         jit_compile=dict(action="store_true", help="generation also with jit_compile=True"),
