@@ -88,6 +88,9 @@ def dense_attention(
     the allowed keys in the forward pass, the gradient of the softmax at the same scale in the
     backward pass (straight-through).
 
+    Dropout applies to the weights cast to the value's dtype (the product's), so under mixed
+    precision its noise, mask and dropped weights are float16 like Keras's, not float32.
+
     A `position_bias` is computed from the positions of all the queries (from `query_offset`)
     and keys, `(1, heads, query_len, key_len)`, the size of the logits this kernel holds anyway.
 
@@ -112,10 +115,9 @@ def dense_attention(
     weights = softmax_with_exact_saturated_gradient(logits, softmax)  # (batch, heads, query_len, key_len), float32
     if hard:
         weights = hard_weights(logits, weights)
-    dropped = weights
-    if dropout_rate > 0.0:
-        dropped = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
-    dropped = ops.cast(dropped, value.dtype)
+    dropped = ops.cast(weights, value.dtype)  # (batch, heads, query_len, key_len)
+    if dropout_rate > 0.0:  # in the value's dtype, as Keras's layer: float16 holds half the bytes
+        dropped = keras.random.dropout(dropped, dropout_rate, seed=seed_generator)
     if one_query:
         output = single_query.values(dropped, value)
     else:
