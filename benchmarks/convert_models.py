@@ -1,18 +1,23 @@
 """Existing Keras and KerasHub models before and after `keras_attn.convert`, and under `keras_attn.enable()`.
 
-The models, as users have them: the two keras.io Transformers (`models.keras_io_examples`: the
-text classifier and the English-to-Spanish translator, their published sizes, attention inside
-custom layers) and KerasHub's `BertBackbone`, `GPT2Backbone`, `LlamaBackbone` (grouped-query
-heads) and `GemmaBackbone` (one key/value head) built from constructor arguments at a realistic
-width (`--width 768 --heads 12`, a feed-forward 4x wide) but `--layers 2` and a vocabulary of
-`--vocabulary 1000`, to keep a 2-core CPU run sane; dropout 0, so every variant computes the same
-function. Each model runs in three variants with the same weights:
+The models, as users have them: the four keras.io Transformers (`models.keras_io_examples`: the
+text classifier, the English-to-Spanish translator, the timeseries classifier (attention dropout
+0.25) and the ViT (attention dropout 0.1), their published sizes, attention inside custom layers or
+functional models; the ViT takes `round(sqrt(length))**2` patches and, past its published 144, a
+head of its classifier layer only: the published flattened head `[2048, 1024]` would hold
+gigabytes of weights at thousands of patches) and KerasHub's `DistilBertBackbone` and
+`BertBackbone` (their default dropout 0.1), `GPT2Backbone`, `OPTBackbone`, `LlamaBackbone` and
+`MistralBackbone` (grouped-query heads) and `GemmaBackbone` (one key/value head) built from
+constructor arguments at a realistic width (`--width 768 --heads 12`, a feed-forward 4x wide) but
+`--layers 2` and a vocabulary of `--vocabulary 1000`, to keep a 2-core CPU run sane; the causal LMs
+with dropout 0. Each model runs in three variants with the same weights:
 
 - `keras`: as built (the peer of every ratio);
-- `converted`: `keras_attn.convert(model, strict=False)`;
+- `converted`: `keras_attn.convert(model, strict=False)` (`--implementation` names its kernel; `auto` by default);
 - `flash`: as built, its step traced under `keras_attn.enable()` (Keras's own flash switch routed
   to keras_attn's streaming kernel); only where Keras's layers call `keras.ops.dot_product_attention`
-  (KerasHub's Llama and Gemma attention does not on TensorFlow: no row).
+  (KerasHub's Llama, Mistral and Gemma attention does not on TensorFlow, and Keras's layer with
+  attention dropout applies it outside the op, so not in training: no row).
 
 `dot_product_attention` is Keras's op alone (after a projection, so that the step has weights):
 `keras` and `flash` only.
@@ -22,12 +27,16 @@ every weight inside `tf.function`; the variants run in turn `--repeats` times at
 `--time-lengths` and keep their best time. Peak memory: each (model, variant) at each of
 `--memory-lengths` runs one step in a fresh process (`measurement.first_run_peak`: `step_gb`, the
 step's peak over the memory before it). Batch = `--tokens // length` (at least 1). With
-`--generate`, GPT-2 (`GPT2CausalLM`, greedy) generates `--new-tokens` after a 32-token prompt:
-tokens/s of each variant and whether the tokens are identical to the unconverted model's.
+`--generate`, each causal LM of `--generate-models` (`GPT2CausalLM`, ..., greedy, batch 1) generates
+`--new-tokens` (64) after a `--prompt` (128) tokens long, compiled as KerasHub compiles it by default
+and, with `--jit-compile`, also with `jit_compile=True`: tokens/s of each variant and whether the
+tokens are identical to the unconverted model's.
 
     python -m benchmarks.convert_models           # the full run: every model, time at 512 and 2,048,
                                                   # memory at 512, 2,048 and 4,096, generation
     python -m benchmarks.convert_models --models gpt2 --time-lengths 2048 --memory-lengths 4096
+    python -m benchmarks.convert_models --models timeseries distilbert --time-lengths 512 \
+        --memory-lengths 512 --tokens 512 --repeats 1 --layers 1 --width 256 --heads 4   # tiny
 
 Goals (issue #37): memory <= 0.5x at 4,096 tokens, step time <= 0.8x at 2,048, identical tokens.
 """
@@ -35,7 +44,6 @@ Goals (issue #37): memory <= 0.5x at 4,096 tokens, step time <= 0.8x at 2,048, i
 import argparse
 import json
 import sys
-import time
 
 import keras  # noqa: E402  (after measurement sets the backend)
 import numpy as np  # noqa: E402
@@ -63,12 +71,24 @@ BENCH_ARGS = [
     "--repeats",
     "1",
     "--generate",
+    "--generate-models",
+    "gpt2",
+    "--jit-compile",
 ]
 
 VARIANTS = ("keras", "converted", "flash")
-# KerasHub's Llama and Gemma attention calls `keras.ops.dot_product_attention` only on JAX and
-# PyTorch (`fused_attention_op_available`): on TensorFlow Keras's flash switch never reaches it.
-NO_FLASH_PATH = ("llama", "gemma")
+# KerasHub's Llama, Mistral and Gemma attention calls `keras.ops.dot_product_attention` only on JAX
+# and PyTorch (`fused_attention_op_available`): on TensorFlow Keras's flash switch never reaches it.
+# Keras's layer with attention dropout applies it outside the op: in training the switch never
+# reaches the models built with it either.
+NO_FLASH_PATH = ("llama", "mistral", "gemma", "timeseries", "vit", "distilbert", "bert", "opt")
+CAUSAL_LMS = {
+    "gpt2": "GPT2CausalLM",
+    "opt": "OPTCausalLM",
+    "llama": "LlamaCausalLM",
+    "mistral": "MistralCausalLM",
+    "gemma": "GemmaCausalLM",
+}
 
 
 def _keras_hub():
@@ -103,32 +123,58 @@ def translator(length, args):
     return model, inputs
 
 
-def _bert_like_arguments(args):
-    """BERT's and GPT-2's shared constructor arguments: the width, heads, layers, a 4x feed-forward, no dropout."""
+def timeseries(length, args):
+    model = keras_io_examples.timeseries_transformer(input_shape=(length, 1))
+    return model, lambda batch: tf.random.stateless_normal((batch, length, 1), seed=(0, length))
+
+
+def vit(length, args):
+    side = max(1, round(length**0.5))
+    published = side * side <= 144
+    model = keras_io_examples.vision_transformer(image_size=6 * side, mlp_head_units=(2048, 1024) if published else ())
+    return model, lambda batch: tf.random.stateless_uniform((batch, 6 * side, 6 * side, 3), seed=(0, length))
+
+
+def _bert_like_arguments(args, dropout):
+    """BERT's, DistilBERT's, GPT-2's and OPT's shared constructor arguments: the width, heads, layers,
+    a 4x feed-forward, `dropout`."""
     return dict(
         vocabulary_size=args.vocabulary,
         num_layers=args.layers,
         num_heads=args.heads,
         hidden_dim=args.width,
         intermediate_dim=4 * args.width,
-        dropout=0.0,
+        dropout=dropout,
     )
 
 
 def bert(length, args):
-    model = _keras_hub().models.BertBackbone(**_bert_like_arguments(args), max_sequence_length=length)
+    model = _keras_hub().models.BertBackbone(**_bert_like_arguments(args, 0.1), max_sequence_length=length)
     return model, lambda batch: _backbone_inputs(batch, length, args.vocabulary, segment_ids=True)
+
+
+def distilbert(length, args):
+    model = _keras_hub().models.DistilBertBackbone(**_bert_like_arguments(args, 0.1), max_sequence_length=length)
+    return model, lambda batch: _backbone_inputs(batch, length, args.vocabulary)
 
 
 def gpt2(length, args):
     model = _keras_hub().models.GPT2Backbone(
-        **_bert_like_arguments(args), max_sequence_length=max(length, args.prompt + args.new_tokens)
+        **_bert_like_arguments(args, 0.0), max_sequence_length=max(length, args.prompt + args.new_tokens)
     )
     return model, lambda batch: _backbone_inputs(batch, length, args.vocabulary)
 
 
-def llama(length, args):
-    model = _keras_hub().models.LlamaBackbone(
+def opt(length, args):
+    model = _keras_hub().models.OPTBackbone(
+        **_bert_like_arguments(args, 0.0), max_sequence_length=max(length, args.prompt + args.new_tokens)
+    )
+    return model, lambda batch: _backbone_inputs(batch, length, args.vocabulary)
+
+
+def _grouped_query_arguments(args):
+    """Llama's and Mistral's shared constructor arguments: a third as many key/value heads, a 4x feed-forward."""
+    return dict(
         vocabulary_size=args.vocabulary,
         num_layers=args.layers,
         num_query_heads=args.heads,
@@ -136,6 +182,16 @@ def llama(length, args):
         hidden_dim=args.width,
         intermediate_dim=4 * args.width,
     )
+
+
+def llama(length, args):
+    model = _keras_hub().models.LlamaBackbone(**_grouped_query_arguments(args))
+    return model, lambda batch: _backbone_inputs(batch, length, args.vocabulary)
+
+
+def mistral(length, args):
+    window = max(length, args.prompt + args.new_tokens)  # Mistral 7B's 4,096: the whole row here
+    model = _keras_hub().models.MistralBackbone(**_grouped_query_arguments(args), sliding_window=window)
     return model, lambda batch: _backbone_inputs(batch, length, args.vocabulary)
 
 
@@ -167,9 +223,14 @@ MODELS = {
     "dot_product_attention": attention_op,
     "text_classifier": text_classifier,
     "translator": translator,
+    "timeseries": timeseries,
+    "vit": vit,
+    "distilbert": distilbert,
     "bert": bert,
     "gpt2": gpt2,
+    "opt": opt,
     "llama": llama,
+    "mistral": mistral,
     "gemma": gemma,
 }
 
@@ -190,7 +251,7 @@ def variant_model(name, variant, length, args):
     model, inputs = build(name, length, args)
     if variant != "converted":
         return model, inputs, "ok"
-    model, report = keras_attn.convert(model, strict=False, return_report=True)
+    model, report = keras_attn.convert(model, implementation=args.implementation, strict=False, return_report=True)
     if report.unconverted:
         return model, inputs, f"{len(report.unconverted)} attention layer(s) not converted: {report.unconverted[0][1]}"
     return model, inputs, "ok" if report.converted or report.adapted else "convert found no attention layer"
@@ -276,7 +337,8 @@ def memory_rows(name, length, args):
     for variant in variants_of(name, args):
         arguments = ["-m", "benchmarks.convert_models", "--child", "--model", name, "--variant", variant]
         arguments += ["--length", str(length), f"--tokens={args.tokens}"]
-        arguments += [f"--{flag}={getattr(args, flag)}" for flag in ("width", "heads", "layers", "vocabulary")]
+        flags = ("width", "heads", "layers", "vocabulary", "implementation")
+        arguments += [f"--{flag}={getattr(args, flag)}" for flag in flags]
         memory = measurement.run_watched_child(arguments, args.cap_gb)
         row = {**_base_row(name, length, args, variant), "memory_status": memory.pop("status"), **memory}
         rows.append(row)
@@ -289,40 +351,46 @@ def memory_rows(name, length, args):
 
 
 def generation_rows(args):
-    """GPT-2 greedy generation, tokens/s per variant, and whether its tokens are the `keras` variant's."""
+    """Greedy generation of each causal LM of `--generate-models`, per compile mode: tokens/s per
+    variant and whether its tokens are the `keras` variant's."""
+    rows = []
+    for name in args.generate_models:
+        for jit_compile in (False, True) if args.jit_compile else (False,):
+            rows.extend(_generation_rows(name, jit_compile, args))
+    return rows
+
+
+def _generation_rows(name, jit_compile, args):
     keras_hub = _keras_hub()
     rng = np.random.default_rng(0)
     total = args.prompt + args.new_tokens
     token_ids = np.zeros((1, total), "int32")
     token_ids[:, : args.prompt] = rng.integers(1, args.vocabulary, (1, args.prompt))
     prompt = {"token_ids": token_ids, "padding_mask": np.arange(total)[None, :] < args.prompt}
-    rows, seconds, tokens = [], {}, {}
-    for variant in variants_of("gpt2", args):
-        backbone, _, status = variant_model("gpt2", variant, total, args)
-        row = {**_base_row("gpt2 generate", total, args, variant), "batch": 1, "convert_status": status}
+    label = f"{name} generate" + (" jit" if jit_compile else "")
+    rows, generators, tokens = [], {}, {}
+    for variant in variants_of(name, args):
+        backbone, _, status = variant_model(name, variant, total, args)
+        row = {**_base_row(label, total, args, variant), "batch": 1, "convert_status": status}
         rows.append(row)
         if status != "ok":
             continue
-        lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-        lm.compile(sampler="greedy")
+        lm = getattr(keras_hub.models, CAUSAL_LMS[name])(backbone=backbone, preprocessor=None)
+        lm.compile(sampler="greedy", **({"jit_compile": True} if jit_compile else {}))  # else KerasHub's default
 
-        def generate(lm=lm):
-            return lm.generate(prompt, stop_token_ids=None)["token_ids"]
+        def generate(lm=lm, variant=variant):
+            return under_switch(variant, lambda: lm.generate(prompt, stop_token_ids=None)["token_ids"])
 
-        under_switch(variant, generate)  # compiles the generation function
-        best = float("inf")
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            tokens[variant] = under_switch(variant, generate)
-            best = min(best, time.perf_counter() - start)
-        seconds[variant] = best
-        row["new_tokens_per_s"] = args.new_tokens / best
+        tokens[variant] = generate()  # compiles the generation function
+        generators[variant] = generate
+    seconds = measurement.best_seconds_round_robin(generators, args.repeats, warmup=0)
     for row in rows:
         variant = row["variant"]
         if variant in seconds:
+            row["new_tokens_per_s"] = args.new_tokens / seconds[variant]
             row[PEER_RATIO] = seconds[variant] / seconds["keras"]
             row["tokens_identical"] = bool(np.array_equal(tokens[variant], tokens["keras"]))
-        print(f"  gpt2 generate {variant}: {json.dumps(row)}", flush=True)
+        print(f"  {label} {variant}: {json.dumps(row)}", flush=True)
     return rows
 
 
@@ -339,8 +407,11 @@ def main(argv=None):
         layers=dict(type=int, default=2),
         vocabulary=dict(type=int, default=1000),
         repeats=dict(type=int, default=2),
-        generate=dict(action="store_true", help="also GPT-2 greedy generation"),
-        prompt=dict(type=int, default=32),
+        implementation=dict(default="auto", help="the converted variant's kernel (convert's `implementation`)"),
+        generate=dict(action="store_true", help="also greedy generation of --generate-models"),
+        generate_models=dict(nargs="+", choices=tuple(CAUSAL_LMS), default=list(CAUSAL_LMS)),
+        jit_compile=dict(action="store_true", help="generation also with jit_compile=True"),
+        prompt=dict(type=int, default=128),
         new_tokens=dict(type=int, default=64),
         cap_gb=dict(type=float, default=12.0, help="kill a memory child above this RSS (GB)"),
         child=dict(action="store_true", help=argparse.SUPPRESS),
@@ -352,7 +423,7 @@ def main(argv=None):
     if args.smoke:
         args.models, args.time_lengths, args.memory_lengths, args.tokens = ["gpt2"], [16], [16], 32
         args.width, args.heads, args.layers, args.vocabulary, args.repeats = 16, 2, 1, 50, 1
-        args.generate, args.prompt, args.new_tokens = True, 4, 4
+        args.generate, args.generate_models, args.prompt, args.new_tokens = True, ["gpt2"], 4, 4
     if args.child:
         return run_child(args)
     rows = []

@@ -1,4 +1,4 @@
-"""Two keras.io examples as their authors publish them: custom layers holding `keras.layers.MultiHeadAttention`.
+"""Four keras.io examples as their authors publish them: `keras.layers.MultiHeadAttention` in custom layers and in functional models.
 
 - `text_classifier`: "Text classification with Transformer" (keras.io/examples/nlp/
   text_classification_with_transformer): `TokenAndPositionEmbedding`, one `TransformerBlock`
@@ -11,6 +11,17 @@
   built as the example builds it, and cross-attention under the decoder's padding mask intersected
   with it, as published), dropout 0.5 and a softmax over the target vocabulary.
   Published sizes: embedding 256, 8 heads, feed-forward 2,048, vocabulary 15,000.
+- `timeseries_transformer`: "Timeseries classification with a Transformer model" (keras.io/examples/
+  timeseries/timeseries_classification_transformer): functional pre-norm-free encoder blocks
+  (attention with dropout, a 1x1-convolution feed-forward), mean pooling, an MLP head. Published
+  sizes: 500 steps of 1 feature, 4 blocks of 4 heads of 256, feed-forward 4, dropout 0.25 (attention
+  dropout included), MLP 128 with dropout 0.4.
+- `vision_transformer`: "Image classification with Vision Transformer" (keras.io/examples/vision/
+  image_classification_with_vision_transformer): `Patches` (`keras.ops.image.extract_patches`) and
+  `PatchEncoder`, 8 pre-norm blocks of 4 heads of 64 with attention dropout 0.1, a GELU MLP
+  `[128, 64]`, a flattened head. Published sizes: 72 x 72 images in 6 x 6 patches (144 tokens),
+  head `[2048, 1024]`, 100 classes; the example's data augmentation (resizing its 32 x 32 CIFAR
+  images to 72) is left out: the model takes images of `image_size`.
 
 They are what `keras_attn.convert` meets in users' code (attention inside custom layers), for its
 tests and for `benchmarks/convert_models.py`. The layers are registered and have configs, so the
@@ -199,3 +210,105 @@ def english_to_spanish_translator(sequence_length=20, vocab_size=15000, embed_di
 
     decoder_outputs = decoder([decoder_inputs, encoder(encoder_inputs)])
     return keras.Model([encoder_inputs, decoder_inputs], decoder_outputs, name="transformer")
+
+
+def _timeseries_encoder(inputs, head_size, num_heads, ff_dim, dropout):
+    x = layers.MultiHeadAttention(key_dim=head_size, num_heads=num_heads, dropout=dropout)(inputs, inputs)
+    x = layers.Dropout(dropout)(x)
+    x = layers.LayerNormalization(epsilon=1e-6)(x)
+    res = x + inputs
+    x = layers.Conv1D(filters=ff_dim, kernel_size=1, activation="relu")(res)
+    x = layers.Dropout(dropout)(x)
+    x = layers.Conv1D(filters=inputs.shape[-1], kernel_size=1)(x)
+    x = layers.LayerNormalization(epsilon=1e-6)(x)
+    return x + res
+
+
+def timeseries_transformer(
+    input_shape=(500, 1),
+    head_size=256,
+    num_heads=4,
+    ff_dim=4,
+    num_transformer_blocks=4,
+    mlp_units=(128,),
+    dropout=0.25,
+    mlp_dropout=0.4,
+    n_classes=2,
+):
+    """The keras.io timeseries Transformer: `(batch, steps, features)` -> `n_classes` probabilities."""
+    inputs = keras.Input(shape=input_shape)
+    x = inputs
+    for _ in range(num_transformer_blocks):
+        x = _timeseries_encoder(x, head_size, num_heads, ff_dim, dropout)
+    x = layers.GlobalAveragePooling1D(data_format="channels_last")(x)
+    for dim in mlp_units:
+        x = layers.Dense(dim, activation="relu")(x)
+        x = layers.Dropout(mlp_dropout)(x)
+    outputs = layers.Dense(n_classes, activation="softmax")(x)
+    return keras.Model(inputs, outputs)
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class Patches(layers.Layer):
+    def __init__(self, patch_size, **kwargs):
+        super().__init__(**kwargs)
+        self.patch_size = patch_size
+
+    def call(self, images):
+        batch_size, height, width, channels = ops.shape(images)
+        patches = keras.ops.image.extract_patches(images, size=self.patch_size)
+        count = (height // self.patch_size) * (width // self.patch_size)
+        return ops.reshape(patches, (batch_size, count, self.patch_size * self.patch_size * channels))
+
+    def get_config(self):
+        return {**super().get_config(), "patch_size": self.patch_size}
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class PatchEncoder(layers.Layer):
+    def __init__(self, num_patches, projection_dim, **kwargs):
+        super().__init__(**kwargs)
+        self.num_patches, self.projection_dim = num_patches, projection_dim
+        self.projection = layers.Dense(units=projection_dim)
+        self.position_embedding = layers.Embedding(input_dim=num_patches, output_dim=projection_dim)
+
+    def call(self, patch):
+        positions = ops.expand_dims(ops.arange(start=0, stop=self.num_patches, step=1), axis=0)
+        return self.projection(patch) + self.position_embedding(positions)
+
+    def get_config(self):
+        return {**super().get_config(), "num_patches": self.num_patches, "projection_dim": self.projection_dim}
+
+
+def _vit_mlp(x, hidden_units, dropout_rate):
+    for units in hidden_units:
+        x = layers.Dense(units, activation=keras.activations.gelu)(x)
+        x = layers.Dropout(dropout_rate)(x)
+    return x
+
+
+def vision_transformer(
+    image_size=72,
+    patch_size=6,
+    projection_dim=64,
+    num_heads=4,
+    transformer_layers=8,
+    mlp_head_units=(2048, 1024),
+    num_classes=100,
+):
+    """The keras.io ViT classifier: images `(batch, image_size, image_size, 3)` -> `num_classes` logits,
+    `(image_size // patch_size) ** 2` tokens."""
+    num_patches = (image_size // patch_size) ** 2
+    inputs = keras.Input(shape=(image_size, image_size, 3))
+    encoded_patches = PatchEncoder(num_patches, projection_dim)(Patches(patch_size)(inputs))
+    for _ in range(transformer_layers):
+        x1 = layers.LayerNormalization(epsilon=1e-6)(encoded_patches)
+        attention_output = layers.MultiHeadAttention(num_heads=num_heads, key_dim=projection_dim, dropout=0.1)(x1, x1)
+        x2 = layers.Add()([attention_output, encoded_patches])
+        x3 = layers.LayerNormalization(epsilon=1e-6)(x2)
+        x3 = _vit_mlp(x3, hidden_units=[projection_dim * 2, projection_dim], dropout_rate=0.1)
+        encoded_patches = layers.Add()([x3, x2])
+    representation = layers.LayerNormalization(epsilon=1e-6)(encoded_patches)
+    representation = layers.Dropout(0.5)(layers.Flatten()(representation))
+    features = _vit_mlp(representation, hidden_units=mlp_head_units, dropout_rate=0.5)
+    return keras.Model(inputs=inputs, outputs=layers.Dense(num_classes)(features))

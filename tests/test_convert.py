@@ -564,6 +564,35 @@ def test_keras_io_translation_example():
     _check_gradients_and_fit(model, fast, inputs, labels, keras.losses.SparseCategoricalCrossentropy(), valid)
 
 
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: keras_io_examples.timeseries_transformer((LENGTH, 1), 4, 2, 4, 2, (8,)),  # attention dropout 0.25
+        lambda: keras_io_examples.vision_transformer(12, 6, 8, 2, 1, (8,), 3),  # attention dropout 0.1
+    ],
+    ids=["timeseries", "vit"],
+)
+def test_keras_io_examples_with_attention_dropout_are_converted(build, monkeypatch):
+    """Keras's layer with `dropout>0` keeps its own path under `enable()`; `convert` replaces it, and
+    training runs our kernel with the layer's dropout."""
+    model, fast = twins(build)
+    fast, report = keras_attn.convert(fast, return_report=True)
+    layers = [layer for layer in fast._flatten_layers() if isinstance(layer, keras.layers.MultiHeadAttention)]
+    assert report.unconverted == () and len(report.converted) == len(layers) > 0
+    assert all(type(layer) is keras_attn.MultiHeadAttention and layer.dropout > 0 for layer in layers)
+    x = np.random.default_rng(18).normal(size=(2, *model.input_shape[1:])).astype("float32")
+    assert max_difference(fast(x, training=False), model(x, training=False)) < TOLERANCE
+    rates = []
+    original = conversion.MultiHeadAttention._attend
+    monkeypatch.setattr(
+        conversion.MultiHeadAttention,
+        "_attend",
+        lambda self, *args, **kwargs: rates.append((self.dropout, args[3])) or original(self, *args, **kwargs),
+    )
+    assert np.all(np.isfinite(ops.convert_to_numpy(fast(x, training=True))))
+    assert rates and all(rate > 0 and training for rate, training in rates)
+
+
 def _check_gradients_and_fit(model, fast, inputs, labels, loss, valid=None):
     """Gradients of `fast` within 1e-5 of `model`'s (loss over the `valid` positions), then one `fit` step."""
     import tensorflow as tf

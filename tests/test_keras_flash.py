@@ -329,6 +329,17 @@ def test_keras_multi_head_attention_runs_our_kernel_under_enable_flash_attention
     np.testing.assert_allclose(np.asarray(got)[padding], np.asarray(want)[padding], atol=FLOAT32_ATOL)
 
 
+def test_keras_multi_head_attention_with_dropout_keeps_keras_path_under_enable(calls_to_our_op):
+    """Keras applies attention dropout outside its op, so a layer built with `dropout>0` never calls it:
+    `enable()` cannot reach it (`keras_attn.convert` does, tests/test_convert.py)."""
+    x = np.random.default_rng(10).normal(size=(BATCH, 16, 32)).astype("float32")
+    layer = keras.layers.MultiHeadAttention(4, 8, dropout=0.1)
+    keras_attn.enable()
+    layer(x, x, training=True)
+    layer(x, x, training=False)
+    assert calls_to_our_op == []
+
+
 def test_keras_multi_head_attention_with_flash_true_trains_once_enabled(calls_to_our_op):
     x, _, without = _keras_mha_pair()
     layer = keras.layers.MultiHeadAttention(4, 8, flash_attention=True)

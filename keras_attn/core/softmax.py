@@ -22,6 +22,7 @@ import numbers
 
 import keras
 import numpy as np
+import tensorflow as tf
 from keras import ops
 
 from keras_attn.utils import float_math_dtype
@@ -63,8 +64,9 @@ def shifted_logits(logits, scale, mask=None):
     `scale` up to the float32 limit and its row maximum is exactly 0. `m` is a constant of the
     softmax (no gradient flows through it); a row without allowed keys takes `m = 0`.
     """
-    if isinstance(scale, numbers.Real) and not isinstance(scale, bool) and scale <= 1:
-        return logits * scale  # `|scale * l| <= |l|` cannot overflow: no shift needed (the softmax shifts)
+    if _is_number_at_most_one(scale):
+        # `|scale * l| <= |l|` cannot overflow: no shift needed (the softmax shifts)
+        return logits if scale == 1 else logits * scale
     fill = mask_fill(logits.dtype)
     allowed = logits if mask is None else ops.where(mask, logits, fill)
     row_max = ops.max(allowed, axis=-1, keepdims=True, initial=fill)  # (..., 1); `initial`: empty inputs
@@ -87,6 +89,27 @@ def soft_capped(logits, soft_cap):
     logits = ops.convert_to_tensor(logits)
     cap = ops.cast(soft_cap, logits.dtype)
     return ops.multiply(ops.tanh(ops.divide(logits, cap)), cap)
+
+
+def query_with_scale(query, scale):
+    """`(query, scale)` for `shifted_logits`: a Python `scale <= 1` moved onto the query.
+
+    Such a scale cannot overflow the logits, so it multiplies the `float_math_dtype` query before
+    `Q K^T`, as Keras's layer does, instead of a pass over the `(batch, heads, query_len, key_len)`
+    logits that would hold a second tensor of their size; the logits then take `scale=1`. Any other
+    scale (above 1, a tensor) is returned for `shifted_logits` to apply after the shift.
+
+    >>> query, scale = query_with_scale(np.ones((1, 1, 1, 2), "float16"), 0.5)
+    >>> keras.backend.standardize_dtype(query.dtype), query.numpy().tolist(), scale
+    ('float32', [[[[0.5, 0.5]]]], 1)
+    """
+    if not _is_number_at_most_one(scale):
+        return query, scale
+    return ops.multiply(ops.cast(query, float_math_dtype(query.dtype)), scale), 1
+
+
+def _is_number_at_most_one(scale):
+    return isinstance(scale, numbers.Real) and not isinstance(scale, bool) and scale <= 1
 
 
 def mask_fill(dtype):
@@ -149,6 +172,10 @@ def softmax_with_exact_saturated_gradient(logits, softmax):
     temperature (up to the float32 limit, applied after the shift by `shifted_logits`) turns into
     inf. In this form a row with a single nonzero weight `p` cancels exactly, `p * dP - p * dP`,
     whatever `p` rounded to. `softmax` is the forward function of `logits`.
+
+    The backward pass holds no more full-size tensors than the usual formula's: `dP * rowsum(P)` runs
+    after `rowsum(P * dP)` has read `dP`, so TensorFlow writes it into `dP`'s buffer instead of a new
+    one (run earlier, it finds `dP` still awaited and takes a `(batch, heads, query_len, key_len)` more).
     """
 
     @ops.custom_gradient
@@ -159,7 +186,9 @@ def softmax_with_exact_saturated_gradient(logits, softmax):
             upstream = args[0] if upstream is None else upstream
             total = ops.sum(weights, axis=-1, keepdims=True)
             weighted = ops.sum(weights * upstream, axis=-1, keepdims=True)
-            return weights * (upstream * total - weighted)
+            with tf.control_dependencies([weighted]):  # `upstream`'s last reader: its buffer is reused
+                rescaled = upstream * total
+            return weights * (rescaled - weighted)
 
         return weights, gradient
 

@@ -39,8 +39,11 @@ softmax of its own with its row statistics, the tiles merge into the one softmax
 the weights kept for the backward pass are exactly the row softmax's, and a skipped tile's are
 zeros that the backward pass skips by the same `tf.cond`. A `tf.cond` runs eagerly as a Python
 branch, and in a graph and under XLA as a conditional whose untaken branch costs nothing; a skipped
-tile still writes its zero weights (memory the chunk holds anyway), and dropout keep-masks are
-drawn for every tile (outside the custom gradient, so that the backward pass sees the same ones).
+tile still writes its zero weights (memory the chunk holds anyway).
+
+Dropout keep-masks are never kept: each tile's mask is drawn from a stateless generator keyed by
+the tile (a seed per tile, drawn outside the custom gradient from the seed generator), once in the
+forward pass and again, identically, in the backward pass, as the blockwise kernel does.
 """
 
 import dataclasses
@@ -242,7 +245,7 @@ def chunked_attention(
     plan = _ChunkPlan(
         chunks,
         tiles,
-        _keep_scales(tiles, query, dropout_rate, seed_generator),
+        _dropout_seeds(tiles, dropout_rate, seed_generator),
         [[_tile_may_share(tile, segment_ids) for tile in row] for row in tiles],
         mask=mask,
         pattern=pattern,
@@ -253,6 +256,7 @@ def chunked_attention(
         position_bias=position_bias,
         query_offset=query_offset,
         soft_cap=logit_soft_cap,
+        dropout_rate=dropout_rate,
     )
     inputs = (query, key, value) + (() if bias is None else (tf.convert_to_tensor(bias),))
     inputs += read_bias_parameters(position_bias)
@@ -269,13 +273,13 @@ def chunked_attention(
 
 @dataclasses.dataclass(frozen=True)
 class _ChunkPlan:
-    """The chunks of one call and, per chunk, its tiles with their dropout keep-scales (`None`:
-    none) and whether their queries may share a document with their keys (`None`: no segment ids,
+    """The chunks of one call and, per chunk, its tiles with their dropout seeds (`None`: no
+    dropout; `keep_scale` regenerates a tile's mask from its seed) and whether their queries may share a document with their keys (`None`: no segment ids,
     always computed); a tile's mask is built when the tile is computed (`tile_mask`)."""
 
     chunks: list
     tiles: list
-    keep_scales: list
+    dropout_seeds: list
     may_share: list
     mask: object
     pattern: object
@@ -285,6 +289,7 @@ class _ChunkPlan:
     has_bias: bool
     position_bias: object
     query_offset: int
+    dropout_rate: float
     soft_cap: object = None
 
     @property
@@ -304,6 +309,14 @@ class _ChunkPlan:
         if self.segment_ids is None:
             return merged
         return merge_masks(merged, segment_mask(*_tile_ids(self.segment_ids, tile)))
+
+    def keep_scale(self, seed, weights):
+        """`keep / (1 - rate)` shaped as a tile's `weights`, from the tile's dropout `seed` (the same
+        in the forward and the backward pass); `None` when `seed` is (no dropout)."""
+        if seed is None:
+            return None
+        keep = tf.random.stateless_uniform(tf.shape(weights), seed=seed) >= self.dropout_rate
+        return tf.cast(keep, weights.dtype) / (1.0 - self.dropout_rate)
 
     def positions(self, tile):
         """The query and key positions of a tile, for its position bias."""
@@ -343,22 +356,20 @@ def _queries(tensor, chunk):
     return tensor[:, :, chunk.query_start : chunk.query_stop]
 
 
-def _keep_scales(tiles, query, dropout_rate, seed_generator):
-    """Per chunk, per tile, `keep / (1 - rate)` of shape `(batch, heads, tile queries, tile keys)`, or `None`.
+def _dropout_seeds(tiles, dropout_rate, seed_generator):
+    """Per chunk, per tile, the stateless seed `(2,)` of its dropout mask, or `None` (no dropout, no keys).
 
-    Drawn outside the custom gradient (the seed generator's state is a variable), so the backward
-    pass applies exactly the forward masks.
+    Drawn outside the custom gradient (the seed generator's state is a variable): the forward and
+    the backward pass regenerate the same masks from them (`_ChunkPlan.keep_scale`).
     """
     if dropout_rate == 0.0:
         return [[None] * len(row) for row in tiles]
-    batch, heads = tf.shape(query)[0], tf.shape(query)[1]
-    dtype = float_math_dtype(query.dtype)
-
-    def keep_scale(tile):
-        shape = tf.stack([batch, heads, tile.query_stop - tile.query_start, tile.key_stop - tile.key_start])
-        return keras.random.dropout(tf.ones(shape, dtype), dropout_rate, seed=seed_generator)
-
-    return [[keep_scale(tile) if tile.has_keys else None for tile in row] for row in tiles]
+    seed = keras.random.randint((2,), 0, 2**31 - 1, dtype="int32", seed=seed_generator)
+    numbers = iter(range(sum(len(row) for row in tiles)))
+    return [
+        [tf.random.experimental.stateless_fold_in(seed, next(numbers)) if tile.has_keys else None for tile in row]
+        for row in tiles
+    ]
 
 
 def _chunk_bias(plan, chunk, bias, parameters):
@@ -405,7 +416,7 @@ def _forward(plan, scale, query, key, value, bias, parameters):
             chunk_weights.append(tile_weights)
             continue
         weights = _chunk_weights(plan, chunk, plan.tile_mask(chunk), scale, query, key, bias, parameters)
-        keep_scale = plan.keep_scales[index][0]
+        keep_scale = plan.keep_scale(plan.dropout_seeds[index][0], weights)
         dropped = weights if keep_scale is None else weights * keep_scale
         outputs.append(tf.matmul(tf.cast(dropped, value.dtype), _keys(value, chunk)))  # (b, h, chunk_len, dv)
         chunk_weights.append([weights])
@@ -420,14 +431,15 @@ def _documents_forward(plan, index, scale, query, key, value, bias, parameters):
     queries = _queries(query, chunk)  # (batch, heads, chunk_len, depth)
     value = tf.cast(value, queries.dtype)
     parts = []
-    for tile, keep_scale, may_share in zip(plan.tiles[index], plan.keep_scales[index], plan.may_share[index]):
+    for tile, seed, may_share in zip(plan.tiles[index], plan.dropout_seeds[index], plan.may_share[index]):
 
-        def computed(tile=tile, keep_scale=keep_scale):
+        def computed(tile=tile, seed=seed):
             logits = streaming_softmax.raw_logits(queries, _keys(key, tile), plan.soft_cap)
             logits = streaming_softmax.exclude(logits, plan.tile_mask(tile))
             tile_bias = _chunk_bias(plan, tile, bias, parameters)
             tile_bias = None if tile_bias is None else tf.cast(tile_bias, logits.dtype)
             weights, (row_max, log_normaliser) = streaming_softmax.softmax(logits, scale, tile_bias)
+            keep_scale = plan.keep_scale(seed, weights)
             dropped = weights if keep_scale is None else weights * keep_scale
             return weights, tf.matmul(dropped, _keys(value, tile)), row_max, log_normaliser
 
@@ -471,7 +483,7 @@ def _backward(plan, scale, inputs, output, chunk_weights, output_gradient):
     # rowsum(dO * O) = sum_k P_k dP_k, the subtracted term of the softmax gradient.
     delta = tf.reduce_sum(output_gradient * tf.cast(output, dtype), -1, keepdims=True)  # (batch, heads, q, 1)
     shifted = None
-    if all(keep_scale is None for row in plan.keep_scales for keep_scale in row):
+    if plan.dropout_rate == 0.0:
         # [dO, -delta] . [V, 1]^T = dP - delta: the subtraction rides on the matmul instead of
         # taking a pass over the weights (with dropout, dP is rescaled first and cannot).
         shifted = (
@@ -488,13 +500,11 @@ def _backward(plan, scale, inputs, output, chunk_weights, output_gradient):
         tile_grads = [
             document_blocks.guarded(
                 may_share,
-                lambda tile=tile, weights=weights, keep_scale=keep_scale: _tile_gradients(
-                    plan, tile, weights, keep_scale, scale, rows
-                ),
+                lambda tile=tile, weights=weights, seed=seed: _tile_gradients(plan, tile, weights, seed, scale, rows),
                 lambda tile=tile, weights=weights: _skipped_gradients(tile, weights, rows),
             )
-            for tile, weights, keep_scale, may_share in zip(
-                plan.tiles[index], chunk_weights[index], plan.keep_scales[index], plan.may_share[index]
+            for tile, weights, seed, may_share in zip(
+                plan.tiles[index], chunk_weights[index], plan.dropout_seeds[index], plan.may_share[index]
             )
         ]
         query_side = tf.add_n([grads["query"] for grads in tile_grads])  # dZ K: (batch, heads, chunk_len, depth)
@@ -533,10 +543,11 @@ class _GradientRows:
     parameters: tuple
 
 
-def _tile_gradients(plan, tile, weights, keep_scale, scale, rows):
+def _tile_gradients(plan, tile, weights, seed, scale, rows):
     """A tile's `dZ K` (`query`), `dZ^T Q` (`key`, the scale still to multiply), `P^T dO` (`value`),
     its bias gradient and its position-bias parameters' gradients."""
     output_gradient = _queries(rows.output_gradient, tile)  # (batch, heads, tile queries, value_depth)
+    keep_scale = plan.keep_scale(seed, weights)  # the forward pass's mask, regenerated
     if keep_scale is None:
         dropped = weights
         shifted_grad, shifted_values = rows.shifted

@@ -16,6 +16,7 @@ from keras_attn.core.segments import with_segments_as_mask
 from keras_attn.core.softmax import attention_logits
 from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import mask_fill
+from keras_attn.core.softmax import query_with_scale
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.core.softmax import shifted_logits
 from keras_attn.core.softmax import soft_capped
@@ -74,7 +75,8 @@ def dense_attention(
     inputs, repeats grouped key/value heads and resolves `scale` first; the arguments mean the same
     as there, with `dropout_rate` the effective rate (pass 0 outside training).
 
-    The logits are `scale * (Q K^T - row max)` (`shifted_logits`: exact for any `scale`) plus the
+    The logits are `(scale * Q) K^T` for a Python `scale <= 1` (Keras's order; no pass over the
+    logits), else `scale * (Q K^T - row max)` (`shifted_logits`: exact for any `scale`), plus the
     biases; masked logits are the dtype's lowest finite value (`fill_masked`), so a partly masked
     row's masked weights are exactly 0 at any logit scale. A fully masked row softmaxes to uniform weights: its output is zeroed after the value
     product (a boolean reduction of the mask and a pass over `(batch, query_len, heads, depth)`
@@ -92,6 +94,9 @@ def dense_attention(
     With a `logit_soft_cap` the logits are `soft_capped(scale * Q K^T)`, bounded by the cap (no
     shift needed), before the biases and the mask.
 
+    Dropout applies to the weights cast to the value's dtype (the product's), so under mixed
+    precision its noise, mask and dropped weights are float16 like Keras's, not float32.
+
     A `position_bias` is computed from the positions of all the queries (from `query_offset`)
     and keys, `(1, heads, query_len, key_len)`, the size of the logits this kernel holds anyway.
 
@@ -104,10 +109,12 @@ def dense_attention(
     rows_may_be_empty = may_empty_rows(mask, pattern)
     mask = pattern_mask(mask, pattern, ops.shape(query)[1], ops.shape(key)[1], query_offset)
     one_query = single_query.applies(query, key)  # a cached decoding step outside XLA: no transposes
-    logits = single_query.logits(query, key) if one_query else attention_logits(query, key)
     if logit_soft_cap is None:
-        logits = shifted_logits(logits, scale, mask)  # (batch, heads, query_len, key_len)
+        scaled_query, logits_scale = query_with_scale(query, scale)
+        logits = single_query.logits(scaled_query, key) if one_query else attention_logits(scaled_query, key)
+        logits = shifted_logits(logits, logits_scale, mask)  # (batch, heads, query_len, key_len)
     else:  # capped in (-cap, cap) whatever `scale * Q K^T` is: an overflow to inf caps to the cap
+        logits = single_query.logits(query, key) if one_query else attention_logits(query, key)
         logits = soft_capped(ops.multiply(logits, ops.cast(scale, logits.dtype)), logit_soft_cap)
     if bias is not None:
         logits = logits + ops.cast(bias, logits.dtype)
@@ -118,10 +125,9 @@ def dense_attention(
     weights = softmax_with_exact_saturated_gradient(logits, softmax)  # (batch, heads, query_len, key_len), float32
     if hard:
         weights = hard_weights(logits, weights)
-    dropped = weights
-    if dropout_rate > 0.0:
-        dropped = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
-    dropped = ops.cast(dropped, value.dtype)
+    dropped = ops.cast(weights, value.dtype)  # (batch, heads, query_len, key_len)
+    if dropout_rate > 0.0:  # in the value's dtype, as Keras's layer: float16 holds half the bytes
+        dropped = keras.random.dropout(dropped, dropout_rate, seed=seed_generator)
     if one_query:
         output = single_query.values(dropped, value)
     else:
