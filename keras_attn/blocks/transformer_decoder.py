@@ -251,11 +251,19 @@ class TransformerDecoder(TransformerBlock):
                 f"{received}, self_attention_cache={describe(self_attention_cache)}"
             )
         decoder_segment_ids = self._checked_segment_ids(
-            self.self_attention, "decoder_segment_ids", decoder_segment_ids, decoder_sequence.shape[1]
+            self.self_attention,
+            "decoder_segment_ids",
+            decoder_segment_ids,
+            decoder_sequence.shape[1],
+            decoder_sequence.shape[0],
         )
         if encoder_segment_ids is not None:
             encoder_segment_ids = self._checked_segment_ids(
-                self.cross_attention, "encoder_segment_ids", encoder_segment_ids, source_length
+                self.cross_attention,
+                "encoder_segment_ids",
+                encoder_segment_ids,
+                source_length,
+                decoder_sequence.shape[0],
             )
         return decoder_segment_ids, encoder_segment_ids
 

@@ -279,7 +279,7 @@ def scaled_dot_product_attention(
     if mask is not None:
         key, value = _zero_unattended_keys(key, value, mask)
     query_segment_ids, key_segment_ids = resolve_segment_ids(
-        segment_ids, query_segment_ids, key_segment_ids, query.shape[1], key.shape[1]
+        segment_ids, query_segment_ids, key_segment_ids, query.shape[1], key.shape[1], query.shape[0]
     )
     if key_segment_ids is not None:  # padding keys: no NaN they hold reaches an output
         key_is_real = ops.not_equal(key_segment_ids, 0)
