@@ -4,11 +4,16 @@ the other inputs, and meaning.
 `SPECS` maps an argument's name to its `ArgSpec`, the meaning a name has on every surface that
 takes it (`num_heads` is a positive int everywhere, `segment_ids` the documents of
 `keras_attn.core.segments.DOCUMENTS` everywhere); `SURFACE_SPECS` holds the few names that mean
-something else on one surface. The checks that enforce a spec are `keras_attn.validation`'s
-(`ArgSpec.check` names the one of each kind) and, for a built layer's inputs, Keras's `InputSpec`
-set in `build` (checked by Keras at every call). `public_arguments()` walks the public API
-(`keras_attn.__all__` and the public submodules); tests/test_contracts.py fails for an argument
-without a spec and tries the bad values of each spec's kind.
+something else on one surface. The checks that enforce a spec are `keras_attn.validation`'s, one
+per kind (`check_positive_int`, `check_rate`, `check_bool`, `check_choice`, `check_position`,
+`check_segment_ids` for every segment-id argument, `check_tensor` for the other tensors), run before
+any TensorFlow op, and for a built layer's inputs Keras's `InputSpec` set in `build` (checked by
+Keras at every call, so a layer built on width 8 refuses width 6). Tensor values (negative or huge
+ids, NaN) are checked when they are known (eager); in a graph or under XLA the shapes and dtypes are.
+
+`public_arguments()` walks the public API (`keras_attn.__all__` and the public submodules);
+tests/test_contracts.py fails for an argument without a spec and tries the bad values of each
+spec's kind on every surface it has a valid call for.
 
 To give a new argument its contract, add one line to `SPECS` (or to `SURFACE_SPECS` when its name
 already means something else elsewhere):

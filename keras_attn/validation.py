@@ -155,15 +155,40 @@ def check_scale(scale):
 
 
 def check_position(name, value):
-    """`value` if the position (or length) is an int >= 0 or an integer tensor, else a `ValueError`:
-    a float would give fractional positions, a negative int positions before the sequence."""
+    """`value` if the position (or length) is an int in `[0, MAX_ELEMENTS]` or an integer tensor, else a
+    `ValueError`: a float would give fractional positions, a negative int positions before the
+    sequence, a larger one overflows TensorFlow's int32 positions."""
     if isinstance(value, numbers.Number) or not hasattr(value, "dtype"):
-        valid = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) and value >= 0
+        valid = (
+            isinstance(value, numbers.Integral)
+            and not isinstance(value, (bool, np.bool_))
+            and 0 <= value <= MAX_ELEMENTS
+        )
     else:
         valid = "int" in keras.backend.standardize_dtype(value.dtype)
     if not valid:
-        raise ValueError(f"`{name}` must be an int >= 0 or an integer tensor. Received: {name}={value!r}")
+        raise ValueError(
+            f"`{name}` must be an int in [0, {MAX_ELEMENTS}] or an integer tensor. Received: {name}={value!r}"
+        )
     return value
+
+
+def check_same_batch(**tensors):
+    """A `ValueError` naming the tensors (`name=tensor`, `None` skipped) unless their known batch sizes
+    (first axis) agree: a batch of 1 would broadcast silently, another one fail in a TensorFlow op.
+
+    >>> check_same_batch(query=np.ones((2, 3)), key=np.ones((1, 3)))
+    Traceback (most recent call last):
+    ...
+    ValueError: `query` and `key` must have the same batch size. Received: query.shape=(2, 3), key.shape=(1, 3)
+    """
+    given = {name: tensor for name, tensor in tensors.items() if tensor is not None}
+    if len({tensor.shape[0] for tensor in given.values() if tensor.shape[0] is not None}) > 1:
+        names = [f"`{name}`" for name in given]
+        raise ValueError(
+            f"{', '.join(names[:-1])} and {names[-1]} must have the same batch size. Received: "
+            + ", ".join(f"{name}.shape={tuple(tensor.shape)}" for name, tensor in given.items())
+        )
 
 
 def check_segment_ids(name, ids, batch=None, length=None, runs=False, of="the inputs"):
@@ -232,12 +257,11 @@ def _check_document_values(name, values, runs):
             )
 
 
-def check_tensor(name, value, *, dtype, rank, shape=None, finite=False, at_least=None, at_most=None):
+def check_tensor(name, value, *, dtype, rank, shape=None, at_least=None, at_most=None):
     """`value` as a tensor if its dtype kind (`"int"`, `"float"`, `"bool"`, or a tuple of them) and rank
     are the expected ones and its sizes match `shape` (a tuple, `None` for any size, the same
     rank), else a `ValueError` naming `name`, what was expected and what was received. When its
-    values are known (eager): `finite` refuses NaN and infinities, `at_least` smaller values and
-    `at_most` larger ones.
+    values are known (eager), `at_least` refuses smaller values and `at_most` larger ones.
 
     >>> check_tensor("lengths", [3.0, 2.0], dtype="int", rank=1)
     Traceback (most recent call last):
@@ -260,14 +284,12 @@ def check_tensor(name, value, *, dtype, rank, shape=None, finite=False, at_least
         if shape is not None:
             wanted += f" and shape {tuple(shape)}"
         raise ValueError(f"`{name}` must be {wanted}. Received: {name}.dtype={received}, {name}.shape={sizes}")
-    values = _known_values(value) if finite or at_least is not None or at_most is not None else None
-    if values is not None:
-        if finite and kind == "float" and not np.all(np.isfinite(values)):
-            raise ValueError(f"`{name}` must be finite. Received: {name} holding {values[~np.isfinite(values)][:5]}")
-        if at_least is not None and np.any(values < at_least):
-            shown = sorted(set(values[values < at_least].tolist()))[:5]
-            raise ValueError(f"`{name}` must be >= {at_least}. Received: {name} holding {shown}")
-        if at_most is not None and np.any(values > at_most):
-            shown = sorted(set(values[values > at_most].tolist()))[:5]
-            raise ValueError(f"`{name}` must be <= {at_most}. Received: {name} holding {shown}")
+    bounds = [] if at_least is None else [(lambda values: values < at_least, f">= {at_least}")]
+    bounds += [] if at_most is None else [(lambda values: values > at_most, f"<= {at_most}")]
+    values = _known_values(value) if bounds else None
+    for outside_of, bound in bounds if values is not None else ():
+        outside = outside_of(values)
+        if np.any(outside):
+            shown = ", ".join(str(number) for number in sorted(set(values[outside].tolist()))[:5])
+            raise ValueError(f"`{name}` must be {bound}. Received: {name} holding {shown}")
     return value

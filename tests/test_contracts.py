@@ -8,10 +8,13 @@ same specs. Each surface's valid call is tiny (batch 2, a few tokens) and its la
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_attn
 from keras_attn import contracts
 from keras_attn import packing
+from keras_attn import patterns
+from tests.test_argument_validation import BAD_VALUES
 
 BATCH, LENGTH, FEATURES = 2, 6, 4
 IDS = np.array([[1, 1, 2, 2, 0, 0], [1, 1, 1, 2, 2, 2]], "int32")  # valid everywhere (DOCUMENTS)
@@ -162,6 +165,36 @@ def _surfaces():
         ),
         ("FeedForward.call", layer_call(feed_forward, "inputs"), {"inputs": SEQUENCE}, ()),
         (
+            "SelfAttention.call",
+            layer_call(keras_attn.SelfAttention(num_heads=2, key_dim=2), "query"),
+            {"query": SEQUENCE, "segment_ids": IDS},
+            (),
+        ),
+        (
+            "CausalSelfAttention.call",
+            layer_call(keras_attn.CausalSelfAttention(num_heads=2, key_dim=2), "query"),
+            {"query": SEQUENCE, "segment_ids": IDS},
+            (),
+        ),
+        (
+            "CrossAttention.call",
+            layer_call(keras_attn.CrossAttention(num_heads=2, key_dim=2), "query"),
+            {"query": SEQUENCE, "value": SEQUENCE, "query_segment_ids": IDS, "key_segment_ids": IDS},
+            (),
+        ),
+        (
+            "TransformerDecoder.call",
+            layer_call(keras_attn.TransformerDecoder(intermediate_dim=4, num_heads=2), "decoder_sequence"),
+            {"decoder_sequence": SEQUENCE, "decoder_segment_ids": IDS, "decoder_padding_mask": REAL},
+            (),
+        ),
+        (
+            "ops.dot_product_attention",
+            lambda args: keras_attn.ops.dot_product_attention(**args),
+            {"query": HEADS, "key": HEADS, "value": HEADS},
+            (),
+        ),
+        (
             "scaled_dot_product_attention",
             lambda args: keras_attn.scaled_dot_product_attention(**args),
             {"query": HEADS, "key": HEADS, "value": HEADS, "segment_ids": IDS},
@@ -251,6 +284,77 @@ def test_a_bad_tensor_argument_is_refused_naming_it(surface, call, valid, argume
     assert argument in str(error.value), (label, str(error.value))
 
 
+# The scalar arguments of the public functions and of the patterns (the layers' constructors are walked by
+# tests/test_argument_validation.py): (surface, a function of the keyword arguments, valid ones).
+def _documents():
+    return tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[5, 6], [7]]))
+
+
+SCALAR_SURFACES = [
+    ("causal_mask", keras_attn.causal_mask, {"query_len": 3, "key_len": 4, "query_offset": 1}),
+    ("sliding_window_mask", keras_attn.sliding_window_mask, {"query_len": 3, "key_len": 4, "window": 2}),
+    (
+        "scaled_dot_product_attention",
+        keras_attn.scaled_dot_product_attention,
+        {
+            "query": HEADS,
+            "key": HEADS,
+            "value": HEADS,
+            "is_causal": False,
+            "sliding_window": None,
+            "query_offset": 0,
+            "scale": None,
+            "dropout_rate": 0.0,
+            "training": False,
+            "return_weights": False,
+            "implementation": "auto",
+            "hard": False,
+        },
+    ),
+    (
+        "ops.dot_product_attention",
+        keras_attn.ops.dot_product_attention,
+        {"query": HEADS, "key": HEADS, "value": HEADS, "is_causal": False, "flash_attention": None},
+    ),
+    ("packing.place", packing.place, {"lengths": [3, 2], "row_length": 5, "strategy": "first_fit"}),
+    (
+        "packing.pack",
+        lambda **args: packing.pack(_documents(), **args),
+        {"row_length": 4, "max_documents": 2, "strategy": "first_fit", "window": 2, "truncate": False},
+    ),
+    ("patterns.SlidingWindow", patterns.SlidingWindow, {"window": 2}),
+    ("patterns.Strided", patterns.Strided, {"stride": 2}),
+    ("patterns.BlockLocal", patterns.BlockLocal, {"block_size": 2}),
+    ("patterns.GlobalTokens", patterns.GlobalTokens, {"num_tokens": 1}),
+]
+# A position or a length: an int in [0, 2**31 - 1] (`keras_attn.validation.check_position`).
+POSITION_BAD = (-1, 1.5, float("nan"), "3", True, None, 2**40)
+
+
+def _scalar_cases():
+    cases = []
+    for surface, call, valid in SCALAR_SURFACES:
+        for argument in valid:
+            kind = contracts.spec(_surface_name(surface), argument).kind
+            bad_values = POSITION_BAD if kind == "position" else BAD_VALUES.get(kind, ())
+            cases += [(surface, call, valid, argument, bad) for bad in bad_values]
+    return cases
+
+
+SCALAR_CASES = _scalar_cases()
+
+
+@pytest.mark.parametrize(
+    "surface, call, valid, argument, bad",
+    SCALAR_CASES,
+    ids=[f"{case[0]}-{case[3]}-{case[4]!r}" for case in SCALAR_CASES],
+)
+def test_a_bad_scalar_argument_is_refused_naming_it(surface, call, valid, argument, bad):
+    with pytest.raises((ValueError, TypeError)) as error:
+        call(**{**valid, argument: bad})
+    assert argument in str(error.value), str(error.value)
+
+
 def test_the_contract_counts(capsys):
     """Per surface: its arguments with a spec, and the bad-input cases tried here (printed for the report)."""
     arguments = contracts.public_arguments()
@@ -258,10 +362,10 @@ def test_the_contract_counts(capsys):
     for surface, _ in arguments:
         key = surface.removesuffix(".__init__").removesuffix(".call").removeprefix("keras_attn.")
         per_surface.setdefault(key, [0, 0])[0] += 1
-    for surface, *_ in CASES:
+    for surface, *_ in CASES + SCALAR_CASES:
         per_surface[surface.removesuffix(".call")][1] += 1
     with capsys.disabled():
-        print(f"\n{len(arguments)} arguments with a spec, {len(CASES)} generated tensor cases")
+        print(f"\n{len(arguments)} arguments with a spec, {len(CASES) + len(SCALAR_CASES)} generated call cases")
         for surface, (specs, cases) in sorted(per_surface.items()):
-            print(f"  {surface}: {specs} arguments, {cases} tensor cases")
+            print(f"  {surface}: {specs} arguments, {cases} call cases")
     assert all(per_surface[surface.removesuffix(".call")][1] for surface, *_ in CASES)

@@ -149,6 +149,8 @@ class TransformerDecoder(TransformerBlock):
     def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
         check_sequence_shape("decoder_sequence", decoder_sequence_shape)
         hidden_dim = decoder_sequence_shape[-1]
+        # Checked by Keras at every call (its first argument), not only when built.
+        self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: hidden_dim}, name="decoder_sequence")
         self._build_self_attention(decoder_sequence_shape)
         self.cross_attention = None
         if encoder_sequence_shape is not None:

@@ -39,6 +39,7 @@ from keras_attn.kernels.call import AttentionCall
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_position
 from keras_attn.validation import check_rate
+from keras_attn.validation import check_same_batch
 from keras_attn.validation import check_scale
 
 _MASK_RANK = 4
@@ -76,14 +77,7 @@ def _check_inputs(query, key, value, mask):
             raise ValueError(
                 f"`{name}` must have rank 4 `(batch, seq, heads, depth)`. Received: {name}.shape={tuple(tensor.shape)}"
             )
-    batches = {name: tensor.shape[0] for name, tensor in (("query", query), ("key", key), ("value", value))}
-    if len({size for size in batches.values() if size is not None}) > 1:  # would broadcast a batch of 1
-        raise ValueError(
-            "`query`, `key` and `value` must have the same batch size. Received: "
-            + ", ".join(
-                f"{name}.shape={tuple(t.shape)}" for name, t in (("query", query), ("key", key), ("value", value))
-            )
-        )
+    check_same_batch(query=query, key=key, value=value)
     if query.shape[-1] is not None and key.shape[-1] is not None:
         if query.shape[-1] != key.shape[-1]:
             raise ValueError(
@@ -272,6 +266,8 @@ def scaled_dot_product_attention(
     check_bool("hard", hard)
     check_bool("is_causal", is_causal)  # a string or tensor would be truthy
     check_position("query_offset", query_offset)
+    check_bool("return_weights", return_weights)
+    check_bool("training", training, allow_none=True)
     check_scale(scale)
     scale = resolved_scale(scale, query.shape[-1])
     if bias is not None:  # a `-inf` bias masks its key on every kernel (`keras_attn.core.softmax.bias_mask`)
