@@ -20,9 +20,12 @@ documents have unpacked.
 import tensorflow as tf
 
 from keras_attn.core.segments import document_positions
+from keras_attn.utils import check_leading_sizes
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_choice
 from keras_attn.validation import check_positive_int
+from keras_attn.validation import check_segment_ids
+from keras_attn.validation import check_tensor
 
 __all__ = ["pack", "unpack", "place", "mean_over_documents", "mean_over_tokens"]
 
@@ -112,9 +115,9 @@ def unpack(values, document_mask, segment_ids=None):
             `segment_ids=None`), or per-token outputs `(batch, length, ...)` (with `segment_ids`).
         document_mask: boolean `(batch, max_documents)`, `True` for the rows' documents (the
             packed rows' `"document_mask"`).
-        segment_ids: int `(batch, length)` for per-token `values`: document `s` of a row is the
-            run of tokens with id `s` (contiguous, ids increasing along the row, as `pack` lays
-            them out).
+        segment_ids: int `(batch, length)` for per-token `values`: document `s` of a row is its
+            tokens with id `s`, in row order (`keras_attn.core.segments.DOCUMENTS`; `pack` lays
+            them out `1, 2, ...`, each contiguous), `s` at most `max_documents`.
 
     Returns:
         Per-document `values`: a tensor `(documents, ...)`. Per-token `values`: a
@@ -130,18 +133,49 @@ def unpack(values, document_mask, segment_ids=None):
     [1.0, 2.0, 3.0]
     """
     values = tf.convert_to_tensor(values)
-    document_mask = tf.cast(document_mask, tf.bool)
-    _check_rank("document_mask", document_mask, 2)
+    if values.shape.rank < 2:
+        raise ValueError(
+            "`values` must be per-document `(batch, max_documents, ...)` or per-token `(batch, length, ...)` "
+            f"outputs. Received: values.shape={tuple(values.shape)}"
+        )
+    document_mask = _checked_document_mask(document_mask)
     if segment_ids is None:
+        check_leading_sizes("values", 2, values=values, document_mask=document_mask)
         return tf.boolean_mask(values, document_mask)
-    segment_ids = tf.cast(segment_ids, tf.int32)
-    _check_rank("segment_ids", segment_ids, 2)
+    check_leading_sizes("values", 1, values=values, document_mask=document_mask)
+    segment_ids = check_segment_ids("segment_ids", segment_ids, values.shape[0], values.shape[1], of="`values`")
     max_documents = tf.shape(document_mask)[1]
+    _check_ids_within(segment_ids, document_mask.shape[1])
+    # Each document's tokens in row order, the documents in id order: a stable sort of each row by id
+    # honours any layout of the ids (`keras_attn.core.segments.DOCUMENTS`).
+    order = tf.argsort(segment_ids, axis=1, stable=True)  # (batch, length)
+    sorted_ids = tf.gather(segment_ids, order, batch_dims=1)
+    sorted_values = tf.gather(values, order, batch_dims=1)
     slots = tf.range(1, max_documents + 1, dtype=tf.int32)  # (max_documents,)
-    members = tf.equal(segment_ids[:, :, None], slots)  # (batch, length, max_documents)
-    lengths = tf.reduce_sum(tf.cast(members, tf.int32), axis=1)  # (batch, max_documents)
-    tokens = tf.boolean_mask(values, tf.not_equal(segment_ids, 0))  # rows, then documents, then tokens
-    return tf.RaggedTensor.from_row_lengths(tokens, tf.boolean_mask(lengths, document_mask))
+    lengths = tf.reduce_sum(tf.cast(tf.equal(segment_ids[:, :, None], slots), tf.int32), axis=1)  # (batch, docs)
+    in_slot = tf.logical_and(sorted_ids > 0, sorted_ids <= max_documents)
+    documents = tf.RaggedTensor.from_row_lengths(tf.boolean_mask(sorted_values, in_slot), tf.reshape(lengths, [-1]))
+    return tf.ragged.boolean_mask(documents, tf.reshape(document_mask, [-1]))
+
+
+def _checked_document_mask(document_mask):
+    """`document_mask` as bool `(batch, max_documents)`: booleans, or integers 0 and 1."""
+    document_mask = check_tensor("document_mask", document_mask, dtype=("bool", "int"), rank=2)
+    if document_mask.dtype != tf.bool:
+        check_tensor("document_mask", document_mask, dtype="int", rank=2, at_least=0)
+        document_mask = tf.not_equal(document_mask, 0)
+    return document_mask
+
+
+def _check_ids_within(segment_ids, max_documents):
+    """A `ValueError` when eager ids number a document past `max_documents` (its tokens have no slot)."""
+    if max_documents is not None and not tf.is_symbolic_tensor(segment_ids):
+        past = segment_ids.numpy()[segment_ids.numpy() > max_documents]
+        if past.size:
+            raise ValueError(
+                f"`segment_ids` must number documents 1..max_documents={max_documents} (the width of "
+                f"`document_mask`). Received: segment_ids holding {sorted(set(past.tolist()))[:5]}"
+            )
 
 
 def place(lengths, row_length, *, strategy="first_fit"):
@@ -154,7 +188,7 @@ def place(lengths, row_length, *, strategy="first_fit"):
     none fits; the rows used are `0, 1, ...`.
 
     Args:
-        lengths: int `(documents,)`, each at most `row_length`.
+        lengths: int `(documents,)`, each in `[0, row_length]`.
         row_length: an int, the tokens of a row.
         strategy: `"first_fit"` or `"best_fit"`.
 
@@ -169,8 +203,7 @@ def place(lengths, row_length, *, strategy="first_fit"):
     """
     check_choice("strategy", strategy, STRATEGIES)
     check_positive_int("row_length", row_length)
-    lengths = tf.cast(tf.convert_to_tensor(lengths), tf.int32)
-    _check_rank("lengths", lengths, 1)
+    lengths = tf.cast(check_tensor("lengths", lengths, dtype="int", rank=1, at_least=0, at_most=row_length), tf.int32)
     too_long = tf.debugging.assert_less_equal(
         lengths, row_length, message=f"A document is longer than its row: `row_length`={row_length}. The lengths"
     )
@@ -189,7 +222,8 @@ def mean_over_documents(losses, document_mask):
     >>> float(mean_over_documents(tf.constant([[1.0, 3.0], [5.0, 99.0]]), tf.constant([[1, 1], [1, 0]])))
     3.0
     """
-    return _masked_mean(losses, document_mask)
+    losses = check_tensor("losses", losses, dtype="float", rank=2)
+    return _masked_mean(losses, _checked_document_mask(document_mask), "document_mask")
 
 
 def mean_over_tokens(losses, segment_ids):
@@ -201,13 +235,16 @@ def mean_over_tokens(losses, segment_ids):
     >>> float(mean_over_tokens(tf.constant([[1.0, 2.0, 3.0, 99.0]]), tf.constant([[1, 1, 2, 0]])))
     2.0
     """
-    return _masked_mean(losses, tf.not_equal(tf.cast(segment_ids, tf.int32), 0))
+    losses = check_tensor("losses", losses, dtype="float", rank=2)
+    segment_ids = check_segment_ids("segment_ids", segment_ids, *losses.shape, of="`losses`")
+    return _masked_mean(losses, tf.not_equal(segment_ids, 0), "segment_ids")
 
 
-def _masked_mean(values, mask):
-    values = tf.convert_to_tensor(values)
-    weights = tf.cast(mask, values.dtype)
-    return tf.reduce_sum(values * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+def _masked_mean(values, mask, mask_name):
+    """The mean of `values` where `mask` holds; a value outside it (NaN, inf) is selected away, not multiplied."""
+    check_leading_sizes("losses", 2, losses=values, **{mask_name: mask})
+    kept = tf.where(mask, values, tf.zeros_like(values))
+    return tf.reduce_sum(kept) / tf.maximum(tf.reduce_sum(tf.cast(mask, values.dtype)), 1.0)
 
 
 class _Packer:
@@ -360,8 +397,3 @@ def _plain_names(row):
         "positions": row[f"{TOKENS}_positions"],
         DOCUMENT_MASK: row[DOCUMENT_MASK],
     }
-
-
-def _check_rank(name, tensor, rank):
-    if tensor.shape.rank != rank:
-        raise ValueError(f"`{name}` must have rank {rank}. Received: {name}.shape={tuple(tensor.shape)}")

@@ -80,6 +80,23 @@ def check_built_input_shapes(layer, **inputs):
             )
 
 
+def check_leading_sizes(reference, axes, **tensors):
+    """Raises a `ValueError` naming the tensor whose first `axes` sizes (1: the batch; 2: batch and
+    length) are not those of `tensors[reference]` where both are known; `None` tensors are skipped.
+    TensorFlow would fail in a broadcast or a matmul, naming no argument, or worse broadcast."""
+    expected = tuple(tensors[reference].shape[:axes])
+    for name, tensor in tensors.items():
+        if tensor is None or not hasattr(tensor, "shape"):
+            continue
+        received = tuple(tensor.shape[:axes])
+        if any(None not in (a, b) and a != b for a, b in zip(received, expected)) or len(received) < axes:
+            what = "batch" if axes == 1 else "(batch, length)"
+            raise ValueError(
+                f"`{name}` must have the {what} of `{reference}`, {expected}. "
+                f"Received: {name}.shape={tuple(tensor.shape)}, {reference}.shape={tuple(tensors[reference].shape)}"
+            )
+
+
 def check_sequence_shape(name, shape):
     """Raises a `ValueError` unless `shape` is `(batch, seq, features)` with known features."""
     if len(shape) != 3 or shape[-1] is None:

@@ -168,25 +168,141 @@ def check_soft_cap(soft_cap, name="logit_soft_cap"):
 
 
 def check_position(name, value):
-    """`value` if the position (or length) is an int >= 0 or an integer tensor, else a `ValueError`:
-    a float would give fractional positions, a negative int positions before the sequence."""
+    """`value` if the position (or length) is an int in `[0, MAX_ELEMENTS]` or an integer tensor, else a
+    `ValueError`: a float would give fractional positions, a negative int positions before the
+    sequence, a larger one overflows TensorFlow's int32 positions."""
     if isinstance(value, numbers.Number) or not hasattr(value, "dtype"):
-        valid = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) and value >= 0
+        valid = (
+            isinstance(value, numbers.Integral)
+            and not isinstance(value, (bool, np.bool_))
+            and 0 <= value <= MAX_ELEMENTS
+        )
     else:
         valid = "int" in keras.backend.standardize_dtype(value.dtype)
     if not valid:
-        raise ValueError(f"`{name}` must be an int >= 0 or an integer tensor. Received: {name}={value!r}")
+        raise ValueError(
+            f"`{name}` must be an int in [0, {MAX_ELEMENTS}] or an integer tensor. Received: {name}={value!r}"
+        )
     return value
 
 
-def check_segment_ids(name, ids):
-    """`ids` as an int32 `(batch, length)` tensor of document ids (`keras_attn.core.segments`), else a
-    `ValueError`: float ids would compare unequal after rounding, another rank has no token axis."""
+def check_same_batch(**tensors):
+    """A `ValueError` naming the tensors (`name=tensor`, `None` skipped) unless their known batch sizes
+    (first axis) agree: a batch of 1 would broadcast silently, another one fail in a TensorFlow op.
+
+    >>> check_same_batch(query=np.ones((2, 3)), key=np.ones((1, 3)))
+    Traceback (most recent call last):
+    ...
+    ValueError: `query` and `key` must have the same batch size. Received: query.shape=(2, 3), key.shape=(1, 3)
+    """
+    given = {name: tensor for name, tensor in tensors.items() if tensor is not None}
+    if len({tensor.shape[0] for tensor in given.values() if tensor.shape[0] is not None}) > 1:
+        names = [f"`{name}`" for name in given]
+        raise ValueError(
+            f"{', '.join(names[:-1])} and {names[-1]} must have the same batch size. Received: "
+            + ", ".join(f"{name}.shape={tuple(tensor.shape)}" for name, tensor in given.items())
+        )
+
+
+def check_segment_ids(name, ids, batch=None, length=None, runs=False, of="the inputs"):
+    """`ids` as an int32 `(batch, length)` tensor of document ids, else a `ValueError` naming `name`.
+
+    What a document is, and so what ids are valid, is `keras_attn.core.segments.DOCUMENTS`: integers
+    (float ids would compare unequal after rounding), rank 2 (another rank has no token axis), the
+    `batch` and `length` of the inputs (`of`, named in the error) where both are known, and, when the values are known
+    (eager), each in `[0, 2**31 - 1]` (a negative id is no document, an int64 id past int32 would
+    wrap on the cast). With `runs` (a surface that reads a document as a span of its row) each
+    document is one contiguous run of tokens. Symbolic ids (a graph, XLA) are checked by shape only.
+
+    >>> check_segment_ids("segment_ids", [[1, 1, 2, 2, 1]], runs=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: `segment_ids` must give each document one contiguous run of tokens (keras_attn.core.segments.DOCUMENTS). Received: segment_ids=[1, 1, 2, 2, 1] (row 0), where id 1 appears in 2 runs
+    """
     if not hasattr(ids, "shape") or not hasattr(ids, "dtype"):
         ids = keras.ops.convert_to_tensor(ids)
     dtype = keras.backend.standardize_dtype(ids.dtype)
     if "int" not in dtype:
         raise ValueError(f"`{name}` must be integer document ids (0 for padding). Received: {name}.dtype={dtype}")
-    if len(ids.shape) != 2:
-        raise ValueError(f"`{name}` must have rank 2 `(batch, length)`. Received: {name}.shape={tuple(ids.shape)}")
+    shape = tuple(ids.shape)
+    if len(shape) != 2:
+        raise ValueError(f"`{name}` must have rank 2 `(batch, length)`. Received: {name}.shape={shape}")
+    for size, expected in ((shape[0], batch), (shape[1], length)):
+        if size is not None and expected is not None and size != expected:
+            raise ValueError(
+                f"`{name}` must have one id per token ({length}) of {of}, in each of its rows ({batch}). "
+                f"Received: {name}.shape={shape}"
+            )
+    values = _known_values(ids)
+    if values is not None:
+        _check_document_values(name, values, runs)
     return keras.ops.cast(ids, "int32")
+
+
+def _known_values(tensor):
+    """The NumPy values of an eager tensor, `None` for a symbolic one (a graph's, XLA's)."""
+    try:
+        return np.asarray(keras.ops.convert_to_numpy(tensor))
+    except Exception:  # symbolic: its values are known only at run time
+        return None
+
+
+def _check_document_values(name, values, runs):
+    bad = values[(values < 0) | (values > MAX_ELEMENTS)]
+    if bad.size:
+        shown = ", ".join(str(value) for value in sorted(set(bad.tolist()))[:5])
+        raise ValueError(
+            f"`{name}` must hold ids in [0, {MAX_ELEMENTS}] (0 for padding, 1, 2, ... documents). "
+            f"Received: {name} holding {shown}"
+        )
+    if not runs:
+        return
+    for row_index, row in enumerate(values):
+        starts = np.concatenate([[True], row[1:] != row[:-1]])
+        run_ids = row[starts & (row != 0)]
+        ids, counts = np.unique(run_ids, return_counts=True)
+        if np.any(counts > 1):
+            shown = row.tolist() if row.size <= 16 else f"{row[:16].tolist()}..."
+            raise ValueError(
+                f"`{name}` must give each document one contiguous run of tokens (keras_attn.core.segments.DOCUMENTS). "
+                f"Received: {name}={shown} (row {row_index}), where id {ids[counts > 1][0]} appears in "
+                f"{counts[counts > 1][0]} runs"
+            )
+
+
+def check_tensor(name, value, *, dtype, rank, shape=None, at_least=None, at_most=None):
+    """`value` as a tensor if its dtype kind (`"int"`, `"float"`, `"bool"`, or a tuple of them) and rank
+    are the expected ones and its sizes match `shape` (a tuple, `None` for any size, the same
+    rank), else a `ValueError` naming `name`, what was expected and what was received. When its
+    values are known (eager), `at_least` refuses smaller values and `at_most` larger ones.
+
+    >>> check_tensor("lengths", [3.0, 2.0], dtype="int", rank=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: `lengths` must be a tensor of dtype int and rank 1. Received: lengths.dtype=float32, lengths.shape=(2,)
+    """
+    if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+        value = keras.ops.convert_to_tensor(value)
+    kinds = (dtype,) if isinstance(dtype, str) else dtype
+    received = keras.backend.standardize_dtype(value.dtype)
+    kind = "bool" if received == "bool" else "int" if "int" in received else "float" if "float" in received else None
+    sizes = tuple(value.shape)
+    expected = shape if shape is not None else (None,) * rank
+    if (
+        kind not in kinds
+        or len(sizes) != rank
+        or any(a is not None and b is not None and a != b for a, b in zip(sizes, expected))
+    ):
+        wanted = f"a tensor of dtype {' or '.join(kinds)} and rank {rank}"
+        if shape is not None:
+            wanted += f" and shape {tuple(shape)}"
+        raise ValueError(f"`{name}` must be {wanted}. Received: {name}.dtype={received}, {name}.shape={sizes}")
+    bounds = [] if at_least is None else [(lambda values: values < at_least, f">= {at_least}")]
+    bounds += [] if at_most is None else [(lambda values: values > at_most, f"<= {at_most}")]
+    values = _known_values(value) if bounds else None
+    for outside_of, bound in bounds if values is not None else ():
+        outside = outside_of(values)
+        if np.any(outside):
+            shown = ", ".join(str(number) for number in sorted(set(values[outside].tolist()))[:5])
+            raise ValueError(f"`{name}` must be {bound}. Received: {name} holding {shown}")
+    return value

@@ -2,8 +2,9 @@
 types and strings: each bad value gets a `ValueError`/`TypeError` naming the argument and quoting
 the value (`keras_attn.validation`), never a layer that silently does something else.
 
-The table classifies every parameter of every public class; a new class or parameter that it does
-not classify fails `test_every_public_parameter_is_classified`, so nothing goes unwalked.
+Each parameter's kind is its spec's (`keras_attn.contracts`, one declaration per argument); a new
+class or parameter without a spec fails `test_every_public_parameter_is_classified`, so nothing goes
+unwalked. The tensor arguments of the calls are walked by tests/test_contracts.py.
 """
 
 import inspect
@@ -12,6 +13,7 @@ import math
 import pytest
 
 import keras_attn
+from keras_attn import contracts
 
 # What each class needs to be built at all (valid values).
 MHA_REQUIRED = {"num_heads": 2, "key_dim": 4}
@@ -57,75 +59,12 @@ BAD_VALUES = {
     "choice": ("nonsense", True),
     "axes": ((),),
 }
-# Parameters that are objects resolved by Keras or by our registries (initializers, regularizers,
-# constraints, activations, patterns, position biases, a layer), not numbers or flags: Keras's and
-# our `get` functions reject what they cannot resolve, and these are not walked here.
-OBJECT = "object"
 
-KINDS = {
-    "num_heads": "positive_int",
-    "key_dim": "positive_int",
-    "value_dim": "positive_int_or_none",
-    "dropout": "rate",
-    "attention_dropout": "rate_or_none",
-    "use_bias": "bool",
-    "output_shape": OBJECT,  # an int or a shape tuple, checked by Keras's layer
-    "attention_axes": "axes",
-    "sliding_window": "positive_int_or_none",
-    "flash_attention": "bool_or_none",
-    "use_gate": "bool",
-    "seed": OBJECT,  # Keras's seed argument (an int, None or a SeedGenerator)
-    "num_key_value_heads": "positive_int_or_none",
-    "implementation": "choice",
-    "scale": "positive_number_or_none",
-    "hard": "bool",
-    "attention_pattern": OBJECT,
-    "position_bias": OBJECT,
-    "self_attention": OBJECT,
-    "intermediate_dim": "positive_int",
-    "activation": OBJECT,
-    "output_dim": "positive_int_or_none",
-    "num_buckets": "positive_int",
-    "num_hashes": "positive_int",
-    "chunk_size": "positive_int",
-    "causal": "bool",
-    "feature_map": "choice",
-    "num_random_features": "positive_int_or_none",
-    "redraw_features": "bool",
-    "max_length": "positive_int",
-    "projected_length": "positive_int",
-    "share_key_value": "bool",
-    "projection_per_head": "bool",
-    "mode": "choice",
-    "merge_mode": "choice",
-    "position_encoding": "choice",
-    "sequence_length": "positive_int",
-    "max_documents": "positive_int_or_none",
-    "max_distance": "positive_int",
-    "bidirectional": "bool",
-    "max_wavelength": "number_above_1",
-    "scaling_factor": "positive_number",
-    "encoding_dim": "positive_int_or_none",
-    "vocabulary_size": "positive_int",
-    "embedding_dim": "positive_int",
-    "mask_zero": "bool",
-    "scale_embeddings": "bool",
-    "layer_norm_epsilon": "positive_number",
-    "norm_first": "bool",
-}
-for _name in (
-    "kernel_initializer",
-    "bias_initializer",
-    "kernel_regularizer",
-    "bias_regularizer",
-    "activity_regularizer",
-    "kernel_constraint",
-    "bias_constraint",
-    "initializer",
-    "embeddings_initializer",
-    "projection_initializer",
-):
-    KINDS[_name] = OBJECT
+
+def _kind(class_name, name):
+    """The kind of a constructor argument, from its one declaration (`keras_attn.contracts`)."""
+    argument = contracts.spec(f"keras_attn.{class_name}.__init__", name)
+    return None if argument is None else argument.kind
 
 
 def _public_classes():
@@ -148,7 +87,7 @@ def _parameters(class_name):
 
 def test_every_public_parameter_is_classified():
     assert set(_public_classes()) == set(REQUIRED), "a public class without its REQUIRED entry"
-    unclassified = {(cls, name) for cls in _public_classes() for name in _parameters(cls) if name not in KINDS}
+    unclassified = {(cls, name) for cls in _public_classes() for name in _parameters(cls) if _kind(cls, name) is None}
     assert not unclassified
 
 
@@ -156,8 +95,8 @@ CASES = [
     (cls, name, bad)
     for cls in _public_classes()
     for name in _parameters(cls)
-    if KINDS.get(name, OBJECT) != OBJECT
-    for bad in BAD_VALUES[KINDS[name]]
+    if _kind(cls, name) not in (None, contracts.OBJECT)
+    for bad in BAD_VALUES[_kind(cls, name)]
 ]
 
 

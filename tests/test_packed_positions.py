@@ -311,15 +311,17 @@ def test_bad_position_arguments_name_the_argument_and_value(layer_name):
         layer(inputs, start_index=2, segment_ids=positions)
     with pytest.raises(ValueError, match=r"`start_index` must stay 0.*start_index=<tf.Tensor"):
         layer(inputs, start_index=tf.constant(0), positions=positions)
-    with pytest.raises(ValueError, match=r"`positions` must be integers.*positions.dtype=float32"):
+    with pytest.raises(ValueError, match=r"`positions` must be a tensor of dtype int.*positions.dtype=float32"):
         layer(inputs, positions=positions.astype("float32"))
-    with pytest.raises(ValueError, match=r"`segment_ids` must be integers.*\(2, 5\).*segment_ids.shape=\(2, 4\)"):
+    with pytest.raises(ValueError, match=r"`segment_ids` must have one id per token \(5\).*segment_ids.shape=\(2, 4\)"):
         layer(inputs, segment_ids=positions[:, :4])
-    with pytest.raises(ValueError, match=r"`positions` must be integers.*positions.shape=\(5,\)"):
+    with pytest.raises(
+        ValueError, match=r"`positions` must be a tensor of dtype int and rank 2.*positions.shape=\(5,\)"
+    ):
         layer(inputs, positions=positions[0])
     with pytest.raises(ValueError, match=r"`positions` must be .*Received: positions holding -3"):
         layer(inputs, positions=positions - 3)
-    with pytest.raises(ValueError, match=r"`start_index` must be an int >= 0.*start_index=-1"):
+    with pytest.raises(ValueError, match=r"`start_index` must be an int in \[0, 2147483647\].*start_index=-1"):
         layer(inputs, start_index=-1)
 
 

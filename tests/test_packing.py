@@ -95,8 +95,10 @@ def test_place_puts_each_document_where_a_greedy_packing_does_after_the_ones_bef
         assert [int(offsets[index]) for index in documents] == list(
             np.cumsum([0] + [lengths[i] for i in documents])[:-1]
         )
+    with pytest.raises(ValueError, match=r"`lengths` must be <= 16. Received: lengths holding 17"):
+        packing.place([3, 17], row_length=16)  # known lengths: refused before any op runs
     with pytest.raises(tf.errors.InvalidArgumentError, match="row_length`=16"):
-        packing.place([3, 17], row_length=16)
+        tf.function(lambda lengths: packing.place(lengths, row_length=16))(tf.constant([3, 17]))
 
 
 def test_segment_ids_are_contiguous_runs_and_positions_restart_at_each_document():

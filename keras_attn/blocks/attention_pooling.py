@@ -80,6 +80,7 @@ class AttentionPooling(keras.layers.Layer):
     def build(self, input_shape):
         check_sequence_shape("inputs", input_shape)
         features = input_shape[-1]
+        self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: features}, name="inputs")  # checked at every call
         self.query = self.add_weight(shape=(1, 1, features), initializer="glorot_uniform", name="query")
         self.attention.build((None, 1, features), (None, None, features))
 

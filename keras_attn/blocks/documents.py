@@ -24,7 +24,7 @@ def token_documents(inputs, mask, segment_ids, max_documents):
             f"Received: max_documents=None, segment_ids.shape={tuple(segment_ids.shape)}"
         )
     length = inputs.shape[1]
-    segment_ids, _ = resolve_segment_ids(segment_ids, None, None, length, length)
+    segment_ids, _ = resolve_segment_ids(segment_ids, None, None, length, length, inputs.shape[0])
     segment_ids = checked_ids("segment_ids", segment_ids, max_documents + 1, "max_documents + 1")
     if mask is not None:
         segment_ids = ops.where(ops.cast(mask, "bool"), segment_ids, 0)

@@ -77,6 +77,7 @@ class FeedForward(keras.layers.Layer):
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
         features = inputs_shape[-1]
+        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: features}, name="inputs")  # at every call
         check_elements("The intermediate kernel", features=features, intermediate_dim=self.intermediate_dim)
         check_elements(
             "The output kernel", intermediate_dim=self.intermediate_dim, output_dim=self.output_dim or features

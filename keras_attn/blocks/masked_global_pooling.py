@@ -72,6 +72,7 @@ class MaskedGlobalPooling(keras.layers.Layer):
             raise ValueError(
                 f"`inputs` must have rank 3 (batch, seq, features). Received: inputs.shape={tuple(input_shape)}"
             )
+        self.input_spec = keras.layers.InputSpec(ndim=3, name="inputs")  # checked at every call, not only the first
 
     def call(self, inputs, mask=None, segment_ids=None):
         accumulation = "float64" if keras.backend.standardize_dtype(inputs.dtype) == "float64" else "float32"

@@ -155,6 +155,8 @@ class TransformerDecoder(TransformerBlock):
     def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
         check_sequence_shape("decoder_sequence", decoder_sequence_shape)
         hidden_dim = decoder_sequence_shape[-1]
+        # Checked by Keras at every call (its first argument), not only when built.
+        self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: hidden_dim}, name="decoder_sequence")
         self._build_self_attention(decoder_sequence_shape)
         self.cross_attention = None
         if encoder_sequence_shape is not None:
@@ -257,11 +259,19 @@ class TransformerDecoder(TransformerBlock):
                 f"{received}, self_attention_cache={describe(self_attention_cache)}"
             )
         decoder_segment_ids = self._checked_segment_ids(
-            self.self_attention, "decoder_segment_ids", decoder_segment_ids, decoder_sequence.shape[1]
+            self.self_attention,
+            "decoder_segment_ids",
+            decoder_segment_ids,
+            decoder_sequence.shape[1],
+            decoder_sequence.shape[0],
         )
         if encoder_segment_ids is not None:
             encoder_segment_ids = self._checked_segment_ids(
-                self.cross_attention, "encoder_segment_ids", encoder_segment_ids, source_length
+                self.cross_attention,
+                "encoder_segment_ids",
+                encoder_segment_ids,
+                source_length,
+                decoder_sequence.shape[0],
             )
         return decoder_segment_ids, encoder_segment_ids
 

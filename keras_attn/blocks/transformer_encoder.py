@@ -155,7 +155,7 @@ class TransformerBlock(keras.layers.Layer):
             name=name,
         )
 
-    def _checked_segment_ids(self, layer, name, segment_ids, length):
+    def _checked_segment_ids(self, layer, name, segment_ids, length, batch=None):
         """`segment_ids` (`name` in the block's call) as int32 `(batch, length)`, `None` without; the
         `unsupported` error when `layer`'s family does not declare `segments` (it would attend across
         the documents), the `ValueError` naming `name` for ids that are not one int per token."""
@@ -164,7 +164,7 @@ class TransformerBlock(keras.layers.Layer):
         if not type(layer).capabilities.segments:
             raise unsupported(layer, "segments", f"{name}.shape={describe(segment_ids)} in {type(self).__name__}")
         try:
-            return resolve_segment_ids(segment_ids, None, None, length, length)[0]
+            return resolve_segment_ids(segment_ids, None, None, length, length, batch)[0]
         except ValueError as error:  # the block's argument name, not the attention's
             raise ValueError(re.sub(r"\bsegment_ids\b", name, str(error))) from None
 
@@ -337,6 +337,7 @@ class TransformerEncoder(TransformerBlock):
 
     def build(self, inputs_shape):
         check_sequence_shape("inputs", inputs_shape)
+        self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: inputs_shape[-1]}, name="inputs")  # every call
         self._build_self_attention(inputs_shape)
         self._build_feed_forward(inputs_shape)
 
@@ -351,7 +352,9 @@ class TransformerEncoder(TransformerBlock):
     ):
         padding_mask = keras_mask(inputs) if padding_mask is None else padding_mask
         check_padding_mask("padding_mask", padding_mask, inputs.shape)
-        segment_ids = self._checked_segment_ids(self.self_attention, "segment_ids", segment_ids, inputs.shape[1])
+        segment_ids = self._checked_segment_ids(
+            self.self_attention, "segment_ids", segment_ids, inputs.shape[1], inputs.shape[0]
+        )
         # The residual and the feed-forward see every row: a padded one is zeroed first, so that what
         # it held (NaN, inf) reaches no weight gradient (the Keras mask stays the output's).
         inputs = zero_padding(inputs, merge_masks(padding_mask, real_tokens(segment_ids)))

@@ -39,6 +39,7 @@ from keras_attn.kernels.call import AttentionCall
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_position
 from keras_attn.validation import check_rate
+from keras_attn.validation import check_same_batch
 from keras_attn.validation import check_scale
 from keras_attn.validation import check_soft_cap
 
@@ -55,14 +56,7 @@ def _check_inputs(query, key, value, mask):
             raise ValueError(
                 f"`{name}` must have rank 4 `(batch, seq, heads, depth)`. Received: {name}.shape={tuple(tensor.shape)}"
             )
-    batches = {name: tensor.shape[0] for name, tensor in (("query", query), ("key", key), ("value", value))}
-    if len({size for size in batches.values() if size is not None}) > 1:  # would broadcast a batch of 1
-        raise ValueError(
-            "`query`, `key` and `value` must have the same batch size. Received: "
-            + ", ".join(
-                f"{name}.shape={tuple(t.shape)}" for name, t in (("query", query), ("key", key), ("value", value))
-            )
-        )
+    check_same_batch(query=query, key=key, value=value)
     if query.shape[-1] is not None and key.shape[-1] is not None:
         if query.shape[-1] != key.shape[-1]:
             raise ValueError(
@@ -255,6 +249,8 @@ def scaled_dot_product_attention(
     check_bool("hard", hard)
     check_bool("is_causal", is_causal)  # a string or tensor would be truthy
     check_position("query_offset", query_offset)
+    check_bool("return_weights", return_weights)
+    check_bool("training", training, allow_none=True)
     check_scale(scale)
     check_soft_cap(logit_soft_cap)
     scale = resolved_scale(scale, query.shape[-1])
@@ -263,7 +259,7 @@ def scaled_dot_product_attention(
     if mask is not None:
         key, value = _zero_unattended_keys(key, value, mask)
     query_segment_ids, key_segment_ids = resolve_segment_ids(
-        segment_ids, query_segment_ids, key_segment_ids, query.shape[1], key.shape[1]
+        segment_ids, query_segment_ids, key_segment_ids, query.shape[1], key.shape[1], query.shape[0]
     )
     if key_segment_ids is not None:  # padding keys: no NaN they hold reaches an output
         key_is_real = ops.not_equal(key_segment_ids, 0)

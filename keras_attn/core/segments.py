@@ -11,6 +11,8 @@ blockwise and chunked kernels skip the blocks in which no query shares a documen
 
 Self-attention takes `segment_ids` (the same ids for queries and keys); cross-attention and cached
 decoding take `query_segment_ids` `(batch, query_len)` and `key_segment_ids` `(batch, key_len)`.
+
+What a document is, on every surface that takes segment ids, is `DOCUMENTS`.
 """
 
 import dataclasses
@@ -21,12 +23,23 @@ from keras_attn import patterns
 from keras_attn.core.masks import merge_masks
 from keras_attn.validation import check_segment_ids
 
+DOCUMENTS = """A document of a packed row is the set of its tokens that share one segment id > 0 (equal ids,
+wherever they sit in the row); id 0 is padding, in no document. Ids are integers in `[0, 2**31 - 1]`:
+a float id or a negative id is refused on every surface (`keras_attn.validation.check_segment_ids`).
+Attention (every kernel), the pooling layers and `keras_attn.packing.unpack` honour any layout of the
+ids. The surfaces that read a document as a span of its row (`document_positions` and the position
+layers, `LSHSelfAttention`, `LinearAttention`) need each document to be one contiguous run and refuse
+ids that reappear after another id (`[1, 1, 2, 2, 1]`): they would otherwise read two documents. The
+ids a packer writes (`keras_attn.packing.pack`: `1, 2, ...` in order, each document contiguous) are
+valid everywhere. Values are checked when they are known (eager calls); in a graph the shapes are."""
 
-def resolve_segment_ids(segment_ids, query_segment_ids, key_segment_ids, query_len, key_len):
+
+def resolve_segment_ids(segment_ids, query_segment_ids, key_segment_ids, query_len, key_len, batch=None, runs=False):
     """`(query_segment_ids, key_segment_ids)` as int32 from the call's arguments, `(None, None)` without.
 
     `segment_ids` is the self-attention shorthand (query and key lengths equal); it cannot be given
-    with the two explicit ones, which must come together.
+    with the two explicit ones, which must come together. Each is checked against `DOCUMENTS` and
+    against the inputs' `batch` (where known) and its length; with `runs` each document must be one run.
     """
     if segment_ids is not None:
         if query_segment_ids is not None or key_segment_ids is not None:
@@ -52,20 +65,13 @@ def resolve_segment_ids(segment_ids, query_segment_ids, key_segment_ids, query_l
         return None, None
     name = "segment_ids" if segment_ids is not None else None
     return (
-        _checked(name or "query_segment_ids", query_segment_ids, query_len),
-        _checked(name or "key_segment_ids", key_segment_ids, key_len),
+        check_segment_ids(name or "query_segment_ids", query_segment_ids, batch, query_len, runs),
+        check_segment_ids(name or "key_segment_ids", key_segment_ids, batch, key_len, runs),
     )
 
 
 def _shape(tensor):
     return None if tensor is None else tuple(getattr(tensor, "shape", ()))
-
-
-def _checked(name, ids, length):
-    ids = check_segment_ids(name, ids)
-    if length is not None and ids.shape[1] is not None and ids.shape[1] != length:
-        raise ValueError(f"`{name}` must have one id per token ({length}). Received: {name}.shape={tuple(ids.shape)}")
-    return ids
 
 
 def segment_mask(query_segment_ids, key_segment_ids):
@@ -95,13 +101,13 @@ def with_segments_as_mask(call):
 def document_positions(segment_ids):
     """Int32 `(batch, length)`: each token's position within its document, restarting at 0 where the id changes.
 
-    A document is a run of equal ids (packers place each document contiguously); padding (id 0)
-    gets position 0. The position ids of packed rows for the position embeddings and rotary, so a
+    Each document must be one contiguous run of its id (`DOCUMENTS`; eager ids that reappear after
+    another id are refused); padding (id 0) gets position 0. The position ids of packed rows for the position embeddings and rotary, so a
     document packed at offset 300 is encoded as it is alone.
 
     Args:
-        segment_ids: int `(batch, length)` document ids of packed rows, `0` for padding; the
-            length may be dynamic (also under XLA).
+        segment_ids: int `(batch, length)` document ids of packed rows (`DOCUMENTS`), `0` for
+            padding; the length may be dynamic (also under XLA).
 
     Returns:
         Int32 `(batch, length)` positions.
@@ -111,7 +117,7 @@ def document_positions(segment_ids):
     >>> document_positions([[1, 1, 1, 2, 2, 0, 0]]).numpy().tolist()
     [[0, 1, 2, 0, 1, 0, 0]]
     """
-    ids = tf.cast(segment_ids, tf.int32)
+    ids = check_segment_ids("segment_ids", segment_ids, runs=True)
     index = tf.broadcast_to(tf.range(tf.shape(ids)[1], dtype=tf.int32)[None, :], tf.shape(ids))  # (batch, length)
     previous = tf.pad(ids[:, :-1], [[0, 0], [1, 0]], constant_values=-1)  # the first token always starts a run
     run_starts = tf.where(tf.not_equal(ids, previous), index, tf.zeros_like(index))

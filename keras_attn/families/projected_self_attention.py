@@ -157,7 +157,10 @@ class ProjectedSelfAttention(keras.layers.Layer):
         check_call(self, query, value, key, attention_mask, use_causal_mask, segment_ids=segment_ids)
         causal = bool(use_causal_mask) or self.causal
         query_mask, key_mask = self.padding_masks(query, query_mask, value_mask, key_mask)
-        segment_ids, _ = resolve_segment_ids(segment_ids, None, None, query.shape[1], query.shape[1])
+        # Hashing (LSH) and the running sums (linear) read each document as a span of the row.
+        segment_ids, _ = resolve_segment_ids(
+            segment_ids, None, None, query.shape[1], query.shape[1], query.shape[0], runs=True
+        )
         if segment_ids is not None:
             in_document = ops.not_equal(segment_ids, 0)  # (batch, seq)
             query_mask, key_mask = merge_masks(query_mask, in_document), merge_masks(key_mask, in_document)

@@ -10,6 +10,7 @@ are written from it. Nothing above a family's own module tells families apart an
 import dataclasses
 
 from keras_attn.utils import check_built_input_shapes
+from keras_attn.validation import check_same_batch
 
 CACHE_KINDS = (None, "key_value", "recurrent")
 
@@ -114,3 +115,6 @@ def check_call(
         value = query if value is None else value
         inputs.update(value=value, key=value if key is None else key)
     check_built_input_shapes(layer, **inputs)
+    check_same_batch(
+        query=query, key=inputs.get("key"), value=inputs.get("value")
+    )  # before any op: a key zeroed at its padding would broadcast against the query

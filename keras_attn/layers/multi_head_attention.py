@@ -447,7 +447,6 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         query_mask, value_mask, key_mask = key_value_cache.padding_masks(
             self, query, query_mask, value_mask, key_mask, use_causal_mask, cache, cache_update_index
         )
-        mask = merged_mask(query_mask, value_mask, key_mask, attention_mask)
         check_mask_shapes(
             query.shape[0],
             query.shape[1],
@@ -461,6 +460,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             attention_mask=attention_mask,
             attention_bias=attention_bias,
         )
+        mask = merged_mask(query_mask, value_mask, key_mask, attention_mask)  # once their shapes are known to fit
         query, key, value = _padding_zeroed(
             query,
             key,

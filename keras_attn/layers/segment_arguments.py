@@ -35,7 +35,7 @@ def call_segment_ids(layer, query, key, segment_ids, query_segment_ids, key_segm
     if cache is None or cache_update_index is None:
         key_len = key.shape[1] if cache is None else cache.shape[2]
         query_ids, key_ids = resolve_segment_ids(
-            segment_ids, query_segment_ids, key_segment_ids, query.shape[1], key_len
+            segment_ids, query_segment_ids, key_segment_ids, query.shape[1], key_len, query.shape[0]
         )
         # The one tensor for both roles: `rows_in_documents` then knows a real query sees itself.
         return (query_ids, query_ids) if segment_ids is not None else (query_ids, key_ids)
@@ -45,7 +45,9 @@ def call_segment_ids(layer, query, key, segment_ids, query_segment_ids, key_segm
             "tokens' documents) and `key_segment_ids` (those of the tokens the cache holds, as received), not "
             f"`segment_ids`. Received: segment_ids.shape={tuple(segment_ids.shape)}, cache.shape={tuple(cache.shape)}"
         )
-    query_ids, record = resolve_segment_ids(None, query_segment_ids, key_segment_ids, query.shape[1], cache.shape[2])
+    query_ids, record = resolve_segment_ids(
+        None, query_segment_ids, key_segment_ids, query.shape[1], cache.shape[2], query.shape[0]
+    )
     if query_ids is None:
         return None, None
     if window_cache.is_window_cache(layer.sliding_window, cache, cache_update_index):

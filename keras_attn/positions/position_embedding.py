@@ -61,6 +61,8 @@ class PositionEmbedding(keras.layers.Layer):
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
         check_elements("The position embedding table", sequence_length=self.sequence_length, features=inputs_shape[-1])
+        # Checked by Keras at every call: another width would slice the table silently.
+        self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: inputs_shape[-1]}, name="inputs")
         self.position_embeddings = self.add_weight(
             name="embeddings",
             shape=(self.sequence_length, inputs_shape[-1]),

@@ -62,6 +62,7 @@ class RotaryEmbedding(keras.layers.Layer):
                 "`inputs` must have rank 4 (batch, seq, heads, depth) with a known, even depth. "
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
+        self.input_spec = keras.layers.InputSpec(ndim=4, name="inputs")  # checked at every call, not only the first
 
     def call(self, inputs, start_index=0, positions=None, segment_ids=None):
         dtype = float_math_dtype(self.compute_dtype)

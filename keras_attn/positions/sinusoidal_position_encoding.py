@@ -94,7 +94,10 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
                 "`inputs` must have rank 3 (batch, seq, features) with a known feature size. "
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
-        features = inputs_shape[-1]
+        self.input_spec = keras.layers.InputSpec(ndim=3, name="inputs")  # checked at every call, not only the first
+        self._check_width(inputs_shape[-1])
+
+    def _check_width(self, features):
         if self.merge_mode == "add" and self.encoding_dim not in (None, features):
             raise ValueError(
                 "With merge_mode='add' the encoding has the input width: `encoding_dim` must be None "
@@ -105,6 +108,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         return self.encoding_dim or features
 
     def call(self, inputs, start_index=0, positions=None, segment_ids=None):
+        self._check_width(inputs.shape[-1])  # a built layer is called on other widths too
         batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
         width = self._encoding_width(inputs.shape[-1])
         at = float_token_positions(

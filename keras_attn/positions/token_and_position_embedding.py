@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_attn.positions.position_embedding import PositionEmbedding
 from keras_attn.positions.sinusoidal_position_encoding import SinusoidalPositionEncoding
+from keras_attn.utils import check_leading_sizes
 from keras_attn.utils import checked_ids
 from keras_attn.utils import clone_initializer
 from keras_attn.validation import check_bool
@@ -129,11 +130,13 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             raise ValueError(
                 f"`token_ids` must have rank 2 (batch, seq). Received: token_ids.shape={tuple(token_ids_shape)}"
             )
+        self.input_spec = keras.layers.InputSpec(ndim=2, name="token_ids")  # checked at every call
         self.token_embedding.build(token_ids_shape)
         self.position_embedding.build((*token_ids_shape, self.embedding_dim))
 
     def call(self, token_ids, start_index=0, positions=None, segment_ids=None):
         token_ids = checked_ids("token_ids", token_ids, self.vocabulary_size, "vocabulary_size")
+        check_leading_sizes("token_ids", 2, token_ids=token_ids, positions=positions, segment_ids=segment_ids)
         embedded = self.token_embedding(token_ids)  # (batch, seq, embedding_dim)
         if self.scale_embeddings:
             embedded = embedded * ops.cast(math.sqrt(self.embedding_dim), self.compute_dtype)

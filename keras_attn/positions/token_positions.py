@@ -15,13 +15,15 @@ one meaning:
 
 import numbers
 
-import keras
 import numpy as np
 import tensorflow as tf
 from keras import ops
 
 from keras_attn.core.segments import document_positions
+from keras_attn.validation import MAX_ELEMENTS
 from keras_attn.validation import check_position
+from keras_attn.validation import check_segment_ids
+from keras_attn.validation import check_tensor
 
 
 def token_positions(inputs_shape, start_index=0, positions=None, segment_ids=None):
@@ -47,8 +49,11 @@ def token_positions(inputs_shape, start_index=0, positions=None, segment_ids=Non
             f"`start_index` offsets contiguous positions; with `{name}` every token's position is given, so "
             f"`start_index` must stay 0 (add the offset to `positions`). Received: start_index={start_index!r}"
         )
-    ids = _checked(name, ids, inputs_shape)
-    return _non_negative(ids) if name == "positions" else document_positions(ids)
+    batch, length = inputs_shape[:2]
+    if name == "segment_ids":
+        return document_positions(check_segment_ids(name, ids, batch, length, of="`inputs`"))
+    ids = check_tensor(name, ids, dtype="int", rank=2, shape=(batch, length), at_least=0, at_most=MAX_ELEMENTS)
+    return tf.cast(ids, tf.int32)
 
 
 def float_token_positions(inputs, dtype, start_index=0, positions=None, segment_ids=None):
@@ -62,29 +67,3 @@ def float_token_positions(inputs, dtype, start_index=0, positions=None, segment_
 
 def _shape(tensor):
     return None if tensor is None else tuple(getattr(tensor, "shape", np.shape(tensor)))
-
-
-def _checked(name, ids, inputs_shape):
-    """`ids` as int32 once they are integers `(batch, seq)` matching the inputs' first two dimensions."""
-    ids = ids if hasattr(ids, "shape") and hasattr(ids, "dtype") else tf.convert_to_tensor(ids)
-    dtype, expected = keras.backend.standardize_dtype(ids.dtype), tuple(inputs_shape[:2])
-    if "int" not in dtype or not _same_known_sizes(ids.shape, expected):
-        raise ValueError(
-            f"`{name}` must be integers of shape (batch, seq) = {expected}, one per token of `inputs`. "
-            f"Received: {name}.dtype={dtype}, {name}.shape={tuple(ids.shape)}"
-        )
-    return tf.cast(ids, tf.int32)
-
-
-def _same_known_sizes(shape, expected):
-    return len(shape) == len(expected) and all(a is None or b is None or a == b for a, b in zip(shape, expected))
-
-
-def _non_negative(positions):
-    """`positions`, once known to be >= 0 when they are concrete (eager); symbolic ones are not checked."""
-    if not tf.is_symbolic_tensor(positions):
-        negative = positions.numpy()[positions.numpy() < 0]
-        if negative.size:
-            shown = ", ".join(str(value) for value in sorted(set(negative.tolist()))[:5])
-            raise ValueError(f"`positions` must be >= 0. Received: positions holding {shown}")
-    return positions

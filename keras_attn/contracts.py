@@ -1,0 +1,375 @@
+"""The contract of every public argument, declared once: its kind, dtype, rank, range, relation to
+the other inputs, and meaning.
+
+`SPECS` maps an argument's name to its `ArgSpec`, the meaning a name has on every surface that
+takes it (`num_heads` is a positive int everywhere, `segment_ids` the documents of
+`keras_attn.core.segments.DOCUMENTS` everywhere); `SURFACE_SPECS` holds the few names that mean
+something else on one surface. The checks that enforce a spec are `keras_attn.validation`'s, one
+per kind (`check_positive_int`, `check_rate`, `check_bool`, `check_choice`, `check_position`,
+`check_segment_ids` for every segment-id argument, `check_tensor` for the other tensors), run before
+any TensorFlow op, and for a built layer's inputs Keras's `InputSpec` set in `build` (checked by
+Keras at every call, so a layer built on width 8 refuses width 6). Tensor values (negative or huge
+ids, NaN) are checked when they are known (eager); in a graph or under XLA the shapes and dtypes are.
+
+`public_arguments()` walks the public API (`keras_attn.__all__` and the public submodules);
+tests/test_contracts.py fails for an argument without a spec and tries the bad values of each
+spec's kind on every surface it has a valid call for.
+
+To give a new argument its contract, add one line to `SPECS` (or to `SURFACE_SPECS` when its name
+already means something else elsewhere):
+
+>>> spec("keras_attn.scaled_dot_product_attention", "segment_ids").dtype
+'int'
+>>> spec("keras_attn.packing.place", "lengths").range
+'[0, row_length]'
+"""
+
+import dataclasses
+import importlib
+import inspect
+
+# The public modules whose `__all__` is walked (the package itself first).
+PUBLIC_MODULES = (
+    "keras_attn",
+    "keras_attn.packing",
+    "keras_attn.patterns",
+    "keras_attn.ops",
+    "keras_attn.attention_families",
+    "keras_attn.visualization",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgSpec:
+    """One argument's contract.
+
+    Attributes:
+        kind: the class of value, which names its check and the bad values the contract test
+            tries: a scalar kind of `SCALAR_KINDS`, a tensor kind of `TENSOR_KINDS`, or `"object"`
+            (a Python object resolved by Keras or a registry, which refuses what it cannot resolve).
+        meaning: what the argument says, in a few words.
+        dtype: a tensor's dtype kind, `"int"`, `"float"`, `"bool"` (or two joined by `|`); `None`
+            for a scalar.
+        rank: a tensor's rank(s) as a string, e.g. `"2"` or `"2-4"`; `None` for a scalar.
+        range: the values allowed, e.g. `">= 0"`, `"finite"`, `"[0, 1)"`; `""` when any of the dtype.
+        relation: the sizes it shares with the other inputs, e.g. `"(batch, length) of inputs"`,
+            `"width the layer was built on"`.
+    """
+
+    kind: str
+    meaning: str
+    dtype: str = None
+    rank: str = None
+    range: str = ""
+    relation: str = ""
+
+
+SCALAR_KINDS = (
+    "bool",
+    "bool_or_none",
+    "positive_int",
+    "positive_int_or_none",
+    "rate",
+    "rate_or_none",
+    "positive_number",
+    "positive_number_or_none",
+    "number_above_1",
+    "choice",
+    "axes",
+    "position",
+)
+TENSOR_KINDS = (
+    "sequence",  # float (batch, seq, features) or (batch, seq, heads, depth) inputs
+    "token_ids",
+    "segment_ids",
+    "positions",
+    "padding_mask",
+    "attention_mask",
+    "bias",
+    "document_mask",
+    "losses",
+    "lengths",
+    "cache",
+    "logits",
+)
+OBJECT = "object"
+
+_INT_IDS = dict(dtype="int", rank="2", range="[0, 2**31 - 1], one document per id (DOCUMENTS)")
+
+
+def _ids(meaning, relation="(batch, length) of the inputs"):
+    return ArgSpec("segment_ids", meaning, relation=relation, **_INT_IDS)
+
+
+def _padding(meaning, relation="(batch, seq) of the inputs"):
+    return ArgSpec("padding_mask", meaning, dtype="bool|int", rank="2", relation=relation)
+
+
+def _sequence(meaning, rank="3", relation="width the layer was built on"):
+    return ArgSpec("sequence", meaning, dtype="float", rank=rank, relation=relation)
+
+
+def _object(meaning):
+    return ArgSpec(OBJECT, meaning)
+
+
+SPECS = {
+    # Sizes and counts.
+    "num_heads": ArgSpec("positive_int", "attention heads (query heads)", range="[1, 2**31 - 1]"),
+    "key_dim": ArgSpec("positive_int", "depth of each query/key head", range="[1, 2**31 - 1]"),
+    "value_dim": ArgSpec("positive_int_or_none", "depth of each value head (default key_dim)"),
+    "num_key_value_heads": ArgSpec("positive_int_or_none", "key/value heads (grouped-query), divides num_heads"),
+    "intermediate_dim": ArgSpec("positive_int", "width of the feed-forward hidden layer"),
+    "output_dim": ArgSpec("positive_int_or_none", "output width (default the input width)"),
+    "num_buckets": ArgSpec("positive_int", "hash buckets (LSH) or relative-position buckets"),
+    "num_hashes": ArgSpec("positive_int", "rounds of hashing (LSH)"),
+    "chunk_size": ArgSpec("positive_int", "tokens per chunk; never changes the output, only the cost"),
+    "num_random_features": ArgSpec("positive_int_or_none", "random features of the FAVOR+ map"),
+    "max_length": ArgSpec("positive_int", "longest sequence a Linformer projection takes"),
+    "projected_length": ArgSpec("positive_int", "keys after Linformer's projection"),
+    "sequence_length": ArgSpec("positive_int", "positions of the table (the longest input)"),
+    "max_documents": ArgSpec("positive_int_or_none", "most documents a packed row holds"),
+    "max_distance": ArgSpec("positive_int", "distance past which relative positions share a bucket"),
+    "encoding_dim": ArgSpec("positive_int_or_none", "width of a concatenated encoding"),
+    "vocabulary_size": ArgSpec("positive_int", "rows of the token table; token ids are below it"),
+    "embedding_dim": ArgSpec("positive_int", "width of the embeddings"),
+    "sliding_window": ArgSpec("positive_int_or_none", "keys before (and at) each query it sees"),
+    "row_length": ArgSpec("positive_int", "tokens of a packed row"),
+    "window": ArgSpec("positive_int", "documents packed together (pack); keys of the window (masks)"),
+    "stride": ArgSpec("positive_int", "distance between the keys of a strided pattern"),
+    "block_size": ArgSpec("positive_int", "tokens of a local block"),
+    "num_tokens": ArgSpec("positive_int", "leading tokens that see and are seen by all"),
+    # Rates, scales and numbers.
+    "dropout": ArgSpec("rate", "dropout rate", range="[0, 1)"),
+    "attention_dropout": ArgSpec("rate_or_none", "dropout of the attention weights (default dropout)"),
+    "dropout_rate": ArgSpec("rate", "dropout of the attention weights", range="[0, 1)"),
+    "scale": ArgSpec("positive_number_or_none", "inverse temperature of the softmax", range="(0, float32 max]"),
+    "max_wavelength": ArgSpec("number_above_1", "longest wavelength of the sinusoids", range="> 1"),
+    "scaling_factor": ArgSpec("positive_number", "divides the rotary positions", range="> 0"),
+    "layer_norm_epsilon": ArgSpec("positive_number", "epsilon of the layer norms", range="> 0"),
+    # Flags.
+    "use_bias": ArgSpec("bool", "projections with biases"),
+    "flash_attention": ArgSpec("bool_or_none", "Keras's flash switch: True/False/None"),
+    "use_gate": ArgSpec("bool", "gated attention output"),
+    "hard": ArgSpec("bool", "one-hot weights (argmax) in the forward pass"),
+    "causal": ArgSpec("bool", "a query sees no later key"),
+    "is_causal": ArgSpec("bool", "a query sees no later key"),
+    "use_causal_mask": ArgSpec("bool", "a query sees no later key (this call)"),
+    "redraw_features": ArgSpec("bool", "new random features at each training step"),
+    "share_key_value": ArgSpec("bool", "one Linformer projection for keys and values"),
+    "projection_per_head": ArgSpec("bool", "a Linformer projection per head"),
+    "bidirectional": ArgSpec("bool", "relative buckets distinguish before and after"),
+    "mask_zero": ArgSpec("bool", "token id 0 is padding (a Keras mask)"),
+    "scale_embeddings": ArgSpec("bool", "token embeddings times sqrt(embedding_dim)"),
+    "norm_first": ArgSpec("bool", "pre-norm (True) or post-norm block"),
+    "truncate": ArgSpec("bool", "cut a document longer than its row"),
+    "return_attention_scores": ArgSpec("bool", "also return the weights"),
+    "return_weights": ArgSpec("bool", "also return the weights"),
+    "return_report": ArgSpec("bool", "also return what was converted"),
+    "strict": ArgSpec("bool", "refuse a layer that cannot be converted"),
+    "training": ArgSpec("bool_or_none", "training mode (dropout)"),
+    # Choices.
+    "implementation": ArgSpec("choice", "attention kernel by name, or 'auto'"),
+    "feature_map": ArgSpec("choice", "feature map of linear attention"),
+    "mode": ArgSpec("choice", "'mean' or 'max' pooling"),
+    "merge_mode": ArgSpec("choice", "'add' or 'concat' the encoding"),
+    "position_encoding": ArgSpec("choice", "'learned' or 'sinusoidal' positions"),
+    "strategy": ArgSpec("choice", "'first_fit' or 'best_fit' packing"),
+    "attention_axes": ArgSpec("axes", "axes attention runs over (a non-empty tuple)"),
+    # Positions.
+    "start_index": ArgSpec("position", "position of the first token", dtype="int", rank="0", range=">= 0"),
+    "query_offset": ArgSpec("position", "position of the first query among the keys", dtype="int", range=">= 0"),
+    "cache_update_index": ArgSpec("position", "where a cached step writes", dtype="int", rank="0", range=">= 0"),
+    "self_attention_cache_update_index": ArgSpec(
+        "position", "where a cached step writes", dtype="int", rank="0", range=">= 0"
+    ),
+    "query_len": ArgSpec("position", "queries of the mask", dtype="int", rank="0", range=">= 0"),
+    "key_len": ArgSpec("position", "keys of the mask", dtype="int", rank="0", range=">= 0"),
+    # Tensors: inputs.
+    "inputs": _sequence("the sequence (batch, seq, features)"),
+    "query": _sequence("queries (batch, query_len, features) or (batch, query_len, heads, depth)", rank="3-4"),
+    "value": _sequence("values (batch, key_len, features); None for self-attention", rank="3-4"),
+    "key": _sequence("keys (batch, key_len, features); default value", rank="3-4"),
+    "decoder_sequence": _sequence("decoder inputs (batch, target_len, features)"),
+    "encoder_sequence": _sequence("encoder outputs (batch, source_len, features)"),
+    "token_ids": ArgSpec("token_ids", "token ids", dtype="int", rank="2", range="[0, vocabulary_size)"),
+    "positions": ArgSpec(
+        "positions", "each token's position", dtype="int", rank="2", range=">= 0", relation="(batch, seq) of inputs"
+    ),
+    "logits": ArgSpec("logits", "attention logits (..., query_len, key_len)", dtype="float", rank=">= 2"),
+    "losses": ArgSpec("losses", "per-token or per-document losses", dtype="float", rank="2", range="any float"),
+    # Tensors: documents.
+    "segment_ids": _ids("documents of a packed row, 0 for padding"),
+    "query_segment_ids": _ids("the queries' documents", "(batch, query_len)"),
+    "key_segment_ids": _ids("the keys' documents", "(batch, key_len)"),
+    "decoder_segment_ids": _ids("the decoder tokens' documents", "(batch, target_len)"),
+    "encoder_segment_ids": _ids("the encoder tokens' documents", "(batch, source_len)"),
+    "self_attention_cache_segment_ids": _ids("documents of the tokens the cache holds", "(batch, cache_len)"),
+    "document_mask": ArgSpec(
+        "document_mask", "the rows' real documents", dtype="bool|int", rank="2", relation="(batch, max_documents)"
+    ),
+    # Tensors: masks and biases.
+    "mask": ArgSpec("attention_mask", "True where a query may attend a key", dtype="bool|int", rank="2-4"),
+    "query_mask": _padding("real queries", "(batch, query_len)"),
+    "value_mask": _padding("real keys", "(batch, key_len)"),
+    "key_mask": _padding("real keys", "(batch, key_len)"),
+    "padding_mask": _padding("real tokens"),
+    "decoder_padding_mask": _padding("real decoder tokens", "(batch, target_len)"),
+    "encoder_padding_mask": _padding("real encoder tokens", "(batch, source_len)"),
+    "attention_mask": ArgSpec("attention_mask", "True where a query may attend a key", dtype="bool|int", rank="2-4"),
+    "decoder_attention_mask": ArgSpec("attention_mask", "decoder self-attention mask", dtype="bool|int", rank="2-3"),
+    "encoder_attention_mask": ArgSpec("attention_mask", "cross-attention mask", dtype="bool|int", rank="2-3"),
+    "bias": ArgSpec("bias", "added to the logits; -inf masks", dtype="float", rank="4", relation="broadcasts"),
+    "attention_bias": ArgSpec("bias", "added to the logits; -inf masks", dtype="float", rank="4"),
+    # Tensors: caches.
+    "cache": ArgSpec("cache", "key/value cache (batch, 2, max_len, heads, depth)", dtype="float", rank="5"),
+    "self_attention_cache": ArgSpec("cache", "the decoder self-attention's cache", dtype="float", rank="5"),
+    "cross_attention_cache": ArgSpec("cache", "precomputed cross-attention keys/values", dtype="float", rank="5"),
+    "lengths": ArgSpec("lengths", "tokens of each document", dtype="int", rank="1", range="[0, row_length]"),
+    # Objects resolved by Keras or by the library's registries.
+    "output_shape": _object("output shape: an int or a shape tuple (Keras)"),
+    "seed": _object("Keras seed: int, None or SeedGenerator"),
+    "seed_generator": _object("keras.random.SeedGenerator for dropout"),
+    "attention_pattern": _object("a keras_attn.patterns pattern or its name"),
+    "pattern": _object("a keras_attn.patterns pattern or its name"),
+    "position_bias": _object("a position bias layer (ALiBi, RelativePositionBias) or None"),
+    "self_attention": _object("the attention layer of the block"),
+    "activation": _object("a Keras activation"),
+    "dataset": _object("tf.data.Dataset of documents (1-D tokens or dicts)"),
+    "model": _object("a Keras model or layer"),
+    "left": _object("a pattern"),
+    "right": _object("a pattern"),
+    "identifier": _object("a pattern, its name or its config"),
+    "values": ArgSpec("sequence", "model outputs to unpack", dtype="any", rank=">= 2", relation="(batch, ...)"),
+}
+for _name in (
+    "kernel_initializer",
+    "bias_initializer",
+    "kernel_regularizer",
+    "bias_regularizer",
+    "activity_regularizer",
+    "kernel_constraint",
+    "bias_constraint",
+    "initializer",
+    "embeddings_initializer",
+    "projection_initializer",
+):
+    SPECS[_name] = _object("a Keras initializer, regularizer or constraint")
+for _name, _meaning in {
+    # keras_attn.visualization: plots and pages of captured weights (checked by their own module).
+    "weights": "attention weights (batch, heads, query_len, key_len)",
+    "query_tokens": "labels of the queries",
+    "key_tokens": "labels of the keys",
+    "example": "which example of the batch",
+    "name": "the layer's name",
+    "attention_map": "one layer's AttentionMap",
+    "attention_maps": "AttentionMaps of a model",
+    "max_queries": "most queries shown",
+    "max_keys": "most keys shown",
+    "query_start": "first query shown",
+    "max_ticks": "most tick labels",
+    "columns": "heads per row of the figure",
+    "labelled": "label the axes",
+    "head": "which head",
+    "figure": "a matplotlib figure",
+    "dpi": "resolution of the image",
+    "path": "file to write",
+    "title": "page or figure title",
+    "subtitle": "page subtitle",
+    "extra_html": "HTML appended to the page",
+    "tokens": "labels of the tokens",
+    "scores": "a score per token",
+}.items():
+    SPECS[_name] = _object(_meaning)
+SPECS["query_positions"] = SPECS["key_positions"] = _object("positions of the shown queries or keys")
+
+# Names that mean something else on one surface.
+SURFACE_SPECS = {
+    "keras_attn.ops.dot_product_attention": {
+        "query": _sequence("queries (batch, query_len, heads, depth)", rank="4", relation="Keras's layout"),
+        "key": _sequence("keys (batch, key_len, kv_heads, depth)", rank="4", relation="Keras's layout"),
+        "value": _sequence("values (batch, key_len, kv_heads, depth)", rank="4", relation="Keras's layout"),
+        "mask": ArgSpec("attention_mask", "True where a query may attend a key", dtype="bool", rank="2-4"),
+        "attn_logits_soft_cap": ArgSpec("positive_number_or_none", "tanh cap of the logits (Keras's argument)"),
+    },
+    "keras_attn.scaled_dot_product_attention": {
+        "query": _sequence("queries (batch, query_len, heads, depth)", rank="4", relation="depth of key"),
+        "key": _sequence("keys (batch, key_len, kv_heads, depth)", rank="4", relation="batch of query"),
+        "value": _sequence("values (batch, key_len, kv_heads, value_depth)", rank="4", relation="key_len of key"),
+    },
+    "keras_attn.RotaryEmbedding.call": {
+        "inputs": _sequence("queries or keys (batch, seq, heads, depth)", rank="4", relation="any even depth")
+    },
+    "keras_attn.FeedForward.call": {"inputs": _sequence("features (batch, ..., features)", rank=">= 2")},
+    "keras_attn.MaskedGlobalPooling.call": {"inputs": _sequence("the sequence (batch, seq, features)", relation="")},
+    "keras_attn.SinusoidalPositionEncoding.call": {
+        "inputs": _sequence("the sequence (batch, seq, features)", relation="width fits encoding_dim")
+    },
+    "keras_attn.masked_softmax": {
+        "mask": ArgSpec("attention_mask", "True where a logit counts", dtype="bool", relation="broadcasts to logits")
+    },
+    "keras_attn.sliding_window_mask": {"window": ArgSpec("positive_int", "keys before (and at) each query it sees")},
+    "keras_attn.packing.place": {
+        "lengths": ArgSpec("lengths", "tokens of each document", dtype="int", rank="1", range="[0, row_length]")
+    },
+    "keras_attn.packing.mean_over_documents": {
+        "losses": ArgSpec("losses", "per-document losses", dtype="float", rank="2", relation="(batch, max_documents)")
+    },
+    "keras_attn.packing.mean_over_tokens": {
+        "losses": ArgSpec("losses", "per-token losses", dtype="float", rank="2", relation="(batch, length)")
+    },
+    "keras_attn.attention_families.build": {"name": ArgSpec("choice", "a family of FAMILIES")},
+}
+
+
+def spec(surface, name):
+    """The `ArgSpec` of argument `name` on `surface` (e.g. `"keras_attn.MultiHeadAttention.call"`),
+    or `None` when it has none (which the contract test refuses)."""
+    return SURFACE_SPECS.get(surface, {}).get(name) or SPECS.get(name)
+
+
+def public_arguments():
+    """`[(surface, argument name)]` for every named argument of every public function, and of every
+    public class's constructor and `call` (its Keras base classes' own arguments excluded)."""
+    arguments = []
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        for name in _public_names(module):
+            thing = getattr(module, name)
+            if inspect.ismodule(thing) or not callable(thing):
+                continue
+            surface = f"{module_name}.{name}"
+            if inspect.isclass(thing):
+                for method in ("__init__", "call"):
+                    arguments += [(f"{surface}.{method}", arg) for arg in _class_parameters(thing, method)]
+            else:
+                arguments += [(surface, arg) for arg in _named_parameters(thing)]
+    return arguments
+
+
+def _public_names(module):
+    """`module.__all__`, or the public names it defines itself (`keras_attn.patterns` has no `__all__`)."""
+    if hasattr(module, "__all__"):
+        return module.__all__
+    return [
+        name
+        for name, thing in vars(module).items()
+        if not name.startswith("_") and getattr(thing, "__module__", None) == module.__name__
+    ]
+
+
+def _class_parameters(klass, method):
+    """The parameters of `method` on `klass` and on its keras_attn bases reached through `**kwargs`."""
+    names = []
+    for base in klass.__mro__:
+        if base.__module__.startswith("keras_attn") and method in vars(base):
+            names += [name for name in _named_parameters(vars(base)[method])[1:] if name not in names]
+    return names
+
+
+def _named_parameters(function):
+    return [
+        parameter.name
+        for parameter in inspect.signature(function).parameters.values()
+        if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)
+    ]
