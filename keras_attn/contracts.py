@@ -144,6 +144,7 @@ SPECS = {
     "attention_dropout": ArgSpec("rate_or_none", "dropout of the attention weights (default dropout)"),
     "dropout_rate": ArgSpec("rate", "dropout of the attention weights", range="[0, 1)"),
     "scale": ArgSpec("positive_number_or_none", "inverse temperature of the softmax", range="(0, float32 max]"),
+    "logit_soft_cap": ArgSpec("positive_number_or_none", "tanh cap of the scaled logits (Gemma 2)", range="(0, inf)"),
     "max_wavelength": ArgSpec("number_above_1", "longest wavelength of the sinusoids", range="> 1"),
     "scaling_factor": ArgSpec("positive_number", "divides the rotary positions", range="> 0"),
     "layer_norm_epsilon": ArgSpec("positive_number", "epsilon of the layer norms", range="> 0"),
@@ -319,6 +320,25 @@ SURFACE_SPECS = {
         "losses": ArgSpec("losses", "per-token losses", dtype="float", rank="2", relation="(batch, length)")
     },
     "keras_attn.attention_families.build": {"name": ArgSpec("choice", "a family of FAMILIES")},
+    "keras_attn.explain_implementation": {
+        "query_shape": _object("(batch, query_len, heads, depth) of the call, None entries unknown"),
+        "key_shape": _object("(batch, key_len, kv_heads, depth); default query_shape"),
+        "value_shape": _object("(batch, key_len, kv_heads, value_depth); default key_shape"),
+        "dtype": ArgSpec("choice", "the compute dtype of query, key and value (a float dtype)"),
+        "mask_shape": _object("shape of a boolean mask, or None"),
+        "bias_shape": _object("shape of an additive bias, or None"),
+        "packed": ArgSpec("bool", "the call has segment ids"),
+    },
+    "keras_attn.tune": {
+        "lengths": _object("sequence lengths of the calibration grid (positive ints)"),
+        "batch_sizes": _object("batch sizes of the calibration grid (positive ints)"),
+        "heads": ArgSpec("positive_int", "heads of the calibration calls"),
+        "depth": ArgSpec("positive_int", "depth of the calibration calls"),
+        "repeats": ArgSpec("positive_int", "timed runs per cell"),
+        "settings": _object("the call kinds measured (causal, bidirectional, packed, ...)"),
+        "measure_memory": ArgSpec("bool", "also measure peak memory (needs TF's BFC CPU allocator)"),
+        "verbose": ArgSpec("bool", "print each cell"),
+    },
 }
 
 

@@ -155,15 +155,22 @@ def check_scale(scale):
 
 
 def check_soft_cap(soft_cap, name="logit_soft_cap"):
-    """`soft_cap` if it is `None` or a positive finite number, else a `ValueError` naming `name`.
+    """`soft_cap` if it is `None` or a positive number at most `FLOAT32_MAX`, else a `ValueError` naming `name`
+    (the capped logits are float32: a larger cap is not a float32 number).
 
     >>> check_soft_cap(50.0)
     50.0
     """
     if soft_cap is None:
         return soft_cap
-    if isinstance(soft_cap, (bool, np.bool_)) or not isinstance(soft_cap, numbers.Real) or not 0 < soft_cap < math.inf:
-        raise ValueError(f"`{name}` must be a positive finite number or None. Received: {name}={soft_cap!r}")
+    if (
+        isinstance(soft_cap, (bool, np.bool_))
+        or not isinstance(soft_cap, numbers.Real)
+        or not 0 < soft_cap <= FLOAT32_MAX
+    ):
+        raise ValueError(
+            f"`{name}` must be a positive number at most {FLOAT32_MAX} (float32) or None. Received: {name}={soft_cap!r}"
+        )
     return soft_cap
 
 

@@ -309,7 +309,13 @@ SCALAR_SURFACES = [
             "return_weights": False,
             "implementation": "auto",
             "hard": False,
+            "logit_soft_cap": None,
         },
+    ),
+    (
+        "explain_implementation",
+        keras_attn.explain_implementation,
+        {"query_shape": (1, 8, 2, 4), "dtype": "float32", "packed": False},
     ),
     (
         "ops.dot_product_attention",
