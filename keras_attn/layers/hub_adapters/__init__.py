@@ -24,7 +24,17 @@ import importlib
 ADAPTERS = {
     "keras_hub.src.models.llama.llama_attention.LlamaAttention": "repeated_heads",
     "keras_hub.src.models.mistral.mistral_attention.CachedMistralAttention": "repeated_heads",
+    "keras_hub.src.models.mixtral.mixtral_attention.CachedMixtralAttention": "repeated_heads",
+    "keras_hub.src.models.phi3.phi3_attention.Phi3Attention": "repeated_heads",
+    "keras_hub.src.models.qwen.qwen_attention.QwenAttention": "repeated_heads",
+    "keras_hub.src.models.qwen_moe.qwen_moe_attention.QwenMoeAttention": "repeated_heads",
+    "keras_hub.src.models.qwen3.qwen3_attention.Qwen3Attention": "repeated_heads",
+    "keras_hub.src.models.qwen3_moe.qwen3_moe_attention.Qwen3MoeAttention": "repeated_heads",
+    "keras_hub.src.models.qwen3_5.qwen3_5_attention.Qwen3_5Attention": "repeated_heads",
+    "keras_hub.src.models.smollm3.smollm3_layers.SmolLM3Attention": "repeated_heads",
+    "keras_hub.src.models.gpt_neo_x.gpt_neo_x_attention.GPTNeoXAttention": "repeated_heads",
     "keras_hub.src.models.gemma.gemma_attention.CachedGemmaAttention": "gemma",
+    "keras_hub.src.models.gemma3.gemma3_attention.CachedGemma3Attention": "gemma3",
 }
 _ADAPTER = "_keras_attn_adapter"  # the class attribute naming an adapted class's adapter module
 _ADAPTED_CLASSES = {}

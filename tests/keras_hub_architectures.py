@@ -1,0 +1,301 @@
+"""KerasHub's architectures and what `keras_attn.convert` does with each: the one definition.
+
+`ARCHITECTURES` has one entry per backbone class that KerasHub exports (`keras_hub.models`): how to
+build it tiny from its constructor (no preset is downloaded) and the route its attention takes, or
+the reason it is not built or not converted. The registry walk (`tests/test_convert_keras_hub_registry.py`)
+checks each entry against what `convert` does and fails on a backbone class with no entry, so a new
+KerasHub release shows up by itself; `architectures_table()` renders the table of the converting
+guide (docs/guides/converting_models.md) from the same entries.
+"""
+
+import dataclasses
+
+# The routes of a converted layer, as `convert`'s report names them.
+CONVERTED = "converted"  # keras.layers.MultiHeadAttention (subclasses included) -> keras_attn's
+
+TEXT = dict(vocabulary_size=64, num_layers=2, hidden_dim=16, intermediate_dim=32)
+GROUPED = dict(num_query_heads=4, num_key_value_heads=2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Converts:
+    """A backbone whose every attention layer converts: its tiny constructor arguments and route.
+
+    `kwargs` may name nested backbones as `Nested(name)` (built from their own entry). `routes`
+    are the routes its attention layers take: `CONVERTED`, or the names of adapter modules;
+    `lm` is the causal or seq2seq LM task class (greedy `generate` compared), if any.
+    """
+
+    kwargs: dict
+    routes: tuple
+    lm: str = None
+    inputs: dict = None  # input shapes where the backbone's own are not fixed: {name: shape}
+
+
+@dataclasses.dataclass(frozen=True)
+class Named:
+    """A backbone that holds attention `convert` does not take (or that the walk does not build), and why."""
+
+    reason: str
+    kwargs: dict = None  # tiny constructor arguments: the walk checks `convert` names it
+    match: str = None  # a fragment of the reason `convert` gives, checked when `kwargs` are given
+
+
+@dataclasses.dataclass(frozen=True)
+class NoAttention:
+    """A backbone that holds no attention layer (convolutional, Fourier, recurrent)."""
+
+    what: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Nested:
+    """A constructor argument that is another backbone of `ARCHITECTURES`, built from its entry."""
+
+    name: str
+
+
+OP_IN_CALL = (
+    "its attention layer calls `keras.ops.dot_product_attention` directly in its own `call`, with no hook for "
+    "convert to replace: `keras_attn.enable()` is the switch that reaches it"
+)
+ALIBI_IN_CALL = (
+    "its attention layer adds ALiBi to the logits and computes the softmax in its own `call` (projections, cache "
+    "and attention in one method, no hook); no adapter replaces that call (ALiBi is the core op's position bias) yet"
+)
+OWN_CALL = "computes its attention in its own `call`, with no hook for convert to replace"
+NOT_BUILT = "not built by the walk: "
+
+VISION = dict(patch_size=4, hidden_dim=16, num_layers=2, num_heads=2, intermediate_dim=32)
+
+ARCHITECTURES = {
+    "AlbertBackbone": Converts(
+        dict(TEXT, num_heads=2, embedding_dim=8, num_groups=1, num_inner_repetitions=1), (CONVERTED,)
+    ),
+    "BartBackbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,), lm="BartSeq2SeqLM"),
+    "BertBackbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,)),
+    "BloomBackbone": Named(
+        ALIBI_IN_CALL, dict(TEXT, num_heads=2), "no keras_attn adapter for KerasHub's BloomAttention"
+    ),
+    "CLIPTextEncoder": Converts(dict(TEXT, embedding_dim=16, num_heads=2, max_sequence_length=8), (CONVERTED,)),
+    "CLIPVisionEncoder": Converts(dict(VISION, image_shape=(16, 16, 3)), (CONVERTED,)),
+    "CLIPBackbone": Converts(
+        dict(vision_encoder=Nested("CLIPVisionEncoder"), text_encoder=Nested("CLIPTextEncoder"), projection_dim=8),
+        (CONVERTED,),
+    ),
+    "DebertaV3Backbone": Named(
+        "DisentangledSelfAttention builds its disentangled relative-position bias inside its `_compute_attention` "
+        "hook and returns the weights with the output; no adapter passes that bias to the core op's `bias` yet",
+        dict(TEXT, num_heads=2, max_sequence_length=16, bucket_size=4),
+        "no keras_attn adapter for KerasHub's DisentangledSelfAttention",
+    ),
+    "DeiTBackbone": Converts(
+        dict(image_shape=(16, 16, 3), patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32),
+        (CONVERTED,),
+    ),
+    "DINOV2Backbone": Converts(dict(VISION, image_shape=(16, 16, 3), position_embedding_shape=(16, 16)), (CONVERTED,)),
+    "DINOV3Backbone": Named(
+        OP_IN_CALL, dict(VISION, image_shape=(16, 16, 3)), "no keras_attn adapter for KerasHub's DINOV3Attention"
+    ),
+    "DistilBertBackbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,)),
+    "EdRecBackbone": Converts(
+        dict(vocab_size=64, num_layers_enc=1, num_layers_dec=1, hidden_dim=16, intermediate_dim=32, num_heads=2),
+        (CONVERTED,),
+    ),
+    "ElectraBackbone": Converts(
+        dict(vocab_size=64, num_layers=2, num_heads=2, hidden_dim=16, embedding_dim=16, intermediate_dim=32),
+        (CONVERTED,),
+    ),
+    "ESMBackbone": Named(OP_IN_CALL, dict(TEXT, num_heads=2), "no keras_attn adapter for KerasHub's EsmSelfAttention"),
+    "FalconBackbone": Named(
+        ALIBI_IN_CALL, dict(TEXT, num_attention_heads=2), "no keras_attn adapter for KerasHub's FalconAttention"
+    ),
+    "GemmaBackbone": Converts(dict(TEXT, head_dim=8, **GROUPED), ("gemma",), lm="GemmaCausalLM"),
+    "Gemma3Backbone": Converts(dict(TEXT, head_dim=8, image_size=16, **GROUPED), ("gemma3",), lm="Gemma3CausalLM"),
+    "GPT2Backbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,), lm="GPT2CausalLM"),
+    "GPTNeoXBackbone": Converts(
+        dict(TEXT, num_heads=2, max_sequence_length=16), ("repeated_heads",), lm="GPTNeoXCausalLM"
+    ),
+    "GptOssBackbone": Named(
+        "GptOssAttention's attention sinks (a learned logit per head that joins every row's softmax) have no "
+        "equivalent in the core op",
+        dict(TEXT, **GROUPED, num_experts=2, head_dim=8),
+        "no keras_attn adapter for KerasHub's GptOssAttention",
+    ),
+    "LlamaBackbone": Converts(dict(TEXT, **GROUPED), ("repeated_heads",), lm="LlamaCausalLM"),
+    "Llama3Backbone": Converts(dict(TEXT, **GROUPED), ("repeated_heads",), lm="Llama3CausalLM"),
+    "MetaCLIP2TextEncoder": Converts(dict(TEXT, embedding_dim=16, num_heads=2, max_sequence_length=8), (CONVERTED,)),
+    "MetaCLIP2VisionEncoder": Converts(dict(VISION, image_shape=(16, 16, 3)), (CONVERTED,)),
+    "MetaCLIP2Backbone": Converts(
+        dict(
+            vision_encoder=Nested("MetaCLIP2VisionEncoder"),
+            text_encoder=Nested("MetaCLIP2TextEncoder"),
+            projection_dim=8,
+        ),
+        (CONVERTED,),
+    ),
+    "MistralBackbone": Converts(dict(TEXT, **GROUPED, sliding_window=4), ("repeated_heads",), lm="MistralCausalLM"),
+    "MixtralBackbone": Converts(
+        dict(TEXT, **GROUPED, num_experts=2, sliding_window=4), ("repeated_heads",), lm="MixtralCausalLM"
+    ),
+    "MoonshineBackbone": Converts(
+        dict(
+            vocabulary_size=64,
+            filter_dim=16,
+            encoder_num_layers=1,
+            decoder_num_layers=1,
+            hidden_dim=16,
+            intermediate_dim=32,
+            encoder_num_heads=2,
+            decoder_num_heads=2,
+        ),
+        (CONVERTED,),
+        inputs={"encoder_input_values": (2047, 1), "encoder_padding_mask": (2047,)},  # 4 encoder frames
+    ),
+    "OPTBackbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,), lm="OPTCausalLM"),
+    "Phi3Backbone": Converts(dict(TEXT, **GROUPED), ("repeated_heads",), lm="Phi3CausalLM"),
+    "QwenBackbone": Converts(dict(TEXT, **GROUPED), ("repeated_heads",), lm="QwenCausalLM"),
+    "QwenMoeBackbone": Converts(
+        dict(TEXT, **GROUPED, moe_intermediate_dim=8, shared_expert_intermediate_dim=8, num_experts=2, top_k=1),
+        ("repeated_heads",),
+        lm="QwenMoeCausalLM",
+    ),
+    "Qwen3Backbone": Converts(
+        dict(TEXT, **GROUPED, head_dim=8, sliding_window_size=4), ("repeated_heads",), lm="Qwen3CausalLM"
+    ),
+    "Qwen3MoeBackbone": Converts(
+        dict(TEXT, **GROUPED, head_dim=8, moe_intermediate_dim=8, num_experts=2, top_k=1),
+        ("repeated_heads",),
+        lm="Qwen3MoeCausalLM",
+    ),
+    "Qwen3_5Backbone": Converts(
+        dict(TEXT, **GROUPED, head_dim=8, layer_types=["linear_attention", "full_attention"]),
+        ("repeated_heads",),
+        lm="Qwen3_5CausalLM",
+    ),
+    "Qwen3_5MoeBackbone": Converts(
+        dict(
+            vocabulary_size=64,
+            num_layers=2,
+            hidden_dim=16,
+            **GROUPED,
+            head_dim=8,
+            moe_intermediate_dim=8,
+            shared_expert_intermediate_size=8,
+            num_experts=2,
+            top_k=1,
+            layer_types=["linear_attention", "full_attention"],
+        ),
+        ("repeated_heads",),
+    ),
+    "RobertaBackbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,)),
+    "RoformerV2Backbone": Named(
+        OP_IN_CALL, dict(TEXT, num_heads=2, head_size=8), "no keras_attn adapter for KerasHub's RoformerAttention"
+    ),
+    "SigLIPTextEncoder": Converts(dict(TEXT, embedding_dim=16, num_heads=2, max_sequence_length=8), (CONVERTED,)),
+    "SigLIPVisionEncoder": Converts(dict(VISION, image_shape=(16, 16, 3)), (CONVERTED,)),
+    "SigLIPBackbone": Converts(
+        dict(vision_encoder=Nested("SigLIPVisionEncoder"), text_encoder=Nested("SigLIPTextEncoder")), (CONVERTED,)
+    ),
+    "SmolLM3Backbone": Converts(
+        dict(
+            TEXT,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            attention_bias=False,
+            attention_dropout=0.0,
+            rope_layer_enabled_list=[True, False],
+            layer_types=["full_attention", "full_attention"],
+            mlp_bias=False,
+            layer_norm_epsilon=1e-6,
+            max_position_embeddings=32,
+            rope_theta=10000.0,
+            partial_rotary_factor=1.0,
+        ),
+        ("repeated_heads",),
+        lm="SmolLM3CausalLM",
+    ),
+    "T5Backbone": Named(
+        "T5MultiHeadAttention computes its relative position bias and its attention in its own `call`, with no hook; "
+        "no adapter replaces that call (the bias would be the core op's `bias`) yet",
+        dict(TEXT, num_heads=2, key_value_dim=8),
+        "no keras_attn adapter for KerasHub's T5MultiHeadAttention",
+    ),
+    "ViTBackbone": Converts(
+        dict(image_shape=(16, 16, 3), patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32), (CONVERTED,)
+    ),
+    "WhisperBackbone": Converts(
+        dict(TEXT, num_heads=2, num_mels=8, max_encoder_sequence_length=16, max_decoder_sequence_length=16),
+        (CONVERTED,),
+    ),
+    "BLIP2Backbone": Named(
+        NOT_BUILT + "it wraps a vision encoder, a Q-Former and an OPT language model; its Q-Former's "
+        "QFormerAttention holds Keras's MultiHeadAttention (converted) and its vision encoder " + OWN_CALL
+    ),
+    "DepthAnythingBackbone": Named(NOT_BUILT + "it wraps a DINOv2 image encoder (converted on its own)"),
+    "DFineBackbone": Named(
+        "DFineMultiheadAttention " + OWN_CALL + "; DFineMultiscaleDeformableAttention samples features at learned "
+        "offsets, which is not dot-product attention"
+    ),
+    "FluxBackbone": Named("FluxRoPEAttention " + OP_IN_CALL.removeprefix("its attention layer ")),
+    "Gemma3nBackbone": Named(
+        "Gemma3nTextAttention's `_compute_attention` returns the attention weights with the output and its audio "
+        "encoder's attention " + OWN_CALL + "; no adapter yet"
+    ),
+    "Gemma4Backbone": Named(
+        "Gemma4TextAttention's hook (scale 1, keys shared with values on global layers) and Gemma4VisionAttention's "
+        "have no adapter yet"
+    ),
+    "MiTBackbone": Named("SegFormerMultiheadAttention (spatial-reduction attention) " + OWN_CALL),
+    "MobileNetV5Backbone": Named("MultiQueryAttention2d (attention over 2D feature maps) " + OWN_CALL),
+    "PaliGemmaBackbone": Named(
+        "its vision encoder's PaliGemmaVitAttention " + OWN_CALL + " (its Gemma decoder is adapted)"
+    ),
+    "PARSeqBackbone": Named(NOT_BUILT + "it needs an image encoder built for its image size"),
+    "SAMBackbone": Named(
+        "its ViTDet image encoder's MultiHeadAttentionWithRelativePE and its mask decoder's "
+        "MultiHeadAttentionWithDownsampling " + OWN_CALL
+    ),
+    "SAM3PromptableConceptBackbone": Named("SAM3Attention " + OP_IN_CALL.removeprefix("its attention layer ")),
+    "SegFormerBackbone": Named("its MiT image encoder's SegFormerMultiheadAttention " + OWN_CALL),
+    "StableDiffusion3Backbone": Named(
+        "its MMDiT blocks compute their attention in their own `call` (calling `keras.ops.dot_product_attention` "
+        "on JAX and PyTorch only), with no hook for convert to replace"
+    ),
+    "SwinTransformerBackbone": Named(
+        "WindowAttention (shifted windows with a relative position bias table) " + OWN_CALL
+    ),
+    "T5GemmaBackbone": Named(
+        "T5GemmaAttention overrides the `_compute_attention` of Gemma's attention (an additive mask, its own "
+        "`scaling`); no adapter for it yet"
+    ),
+    "T5Gemma2Backbone": Named(
+        "T5Gemma2Attention and T5Gemma2MergedAttention override the `_compute_attention` of Gemma 3's attention "
+        "(an additive mask, its own `scaling`); no adapter for them yet"
+    ),
+    "VideoPrismBackbone": Named("VideoPrismAttention (with a logit soft-cap) " + OWN_CALL),
+    "ViTDetBackbone": Named("MultiHeadAttentionWithRelativePE (decomposed relative positions) " + OWN_CALL),
+    "XLMRobertaBackbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,)),
+    "XLNetBackbone": Named(
+        "TwoStreamRelativeAttention (a subclass of Keras's MultiHeadAttention) overrides `call`: its content and "
+        "query streams add relative-position and segment terms to the logits in its own `compute_attention`, "
+        "which never reaches Keras's `_compute_attention` hook",
+        dict(TEXT, num_heads=2),
+        "overrides `call` and computes attention without `_compute_attention`",
+    ),
+}
+ARCHITECTURES.update(
+    {
+        name: NoAttention(what)
+        for what, names in {
+            "convolutional": (
+                "BASNetBackbone CSPNetBackbone DeepLabV3Backbone DenseNetBackbone EfficientNetBackbone "
+                "HGNetV2Backbone MobileNetBackbone ResNetBackbone RetinaNetBackbone VGGBackbone XceptionBackbone"
+            ),
+            "Fourier-transform token mixing": "FNetBackbone",
+            "recurrent (RWKV time mixing)": "RWKV7Backbone",
+            "an abstract base of the feature-pyramid backbones": "FeaturePyramidBackbone",
+        }.items()
+        for name in names.split()
+    }
+)
