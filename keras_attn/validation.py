@@ -154,6 +154,19 @@ def check_scale(scale):
     return scale
 
 
+def check_soft_cap(soft_cap, name="logit_soft_cap"):
+    """`soft_cap` if it is `None` or a positive finite number, else a `ValueError` naming `name`.
+
+    >>> check_soft_cap(50.0)
+    50.0
+    """
+    if soft_cap is None:
+        return soft_cap
+    if isinstance(soft_cap, (bool, np.bool_)) or not isinstance(soft_cap, numbers.Real) or not 0 < soft_cap < math.inf:
+        raise ValueError(f"`{name}` must be a positive finite number or None. Received: {name}={soft_cap!r}")
+    return soft_cap
+
+
 def check_position(name, value):
     """`value` if the position (or length) is an int >= 0 or an integer tensor, else a `ValueError`:
     a float would give fractional positions, a negative int positions before the sequence."""

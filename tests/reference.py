@@ -7,12 +7,13 @@ query/key/value, `(batch, heads, query_len, key_len)` for masks, biases and weig
 import numpy as np
 
 
-def attention(query, key, value, mask=None, bias=None, is_causal=False, sliding_window=None, scale=None):
+def attention(query, key, value, mask=None, bias=None, is_causal=False, sliding_window=None, scale=None, soft_cap=None):
     """Float64 scaled dot-product attention; returns `(output, weights)`.
 
-    Fully masked query rows get zero weights and zero output (the keras_attn contract).
+    Fully masked query rows get zero weights and zero output (the keras_attn contract). With a
+    `soft_cap` the scaled logits are `tanh(logits / cap) * cap` before the bias is added (Gemma 2).
     """
-    logits, allowed, value = _allowed_logits(query, key, value, mask, bias, is_causal, sliding_window, scale)
+    logits, allowed, value = _allowed_logits(query, key, value, mask, bias, is_causal, sliding_window, scale, soft_cap)
     row_max = np.max(logits, axis=-1, keepdims=True)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
     exp = np.where(allowed, np.exp(logits - row_max), 0.0)
@@ -22,7 +23,7 @@ def attention(query, key, value, mask=None, bias=None, is_causal=False, sliding_
     return output, weights
 
 
-def _allowed_logits(query, key, value, mask, bias, is_causal, sliding_window, scale):
+def _allowed_logits(query, key, value, mask, bias, is_causal, sliding_window, scale, soft_cap=None):
     """Float64 logits `(batch, heads, query_len, key_len)` with `-inf` where not allowed, the
     boolean allowed matrix, and the value with its heads repeated to the query heads."""
     query, key, value = (np.asarray(t, np.float64) for t in (query, key, value))
@@ -32,6 +33,8 @@ def _allowed_logits(query, key, value, mask, bias, is_causal, sliding_window, sc
     if scale is None:
         scale = 1.0 / np.sqrt(query.shape[-1])
     logits = np.einsum("bqhd,bkhd->bhqk", query, key) * scale
+    if soft_cap is not None:
+        logits = np.tanh(logits / soft_cap) * soft_cap
     if bias is not None:
         logits = logits + np.asarray(bias, np.float64)
     query_len, key_len = query.shape[1], key.shape[1]
@@ -87,22 +90,31 @@ def hard_attention_gradients(query, key, value, output_gradient, mask=None, bias
     return d_query, d_key, d_value, d_bias
 
 
-def attention_gradients(query, key, value, output_gradient, mask=None, bias=None, is_causal=False, scale=None):
+def attention_gradients(
+    query, key, value, output_gradient, mask=None, bias=None, is_causal=False, scale=None, soft_cap=None
+):
     """Float64 gradients `(d_query, d_key, d_value, d_bias)` of `sum(attention(...)[0] * output_gradient)`.
 
     Written out from `O = P V`, `P = softmax(S)`, `S = scale Q K^T + bias` (one key/value head
     per query head): `dS = P * (dO V^T - rowsum(dO * O))`; a row without keys has `P = 0`, so
-    every gradient through it is 0, as is the bias gradient at a masked or `-inf` entry.
+    every gradient through it is 0, as is the bias gradient at a masked or `-inf` entry. With a
+    `soft_cap`, `S = cap * tanh(scale Q K^T / cap) + bias`: the query and key get `dS` times the
+    derivative of the cap, `1 - tanh(scale Q K^T / cap)^2`, the bias `dS` itself.
     """
     query, key, value, output_gradient = (np.asarray(t, np.float64) for t in (query, key, value, output_gradient))
     if scale is None:
         scale = 1.0 / np.sqrt(query.shape[-1])
-    output, weights = attention(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    output, weights = attention(
+        query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale, soft_cap=soft_cap
+    )
     d_weights = np.einsum("bqhd,bkhd->bhqk", output_gradient, value)  # (batch, heads, query_len, key_len)
     delta = np.einsum("bqhd,bqhd->bhq", output_gradient, output)[..., None]  # (batch, heads, query_len, 1)
     d_logits = weights * (d_weights - delta)
-    d_query = scale * np.einsum("bhqk,bkhd->bqhd", d_logits, key)
-    d_key = scale * np.einsum("bhqk,bqhd->bkhd", d_logits, query)
+    d_raw = d_logits
+    if soft_cap is not None:
+        d_raw = d_logits * (1.0 - np.tanh(np.einsum("bqhd,bkhd->bhqk", query, key) * scale / soft_cap) ** 2)
+    d_query = scale * np.einsum("bhqk,bkhd->bqhd", d_raw, key)
+    d_key = scale * np.einsum("bhqk,bqhd->bkhd", d_raw, query)
     d_value = np.einsum("bhqk,bqhd->bkhd", weights, output_gradient)
     return d_query, d_key, d_value, d_logits
 

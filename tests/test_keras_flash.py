@@ -7,6 +7,8 @@ against the pinned Keras: after `enable()` Keras's op, its `flash_attention=True
 gives Keras's behaviour back. Lengths span several blocks of the streaming kernel (128 at least).
 """
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -147,20 +149,82 @@ def test_output_dtype_is_the_promoted_input_dtype_as_in_keras():
     assert keras.backend.standardize_dtype(got.dtype) == keras.backend.standardize_dtype(want.dtype) == "float32"
 
 
-def test_a_query_without_keys_gets_a_zero_output():
-    # keras_attn's contract (Keras's dense path gives such a row the mean of the values).
+def _rows_removed(rng, batch, heads, query_len, key_len):
+    """A random mask that removes whole query rows: some rows with every key masked."""
+    mask = rng.random((batch, heads, query_len, key_len)) < 0.5
+    mask[0, :, 7] = False  # every head
+    mask[1, 1, 3] = False  # one head
+    mask[1, :, -2:] = False  # the last queries
+    return mask
+
+
+ROWS_REMOVED = {
+    "mask": dict(),
+    "causal": dict(is_causal=True),
+    "bias": dict(bias=True),
+    "grouped heads, causal, bias": dict(kv_heads=2, is_causal=True, bias=True),
+    "padded queries as ESM masks them": dict(query_mask=True),
+    "left-padded keys, causal: the first queries see no key": dict(left_padding=True, is_causal=True),
+}
+
+
+@pytest.mark.parametrize("name", ROWS_REMOVED)
+@pytest.mark.parametrize("flash_attention", [True, None])
+def test_enabled_op_equals_keras_own_where_whole_query_rows_are_masked(name, flash_attention, calls_to_our_op):
+    # Keras gives a query without keys the mean of the values (uniform softmax over its equal masked
+    # logits); under `enable()` Keras's op must give the same values and gradients on our kernel.
+    options = dict(ROWS_REMOVED[name])
+    rng = np.random.default_rng(len(name))
+    batch, heads, query_len, key_len = 2, 4, 140, 150
+    query, key, value = (t.astype("float64") for t in _inputs(rng, heads, options.pop("kv_heads", heads), 140, 150))
+    if options.pop("query_mask", False):
+        options["mask"] = np.ones((batch, 1, query_len, 1), bool)
+        options["mask"][1, :, 100:] = False
+    elif options.pop("left_padding", False):
+        options["mask"] = np.ones((batch, 1, 1, key_len), bool)
+        options["mask"][1, ..., :5] = False
+    else:
+        options["mask"] = _rows_removed(rng, batch, heads, query_len, key_len)
+    bias = rng.normal(size=(1, heads, query_len, key_len)) if options.pop("bias", False) else None
+    tensors = [query, key, value] + ([] if bias is None else [bias])
+    output_grad = rng.normal(size=query.shape)
+
+    def keras_op(flash):
+        return lambda q, k, v, b=None: keras.ops.dot_product_attention(
+            q, k, v, bias=b, flash_attention=flash, **options
+        )
+
+    want = np.asarray(keras_op(False)(*tensors))  # Keras's own op (`disable()` is in force)
+    want_grads = output_gradients(keras_op(False), tensors, output_grad)
+    keras_attn.enable()
+    got = np.asarray(keras_op(flash_attention)(*tensors))
+    got_grads = output_gradients(keras_op(flash_attention), tensors, output_grad)
+    assert calls_to_our_op  # our kernel ran
+
+    causal = np.tri(query_len, key_len, dtype=bool) if options.get("is_causal") else True
+    assert (~np.any(options["mask"] & causal, -1)).any()  # the case removes whole rows
+    assert keras.backend.standardize_dtype(got.dtype) == "float64"
+    # Keras's default scale is a float32 `1 / sqrt(depth)`, ours float64: 1e-8 apart in float64.
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    for name_, got_one, want_one in zip(("query", "key", "value", "bias"), got_grads, want_grads):
+        np.testing.assert_allclose(got_one, want_one, atol=1e-6, err_msg=name_)
+
+
+def test_keras_signature_op_gives_a_query_without_keys_the_mean_of_the_values():
     query, key, value, _ = _case("plain")
     mask = np.ones((BATCH, 1, QUERY_LEN, KEY_LEN), bool)
     mask[0, 0, 7] = False
     got = np.asarray(dot_product_attention(query, key, value, mask=mask, flash_attention=True))
-    np.testing.assert_array_equal(got[0, 7], 0.0)
-    np.testing.assert_allclose(got, _reference(query, key, value, mask=mask), atol=FLOAT32_ATOL)
+    np.testing.assert_allclose(got[0, 7], value[0].mean(axis=0), atol=FLOAT32_ATOL)
+    real = np.ones((BATCH, QUERY_LEN), bool)
+    real[0, 7] = False
+    np.testing.assert_allclose(got[real], _reference(query, key, value, mask=mask)[real], atol=FLOAT32_ATOL)
 
 
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        (dict(attn_logits_soft_cap=30.0), "attn_logits_soft_cap=30.0"),
+        (dict(attn_logits_soft_cap=-30.0), "attn_logits_soft_cap=-30.0"),
         (dict(flash_attention="yes"), "flash_attention='yes'"),
         (dict(mask=np.ones((1, 1, 1, QUERY_LEN, KEY_LEN), bool)), "mask.shape=(1, 1, 1, 150, 290)"),
     ],
@@ -169,6 +233,16 @@ def test_bad_arguments_are_named(arguments, message):
     query, key, value, _ = _case("plain")
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         dot_product_attention(query, key, value, **arguments)
+
+
+@pytest.mark.parametrize("flash_attention", ["no", 1, np.float32(1.0)])
+def test_enabled_op_checks_flash_attention_as_keras_signature_does(flash_attention, calls_to_our_op):
+    query, key, value, _ = _case("plain")
+    keras_attn.enable()
+    message = f"`flash_attention` must be True, False or None. Received: flash_attention={flash_attention!r}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        keras.ops.dot_product_attention(query, key, value, flash_attention=flash_attention)
+    assert calls_to_our_op == []
 
 
 def test_keras_flash_attention_raises_on_tensorflow_until_enabled_and_again_after_disable(calls_to_our_op):
@@ -271,3 +345,32 @@ def test_keras_multi_head_attention_with_flash_true_trains_once_enabled(calls_to
     for got_one, want_one in zip(got, want):
         np.testing.assert_allclose(np.asarray(got_one), np.asarray(want_one), rtol=1e-4, atol=1e-3)
     assert calls_to_our_op
+
+
+def test_keras_hub_esm2_padded_batch_is_unchanged_by_enable(calls_to_our_op):
+    # ESM masks the padded queries' whole rows: their outputs feed the next layer's real tokens.
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    model = keras_hub.models.ESMBackbone(
+        vocabulary_size=24, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, dropout=0.0
+    )
+    token_ids = np.random.default_rng(10).integers(1, 24, (2, 12)).astype("int32")
+    token_ids[1, 8:] = 0  # ESM's pad_token_id
+    real = token_ids != 0
+    weights = np.random.default_rng(11).normal(size=(16,)).astype("float32")
+
+    def run():
+        with tf.GradientTape() as tape:
+            output = model({"token_ids": token_ids})
+            loss = tf.reduce_sum(tf.where(real[..., None], output * weights, 0.0))
+        return np.asarray(output), [
+            np.asarray(tf.convert_to_tensor(g)) for g in tape.gradient(loss, model.trainable_variables)
+        ]
+
+    want, want_grads = run()
+    keras_attn.enable()
+    got, got_grads = run()
+    assert len(calls_to_our_op) == 2  # each layer's attention ran on our op
+    np.testing.assert_allclose(got[real], want[real], atol=1e-5)
+    for got_one, want_one in zip(got_grads, want_grads):
+        np.testing.assert_allclose(got_one, want_one, atol=1e-5 * max(1.0, np.abs(want_one).max()))

@@ -14,6 +14,8 @@ calls it takes (`why_unsupported`). The numerics every kernel shares live in `ke
   tf2onnx's arithmetic `where` never computes `0 * inf`), the streaming kernels exclude it with
   `-inf` (`keras_attn.kernels.streaming_softmax.exclude`) and read a row's `-inf` statistics as 0;
 - a query row whose keys are all masked gets all-zero weights and a zero output, on every path;
+- a logit soft cap (`logit_soft_cap`, `keras_attn.core.softmax.soft_capped`) applies to
+  `scale * Q K^T` before the bias, position bias and mask, on every kernel;
 - attention dropout is applied to the normalised weights.
 
 Layout: `(batch, seq, heads, depth)` for query, key and value (what the projections of
@@ -40,6 +42,7 @@ from keras_attn.validation import check_bool
 from keras_attn.validation import check_position
 from keras_attn.validation import check_rate
 from keras_attn.validation import check_scale
+from keras_attn.validation import check_soft_cap
 
 _MASK_RANK = 4
 ATTENTION_IMPLEMENTATIONS = ("auto", *KERNELS)
@@ -166,6 +169,7 @@ def scaled_dot_product_attention(
     segment_ids=None,
     query_segment_ids=None,
     key_segment_ids=None,
+    logit_soft_cap=None,
 ):
     """Scaled dot-product attention, `softmax(scale * Q K^T + bias) V`, with exact masking.
 
@@ -251,6 +255,10 @@ def scaled_dot_product_attention(
             in the cache's row, not for packed cross-attention rows whose documents start at
             different places in the two rows (give those no position bias).
         key_segment_ids: see `query_segment_ids`.
+        logit_soft_cap: optional positive finite number `cap`: the logits become
+            `tanh(scale * Q K^T / cap) * cap` before the bias, the position bias and the mask are
+            added (Gemma 2 and Gemma 3's `attention_logit_soft_cap`, FlashAttention's `softcap`), on
+            every kernel, with its gradient.
 
     Returns:
         The output `(batch, query_len, heads, value_depth)` in the dtype of `value`, and, when
@@ -273,6 +281,7 @@ def scaled_dot_product_attention(
     check_bool("is_causal", is_causal)  # a string or tensor would be truthy
     check_position("query_offset", query_offset)
     check_scale(scale)
+    check_soft_cap(logit_soft_cap)
     scale = resolved_scale(scale, query.shape[-1])
     if bias is not None:  # a `-inf` bias masks its key on every kernel (`keras_attn.core.softmax.bias_mask`)
         mask = merge_masks(mask, bias_mask(bias))
@@ -302,6 +311,7 @@ def scaled_dot_product_attention(
         position_bias=check_position_bias(position_bias, query.shape[2]),
         query_segment_ids=query_segment_ids,
         key_segment_ids=key_segment_ids,
+        logit_soft_cap=logit_soft_cap,
     )
     return KERNELS[_choose_implementation(implementation, call)].attend(call)
 

@@ -10,6 +10,8 @@
   (`shifted_logits`), so `beta * (l - max l)` lies in `[-inf, 0]`: no `beta` up to the float32
   limit overflows to `inf` or NaN (a Python `beta <= 1` cannot overflow what `l` does not, and
   multiplies the logits directly);
+- a logit soft cap (`soft_capped`, Gemma 2's `tanh(logits / cap) * cap`) bounds the scaled logits
+  to `(-cap, cap)` before any bias or mask: they cannot overflow, so they need no shift;
 - an additive bias at or below `MASKING_BIAS` (`-inf`, the dtype's lowest value, the `-1e9`
   idiom) masks its entry exactly like `mask=False` (`bias_mask`): its weight is 0, a row whose
   every key is masked so gets zero weights and a zero output, and no gradient is NaN.
@@ -69,6 +71,22 @@ def shifted_logits(logits, scale, mask=None):
     row_max = ops.stop_gradient(ops.where(row_max > fill, row_max, ops.zeros_like(row_max)))
     scale = ops.convert_to_tensor(scale, dtype=logits.dtype)
     return ops.multiply(scale, logits - row_max)
+
+
+def soft_capped(logits, soft_cap):
+    """`tanh(logits / soft_cap) * soft_cap` (Gemma 2's logit soft-capping, FlashAttention's `softcap`):
+    the logits squashed smoothly into `(-soft_cap, soft_cap)`; `logits` unchanged for `soft_cap=None`.
+    Applied to `scale * Q K^T` before the bias and the mask are added, as Gemma does; its derivative
+    is `1 - (capped / soft_cap)^2` (`keras_attn.kernels.streaming_softmax.cap_gradient`).
+
+    >>> [round(x, 4) for x in soft_capped(np.array([0.0, 1.0, 1e6]), 5.0).numpy().tolist()]
+    [0.0, 0.9869, 5.0]
+    """
+    if soft_cap is None:
+        return logits
+    logits = ops.convert_to_tensor(logits)
+    cap = ops.cast(soft_cap, logits.dtype)
+    return ops.multiply(ops.tanh(ops.divide(logits, cap)), cap)
 
 
 def mask_fill(dtype):

@@ -79,6 +79,7 @@ def attend(call):
         position_bias=call.position_bias,
         query_segment_ids=call.query_segment_ids,
         key_segment_ids=call.key_segment_ids,
+        logit_soft_cap=call.logit_soft_cap,
     )
 
 
@@ -101,6 +102,7 @@ def blockwise_attention(
     position_bias=None,
     query_segment_ids=None,
     key_segment_ids=None,
+    logit_soft_cap=None,
 ):
     """Blockwise attention with an online softmax; memory linear in the sequence length.
 
@@ -135,6 +137,8 @@ def blockwise_attention(
             document ids of packed rows (`keras_attn.core.segments`, 0 for padding), together: a
             query sees only keys of its own non-zero document, and blocks in which no query shares
             a document with a key are never computed (`keras_attn.kernels.document_blocks`).
+        logit_soft_cap: optional positive number: logits `tanh(scale * Q K^T / cap) * cap`
+            before the biases and the mask (`keras_attn.core.softmax.soft_capped`).
 
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype of `value`; fully masked rows are 0.
@@ -167,6 +171,7 @@ def blockwise_attention(
         dropout_rate=dropout_rate if training else 0.0,
         position_bias=position_bias,
         has_bias=bias is not None,
+        soft_cap=logit_soft_cap,
     )
     plan = _with_documents(plan, query_segment_ids, key_segment_ids, query.shape[1], key.shape[1])
     seed = None
@@ -174,7 +179,7 @@ def blockwise_attention(
         seed = keras.random.randint((2,), 0, 2**31 - 1, dtype="int32", seed=seed_generator)
     # Logits in float32 whatever the compute dtype: float16 products overflow at 65,504.
     dtype = float_math_dtype(query.dtype)
-    query, scale = streaming_softmax.fold_scale(tf.cast(query, dtype), scale)  # (batch, len, heads, depth)
+    query, scale = streaming_softmax.fold_scale(tf.cast(query, dtype), scale, logit_soft_cap)  # (b, len, h, d)
     scale = None if scale is None else tf.convert_to_tensor(scale, dtype)
     key = tf.cast(key, dtype)
     # (batch, heads, padded_len, depth): one transpose per tensor, the blocks are then contiguous.
@@ -227,8 +232,8 @@ def _exclude_masked_block(plan, mask, query_block, key_block, logits):
 
 
 def _block_logits(plan, mask, query_block, key_block, query, key):
-    """Raw logits `(batch, heads, q_block, k_block)` of one block, `-inf` where masked."""
-    logits = streaming_softmax.raw_logits(query, key)  # (batch, heads, q_block, k_block)
+    """Raw logits `(batch, heads, q_block, k_block)` of one block (soft-capped with the plan's cap), `-inf` where masked."""
+    logits = streaming_softmax.raw_logits(query, key, plan.soft_cap)  # (batch, heads, q_block, k_block)
     return _exclude_masked_block(plan, mask, query_block, key_block, logits)
 
 
@@ -344,10 +349,11 @@ def _backward(plan, mask, seed, scale, inputs, output, row_statistics, output_gr
             value_grad += tf.matmul(dropped, chunk_grad, transpose_a=True)  # (b, h, k_block, dv)
             row_delta = steps.block_rows(delta, query_block, plan.query_block)  # (batch, heads, q_block, 1)
             logits_grad = streaming_softmax.logits_gradient(weights, weights_grad, row_delta)  # dZ: (b, h, q, k)
+            raw_grad = streaming_softmax.cap_gradient(logits_grad, logits, plan.soft_cap)  # through the cap
             key_grad += streaming_softmax.times_scale(
-                scale, tf.matmul(logits_grad, chunk, transpose_a=True)
+                scale, tf.matmul(raw_grad, chunk, transpose_a=True)
             )  # (b, h, k, d)
-            query_side = tf.matmul(logits_grad, keys)  # dZ K: (batch, heads, q_block, depth)
+            query_side = tf.matmul(raw_grad, keys)  # dZ K: (batch, heads, q_block, depth)
             if scale is not None:
                 scale_grad += streaming_softmax.scale_gradient(chunk, query_side)
             query_grad = query_grads.read(query_block) + streaming_softmax.times_scale(scale, query_side)

@@ -36,6 +36,7 @@ class BlockPlan:
     position_bias: object = None
     has_bias: bool = False
     documents: object = None  # keras_attn.kernels.document_blocks.DocumentBlocks of packed rows, or None
+    soft_cap: object = None  # a logit soft cap (keras_attn.core.softmax.soft_capped), or None
 
     @property
     def has_any_bias(self):

@@ -37,6 +37,7 @@ class AttentionCall:
     position_bias: object = None  # a keras_attn.core.position_bias.PositionBias for the query heads
     query_segment_ids: object = None  # int32 (batch, query_len), 0 for padding: keras_attn.core.segments
     key_segment_ids: object = None  # int32 (batch, key_len); both or neither
+    logit_soft_cap: object = None  # a positive float: logits `tanh(scale * Q K^T / cap) * cap` before bias and mask
 
 
 def why_not_tensorflow_streaming(call):

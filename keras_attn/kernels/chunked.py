@@ -122,6 +122,7 @@ def attend(call):
         position_bias=call.position_bias,
         query_segment_ids=call.query_segment_ids,
         key_segment_ids=call.key_segment_ids,
+        logit_soft_cap=call.logit_soft_cap,
     )
 
 
@@ -173,6 +174,7 @@ def chunked_attention(
     query_segment_ids=None,
     key_segment_ids=None,
     key_block_size=KEY_BLOCK_SIZE,
+    logit_soft_cap=None,
 ):
     """Attention of `pattern_query_chunks` chunks, each over only the keys its pattern reaches.
 
@@ -200,6 +202,8 @@ def chunked_attention(
             its own document, and the tiles where none does are skipped (module docstring).
         key_segment_ids: see `query_segment_ids`.
         key_block_size: keys per tile of a chunk when segment ids are given.
+        logit_soft_cap: optional positive number: logits `tanh(scale * Q K^T / cap) * cap`
+            before the biases and the mask (`keras_attn.core.softmax.soft_capped`).
 
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype of `value`.
@@ -217,7 +221,7 @@ def chunked_attention(
         mask = tf.convert_to_tensor(mask, tf.bool)
     # Logits in float32 whatever the compute dtype: float16 products overflow at 65,504.
     dtype = float_math_dtype(query.dtype)
-    query, scale = streaming_softmax.fold_scale(tf.cast(query, dtype), scale)
+    query, scale = streaming_softmax.fold_scale(tf.cast(query, dtype), scale, logit_soft_cap)
     scale = None if scale is None else tf.convert_to_tensor(scale, dtype)
     query, key = (tf.transpose(tf.cast(t, dtype), (0, 2, 1, 3)) for t in (query, key))  # (batch, heads, len, depth)
     value = tf.transpose(value, (0, 2, 1, 3))  # (batch, heads, key_len, value_depth)
@@ -234,6 +238,7 @@ def chunked_attention(
         has_bias=bias is not None,
         position_bias=position_bias,
         query_offset=query_offset,
+        soft_cap=logit_soft_cap,
     )
     inputs = (query, key, value) + (() if bias is None else (tf.convert_to_tensor(bias),))
     inputs += read_bias_parameters(position_bias)
@@ -266,6 +271,7 @@ class _ChunkPlan:
     has_bias: bool
     position_bias: object
     query_offset: int
+    soft_cap: object = None
 
     @property
     def segmented(self):
@@ -355,7 +361,9 @@ def _chunk_bias(plan, chunk, bias, parameters):
 def _chunk_weights(plan, chunk, mask, scale, query, key, bias, parameters):
     """Normalised float32 weights `(batch, heads, chunk_len, chunk_keys)` of a chunk over all its
     keys; a row without keys gets zero weights, so a zero output and gradient."""
-    logits = streaming_softmax.raw_logits(_queries(query, chunk), _keys(key, chunk))  # (b, h, chunk_len, chunk_keys)
+    logits = streaming_softmax.raw_logits(
+        _queries(query, chunk), _keys(key, chunk), plan.soft_cap
+    )  # (b, h, chunk_len, chunk_keys)
     bias = _chunk_bias(plan, chunk, bias, parameters)
     bias = None if bias is None else tf.cast(bias, logits.dtype)
     if scale is not None:  # shift, then scale
@@ -401,7 +409,7 @@ def _documents_forward(plan, index, scale, query, key, value, bias, parameters):
     for tile, keep_scale, may_share in zip(plan.tiles[index], plan.keep_scales[index], plan.may_share[index]):
 
         def computed(tile=tile, keep_scale=keep_scale):
-            logits = streaming_softmax.raw_logits(queries, _keys(key, tile))
+            logits = streaming_softmax.raw_logits(queries, _keys(key, tile), plan.soft_cap)
             logits = streaming_softmax.exclude(logits, plan.tile_mask(tile))
             tile_bias = _chunk_bias(plan, tile, bias, parameters)
             tile_bias = None if tile_bias is None else tf.cast(tile_bias, logits.dtype)
@@ -523,9 +531,13 @@ def _tile_gradients(plan, tile, weights, keep_scale, scale, rows):
         dropped = weights * keep_scale
         weights_grad = tf.matmul(output_gradient, _keys(rows.value, tile), transpose_b=True) * keep_scale  # dP
         logits_grad = streaming_softmax.logits_gradient(weights, weights_grad, _queries(rows.delta, tile))
+    raw_grad = logits_grad  # dZ carried through the soft cap, recomputed from the tile's logits
+    if plan.soft_cap is not None:
+        capped = streaming_softmax.raw_logits(_queries(rows.query, tile), _keys(rows.key, tile), plan.soft_cap)
+        raw_grad = streaming_softmax.cap_gradient(logits_grad, capped, plan.soft_cap)
     grads = {
-        "query": tf.matmul(logits_grad, _keys(rows.key, tile)),  # (batch, heads, tile queries, depth)
-        "key": tf.matmul(logits_grad, _queries(rows.query, tile), transpose_a=True),  # (b, h, tile keys, depth)
+        "query": tf.matmul(raw_grad, _keys(rows.key, tile)),  # (batch, heads, tile queries, depth)
+        "key": tf.matmul(raw_grad, _queries(rows.query, tile), transpose_a=True),  # (b, h, tile keys, depth)
         "value": tf.matmul(dropped, output_gradient, transpose_a=True),  # (batch, heads, tile keys, dv)
         "parameters": bias_parameter_gradients(plan.position_bias, rows.parameters, *plan.positions(tile), logits_grad),
     }

@@ -18,6 +18,7 @@ from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import mask_fill
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.core.softmax import shifted_logits
+from keras_attn.core.softmax import soft_capped
 from keras_attn.core.softmax import softmax_with_exact_saturated_gradient
 from keras_attn.core.softmax import zero_masked
 from keras_attn.kernels import single_query
@@ -47,6 +48,7 @@ def attend(call):
         return_weights=call.return_weights,
         hard=call.hard,
         position_bias=call.position_bias,
+        logit_soft_cap=call.logit_soft_cap,
     )
 
 
@@ -64,6 +66,7 @@ def dense_attention(
     return_weights=False,
     hard=False,
     position_bias=None,
+    logit_soft_cap=None,
 ):
     """Attention through the full `(query_len, key_len)` weights of `mask` merged with the pattern.
 
@@ -86,6 +89,9 @@ def dense_attention(
     the allowed keys in the forward pass, the gradient of the softmax at the same scale in the
     backward pass (straight-through).
 
+    With a `logit_soft_cap` the logits are `soft_capped(scale * Q K^T)`, bounded by the cap (no
+    shift needed), before the biases and the mask.
+
     A `position_bias` is computed from the positions of all the queries (from `query_offset`)
     and keys, `(1, heads, query_len, key_len)`, the size of the logits this kernel holds anyway.
 
@@ -99,7 +105,10 @@ def dense_attention(
     mask = pattern_mask(mask, pattern, ops.shape(query)[1], ops.shape(key)[1], query_offset)
     one_query = single_query.applies(query, key)  # a cached decoding step outside XLA: no transposes
     logits = single_query.logits(query, key) if one_query else attention_logits(query, key)
-    logits = shifted_logits(logits, scale, mask)  # (batch, heads, query_len, key_len)
+    if logit_soft_cap is None:
+        logits = shifted_logits(logits, scale, mask)  # (batch, heads, query_len, key_len)
+    else:  # capped in (-cap, cap) whatever `scale * Q K^T` is: an overflow to inf caps to the cap
+        logits = soft_capped(ops.multiply(logits, ops.cast(scale, logits.dtype)), logit_soft_cap)
     if bias is not None:
         logits = logits + ops.cast(bias, logits.dtype)
     logits = _add_position_bias(logits, check_position_bias(position_bias, query.shape[2]), query_offset)

@@ -21,6 +21,12 @@ An inverse temperature at most 1 given as a Python number cannot overflow what `
 it is folded into the query first (`fold_scale`: the kernels' fast path, no pass over the
 logits to multiply them); the functions here take `scale=None` for "already in the logits".
 
+A logit soft cap (`keras_attn.core.softmax.soft_capped`) is applied to the scaled raw logits,
+`cap * tanh(beta * q.k / cap)`, before they are excluded or biased: `fold_scale` then always folds
+`beta` into the query (the capped logits lie in `(-cap, cap)`, the shift is not needed for them),
+`raw_logits` caps, and the backward passes multiply `dZ` by the cap's derivative (`cap_gradient`)
+before it reaches the query and the key; the bias gradient stays `dZ` (the bias is added after).
+
 The gradient of the logits `z` is `dZ = P * (dP - rowsum(dO * O))` (`logits_gradient`); the raw
 logits get `beta * dZ`, so the query and key gradients are `beta * dZ K` and `beta * dZ^T Q`, and a
 tensor `beta` gets `sum(Q * (dZ K))` (`scale_gradient`: `sum dZ * s` over the rows, whose shift
@@ -32,12 +38,17 @@ import numbers
 
 import tensorflow as tf
 
+from keras_attn.core.softmax import soft_capped
 from keras_attn.utils import float_math_dtype
 
 
-def fold_scale(query, scale):
+def fold_scale(query, scale, soft_cap=None):
     """`(query * scale, None)` for a Python number `scale <= 1` (`|scale * q.k| <= |q.k|`: it cannot
-    overflow), else `(query, scale)` unchanged: the kernel then scales shifted logits."""
+    overflow), else `(query, scale)` unchanged: the kernel then scales shifted logits. With a
+    `soft_cap` any scale is folded (a tensor one too: its gradient flows through the product), since
+    the capped logits are bounded whatever `scale * q.k` is."""
+    if soft_cap is not None:
+        return query * tf.cast(scale, query.dtype), None
     if isinstance(scale, numbers.Real) and scale <= 1:
         return query * tf.constant(scale, query.dtype), None
     return query, scale
@@ -67,10 +78,22 @@ def custom_gradient(forward, backward, scale, inputs):
     return attend(*((scale,) if has_scale else ()), *inputs)
 
 
-def raw_logits(query, key):
-    """`query key^T` `(..., rows, keys)` in float32 (float64 for float64 inputs)."""
+def raw_logits(query, key, soft_cap=None):
+    """`query key^T` `(..., rows, keys)` in float32 (float64 for float64 inputs), soft-capped when
+    `soft_cap` is given (the scale then already folded into `query`)."""
     logits = tf.matmul(query, key, transpose_b=True)
-    return tf.cast(logits, float_math_dtype(logits.dtype))
+    return soft_capped(tf.cast(logits, float_math_dtype(logits.dtype)), soft_cap)
+
+
+def cap_gradient(logits_gradient, capped, soft_cap):
+    """`dZ` carried through the soft cap to the uncapped logits: `dZ * (1 - (capped / soft_cap)^2)`;
+    `dZ` unchanged for `soft_cap=None`. `capped` may hold `-inf` where a key is excluded (its `dZ`
+    is 0): the derivative is read as 0 there, never `0 * inf`."""
+    if soft_cap is None:
+        return logits_gradient
+    derivative = 1.0 - tf.square(capped / tf.cast(soft_cap, capped.dtype))
+    derivative = tf.where(tf.math.is_finite(capped), derivative, tf.zeros_like(derivative))
+    return logits_gradient * derivative
 
 
 def exclude(logits, allowed):

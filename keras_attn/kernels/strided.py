@@ -49,10 +49,13 @@ can reach another's products (padding cannot: the dispatcher zeroes it). Skippin
 need tiles of grid rows inside each residue step.
 """
 
+import dataclasses
+
 import tensorflow as tf
 
 from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.core.softmax import resolved_scale
+from keras_attn.core.softmax import soft_capped
 from keras_attn.kernels import document_blocks
 from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
@@ -94,6 +97,7 @@ def attend(call):
         scale=call.scale,
         query_segment_ids=call.query_segment_ids,
         key_segment_ids=call.key_segment_ids,
+        logit_soft_cap=call.logit_soft_cap,
     )
 
 
@@ -128,6 +132,7 @@ def strided_attention(
     scale=None,
     query_segment_ids=None,
     key_segment_ids=None,
+    logit_soft_cap=None,
 ):
     """Attention under a strided pattern, computing only its band and its residue classes.
 
@@ -150,6 +155,8 @@ def strided_attention(
             padding), with `key_segment_ids` `(batch, key_len)`: a query attends only to keys of
             its own document; the steps where none does are skipped (module docstring).
         key_segment_ids: see `query_segment_ids`.
+        logit_soft_cap: optional positive number: logits `tanh(scale * Q K^T / cap) * cap`
+            before the mask (`keras_attn.core.softmax.soft_capped`).
 
     Returns:
         `(batch, query_len, heads, value_depth)` in the dtype of `value`; fully masked rows are 0.
@@ -168,8 +175,11 @@ def strided_attention(
         raise ValueError(f"`strided_attention` needs {reason}")
     scale = resolved_scale(scale, query.shape[-1])
     plan = strided_layout.plan_of(pattern, query.shape[1], key.shape[1], query_offset)
+    plan = dataclasses.replace(plan, soft_cap=logit_soft_cap)
     output_dtype, dtype = value.dtype, float_math_dtype(query.dtype)
-    query, scale = streaming_softmax.fold_scale(tf.cast(query, dtype), scale)  # logits in float32 whatever the dtype
+    query, scale = streaming_softmax.fold_scale(
+        tf.cast(query, dtype), scale, logit_soft_cap
+    )  # logits in float32 whatever the dtype
     scale = None if scale is None else tf.convert_to_tensor(scale, dtype)
     query, key, value = (tf.transpose(tf.cast(t, dtype), (0, 2, 1, 3)) for t in (query, key, value))  # (b, h, len, d)
     segment_ids = resolve_segment_ids(None, query_segment_ids, key_segment_ids, plan.query_len, plan.key_len)
@@ -232,7 +242,8 @@ def _band_forward(plan, masks, scale, query, key, value):
     def step(index, outputs, statistics):
         def computed():
             _, start, logits, allowed = strided_layout.band_block(plan, masks, index, query, key)
-            return _partial_softmax(logits, allowed, steps.rows(value, start, plan.band_width), scale)
+            capped = soft_capped(logits, plan.soft_cap)
+            return _partial_softmax(capped, allowed, steps.rows(value, start, plan.band_width), scale)
 
         may_share = strided_layout.band_may_share(
             masks, index * plan.chunk, plan.chunk, strided_layout.band_start(plan, index), plan.band_width
@@ -269,7 +280,7 @@ def _strided_forward(plan, masks, scale, query, key, value):
         def computed():
             _, _, logits, allowed = strided_layout.grid_block(plan, masks, index, query_grid, key_grid)
             values = steps.rows(value_grid, index * plan.residues_per_step, plan.residues_per_step)
-            return _partial_softmax(logits, allowed, values, scale)
+            return _partial_softmax(soft_capped(logits, plan.soft_cap), allowed, values, scale)
 
         def skipped():
 
@@ -325,10 +336,12 @@ def _logits_gradient(weights, values, output_gradient, delta):
     return streaming_softmax.logits_gradient(weights, weights_grad, delta)  # (..., rows, keys)
 
 
-def _block_gradients(weights, logits_inputs, values, output_gradient, delta):
-    """`(dZ K, dZ^T Q, P^T dO)` of one block from its weights `(..., rows, keys)`."""
+def _block_gradients(weights, capped, soft_cap, logits_inputs, values, output_gradient, delta):
+    """`(dZ K, dZ^T Q, P^T dO)` of one block from its weights `(..., rows, keys)`, `dZ` carried
+    through the soft cap of its `capped` logits."""
     queries, keys = logits_inputs
     logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (..., rows, keys)
+    logits_grad = streaming_softmax.cap_gradient(logits_grad, capped, soft_cap)
     return (
         tf.matmul(logits_grad, keys),  # (..., rows, depth)
         tf.matmul(logits_grad, queries, transpose_a=True),  # (..., keys, depth)
@@ -355,9 +368,11 @@ def _band_query_gradient(plan, masks, scale, inputs, rows):
         def computed():
             _, start, logits, allowed = strided_layout.band_block(plan, masks, index, query, key)
             output_gradient, delta, statistics = (steps.rows(t, index * plan.chunk, plan.chunk) for t in rows)
-            weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, chunk, width)
+            capped = soft_capped(logits, plan.soft_cap)
+            weights = _weights(capped, allowed, statistics, scale)  # (batch, heads, chunk, width)
             keys, values = (steps.rows(t, start, plan.band_width) for t in (key, value))
             logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (batch, heads, chunk, width)
+            logits_grad = streaming_softmax.cap_gradient(logits_grad, capped, plan.soft_cap)
             return tf.matmul(logits_grad, keys)  # (batch, heads, chunk, depth)
 
         may_share = strided_layout.band_may_share(
@@ -395,8 +410,10 @@ def _band_key_gradients(plan, masks, scale, inputs, rows):
             output_gradient, delta, statistics = (steps.rows(t, start, width) for t in rows)
             logits = tf.matmul(queries, keys, transpose_b=True)  # (batch, heads, width, key_chunk)
             allowed = strided_layout.band_allowed(plan, masks, start, width, first_key, plan.key_chunk)
-            weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, width, key_chunk)
+            capped = soft_capped(logits, plan.soft_cap)
+            weights = _weights(capped, allowed, statistics, scale)  # (batch, heads, width, key_chunk)
             logits_grad = _logits_gradient(weights, values, output_gradient, delta)  # (b, h, width, key_chunk)
+            logits_grad = streaming_softmax.cap_gradient(logits_grad, capped, plan.soft_cap)
             return (
                 tf.matmul(logits_grad, queries, transpose_a=True),  # (batch, heads, key_chunk, depth)
                 tf.matmul(weights, output_gradient, transpose_a=True),  # (batch, heads, key_chunk, dv)
@@ -437,9 +454,10 @@ def _strided_backward(plan, masks, scale, inputs, rows):
             queries, keys, logits, allowed = strided_layout.grid_block(plan, masks, index, query_grid, key_grid)
             first = index * plan.residues_per_step
             output_gradient, delta, statistics = (steps.rows(t, first, plan.residues_per_step) for t in row_grids)
-            weights = _weights(logits, allowed, statistics, scale)  # (batch, heads, per_step, u, m)
+            capped = soft_capped(logits, plan.soft_cap)
+            weights = _weights(capped, allowed, statistics, scale)  # (batch, heads, per_step, u, m)
             values = steps.rows(value_grid, first, plan.residues_per_step)
-            return _block_gradients(weights, (queries, keys), values, output_gradient, delta)
+            return _block_gradients(weights, capped, plan.soft_cap, (queries, keys), values, output_gradient, delta)
 
         def skipped():
             per_step = plan.residues_per_step

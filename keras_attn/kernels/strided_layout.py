@@ -39,6 +39,7 @@ class StridedPlan:
     band_width: int  # keys per band slice; 0 when the cover has no band
     band_query_starts: tuple  # first query of each key chunk's band slice (the backward pass)
     band_query_width: int  # queries per band slice of a key chunk
+    soft_cap: object = None  # a logit soft cap (keras_attn.core.softmax.soft_capped), or None
 
     @property
     def num_chunks(self):

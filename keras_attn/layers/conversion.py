@@ -103,7 +103,7 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
     Not converted, and named with the reason: subclasses of Keras's layer that override the
     attention computation (`_compute_attention`, `_masked_softmax`, `_build_attention`) or whose
     `call` never reaches `_compute_attention`; KerasHub attention layers without an adapter, or
-    whose attention the core op cannot compute (Gemma 2's logit soft-capping).
+    whose attention the core op cannot compute.
 
     Args:
         model: a `keras.Model` of any kind (Functional, Sequential, subclassed, a KerasHub backbone

@@ -14,13 +14,17 @@ After `enable()`, a call goes to `keras_attn.ops.dot_product_attention(..., flas
 when Keras would try flash attention: `flash_attention=True`, or `None` while
 `keras.config.is_flash_attention_enabled()` is not `False`. `flash_attention=False` (and
 `keras.config.disable_flash_attention()` for Keras's layers) keeps Keras's own path. `disable()`
-puts Keras's function back. Both are idempotent.
+puts Keras's function back. Both are idempotent. The routed op returns what Keras's returns wherever
+Keras defines a result, a query whose keys are all masked included (the mean of the values:
+`keras_attn.ops.nn`), with the same gradients; anything but a bool or `None` as `flash_attention`
+is a `ValueError`.
 """
 
 import keras
 
 from keras_attn import keras_internals
 from keras_attn.ops.nn import dot_product_attention
+from keras_attn.validation import check_bool
 
 _KERAS_FUNCTION = {}  # "original": Keras's backend function while ours is in its place
 
@@ -81,7 +85,15 @@ def is_enabled():
 
 def wants_flash(flash_attention):
     """Whether Keras would try flash attention for this `flash_attention` argument: `True`, or
-    `None` while Keras's global switch is not off."""
+    `None` while Keras's global switch is not off. Anything but a bool or `None` is a `ValueError`
+    (Keras's signature: a truthy string is not a choice).
+
+    >>> wants_flash("no")
+    Traceback (most recent call last):
+    ...
+    ValueError: `flash_attention` must be True, False or None. Received: flash_attention='no'
+    """
+    check_bool("flash_attention", flash_attention, allow_none=True)
     if flash_attention is None:
         return keras.config.is_flash_attention_enabled() is not False
     return bool(flash_attention)

@@ -13,15 +13,28 @@ them), `is_causal` and `scale`. What `flash_attention` means here:
   `keras_attn.scaled_dot_product_attention`).
 - `False`: the dense kernel, the full weights, as Keras's non-flash path.
 
-One difference from Keras: a query whose keys are all masked gets a zero output (Keras's dense
-path gives it the mean of the values, its softmax over equal, finite, masked logits).
+A query whose keys are all masked gets what Keras's op gives it: the mean of the values over all
+the keys (Keras fills masked logits with one finite value, `-0.7 * 3.38953e38`, after the bias, so
+such a row softmaxes to uniform weights), with Keras's gradient (the values get `dO / key_len`,
+the query, key and bias nothing from that row). The kernel still computes the row as keras_attn's
+layers do (a zero output: `keras_attn.scaled_dot_product_attention`'s contract, which they keep);
+this op then puts the mean in its place (`_keras_rows_without_keys`), on every kernel.
+
+Where Keras gives no result or refuses, this op differs: a bias entry at or below `-1e9` (`-inf`
+included) masks its key like `mask=False` (Keras: NaN for a row of `-inf`, and a float32 rounding
+of the other logits for `-1e9`; its row, if every key is so masked, gets the mean of the values);
+`flash_attention=True` runs (Keras's TensorFlow backend raises); `attn_logits_soft_cap` runs
+(Keras refuses it outside JAX on TPUs).
 """
 
 import keras
 from keras import ops
 
 from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.core.masks import merge_masks
+from keras_attn.core.softmax import bias_mask
 from keras_attn.validation import check_bool
+from keras_attn.validation import check_soft_cap
 
 _RANK = 4  # (batch, heads, query_len, key_len): what the mask and the bias broadcast to
 # `flash_attention` -> the kernel of `scaled_dot_product_attention` that runs the call.
@@ -54,10 +67,14 @@ def dot_product_attention(
         flash_attention: `True` for the streaming kernel (memory linear in the length, forward
             and backward; TensorFlow backend), `False` for the dense kernel, `None` (default) for
             keras_attn's choice by size.
-        attn_logits_soft_cap: must be `None` (Keras supports it on JAX with TPUs only).
+        attn_logits_soft_cap: optional positive number: the logits become
+            `tanh(scale * Q K^T / cap) * cap` before the bias and the mask (Gemma 2's soft-capping;
+            `keras_attn.scaled_dot_product_attention`'s `logit_soft_cap`). Keras runs it on JAX
+            with TPUs only.
 
     Returns:
-        `(batch, query_len, heads, value_depth)` in the dtype the three inputs promote to.
+        `(batch, query_len, heads, value_depth)` in the dtype the three inputs promote to; a query
+        whose keys are all masked gets the mean of the values over all keys, as in Keras.
 
     Example:
 
@@ -65,28 +82,57 @@ def dot_product_attention(
     >>> tuple(dot_product_attention(q, k, v, is_causal=True, flash_attention=True).shape)
     (2, 6, 4, 8)
     """
-    if attn_logits_soft_cap is not None:
-        raise ValueError(
-            "`attn_logits_soft_cap` is not supported (Keras supports it on JAX with TPUs only). "
-            f"Received: attn_logits_soft_cap={attn_logits_soft_cap!r}"
-        )
-    check_bool("flash_attention", flash_attention, allow_none=True)
+    check_soft_cap(attn_logits_soft_cap, "attn_logits_soft_cap")
+    flash_attention = check_bool("flash_attention", flash_attention, allow_none=True)
     query, key, value = ops.convert_to_tensor(query), ops.convert_to_tensor(key), ops.convert_to_tensor(value)
     dtype = keras.backend.result_type(query.dtype, key.dtype, value.dtype)
     if mask is not None:
         mask = ops.cast(_to_rank_4("mask", ops.convert_to_tensor(mask)), "bool")
     if bias is not None:
         bias = _to_rank_4("bias", ops.convert_to_tensor(bias, dtype=dtype))
-    return scaled_dot_product_attention(
-        ops.cast(query, dtype),
-        ops.cast(key, dtype),
-        ops.cast(value, dtype),
+    query, key, value = ops.cast(query, dtype), ops.cast(key, dtype), ops.cast(value, dtype)
+    output = scaled_dot_product_attention(
+        query,
+        key,
+        value,
         mask=mask,
         bias=bias,
         is_causal=is_causal,
         scale=scale,
-        implementation=_IMPLEMENTATION[None if flash_attention is None else bool(flash_attention)],
+        logit_soft_cap=attn_logits_soft_cap,
+        implementation=_IMPLEMENTATION[flash_attention],
     )
+    allowed = mask if bias is None else merge_masks(mask, bias_mask(bias))
+    if allowed is None:  # a causal mask alone leaves every query key 0
+        return output
+    return _keras_rows_without_keys(output, value, allowed, is_causal, ops.shape(query)[1], ops.shape(key)[1])
+
+
+def _keras_rows_without_keys(output, value, allowed, is_causal, query_len, key_len):
+    """`output` `(batch, query_len, heads, value_depth)` with each query row that has no allowed key
+    set to the mean of `value` over all the keys (Keras's uniform softmax of equal masked logits).
+
+    `allowed` is the boolean `(batch | 1, heads | 1, query_len | 1, key_len | 1)` mask (bias masking
+    merged in); the causal mask, when given, is intersected without building a `(query_len,
+    key_len)` tensor for a mask that is the same for every query (padding). The `where` gives the
+    mean rows Keras's gradient: `dO / key_len` to every value, nothing to the kernel's zero rows.
+    """
+    has_keys = _rows_with_keys(allowed, is_causal, query_len, key_len)  # (batch | 1, heads | 1, query_len | 1)
+    has_keys = ops.expand_dims(ops.transpose(has_keys, (0, 2, 1)), -1)  # (batch | 1, query_len | 1, heads | 1, 1)
+    mean = ops.mean(value, axis=1, keepdims=True)  # (batch, 1, kv_heads, value_depth)
+    mean = ops.repeat(mean, output.shape[2] // value.shape[2], axis=2)  # grouped heads: (batch, 1, heads, dv)
+    return ops.where(has_keys, output, ops.cast(mean, output.dtype))
+
+
+def _rows_with_keys(allowed, is_causal, query_len, key_len):
+    """Whether each query row has an allowed key: `(batch | 1, heads | 1, query_len | 1)`."""
+    if allowed.shape[3] == 1 or not is_causal:  # causal query i always sees key 0, so only the mask decides
+        return ops.any(allowed, axis=-1)
+    if allowed.shape[2] == 1:  # one row for all queries: query i has a key iff one of keys 0..i is allowed
+        seen = ops.cumsum(ops.cast(allowed[:, :, 0], "int32"), axis=-1) > 0  # (batch | 1, heads | 1, key_len)
+        return ops.take(seen, ops.minimum(ops.arange(query_len), key_len - 1), axis=-1)
+    causal = ops.arange(key_len)[None, :] <= ops.arange(query_len)[:, None]  # (query_len, key_len)
+    return ops.any(ops.logical_and(allowed, causal), axis=-1)
 
 
 def _to_rank_4(name, tensor):

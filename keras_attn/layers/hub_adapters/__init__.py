@@ -8,8 +8,8 @@ package that defines, for one hook signature:
 
 - `compute_attention(layer, ...)`: the hook, computed by `keras_attn.scaled_dot_product_attention`
   with the layer's scale, mask, window and dropout;
-- `why_unsupported(layer)`: `None`, or why this layer's attention cannot run there (e.g. Gemma 2's
-  logit soft-capping, which the core op has no way to apply).
+- `why_unsupported(layer)`: `None`, or why this layer's attention cannot run there (an option of
+  the layer the core op has no equivalent for).
 
 `ADAPTERS` maps the qualified name of each KerasHub class to its adapter: the one registry. A layer
 is matched by the classes of its MRO, so KerasHub itself is never imported (nor is it a

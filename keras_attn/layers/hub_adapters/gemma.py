@@ -6,8 +6,8 @@ query heads), scales by `1 / sqrt(head_dim)` (or `1 / sqrt(hidden_dim / num_quer
 is given, to queries sitting at `cache_update_index`: the core op's `sliding_window` and
 `query_offset`, the same band `|i - j| < sliding_window_size`. Attention dropout is the core op's,
 with the seed generator of the layer's dropout layer. Gemma 2's logit soft-capping
-(`attention_logit_soft_cap`, `tanh(logits / cap) * cap` before the softmax) has no equivalent in
-the core op, which only adds biases to the logits: such a layer is not converted (`why_unsupported`).
+(`attention_logit_soft_cap`, `tanh(logits / cap) * cap` on the scaled logits, before the mask) is
+the core op's `logit_soft_cap`, which applies it at the same place.
 """
 
 import math
@@ -34,14 +34,11 @@ def compute_attention(layer, q, k, v, attention_mask, training=False, cache_upda
         training=training,
         seed_generator=layer.dropout_layer.seed_generator if layer.dropout else None,
         implementation=layer.implementation,
+        logit_soft_cap=layer.logit_soft_cap,
     )
 
 
 def why_unsupported(layer):
-    """`None`, or why this layer's attention cannot run on the core op (logit soft-capping)."""
-    if layer.logit_soft_cap is not None:
-        return (
-            f"Gemma 2's logit soft-capping (logit_soft_cap={layer.logit_soft_cap}) transforms the logits by "
-            "tanh, which keras_attn.scaled_dot_product_attention cannot apply (it only adds biases)"
-        )
+    """Always `None`: every Gemma attention layer runs on the core op (soft-capping included)."""
+    del layer
     return None
