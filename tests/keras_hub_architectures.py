@@ -111,7 +111,19 @@ ARCHITECTURES = {
         ALIBI_IN_CALL, dict(TEXT, num_attention_heads=2), "no keras_attn adapter for KerasHub's FalconAttention"
     ),
     "GemmaBackbone": Converts(dict(TEXT, head_dim=8, **GROUPED), ("gemma",), lm="GemmaCausalLM"),
-    "Gemma3Backbone": Converts(dict(TEXT, head_dim=8, image_size=16, **GROUPED), ("gemma3",), lm="Gemma3CausalLM"),
+    "Gemma3Backbone": Converts(
+        dict(
+            TEXT,
+            head_dim=8,
+            image_size=16,
+            **GROUPED,
+            attention_logit_soft_cap=1.0,  # bites on the tiny model's logits
+            use_sliding_window_attention=True,
+            sliding_window_size=3,
+        ),
+        ("gemma3",),
+        lm="Gemma3CausalLM",
+    ),
     "GPT2Backbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,), lm="GPT2CausalLM"),
     "GPTNeoXBackbone": Converts(
         dict(TEXT, num_heads=2, max_sequence_length=16), ("repeated_heads",), lm="GPTNeoXCausalLM"
@@ -299,3 +311,43 @@ ARCHITECTURES.update(
         for name in names.split()
     }
 )
+
+
+def _row(name, entry):
+    """`| backbone | convert | how, or why not |` for one entry."""
+    if isinstance(entry, NoAttention):
+        return f"| {name} | no attention | {entry.what} |"
+    if isinstance(entry, Named):
+        return f"| {name} | named | {entry.reason} |"
+    how = "; ".join(
+        "Keras's `MultiHeadAttention` (or its subclass) becomes keras-attn's"
+        if route == CONVERTED
+        else f"its own attention, through the adapter `keras_attn.layers.hub_adapters.{route}`"
+        for route in entry.routes
+    )
+    checked = "outputs and gradients equal" + (f", `{entry.lm}` generates the same greedy tokens" if entry.lm else "")
+    kind = "converted" if entry.routes == (CONVERTED,) else "adapted"
+    return f"| {name} | {kind} | {how} ({checked}) |"
+
+
+def coverage():
+    """`(converting, holding_attention)`: the backbones that convert with parity, of those that hold attention."""
+    holding = [entry for entry in ARCHITECTURES.values() if not isinstance(entry, NoAttention)]
+    return sum(isinstance(entry, Converts) for entry in holding), len(holding)
+
+
+def architectures_table():
+    """The Markdown table of the converting guide: every backbone KerasHub exports, what `convert` does with it.
+
+    >>> print(architectures_table().splitlines()[2])
+    | AlbertBackbone | converted | Keras's `MultiHeadAttention` (or its subclass) becomes keras-attn's (outputs and gradients equal) |
+    """
+    converting, holding = coverage()
+    rows = ["| backbone | `convert` | how, or why not |", "| --- | --- | --- |"]
+    rows += [_row(name, ARCHITECTURES[name]) for name in sorted(ARCHITECTURES, key=str.lower)]
+    rows.append("")
+    rows.append(
+        f"{converting} of the {holding} backbones that hold attention convert with parity "
+        f"({100 * converting // holding} %); {len(ARCHITECTURES) - holding} hold none."
+    )
+    return "\n".join(rows)

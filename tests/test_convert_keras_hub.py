@@ -53,7 +53,8 @@ def _backbone(name, **extra):
         "mistral": lambda: models.MistralBackbone(sliding_window=4, **grouped, **common),
         "gemma": lambda: models.GemmaBackbone(head_dim=8, **grouped, **common, **extra),
         "gemma2": lambda: models.GemmaBackbone(head_dim=8, **grouped, **common, **GEMMA2, **extra),
-        "qwen": lambda: models.QwenBackbone(num_query_heads=4, num_key_value_heads=2, **common),
+        "qwen": lambda: models.QwenBackbone(**grouped, **common, **extra),
+        "falcon": lambda: models.FalconBackbone(num_attention_heads=2, **common),
     }
     return builders[name]()
 
@@ -126,9 +127,17 @@ def test_gemma_sliding_window_runs_as_the_core_op_window():
     _check_outputs_and_gradients(reference, model, _backbone_inputs("gemma"))
 
 
+def test_qwen_sliding_window_runs_as_the_core_op_window():
+    # Qwen windows in its hook (Llama's shape of hook), not in the mask its decoder builds.
+    reference, model = twins(lambda: _backbone("qwen", use_sliding_window_attention=True, sliding_window_size=3))
+    report = keras_attn.convert(model, return_report=True)[1]
+    assert len(report.adapted) == LAYERS
+    _check_outputs_and_gradients(reference, model, _backbone_inputs("qwen"))
+
+
 def test_an_architecture_without_adapter_is_named():
-    model = _backbone("qwen")
-    with pytest.raises(ValueError, match=r"/self_attention: no keras_attn adapter for KerasHub's QwenAttention"):
+    model = _backbone("falcon")
+    with pytest.raises(ValueError, match=r"/attention: no keras_attn adapter for KerasHub's FalconAttention"):
         keras_attn.convert(model)
 
 

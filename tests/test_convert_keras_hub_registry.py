@@ -10,6 +10,7 @@ KerasHub's attention: converting it again gives the converted outputs, once per 
 """
 
 import inspect
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -25,6 +26,7 @@ from tests.keras_hub_architectures import Converts
 from tests.keras_hub_architectures import Named
 from tests.keras_hub_architectures import Nested
 from tests.keras_hub_architectures import NoAttention
+from tests.keras_hub_architectures import architectures_table
 from tests.twin_models import max_difference
 from tests.twin_models import twins
 
@@ -226,3 +228,8 @@ def test_keras_file_reloads_then_converts_again(name, tmp_path):
 def test_every_adapter_module_is_exercised_by_a_backbone():
     exercised = {route for entry in ARCHITECTURES.values() if isinstance(entry, Converts) for route in entry.routes}
     assert set(hub_adapters.ADAPTERS.values()) <= exercised
+
+
+def test_the_converting_guide_lists_every_architecture_as_the_entries_say():
+    guide = Path(keras_attn.__file__).parents[1] / "docs" / "guides" / "converting_models.md"
+    assert architectures_table() in guide.read_text(encoding="utf-8")

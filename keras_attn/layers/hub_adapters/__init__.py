@@ -1,9 +1,10 @@
 """Adapters: KerasHub attention layers that are not `keras.layers.MultiHeadAttention`, on keras_attn's kernels.
 
-The decoder blocks of the Llama, Mistral and Gemma families build their own attention layer
-(`LlamaAttention`, `CachedMistralAttention`, `CachedGemmaAttention`): its `call` projects the
-inputs, applies the rotary embedding, writes the key/value cache and then calls the layer's
-`_compute_attention` hook on the projected query, keys and values. An adapter is a module of this
+The decoder blocks of the Llama, Mistral, Phi3, Qwen, SmolLM3, GPT-NeoX and Gemma families build
+their own attention layer (`LlamaAttention`, `CachedMistralAttention`, `QwenAttention`,
+`CachedGemmaAttention`, ...): its `call` projects the inputs, applies the rotary embedding, writes
+the key/value cache and then calls the layer's `_compute_attention` hook on the projected query,
+keys and values. An adapter is a module of this
 package that defines, for one hook signature:
 
 - `compute_attention(layer, ...)`: the hook, computed by `keras_attn.scaled_dot_product_attention`
