@@ -94,9 +94,7 @@ ARCHITECTURES = {
         (CONVERTED,),
     ),
     "DINOV2Backbone": Converts(dict(VISION, image_shape=(16, 16, 3), position_embedding_shape=(16, 16)), (CONVERTED,)),
-    "DINOV3Backbone": Named(
-        OP_IN_CALL, dict(VISION, image_shape=(16, 16, 3)), "no keras_attn adapter for KerasHub's DINOV3Attention"
-    ),
+    "DINOV3Backbone": Converts(dict(VISION, image_shape=(16, 16, 3)), ("op_in_call",)),
     "DistilBertBackbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,)),
     "EdRecBackbone": Converts(
         dict(vocab_size=64, num_layers_enc=1, num_layers_dec=1, hidden_dim=16, intermediate_dim=32, num_heads=2),
@@ -106,7 +104,7 @@ ARCHITECTURES = {
         dict(vocab_size=64, num_layers=2, num_heads=2, hidden_dim=16, embedding_dim=16, intermediate_dim=32),
         (CONVERTED,),
     ),
-    "ESMBackbone": Named(OP_IN_CALL, dict(TEXT, num_heads=2), "no keras_attn adapter for KerasHub's EsmSelfAttention"),
+    "ESMBackbone": Converts(dict(TEXT, num_heads=2), ("op_in_call",)),
     "FalconBackbone": Named(
         ALIBI_IN_CALL, dict(TEXT, num_attention_heads=2), "no keras_attn adapter for KerasHub's FalconAttention"
     ),
@@ -201,9 +199,7 @@ ARCHITECTURES = {
         ("repeated_heads",),
     ),
     "RobertaBackbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,)),
-    "RoformerV2Backbone": Named(
-        OP_IN_CALL, dict(TEXT, num_heads=2, head_size=8), "no keras_attn adapter for KerasHub's RoformerAttention"
-    ),
+    "RoformerV2Backbone": Converts(dict(TEXT, num_heads=2, head_size=8), ("op_in_call",)),
     "SigLIPTextEncoder": Converts(dict(TEXT, embedding_dim=16, num_heads=2, max_sequence_length=8), (CONVERTED,)),
     "SigLIPVisionEncoder": Converts(dict(VISION, image_shape=(16, 16, 3)), (CONVERTED,)),
     "SigLIPBackbone": Converts(

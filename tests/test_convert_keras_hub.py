@@ -227,3 +227,24 @@ def test_a_keras_hub_layer_named_attention_holding_keras_attention_is_a_containe
     assert (report.converted, report.unconverted) == (("vision/dino/attention",), ())
     x = np.random.default_rng(7).normal(size=(2, LENGTH, 16)).astype("float32")
     assert max_difference(model(x), reference(x)) < TOLERANCE
+
+
+def test_an_attention_calling_keras_op_in_its_own_call_runs_keras_attn_op():
+    from unittest import mock
+
+    from keras_attn.layers.hub_adapters import op_in_call
+
+    reference, model = twins(
+        lambda: keras_hub.models.ESMBackbone(
+            vocabulary_size=VOCABULARY, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32
+        )
+    )
+    report = keras_attn.convert(model, implementation="blockwise", return_report=True)[1]
+    assert report.adapted == (f"{model.name}/transformer_layer_0/attention_layer",)
+    inputs = _inputs(8)
+    with mock.patch.object(op_in_call, "dot_product_attention", wraps=op_in_call.dot_product_attention) as ours:
+        got = model({"token_ids": inputs["token_ids"]})
+    assert ours.call_count == 1 and ours.call_args.kwargs["flash_attention"] is True  # blockwise: the streaming kernel
+    assert max_difference(got, reference({"token_ids": inputs["token_ids"]})) < TOLERANCE
+    with pytest.raises(ValueError, match=r"`implementation` of the adapted EsmSelfAttention must be one of"):
+        keras_attn.convert(reference, implementation="chunked")({"token_ids": inputs["token_ids"]})

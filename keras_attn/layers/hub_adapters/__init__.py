@@ -9,6 +9,8 @@ package that defines, for one hook signature:
 
 - `compute_attention(layer, ...)`: the hook, computed by `keras_attn.scaled_dot_product_attention`
   with the layer's scale, mask, window and dropout;
+- optionally `HOOK`: the method of the KerasHub class that `compute_attention` replaces,
+  `"_compute_attention"` unless it says otherwise (a class without that hook: its `call`);
 - `why_unsupported(layer)`: `None`, or why this layer's attention cannot run there (an option of
   the layer the core op has no equivalent for).
 
@@ -36,6 +38,9 @@ ADAPTERS = {
     "keras_hub.src.models.gpt_neo_x.gpt_neo_x_attention.GPTNeoXAttention": "repeated_heads",
     "keras_hub.src.models.gemma.gemma_attention.CachedGemmaAttention": "gemma",
     "keras_hub.src.models.gemma3.gemma3_attention.CachedGemma3Attention": "gemma3",
+    "keras_hub.src.models.esm.esm_attention.EsmSelfAttention": "op_in_call",
+    "keras_hub.src.models.roformer_v2.roformer_v2_attention.RoformerAttention": "op_in_call",
+    "keras_hub.src.models.dinov3.dinov3_layers.DINOV3Attention": "op_in_call",
 }
 _ADAPTER = "_keras_attn_adapter"  # the class attribute naming an adapted class's adapter module
 _ADAPTED_CLASSES = {}
@@ -61,9 +66,10 @@ def why_not_adapted(layer):
             f"no keras_attn adapter for KerasHub's {klass.__name__} ({klass.__module__}); adapters exist for "
             + ", ".join(name.rsplit(".", 1)[1] for name in ADAPTERS)
         )
-    if klass._compute_attention is not registered._compute_attention:
+    hook = _hook(_adapter(registered))
+    if getattr(klass, hook) is not getattr(registered, hook):
         return (
-            f"its class {klass.__name__} overrides `_compute_attention` of KerasHub's {registered.__name__}, "
+            f"its class {klass.__name__} overrides `{hook}` of KerasHub's {registered.__name__}, "
             "the hook the adapter replaces; its own computation would be lost"
         )
     return _adapter(registered).why_unsupported(layer)
@@ -78,7 +84,7 @@ def adapt(layer, implementation):
             type(layer).__name__,
             (type(layer),),
             {
-                "_compute_attention": adapter.compute_attention,
+                _hook(adapter): adapter.compute_attention,
                 _ADAPTER: adapter.__name__,
                 "__module__": adapter.__name__,
                 "__doc__": type(layer).__doc__,
@@ -94,6 +100,11 @@ def _registered_class(klass):
         if f"{base.__module__}.{base.__qualname__}" in ADAPTERS:
             return base
     return None
+
+
+def _hook(adapter):
+    """The method of the KerasHub class that `adapter`'s `compute_attention` replaces."""
+    return getattr(adapter, "HOOK", "_compute_attention")
 
 
 def _adapter(registered):
