@@ -59,10 +59,6 @@ OP_IN_CALL = (
     "its attention layer calls `keras.ops.dot_product_attention` directly in its own `call`, with no hook for "
     "convert to replace: `keras_attn.enable()` is the switch that reaches it"
 )
-ALIBI_IN_CALL = (
-    "its attention layer adds ALiBi to the logits and computes the softmax in its own `call` (projections, cache "
-    "and attention in one method, no hook); no adapter replaces that call (ALiBi is the core op's position bias) yet"
-)
 OWN_CALL = "computes its attention in its own `call`, with no hook for convert to replace"
 NOT_BUILT = "not built by the walk: "
 
@@ -74,9 +70,7 @@ ARCHITECTURES = {
     ),
     "BartBackbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,), lm="BartSeq2SeqLM"),
     "BertBackbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,)),
-    "BloomBackbone": Named(
-        ALIBI_IN_CALL, dict(TEXT, num_heads=2), "no keras_attn adapter for KerasHub's BloomAttention"
-    ),
+    "BloomBackbone": Converts(dict(TEXT, num_heads=2), ("bloom",), lm="BloomCausalLM"),
     "CLIPTextEncoder": Converts(dict(TEXT, embedding_dim=16, num_heads=2, max_sequence_length=8), (CONVERTED,)),
     "CLIPVisionEncoder": Converts(dict(VISION, image_shape=(16, 16, 3)), (CONVERTED,)),
     "CLIPBackbone": Converts(
@@ -105,9 +99,7 @@ ARCHITECTURES = {
         (CONVERTED,),
     ),
     "ESMBackbone": Converts(dict(TEXT, num_heads=2), ("op_in_call",)),
-    "FalconBackbone": Named(
-        ALIBI_IN_CALL, dict(TEXT, num_attention_heads=2), "no keras_attn adapter for KerasHub's FalconAttention"
-    ),
+    "FalconBackbone": Converts(dict(TEXT, num_attention_heads=2), ("falcon",), lm="FalconCausalLM"),
     "GemmaBackbone": Converts(dict(TEXT, head_dim=8, **GROUPED), ("gemma",), lm="GemmaCausalLM"),
     "Gemma3Backbone": Converts(
         dict(

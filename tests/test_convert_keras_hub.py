@@ -54,7 +54,7 @@ def _backbone(name, **extra):
         "gemma": lambda: models.GemmaBackbone(head_dim=8, **grouped, **common, **extra),
         "gemma2": lambda: models.GemmaBackbone(head_dim=8, **grouped, **common, **GEMMA2, **extra),
         "qwen": lambda: models.QwenBackbone(**grouped, **common, **extra),
-        "falcon": lambda: models.FalconBackbone(num_attention_heads=2, **common),
+        "gpt_oss": lambda: models.GptOssBackbone(num_experts=2, head_dim=8, **grouped, **common),
     }
     return builders[name]()
 
@@ -136,8 +136,8 @@ def test_qwen_sliding_window_runs_as_the_core_op_window():
 
 
 def test_an_architecture_without_adapter_is_named():
-    model = _backbone("falcon")
-    with pytest.raises(ValueError, match=r"/attention: no keras_attn adapter for KerasHub's FalconAttention"):
+    model = _backbone("gpt_oss")
+    with pytest.raises(ValueError, match=r"/self_attention: no keras_attn adapter for KerasHub's GptOssAttention"):
         keras_attn.convert(model)
 
 

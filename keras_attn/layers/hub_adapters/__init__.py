@@ -41,6 +41,8 @@ ADAPTERS = {
     "keras_hub.src.models.esm.esm_attention.EsmSelfAttention": "op_in_call",
     "keras_hub.src.models.roformer_v2.roformer_v2_attention.RoformerAttention": "op_in_call",
     "keras_hub.src.models.dinov3.dinov3_layers.DINOV3Attention": "op_in_call",
+    "keras_hub.src.models.falcon.falcon_attention.FalconAttention": "falcon",
+    "keras_hub.src.models.bloom.bloom_attention.BloomAttention": "bloom",
 }
 _ADAPTER = "_keras_attn_adapter"  # the class attribute naming an adapted class's adapter module
 _ADAPTED_CLASSES = {}
