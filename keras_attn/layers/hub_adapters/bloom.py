@@ -10,30 +10,19 @@ context decides): a layer built with dropout is not adapted.
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
-from keras_attn.layers.hub_adapters.cached_projections import heads_merged
-from keras_attn.layers.hub_adapters.cached_projections import project_and_cache
+from keras_attn.layers.hub_adapters.cached_projections import cached_attention_call
 
 HOOK = "call"
 
 
 def compute_attention(layer, hidden_states, attention_mask=None, cache=None, cache_update_index=None):
     """Bloom's attention `call`, its attention on `scaled_dot_product_attention`."""
-    dense_layers = (layer._query_dense, layer._key_dense, layer._value_dense)
-    query, key, value, cache = project_and_cache(hidden_states, dense_layers, cache, cache_update_index)
-    # The layer's ALiBi of every key, as it adds it to the logits (of any query: it does not depend on it).
-    alibi = layer._alibi_layer(ops.zeros((1, layer.num_heads, 1, ops.shape(key)[1]), layer.compute_dtype))
-    output = scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        mask=None if attention_mask is None else ops.cast(attention_mask[:, None], "bool"),
-        bias=alibi,
-        scale=layer.inv_norm_factor,
-        implementation=layer.implementation,
-    )
-    output = layer._output_dense(heads_merged(output))
-    return output if cache is None else (output, cache)
+    projections = (layer._query_dense, layer._key_dense, layer._value_dense, layer._output_dense)
+
+    def alibi(key_len):  # the layer's ALiBi of every key, as it adds it to the logits of any query
+        return layer._alibi_layer(ops.zeros((1, layer.num_heads, 1, key_len), layer.compute_dtype))
+
+    return cached_attention_call(layer, hidden_states, projections, alibi, attention_mask, cache, cache_update_index)
 
 
 def why_unsupported(layer):

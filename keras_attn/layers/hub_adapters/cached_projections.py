@@ -1,35 +1,60 @@
-"""What the `call` of KerasHub's Falcon and Bloom attention does around its attention, for their adapters.
+"""The `call` of KerasHub's Falcon and Bloom attention, its attention on the core op, for their adapters.
 
 Those layers have no `_compute_attention` hook: their adapters replace `call`, and this module is
-the part of it that is theirs, as KerasHub writes it: the query, key and value projections of
-`(batch, length, heads, head_dim)` and the key/value cache `(batch, 2, max_length, heads,
-head_dim)`, written at `cache_update_index` (or read whole when no index is given).
+that call as KerasHub writes it, but for the attention: the query, key and value projections of
+`(batch, length, heads, head_dim)`, the key/value cache `(batch, 2, max_length, heads, head_dim)`
+written at `cache_update_index` (or read whole when no index is given), the attention on
+`keras_attn.scaled_dot_product_attention` with the layer's scale and an additive bias (their
+ALiBi), and the output projection.
 """
 
 from keras import ops
 
+from keras_attn.core.attention import scaled_dot_product_attention
 
-def project_and_cache(inputs, dense_layers, cache=None, cache_update_index=None):
-    """`(query, key, value, cache)`: the projections of `inputs` by `dense_layers` (query, key, value), the cache updated."""
-    query_dense, key_dense, value_dense = dense_layers
+
+def cached_attention_call(layer, inputs, projections, bias, attention_mask=None, cache=None, cache_update_index=None):
+    """The layer's output (and its cache, when given one).
+
+    Args:
+        layer: the adapted layer (its `inv_norm_factor` and `implementation` are read).
+        inputs: `(batch, length, hidden_dim)`.
+        projections: the layer's query, key, value and output dense layers, in that order.
+        bias: a function of the key length: the additive bias, broadcastable to
+            `(batch, heads, query_len, key_len)`.
+        attention_mask: optional `(batch, query_len, key_len)` mask, `True` where a query may attend.
+        cache, cache_update_index: KerasHub's cache and the index where this call writes it.
+    """
+    query_dense, key_dense, value_dense, output_dense = projections
     query, key, value = query_dense(inputs), key_dense(inputs), value_dense(inputs)
+    key, value, cache = _cached(key, value, cache, cache_update_index)
+    output = scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        mask=None if attention_mask is None else ops.cast(attention_mask[:, None], "bool"),
+        bias=bias(ops.shape(key)[1]),
+        scale=layer.inv_norm_factor,
+        implementation=layer.implementation,
+    )
+    batch, length, heads, head_dim = ops.shape(output)
+    output = output_dense(ops.reshape(output, (batch, length, heads * head_dim)))
+    return output if cache is None else (output, cache)
+
+
+def _cached(key, value, cache, cache_update_index):
+    """`(key, value, cache)`: this call's keys and values written into the cache (or the cache's, read whole)."""
     if cache is None:
         if cache_update_index is not None:
             raise ValueError(
                 "`cache_update_index` should not be set if `cache` is `None`. "
                 f"Received: cache={cache}, cache_update_index={cache_update_index}"
             )
-        return query, key, value, None
+        return key, value, None
     key_cache, value_cache = cache[:, 0, ...], cache[:, 1, ...]
     if cache_update_index is None:
-        return query, key_cache, value_cache, cache
+        return key_cache, value_cache, cache
     start = [0, cache_update_index, 0, 0]
     key = ops.slice_update(key_cache, start, key)
     value = ops.slice_update(value_cache, start, value)
-    return query, key, value, ops.stack((key, value), axis=1)
-
-
-def heads_merged(output):
-    """`(batch, length, heads * head_dim)` of an attention output `(batch, length, heads, head_dim)`."""
-    batch, length, heads, head_dim = ops.shape(output)
-    return ops.reshape(output, (batch, length, heads * head_dim))
+    return key, value, ops.stack((key, value), axis=1)

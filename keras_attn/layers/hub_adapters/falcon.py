@@ -11,29 +11,18 @@ queries (never a `(query_len, key_len)` tensor). The rest of the call is KerasHu
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
-from keras_attn.layers.hub_adapters.cached_projections import heads_merged
-from keras_attn.layers.hub_adapters.cached_projections import project_and_cache
+from keras_attn.layers.hub_adapters.cached_projections import cached_attention_call
 
 HOOK = "call"
 
 
 def compute_attention(layer, inputs, alibi, attention_mask=None, cache=None, cache_update_index=None):
     """Falcon's attention `call`, its attention on `scaled_dot_product_attention`."""
-    dense_layers = (layer.query_dense, layer.key_dense, layer.value_dense)
-    query, key, value, cache = project_and_cache(inputs, dense_layers, cache, cache_update_index)
-    scale = ops.cast(layer.inv_norm_factor, layer.compute_dtype)
-    output = scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        mask=None if attention_mask is None else ops.cast(attention_mask[:, None], "bool"),
-        bias=alibi * scale,
-        scale=layer.inv_norm_factor,
-        implementation=layer.implementation,
+    projections = (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense)
+    scaled_alibi = alibi * ops.cast(layer.inv_norm_factor, layer.compute_dtype)
+    return cached_attention_call(
+        layer, inputs, projections, lambda key_len: scaled_alibi, attention_mask, cache, cache_update_index
     )
-    output = layer.output_dense(heads_merged(output))
-    return output if cache is None else (output, cache)
 
 
 def why_unsupported(layer):
