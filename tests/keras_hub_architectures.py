@@ -62,6 +62,20 @@ OP_IN_CALL = (
 OWN_CALL = "computes its attention in its own `call`, with no hook for convert to replace"
 NOT_BUILT = "not built by the walk: "
 
+T5GEMMA = {
+    f"{stack}_{key}": value
+    for stack in ("encoder", "decoder")
+    for key, value in dict(
+        hidden_dim=16,
+        intermediate_dim=32,
+        num_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        layer_types=["sliding_attention", "full_attention"],
+    ).items()
+} | dict(vocabulary_size=64, attn_logit_softcapping=1.0, sliding_window=3)
+
 VISION = dict(patch_size=4, hidden_dim=16, num_layers=2, num_heads=2, intermediate_dim=32)
 
 ARCHITECTURES = {
@@ -229,10 +243,12 @@ ARCHITECTURES = {
         (CONVERTED,),
     ),
     "BLIP2Backbone": Named(
-        NOT_BUILT + "it wraps a vision encoder, a Q-Former and an OPT language model; its Q-Former's "
-        "QFormerAttention holds Keras's MultiHeadAttention (converted) and its vision encoder " + OWN_CALL
+        NOT_BUILT + "it is assembled from a BLIP2VisionEncoder, a BLIP2QFormer and a language model "
+        "(BLIP2CustomOPT or Flan-T5), models that are not backbones and have no tiny entry here"
     ),
-    "DepthAnythingBackbone": Named(NOT_BUILT + "it wraps a DINOv2 image encoder (converted on its own)"),
+    "DepthAnythingBackbone": Named(
+        NOT_BUILT + "no tiny configuration of its neck yet; its image encoder is DINOV2Backbone (converted)"
+    ),
     "DFineBackbone": Named(
         "DFineMultiheadAttention " + OWN_CALL + "; DFineMultiscaleDeformableAttention samples features at learned "
         "offsets, which is not dot-product attention"
@@ -251,7 +267,18 @@ ARCHITECTURES = {
     "PaliGemmaBackbone": Named(
         "its vision encoder's PaliGemmaVitAttention " + OWN_CALL + " (its Gemma decoder is adapted)"
     ),
-    "PARSeqBackbone": Named(NOT_BUILT + "it needs an image encoder built for its image size"),
+    "PARSeqBackbone": Converts(
+        dict(
+            image_encoder=Nested("ViTBackbone"),
+            vocabulary_size=64,
+            max_label_length=7,  # the token_ids are one longer
+            decoder_hidden_dim=16,
+            num_decoder_layers=1,
+            num_decoder_heads=2,
+            decoder_mlp_dim=32,
+        ),
+        (CONVERTED,),
+    ),
     "SAMBackbone": Named(
         "its ViTDet image encoder's MultiHeadAttentionWithRelativePE and its mask decoder's "
         "MultiHeadAttentionWithDownsampling " + OWN_CALL
@@ -265,14 +292,8 @@ ARCHITECTURES = {
     "SwinTransformerBackbone": Named(
         "WindowAttention (shifted windows with a relative position bias table) " + OWN_CALL
     ),
-    "T5GemmaBackbone": Named(
-        "T5GemmaAttention overrides the `_compute_attention` of Gemma's attention (an additive mask, its own "
-        "`scaling`); no adapter for it yet"
-    ),
-    "T5Gemma2Backbone": Named(
-        "T5Gemma2Attention and T5Gemma2MergedAttention override the `_compute_attention` of Gemma 3's attention "
-        "(an additive mask, its own `scaling`); no adapter for them yet"
-    ),
+    "T5GemmaBackbone": Converts(T5GEMMA, ("additive_mask",), lm="T5GemmaSeq2SeqLM"),
+    "T5Gemma2Backbone": Converts(T5GEMMA, ("additive_mask",), lm="T5Gemma2Seq2SeqLM"),
     "VideoPrismBackbone": Named("VideoPrismAttention (with a logit soft-cap) " + OWN_CALL),
     "ViTDetBackbone": Named("MultiHeadAttentionWithRelativePE (decomposed relative positions) " + OWN_CALL),
     "XLMRobertaBackbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,)),

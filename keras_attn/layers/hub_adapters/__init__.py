@@ -43,6 +43,9 @@ ADAPTERS = {
     "keras_hub.src.models.dinov3.dinov3_layers.DINOV3Attention": "op_in_call",
     "keras_hub.src.models.falcon.falcon_attention.FalconAttention": "falcon",
     "keras_hub.src.models.bloom.bloom_attention.BloomAttention": "bloom",
+    "keras_hub.src.models.t5gemma.t5gemma_attention.T5GemmaAttention": "additive_mask",
+    "keras_hub.src.models.t5gemma2.t5gemma2_attention.T5Gemma2Attention": "additive_mask",
+    "keras_hub.src.models.t5gemma2.t5gemma2_attention.T5Gemma2MergedAttention": "additive_mask",
 }
 _ADAPTER = "_keras_attn_adapter"  # the class attribute naming an adapted class's adapter module
 _ADAPTED_CLASSES = {}
