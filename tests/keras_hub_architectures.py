@@ -91,12 +91,7 @@ ARCHITECTURES = {
         dict(vision_encoder=Nested("CLIPVisionEncoder"), text_encoder=Nested("CLIPTextEncoder"), projection_dim=8),
         (CONVERTED,),
     ),
-    "DebertaV3Backbone": Named(
-        "DisentangledSelfAttention builds its disentangled relative-position bias inside its `_compute_attention` "
-        "hook and returns the weights with the output; no adapter passes that bias to the core op's `bias` yet",
-        dict(TEXT, num_heads=2, max_sequence_length=16, bucket_size=4),
-        "no keras_attn adapter for KerasHub's DisentangledSelfAttention",
-    ),
+    "DebertaV3Backbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16, bucket_size=4), ("disentangled",)),
     "DeiTBackbone": Converts(
         dict(image_shape=(16, 16, 3), patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32),
         (CONVERTED,),
@@ -258,9 +253,18 @@ ARCHITECTURES = {
         "Gemma3nTextAttention's `_compute_attention` returns the attention weights with the output and its audio "
         "encoder's attention " + OWN_CALL + "; no adapter yet"
     ),
-    "Gemma4Backbone": Named(
-        "Gemma4TextAttention's hook (scale 1, keys shared with values on global layers) and Gemma4VisionAttention's "
-        "have no adapter yet"
+    "Gemma4Backbone": Converts(  # text only: its vision and audio encoders' attention have no adapter
+        dict(
+            TEXT,
+            head_dim=8,
+            image_size=16,
+            **GROUPED,
+            attention_logit_soft_cap=1.0,
+            sliding_window_size=3,
+            sliding_window_pattern=2,
+        ),
+        ("gemma4",),
+        lm="Gemma4CausalLM",
     ),
     "MiTBackbone": Named("SegFormerMultiheadAttention (spatial-reduction attention) " + OWN_CALL),
     "MobileNetV5Backbone": Named("MultiQueryAttention2d (attention over 2D feature maps) " + OWN_CALL),

@@ -9,11 +9,11 @@ at the same place) and the mask as the additive `bias`.
 """
 
 from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 
 def compute_attention(layer, query_states, key_states, value_states, attention_mask, training=False):
     """`(batch, query_len, heads, head_dim)`: KerasHub's hook, on `scaled_dot_product_attention`."""
-    rate = layer.dropout_layer.rate
     return scaled_dot_product_attention(
         query_states,
         key_states,
@@ -21,9 +21,7 @@ def compute_attention(layer, query_states, key_states, value_states, attention_m
         bias=attention_mask,
         scale=layer.scaling,
         logit_soft_cap=layer.logit_soft_cap,
-        dropout_rate=rate,
-        training=bool(training),
-        seed_generator=layer.dropout_layer.seed_generator if rate else None,
+        **weights_dropout(layer.dropout_layer, training),
         implementation=layer.implementation,
     )
 

@@ -23,13 +23,13 @@ What the classes add, each read from the layer as KerasHub's own hook reads it:
 from keras import ops
 
 from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 
 def compute_attention(layer, query, key, value, attention_mask=None, cache_update_index=None, training=None):
     """`(batch, query_len, heads, head_dim)`: KerasHub's hook, on `scaled_dot_product_attention`."""
     mask = None if attention_mask is None else ops.cast(attention_mask[:, None], "bool")
     window = _sliding_window(layer) if attention_mask is not None else None
-    rate = getattr(getattr(layer, "_attn_dropout_layer", None), "rate", 0.0)
     return scaled_dot_product_attention(
         query,
         key,
@@ -38,9 +38,7 @@ def compute_attention(layer, query, key, value, attention_mask=None, cache_updat
         sliding_window=window,
         query_offset=0 if window is None or cache_update_index is None else cache_update_index,
         scale=layer._inv_norm_factor,
-        dropout_rate=rate,
-        training=bool(training),
-        seed_generator=layer._attn_dropout_layer.seed_generator if rate else None,
+        **weights_dropout(getattr(layer, "_attn_dropout_layer", None), training),
         implementation=layer.implementation,
     )
 
