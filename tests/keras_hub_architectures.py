@@ -127,11 +127,8 @@ ARCHITECTURES = {
     "GPTNeoXBackbone": Converts(
         dict(TEXT, num_heads=2, max_sequence_length=16), ("repeated_heads",), lm="GPTNeoXCausalLM"
     ),
-    "GptOssBackbone": Named(
-        "GptOssAttention's attention sinks (a learned logit per head that joins every row's softmax) have no "
-        "equivalent in the core op",
-        dict(TEXT, **GROUPED, num_experts=2, head_dim=8),
-        "no keras_attn adapter for KerasHub's GptOssAttention",
+    "GptOssBackbone": Converts(
+        dict(TEXT, **GROUPED, num_experts=2, head_dim=8, sliding_window=3), ("gpt_oss",), lm="GptOssCausalLM"
     ),
     "LlamaBackbone": Converts(dict(TEXT, **GROUPED), ("repeated_heads",), lm="LlamaCausalLM"),
     "Llama3Backbone": Converts(dict(TEXT, **GROUPED), ("repeated_heads",), lm="Llama3CausalLM"),
@@ -224,12 +221,7 @@ ARCHITECTURES = {
         ("repeated_heads",),
         lm="SmolLM3CausalLM",
     ),
-    "T5Backbone": Named(
-        "T5MultiHeadAttention computes its relative position bias and its attention in its own `call`, with no hook; "
-        "no adapter replaces that call (the bias would be the core op's `bias`) yet",
-        dict(TEXT, num_heads=2, key_value_dim=8),
-        "no keras_attn adapter for KerasHub's T5MultiHeadAttention",
-    ),
+    "T5Backbone": Converts(dict(TEXT, num_heads=2, key_value_dim=8), ("t5",), lm="T5Seq2SeqLM"),
     "ViTBackbone": Converts(
         dict(image_shape=(16, 16, 3), patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32), (CONVERTED,)
     ),

@@ -54,7 +54,6 @@ def _backbone(name, **extra):
         "gemma": lambda: models.GemmaBackbone(head_dim=8, **grouped, **common, **extra),
         "gemma2": lambda: models.GemmaBackbone(head_dim=8, **grouped, **common, **GEMMA2, **extra),
         "qwen": lambda: models.QwenBackbone(**grouped, **common, **extra),
-        "gpt_oss": lambda: models.GptOssBackbone(num_experts=2, head_dim=8, **grouped, **common),
     }
     return builders[name]()
 
@@ -136,8 +135,13 @@ def test_qwen_sliding_window_runs_as_the_core_op_window():
 
 
 def test_an_architecture_without_adapter_is_named():
-    model = _backbone("gpt_oss")
-    with pytest.raises(ValueError, match=r"/self_attention: no keras_attn adapter for KerasHub's GptOssAttention"):
+    from keras_hub.src.models.pali_gemma.pali_gemma_vit import PaliGemmaVitAttention
+
+    inputs = keras.Input((LENGTH, 16))
+    model = keras.Model(inputs, PaliGemmaVitAttention(16, 2, name="vit_attention")(inputs), name="vision")
+    with pytest.raises(
+        ValueError, match=r"vision/vit_attention: no keras_attn adapter for KerasHub's PaliGemmaVitAttention"
+    ):
         keras_attn.convert(model)
 
 

@@ -1,4 +1,4 @@
-"""The `call` of KerasHub's Falcon and Bloom attention, its attention on the core op, for their adapters.
+"""The `call` of KerasHub's Falcon and Bloom attention (and T5's cache), its attention on the core op, for their adapters.
 
 Those layers have no `_compute_attention` hook: their adapters replace `call`, and this module is
 that call as KerasHub writes it, but for the attention: the query, key and value projections of
@@ -27,7 +27,7 @@ def cached_attention_call(layer, inputs, projections, bias, attention_mask=None,
     """
     query_dense, key_dense, value_dense, output_dense = projections
     query, key, value = query_dense(inputs), key_dense(inputs), value_dense(inputs)
-    key, value, cache = _cached(key, value, cache, cache_update_index)
+    key, value, cache = cached_keys_and_values(key, value, cache, cache_update_index)
     output = scaled_dot_product_attention(
         query,
         key,
@@ -42,7 +42,7 @@ def cached_attention_call(layer, inputs, projections, bias, attention_mask=None,
     return output if cache is None else (output, cache)
 
 
-def _cached(key, value, cache, cache_update_index):
+def cached_keys_and_values(key, value, cache, cache_update_index):
     """`(key, value, cache)`: this call's keys and values written into the cache (or the cache's, read whole)."""
     if cache is None:
         if cache_update_index is not None:
