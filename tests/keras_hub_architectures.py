@@ -258,7 +258,20 @@ ARCHITECTURES = {
         ("gemma4",),
         lm="Gemma4CausalLM",
     ),
-    "MiTBackbone": Named("SegFormerMultiheadAttention (spatial-reduction attention) " + OWN_CALL),
+    "MiTBackbone": Converts(
+        dict(
+            layerwise_depths=[1, 1],
+            num_layers=2,
+            layerwise_num_heads=[1, 2],
+            layerwise_sr_ratios=[2, 1],
+            max_drop_path_rate=0.0,
+            layerwise_patch_sizes=[3, 3],
+            layerwise_strides=[2, 2],
+            image_shape=(16, 16, 3),
+            hidden_dims=[8, 16],
+        ),
+        ("spatial_reduction",),
+    ),
     "MobileNetV5Backbone": Named("MultiQueryAttention2d (attention over 2D feature maps) " + OWN_CALL),
     "PaliGemmaBackbone": Named(
         "its vision encoder's PaliGemmaVitAttention " + OWN_CALL + " (its Gemma decoder is adapted)"
@@ -280,7 +293,9 @@ ARCHITECTURES = {
         "MultiHeadAttentionWithDownsampling " + OWN_CALL
     ),
     "SAM3PromptableConceptBackbone": Named("SAM3Attention " + OP_IN_CALL.removeprefix("its attention layer ")),
-    "SegFormerBackbone": Named("its MiT image encoder's SegFormerMultiheadAttention " + OWN_CALL),
+    "SegFormerBackbone": Converts(
+        dict(image_encoder=Nested("MiTBackbone"), projection_filters=8), ("spatial_reduction",)
+    ),
     "StableDiffusion3Backbone": Named(
         "its MMDiT blocks compute their attention in their own `call` (calling `keras.ops.dot_product_attention` "
         "on JAX and PyTorch only), with no hook for convert to replace"
