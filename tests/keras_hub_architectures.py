@@ -273,8 +273,20 @@ ARCHITECTURES = {
         ("spatial_reduction",),
     ),
     "MobileNetV5Backbone": Named("MultiQueryAttention2d (attention over 2D feature maps) " + OWN_CALL),
-    "PaliGemmaBackbone": Named(
-        "its vision encoder's PaliGemmaVitAttention " + OWN_CALL + " (its Gemma decoder is adapted)"
+    "PaliGemmaBackbone": Converts(
+        dict(
+            TEXT,
+            image_size=16,
+            head_dim=8,
+            **GROUPED,
+            vit_patch_size=4,
+            vit_num_heads=2,
+            vit_hidden_dim=16,
+            vit_num_layers=1,
+            vit_intermediate_dim=32,
+        ),
+        ("gemma", "vit_scores"),
+        lm="PaliGemmaCausalLM",
     ),
     "PARSeqBackbone": Converts(
         dict(

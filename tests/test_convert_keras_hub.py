@@ -135,12 +135,13 @@ def test_qwen_sliding_window_runs_as_the_core_op_window():
 
 
 def test_an_architecture_without_adapter_is_named():
-    from keras_hub.src.models.pali_gemma.pali_gemma_vit import PaliGemmaVitAttention
+    from keras_hub.src.models.video_prism.video_prism_layers import VideoPrismAttention
 
     inputs = keras.Input((LENGTH, 16))
-    model = keras.Model(inputs, PaliGemmaVitAttention(16, 2, name="vit_attention")(inputs), name="vision")
+    layer = VideoPrismAttention(num_heads=2, key_dim=8, hidden_dim=16, name="video_attention")
+    model = keras.Model(inputs, layer(inputs, inputs), name="video")
     with pytest.raises(
-        ValueError, match=r"vision/vit_attention: no keras_attn adapter for KerasHub's PaliGemmaVitAttention"
+        ValueError, match=r"video/video_attention: no keras_attn adapter for KerasHub's VideoPrismAttention"
     ):
         keras_attn.convert(model)
 

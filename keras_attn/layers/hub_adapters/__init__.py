@@ -47,6 +47,7 @@ ADAPTERS = {
     "keras_hub.src.models.gpt_oss.gpt_oss_attention.GptOssAttention": "gpt_oss",
     "keras_hub.src.models.t5.t5_multi_head_attention.T5MultiHeadAttention": "t5",
     "keras_hub.src.models.mit.mit_layers.SegFormerMultiheadAttention": "spatial_reduction",
+    "keras_hub.src.models.pali_gemma.pali_gemma_vit.PaliGemmaVitAttention": "vit_scores",
     "keras_hub.src.models.deberta_v3.disentangled_self_attention.DisentangledSelfAttention": "disentangled",
     "keras_hub.src.models.t5gemma.t5gemma_attention.T5GemmaAttention": "additive_mask",
     "keras_hub.src.models.t5gemma2.t5gemma2_attention.T5Gemma2Attention": "additive_mask",
