@@ -55,6 +55,14 @@ class Nested:
     name: str
 
 
+@dataclasses.dataclass(frozen=True)
+class HubLayer:
+    """A constructor argument that is a layer of `keras_hub.layers`, built from `kwargs`."""
+
+    name: str
+    kwargs: dict
+
+
 OP_IN_CALL = (
     "its attention layer calls `keras.ops.dot_product_attention` directly in its own `call`, with no hook for "
     "convert to replace: `keras_attn.enable()` is the switch that reaches it"
@@ -300,9 +308,29 @@ ARCHITECTURES = {
         ),
         (CONVERTED,),
     ),
-    "SAMBackbone": Named(
-        "its ViTDet image encoder's MultiHeadAttentionWithRelativePE and its mask decoder's "
-        "MultiHeadAttentionWithDownsampling " + OWN_CALL
+    "SAMBackbone": Converts(
+        dict(
+            image_encoder=Nested("ViTDetBackbone"),
+            prompt_encoder=HubLayer(
+                "SAMPromptEncoder",
+                dict(hidden_size=8, image_embedding_size=(4, 4), input_image_size=(16, 16), mask_in_channels=16),
+            ),
+            mask_decoder=HubLayer(
+                "SAMMaskDecoder",
+                dict(
+                    num_layers=2,
+                    hidden_size=8,
+                    intermediate_dim=32,
+                    num_heads=2,
+                    embedding_dim=8,
+                    num_multimask_outputs=3,
+                    iou_head_depth=3,
+                    iou_head_hidden_dim=8,
+                ),
+            ),
+        ),
+        ("decomposed_relative", "downsampling"),
+        inputs={"points": (1, 2), "labels": (1,), "boxes": (1, 2, 2), "masks": (0, 16, 16, 1)},
     ),
     "SAM3PromptableConceptBackbone": Named("SAM3Attention " + OP_IN_CALL.removeprefix("its attention layer ")),
     "SegFormerBackbone": Converts(
@@ -318,7 +346,20 @@ ARCHITECTURES = {
     "T5GemmaBackbone": Converts(T5GEMMA, ("additive_mask",), lm="T5GemmaSeq2SeqLM"),
     "T5Gemma2Backbone": Converts(T5GEMMA, ("additive_mask",), lm="T5Gemma2Seq2SeqLM"),
     "VideoPrismBackbone": Named("VideoPrismAttention (with a logit soft-cap) " + OWN_CALL),
-    "ViTDetBackbone": Named("MultiHeadAttentionWithRelativePE (decomposed relative positions) " + OWN_CALL),
+    "ViTDetBackbone": Converts(
+        dict(
+            hidden_size=16,
+            num_layers=2,
+            intermediate_dim=32,
+            num_heads=2,
+            global_attention_layer_indices=[1],
+            image_shape=(16, 16, 3),
+            patch_size=4,
+            num_output_channels=8,
+            window_size=2,
+        ),
+        ("decomposed_relative",),
+    ),
     "XLMRobertaBackbone": Converts(dict(TEXT, num_heads=2, max_sequence_length=16), (CONVERTED,)),
     "XLNetBackbone": Named(
         "TwoStreamRelativeAttention (a subclass of Keras's MultiHeadAttention) overrides `call`: its content and "

@@ -23,6 +23,7 @@ from keras_attn.layers import hub_adapters
 from tests.keras_hub_architectures import ARCHITECTURES
 from tests.keras_hub_architectures import CONVERTED
 from tests.keras_hub_architectures import Converts
+from tests.keras_hub_architectures import HubLayer
 from tests.keras_hub_architectures import Named
 from tests.keras_hub_architectures import Nested
 from tests.keras_hub_architectures import NoAttention
@@ -49,10 +50,17 @@ def registered_backbones():
 
 
 def build(name):
-    """KerasHub's backbone `name`, tiny, from its entry's constructor arguments (nested backbones built too)."""
+    """KerasHub's backbone `name`, tiny, from its entry's constructor arguments (nested backbones and layers built too)."""
     entry = ARCHITECTURES[name]
-    kwargs = {key: build(value.name) if isinstance(value, Nested) else value for key, value in entry.kwargs.items()}
-    return getattr(keras_hub.models, name)(**kwargs)
+    return getattr(keras_hub.models, name)(**{key: _argument(value) for key, value in entry.kwargs.items()})
+
+
+def _argument(value):
+    if isinstance(value, Nested):
+        return build(value.name)
+    if isinstance(value, HubLayer):
+        return getattr(keras_hub.layers, value.name)(**value.kwargs)
+    return value
 
 
 def backbone_inputs(model, seed=0, prompt=False):
@@ -68,7 +76,7 @@ def backbone_inputs(model, seed=0, prompt=False):
         shape = (2, *shapes.get(key, [LENGTH if size is None else size for size in tensor.shape[1:]]))
         if "segment" in key:
             inputs[key] = np.zeros(shape, tensor.dtype)
-        elif "mask" in key:
+        elif "mask" in key and tensor.dtype == "bool":
             inputs[key] = _padding_mask(shape, prompt and "encoder" not in key)
         elif "int" in str(tensor.dtype):
             inputs[key] = rng.integers(1, 60, shape).astype(tensor.dtype)
@@ -204,12 +212,12 @@ def test_language_model_generates_the_same_greedy_tokens(name):
 
 
 def _one_backbone_per_adapter():
-    """For each adapter module of the registry, the first backbone whose layers take it."""
+    """The backbones that take each adapter module of the registry first (one may take several)."""
     chosen = {}
     for name, entry in ARCHITECTURES.items():
         for route in entry.routes if isinstance(entry, Converts) else ():
             chosen.setdefault(route, name)
-    return [chosen[module] for module in sorted(set(hub_adapters.ADAPTERS.values()))]
+    return sorted({chosen[module] for module in hub_adapters.ADAPTERS.values()})
 
 
 @pytest.mark.keras_hub_walk

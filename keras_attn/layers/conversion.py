@@ -205,8 +205,9 @@ def _attention_layers(model):
 
     An attention layer is a `keras.layers.MultiHeadAttention` (subclasses included) or a KerasHub
     attention layer of its own kind; their own sublayers (projections, rotary embeddings) are not
-    visited. A KerasHub layer named as attention that holds Keras's layer (SAM's
-    `TwoWayMultiHeadAttention`) is a container: its attention layers are visited instead. A layer
+    visited. A KerasHub layer named as attention that holds attention layers (SAM's
+    `TwoWayMultiHeadAttention`, DINOv2's `DINOV2Attention`) is a container: its attention layers
+    are visited instead. A layer
     reached by several paths (shared) is listed at its first.
     """
     found, seen = [], set()
@@ -215,9 +216,7 @@ def _attention_layers(model):
         if id(layer) in seen:
             return
         seen.add(id(layer))
-        if isinstance(layer, _KERAS_MHA) or (
-            hub_adapters.is_hub_attention(layer) and not _holds_keras_attention(layer)
-        ):
+        if isinstance(layer, _KERAS_MHA) or (hub_adapters.is_hub_attention(layer) and not _holds_attention(layer)):
             found.append((path, layer))
             return
         for child in sublayers(layer):
@@ -227,9 +226,13 @@ def _attention_layers(model):
     return found
 
 
-def _holds_keras_attention(layer):
-    """Whether a `keras.layers.MultiHeadAttention` is among the layers `layer` holds, at any depth."""
-    return any(isinstance(sublayer, _KERAS_MHA) for sublayer in layer_tree(layer))
+def _holds_attention(layer):
+    """Whether an attention layer (Keras's, or a KerasHub one) is among the layers `layer` holds, at any depth."""
+    return any(
+        isinstance(sublayer, _KERAS_MHA) or hub_adapters.is_hub_attention(sublayer)
+        for sublayer in layer_tree(layer)
+        if sublayer is not layer
+    )
 
 
 def _why_not_convertible(layer):

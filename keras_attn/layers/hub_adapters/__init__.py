@@ -48,6 +48,8 @@ ADAPTERS = {
     "keras_hub.src.models.t5.t5_multi_head_attention.T5MultiHeadAttention": "t5",
     "keras_hub.src.models.mit.mit_layers.SegFormerMultiheadAttention": "spatial_reduction",
     "keras_hub.src.models.pali_gemma.pali_gemma_vit.PaliGemmaVitAttention": "vit_scores",
+    "keras_hub.src.models.vit_det.vit_layers.MultiHeadAttentionWithRelativePE": "decomposed_relative",
+    "keras_hub.src.models.sam.sam_layers.MultiHeadAttentionWithDownsampling": "downsampling",
     "keras_hub.src.models.deberta_v3.disentangled_self_attention.DisentangledSelfAttention": "disentangled",
     "keras_hub.src.models.t5gemma.t5gemma_attention.T5GemmaAttention": "additive_mask",
     "keras_hub.src.models.t5gemma2.t5gemma2_attention.T5Gemma2Attention": "additive_mask",
@@ -60,7 +62,8 @@ _ADAPTED_CLASSES = {}
 def is_hub_attention(layer):
     """Whether `layer` is a KerasHub attention layer of its own kind (adapted or not)."""
     klass = type(layer)
-    return is_adapted(layer) or (klass.__module__.startswith("keras_hub.") and klass.__name__.endswith("Attention"))
+    named_so = klass.__module__.startswith("keras_hub.") and klass.__name__.endswith("Attention")
+    return is_adapted(layer) or named_so or _registered_class(klass) is not None  # e.g. ViTDet's ...WithRelativePE
 
 
 def is_adapted(layer):
