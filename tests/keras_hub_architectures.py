@@ -345,7 +345,23 @@ ARCHITECTURES = {
     ),
     "T5GemmaBackbone": Converts(T5GEMMA, ("additive_mask",), lm="T5GemmaSeq2SeqLM"),
     "T5Gemma2Backbone": Converts(T5GEMMA, ("additive_mask",), lm="T5Gemma2Seq2SeqLM"),
-    "VideoPrismBackbone": Named("VideoPrismAttention (with a logit soft-cap) " + OWN_CALL),
+    "VideoPrismBackbone": Converts(
+        dict(
+            num_frames=2,
+            patch_size=4,
+            hidden_dim=16,
+            intermediate_dim=32,
+            num_heads=2,
+            num_spatial_layers=1,
+            num_temporal_layers=1,
+            num_auxiliary_layers=1,
+            vocabulary_size=64,
+            num_text_layers=1,
+            attention_logit_soft_cap=1.0,
+            image_shape=(16, 16, 3),
+        ),
+        ("video_prism",),
+    ),
     "ViTDetBackbone": Converts(
         dict(
             hidden_size=16,

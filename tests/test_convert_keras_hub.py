@@ -135,14 +135,11 @@ def test_qwen_sliding_window_runs_as_the_core_op_window():
 
 
 def test_an_architecture_without_adapter_is_named():
-    from keras_hub.src.models.video_prism.video_prism_layers import VideoPrismAttention
+    from keras_hub.src.models.swin_transformer.swin_transformer_layers import WindowAttention
 
-    inputs = keras.Input((LENGTH, 16))
-    layer = VideoPrismAttention(num_heads=2, key_dim=8, hidden_dim=16, name="video_attention")
-    model = keras.Model(inputs, layer(inputs, inputs), name="video")
-    with pytest.raises(
-        ValueError, match=r"video/video_attention: no keras_attn adapter for KerasHub's VideoPrismAttention"
-    ):
+    inputs = keras.Input((4, 16))  # one 2 x 2 window
+    model = keras.Model(inputs, WindowAttention(16, num_heads=2, window_size=2, name="window")(inputs), name="swin")
+    with pytest.raises(ValueError, match=r"swin/window: no keras_attn adapter for KerasHub's WindowAttention"):
         keras_attn.convert(model)
 
 
