@@ -340,8 +340,9 @@ ARCHITECTURES = {
         "its MMDiT blocks compute their attention in their own `call` (calling `keras.ops.dot_product_attention` "
         "on JAX and PyTorch only), with no hook for convert to replace"
     ),
-    "SwinTransformerBackbone": Named(
-        "WindowAttention (shifted windows with a relative position bias table) " + OWN_CALL
+    "SwinTransformerBackbone": Converts(
+        dict(image_shape=(16, 16, 3), embed_dim=8, depths=[2, 2], num_heads=[1, 2], window_size=2, patch_size=2),
+        ("shifted_windows",),
     ),
     "T5GemmaBackbone": Converts(T5GEMMA, ("additive_mask",), lm="T5GemmaSeq2SeqLM"),
     "T5Gemma2Backbone": Converts(T5GEMMA, ("additive_mask",), lm="T5Gemma2Seq2SeqLM"),

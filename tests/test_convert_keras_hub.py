@@ -135,11 +135,13 @@ def test_qwen_sliding_window_runs_as_the_core_op_window():
 
 
 def test_an_architecture_without_adapter_is_named():
-    from keras_hub.src.models.swin_transformer.swin_transformer_layers import WindowAttention
+    from keras_hub.src.models.d_fine.d_fine_attention import DFineMultiheadAttention
 
-    inputs = keras.Input((4, 16))  # one 2 x 2 window
-    model = keras.Model(inputs, WindowAttention(16, num_heads=2, window_size=2, name="window")(inputs), name="swin")
-    with pytest.raises(ValueError, match=r"swin/window: no keras_attn adapter for KerasHub's WindowAttention"):
+    inputs = keras.Input((LENGTH, 16))
+    model = keras.Model(inputs, DFineMultiheadAttention(16, 2, name="detr")(inputs), name="detector")
+    with pytest.raises(
+        ValueError, match=r"detector/detr: no keras_attn adapter for KerasHub's DFineMultiheadAttention"
+    ):
         keras_attn.convert(model)
 
 
