@@ -248,7 +248,25 @@ ARCHITECTURES = {
         "DFineMultiheadAttention " + OWN_CALL + "; DFineMultiscaleDeformableAttention samples features at learned "
         "offsets, which is not dot-product attention"
     ),
-    "FluxBackbone": Named("FluxRoPEAttention " + OP_IN_CALL.removeprefix("its attention layer ")),
+    "FluxBackbone": Converts(
+        dict(
+            input_channels=4,
+            hidden_size=16,
+            mlp_ratio=2.0,
+            num_heads=2,
+            depth=1,
+            depth_single_blocks=1,
+            axes_dim=[2, 2, 4],  # sums to the head dimension
+            theta=10000,
+            use_bias=True,
+            image_shape=(8, 4),
+            text_shape=(8, 8),
+            image_ids_shape=(8, 3),
+            text_ids_shape=(8, 3),
+            y_shape=(8,),
+        ),
+        ("torch_style",),
+    ),
     "Gemma3nBackbone": Named(
         "Gemma3nTextAttention's `_compute_attention` returns the attention weights with the output and its audio "
         "encoder's attention " + OWN_CALL + "; no adapter yet"

@@ -52,6 +52,7 @@ ADAPTERS = {
     "keras_hub.src.models.sam.sam_layers.MultiHeadAttentionWithDownsampling": "downsampling",
     "keras_hub.src.models.video_prism.video_prism_layers.VideoPrismAttention": "video_prism",
     "keras_hub.src.models.swin_transformer.swin_transformer_layers.WindowAttention": "shifted_windows",
+    "keras_hub.src.models.flux.flux_maths.FluxRoPEAttention": "torch_style",
     "keras_hub.src.models.deberta_v3.disentangled_self_attention.DisentangledSelfAttention": "disentangled",
     "keras_hub.src.models.t5gemma.t5gemma_attention.T5GemmaAttention": "additive_mask",
     "keras_hub.src.models.t5gemma2.t5gemma2_attention.T5Gemma2Attention": "additive_mask",

@@ -14,9 +14,8 @@ duration of the layer's call, as `keras_attn.enable()` does for the whole proces
 Keras's op that another thread makes during it runs keras_attn's too.
 """
 
-import contextlib
-
 from keras_attn import keras_internals
+from keras_attn.layers.hub_adapters.routing import routed
 from keras_attn.ops.nn import dot_product_attention
 
 HOOK = "call"
@@ -37,20 +36,8 @@ def compute_attention(layer, *args, **kwargs):
         del flash_attention  # the layer's `implementation` chooses the kernel, not Keras's flash switch
         return dot_product_attention(query, key, value, flash_attention=kernel, **options)
 
-    with _routed(attention):
+    with routed(keras_internals.tensorflow_backend_nn(), "dot_product_attention", attention):
         return super(type(layer), layer).call(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def _routed(function):
-    """The TensorFlow backend's `dot_product_attention` is `function` inside the block."""
-    module = keras_internals.tensorflow_backend_nn()
-    original = module.dot_product_attention
-    module.dot_product_attention = function
-    try:
-        yield
-    finally:
-        module.dot_product_attention = original
 
 
 def why_unsupported(layer):
