@@ -50,9 +50,10 @@ class NoAttention:
 
 @dataclasses.dataclass(frozen=True)
 class Nested:
-    """A constructor argument that is another backbone of `ARCHITECTURES`, built from its entry."""
+    """A constructor argument that is another backbone of `ARCHITECTURES`, built from its entry (and `overrides`)."""
 
     name: str
+    overrides: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,8 +242,18 @@ ARCHITECTURES = {
         NOT_BUILT + "it is assembled from a BLIP2VisionEncoder, a BLIP2QFormer and a language model "
         "(BLIP2CustomOPT or Flan-T5), models that are not backbones and have no tiny entry here"
     ),
-    "DepthAnythingBackbone": Named(
-        NOT_BUILT + "no tiny configuration of its neck yet; its image encoder is DINOV2Backbone (converted)"
+    "DepthAnythingBackbone": Converts(
+        dict(
+            # Its neck fuses four stages, each upsampled twice the next: 16 x 16 patches.
+            image_encoder=Nested("DINOV2Backbone", dict(num_layers=4, image_shape=(64, 64, 3))),
+            reassemble_factors=[4, 2, 1, 0.5],
+            neck_hidden_dims=[4, 4, 4, 4],
+            fusion_hidden_dim=4,
+            head_hidden_dim=4,
+            head_in_index=-1,
+            feature_keys=["stage1", "stage2", "stage3", "stage4"],
+        ),
+        (CONVERTED,),
     ),
     "DFineBackbone": Named(
         "DFineMultiheadAttention " + OWN_CALL + "; DFineMultiscaleDeformableAttention samples features at learned "
