@@ -76,8 +76,8 @@ def backbone_inputs(model, seed=0, prompt=False):
         shape = (2, *shapes.get(key, [LENGTH if size is None else size for size in tensor.shape[1:]]))
         if "segment" in key:
             inputs[key] = np.zeros(shape, tensor.dtype)
-        elif "mask" in key and tensor.dtype == "bool":
-            inputs[key] = _padding_mask(shape, prompt and "encoder" not in key)
+        elif "padding_mask" in key or ("mask" in key and tensor.dtype == "bool"):  # SAM's "masks" are images
+            inputs[key] = _padding_mask(shape, prompt and "encoder" not in key).astype(tensor.dtype)
         elif "int" in str(tensor.dtype):
             inputs[key] = rng.integers(1, 60, shape).astype(tensor.dtype)
         else:

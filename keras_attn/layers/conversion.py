@@ -10,8 +10,8 @@ class of each attention layer in place:
   (KerasHub's `CachedMultiHeadAttention`, a user's own) becomes a class deriving from the
   subclass and from ours, so that the subclass's own `call` (its cache) runs our attention
   through Keras's `_compute_attention` hook;
-- a KerasHub attention layer of its own kind (Llama, Mistral, Gemma) gets its adapter's hook
-  (`keras_attn.layers.hub_adapters`), which computes its attention with
+- a KerasHub attention layer of its own kind (Llama, Qwen, Gemma, T5, Falcon, DeBERTa, ...) gets its
+  adapter's hook (`keras_attn.layers.hub_adapters`), which computes its attention with
   `keras_attn.scaled_dot_product_attention`.
 
 Nothing else changes: the layers keep their sublayers and variables (the same objects, so the
@@ -55,7 +55,7 @@ class ConversionReport:
 
     Attributes:
         converted: the `keras.layers.MultiHeadAttention` layers (subclasses included) now ours.
-        adapted: the KerasHub attention layers of their own kind (Llama, Mistral, Gemma) whose
+        adapted: the KerasHub attention layers of their own kind (Llama, Qwen, Gemma, T5, ...) whose
             attention now runs through an adapter of `keras_attn.layers.hub_adapters`.
         unconverted: `(path, reason)` for each attention layer kept as it was.
         already_ours: the layers that ran keras_attn's attention already (`keras_attn.MultiHeadAttention`
