@@ -7,7 +7,9 @@ Functional or Sequential model. Keras has no public equivalent for a layer that 
 input shapes a built layer was built for, which Keras records (`Layer._build_shapes_dict`, also on
 loading from a file) and exposes no public way to read. `tensorflow_backend_nn()` is the
 TensorFlow backend's `nn` module (`keras.src`), whose `dot_product_attention` Keras's public op looks
-up at each call: `keras_attn.enable()` puts ours in its place.
+up at each call: `keras_attn.enable()` puts ours in its place. `call_context_training()` is the
+`training` flag of the Keras call in progress, which Keras hands to a sublayer called without one
+(KerasHub's MiT attention calls its dropout so).
 `tests/test_keras_internals.py` checks it against the pinned Keras.
 """
 
@@ -33,3 +35,11 @@ def tensorflow_backend_nn():
     from keras.src import backend
 
     return backend.nn
+
+
+def call_context_training():
+    """The `training` flag of the Keras call in progress (`None` outside a call, or when none was given)."""
+    from keras.src.backend.common import global_state
+
+    context = global_state.get_global_attribute("current_call_ctx")
+    return None if context is None else context.training

@@ -53,7 +53,7 @@ def _backbone(name, **extra):
         "mistral": lambda: models.MistralBackbone(sliding_window=4, **grouped, **common),
         "gemma": lambda: models.GemmaBackbone(head_dim=8, **grouped, **common, **extra),
         "gemma2": lambda: models.GemmaBackbone(head_dim=8, **grouped, **common, **GEMMA2, **extra),
-        "qwen": lambda: models.QwenBackbone(num_query_heads=4, num_key_value_heads=2, **common),
+        "qwen": lambda: models.QwenBackbone(**grouped, **common, **extra),
     }
     return builders[name]()
 
@@ -126,9 +126,22 @@ def test_gemma_sliding_window_runs_as_the_core_op_window():
     _check_outputs_and_gradients(reference, model, _backbone_inputs("gemma"))
 
 
+def test_qwen_sliding_window_runs_as_the_core_op_window():
+    # Qwen windows in its hook (Llama's shape of hook), not in the mask its decoder builds.
+    reference, model = twins(lambda: _backbone("qwen", use_sliding_window_attention=True, sliding_window_size=3))
+    report = keras_attn.convert(model, return_report=True)[1]
+    assert len(report.adapted) == LAYERS
+    _check_outputs_and_gradients(reference, model, _backbone_inputs("qwen"))
+
+
 def test_an_architecture_without_adapter_is_named():
-    model = _backbone("qwen")
-    with pytest.raises(ValueError, match=r"/self_attention: no keras_attn adapter for KerasHub's QwenAttention"):
+    from keras_hub.src.models.d_fine.d_fine_attention import DFineMultiheadAttention
+
+    inputs = keras.Input((LENGTH, 16))
+    model = keras.Model(inputs, DFineMultiheadAttention(16, 2, name="detr")(inputs), name="detector")
+    with pytest.raises(
+        ValueError, match=r"detector/detr: no keras_attn adapter for KerasHub's DFineMultiheadAttention"
+    ):
         keras_attn.convert(model)
 
 
@@ -218,3 +231,24 @@ def test_a_keras_hub_layer_named_attention_holding_keras_attention_is_a_containe
     assert (report.converted, report.unconverted) == (("vision/dino/attention",), ())
     x = np.random.default_rng(7).normal(size=(2, LENGTH, 16)).astype("float32")
     assert max_difference(model(x), reference(x)) < TOLERANCE
+
+
+def test_an_attention_calling_keras_op_in_its_own_call_runs_keras_attn_op():
+    from unittest import mock
+
+    from keras_attn.layers.hub_adapters import op_in_call
+
+    reference, model = twins(
+        lambda: keras_hub.models.ESMBackbone(
+            vocabulary_size=VOCABULARY, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32
+        )
+    )
+    report = keras_attn.convert(model, implementation="blockwise", return_report=True)[1]
+    assert report.adapted == (f"{model.name}/transformer_layer_0/attention_layer",)
+    inputs = _inputs(8)
+    with mock.patch.object(op_in_call, "dot_product_attention", wraps=op_in_call.dot_product_attention) as ours:
+        got = model({"token_ids": inputs["token_ids"]})
+    assert ours.call_count == 1 and ours.call_args.kwargs["flash_attention"] is True  # blockwise: the streaming kernel
+    assert max_difference(got, reference({"token_ids": inputs["token_ids"]})) < TOLERANCE
+    with pytest.raises(ValueError, match=r"`implementation` of the adapted EsmSelfAttention must be one of"):
+        keras_attn.convert(reference, implementation="chunked")({"token_ids": inputs["token_ids"]})

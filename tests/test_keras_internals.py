@@ -1,7 +1,9 @@
 """`keras_attn.keras_internals` against the pinned Keras: the layers Keras tracks, as Keras walks them."""
 
 import keras
+import numpy as np
 
+from keras_attn.keras_internals import call_context_training
 from keras_attn.keras_internals import layer_tree
 from keras_attn.keras_internals import sublayers
 
@@ -29,3 +31,24 @@ def test_sublayers_and_layer_tree_of_custom_layers_and_models():
     assert tree[0] is model
     assert holder.attention in tree and holder.attention._query_dense in tree
     assert len({id(layer) for layer in tree}) == len(tree)  # each once
+
+
+def test_call_context_training_is_the_flag_keras_hands_to_sublayers():
+    class Probe(keras.layers.Layer):
+        def call(self, x):
+            self.seen = call_context_training()
+            return x
+
+    class Outer(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.probe = Probe()
+
+        def call(self, x, training=None):
+            return self.probe(x)
+
+    outer, x = Outer(), np.zeros((1, 2), "float32")
+    for training in (True, False):
+        outer(x, training=training)
+        assert outer.probe.seen is training
+    assert call_context_training() is None  # outside a call

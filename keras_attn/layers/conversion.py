@@ -10,8 +10,8 @@ class of each attention layer in place:
   (KerasHub's `CachedMultiHeadAttention`, a user's own) becomes a class deriving from the
   subclass and from ours, so that the subclass's own `call` (its cache) runs our attention
   through Keras's `_compute_attention` hook;
-- a KerasHub attention layer of its own kind (Llama, Mistral, Gemma) gets its adapter's hook
-  (`keras_attn.layers.hub_adapters`), which computes its attention with
+- a KerasHub attention layer of its own kind (Llama, Qwen, Gemma, T5, Falcon, DeBERTa, ...) gets its
+  adapter's hook (`keras_attn.layers.hub_adapters`), which computes its attention with
   `keras_attn.scaled_dot_product_attention`.
 
 Nothing else changes: the layers keep their sublayers and variables (the same objects, so the
@@ -55,7 +55,7 @@ class ConversionReport:
 
     Attributes:
         converted: the `keras.layers.MultiHeadAttention` layers (subclasses included) now ours.
-        adapted: the KerasHub attention layers of their own kind (Llama, Mistral, Gemma) whose
+        adapted: the KerasHub attention layers of their own kind (Llama, Qwen, Gemma, T5, ...) whose
             attention now runs through an adapter of `keras_attn.layers.hub_adapters`.
         unconverted: `(path, reason)` for each attention layer kept as it was.
         already_ours: the layers that ran keras_attn's attention already (`keras_attn.MultiHeadAttention`
@@ -205,8 +205,9 @@ def _attention_layers(model):
 
     An attention layer is a `keras.layers.MultiHeadAttention` (subclasses included) or a KerasHub
     attention layer of its own kind; their own sublayers (projections, rotary embeddings) are not
-    visited. A KerasHub layer named as attention that holds Keras's layer (SAM's
-    `TwoWayMultiHeadAttention`) is a container: its attention layers are visited instead. A layer
+    visited. A KerasHub layer named as attention that holds attention layers (SAM's
+    `TwoWayMultiHeadAttention`, DINOv2's `DINOV2Attention`) is a container: its attention layers
+    are visited instead. A layer
     reached by several paths (shared) is listed at its first.
     """
     found, seen = [], set()
@@ -215,9 +216,7 @@ def _attention_layers(model):
         if id(layer) in seen:
             return
         seen.add(id(layer))
-        if isinstance(layer, _KERAS_MHA) or (
-            hub_adapters.is_hub_attention(layer) and not _holds_keras_attention(layer)
-        ):
+        if isinstance(layer, _KERAS_MHA) or (hub_adapters.is_hub_attention(layer) and not _holds_attention(layer)):
             found.append((path, layer))
             return
         for child in sublayers(layer):
@@ -227,9 +226,13 @@ def _attention_layers(model):
     return found
 
 
-def _holds_keras_attention(layer):
-    """Whether a `keras.layers.MultiHeadAttention` is among the layers `layer` holds, at any depth."""
-    return any(isinstance(sublayer, _KERAS_MHA) for sublayer in layer_tree(layer))
+def _holds_attention(layer):
+    """Whether an attention layer (Keras's, or a KerasHub one) is among the layers `layer` holds, at any depth."""
+    return any(
+        isinstance(sublayer, _KERAS_MHA) or hub_adapters.is_hub_attention(sublayer)
+        for sublayer in layer_tree(layer)
+        if sublayer is not layer
+    )
 
 
 def _why_not_convertible(layer):
