@@ -7,9 +7,16 @@ Functional or Sequential model. Keras has no public equivalent for a layer that 
 input shapes a built layer was built for, which Keras records (`Layer._build_shapes_dict`, also on
 loading from a file) and exposes no public way to read. `tensorflow_backend_nn()` is the
 TensorFlow backend's `nn` module (`keras.src`), whose `dot_product_attention` Keras's public op looks
-up at each call: `keras_attn.enable()` puts ours in its place.
-`tests/test_keras_internals.py` checks it against the pinned Keras.
+up at each call: `keras_attn.enable()` puts ours in its place. `attention_takes(argument)` says
+whether the installed Keras's `MultiHeadAttention` takes a constructor argument (`sliding_window`
+and `use_gate` came in Keras 3.15; the supported range starts earlier).
+`tests/test_keras_internals.py` checks it against the pinned Keras (and `make test-compat` against
+the oldest supported one).
 """
+
+import inspect
+
+import keras
 
 
 def sublayers(layer):
@@ -33,3 +40,16 @@ def tensorflow_backend_nn():
     from keras.src import backend
 
     return backend.nn
+
+
+def attention_takes(argument):
+    """Whether `keras.layers.MultiHeadAttention`'s constructor takes `argument` (`sliding_window` and
+    `use_gate`: from Keras 3.15 on)."""
+    return argument in inspect.signature(keras.layers.MultiHeadAttention.__init__).parameters
+
+
+def newer_attention_arguments(**arguments):
+    """The `arguments` that `keras.layers.MultiHeadAttention`'s constructor takes, as `{name: value}`:
+    an older Keras refuses `sliding_window` and `use_gate`, which `keras_attn.MultiHeadAttention`
+    then keeps itself (in the attributes Keras 3.15 uses)."""
+    return {name: value for name, value in arguments.items() if attention_takes(name)}
