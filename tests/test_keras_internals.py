@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_attn.keras_internals import attention_takes
 from keras_attn.keras_internals import layer_tree
 from keras_attn.keras_internals import sublayers
 
@@ -29,3 +30,14 @@ def test_sublayers_and_layer_tree_of_custom_layers_and_models():
     assert tree[0] is model
     assert holder.attention in tree and holder.attention._query_dense in tree
     assert len({id(layer) for layer in tree}) == len(tree)  # each once
+
+
+def test_attention_takes_the_arguments_keras_constructs_its_layer_with():
+    assert attention_takes("num_heads") and not attention_takes("num_key_value_heads")
+    for name, value in (("sliding_window", 2), ("use_gate", True)):  # Keras 3.15 on
+        try:
+            keras.layers.MultiHeadAttention(2, 4, **{name: value})
+            constructed = True
+        except ValueError:  # "Unrecognized keyword arguments"
+            constructed = False
+        assert attention_takes(name) == constructed, name

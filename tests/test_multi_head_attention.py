@@ -593,6 +593,21 @@ def test_rank4_fully_masked_query_gets_zero_weights():
     np.testing.assert_allclose(np.asarray(scores)[0, :, 0, 0].sum(axis=(-2, -1)), 1.0, atol=1e-6)
 
 
+def test_a_gate_over_two_attention_axes_is_the_gate_over_their_flattened_sequence():
+    """Keras's einsum path with `use_gate` (whose gate this layer builds where Keras < 3.15 has none)
+    against the sequence path, with the same weights, on the attended axes flattened into one."""
+    rng = np.random.default_rng(6)
+    query, value = _normal(rng, 2, 3, 4, 8), _normal(rng, 2, 3, 4, 6)
+    config = dict(num_heads=2, key_dim=4, value_dim=3, use_gate=True, bias_initializer="random_normal")
+    grid, flat = MultiHeadAttention(attention_axes=(1, 2), **config), MultiHeadAttention(**config)
+    flat_query, flat_value = query.reshape(2, 12, 8), value.reshape(2, 12, 6)
+    grid(query, value), flat(flat_query, flat_value)
+    for name in ("_query_dense", "_key_dense", "_value_dense", "_gate_dense", "_output_dense"):
+        getattr(flat, name).set_weights(getattr(grid, name).get_weights())
+    expected = np.asarray(flat(flat_query, flat_value)).reshape(2, 3, 4, 8)
+    np.testing.assert_allclose(np.asarray(grid(query, value)), expected, atol=1e-5)
+
+
 def test_overridden_compute_attention_is_called_with_every_mask_merged():
     seen = {}
 
