@@ -1,7 +1,7 @@
 # The two commands (see README.md):
 #   make main   install, then train/evaluate/export/verify the IMDB classifier on ../shared/data
 #   make test   install (and Debian's chromium for the page tests), then run the whole test suite
-#   make test-compat   the library's own tests on the oldest supported TensorFlow/Keras (CI too)
+#   make test-compat   the library's own tests on the oldest supported TensorFlow/Keras and KerasHub (CI too)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -33,7 +33,9 @@ test: install browser lint
 
 # The library's own tests (`--library-only`: tests/library_selection.py), the slow ones left to
 # `make test`, in a separate venv holding the oldest supported pair (oldest-supported.txt, the
-# floors of setup.cfg's install_requires), the library's `viz` extra and no app dependency.
+# floors of setup.cfg's install_requires), the library's `viz` extra and no app dependency but the
+# oldest KerasHub (oldest-supported.txt): with it, the tests of `keras_attn.convert` join
+# (`--importable`: they build KerasHub's models and the keras.io examples of models/, plain Keras).
 COMPAT_VENV := .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 
@@ -44,7 +46,7 @@ $(COMPAT_VENV)/.installed: setup.cfg pyproject.toml oldest-supported.txt
 	touch $@
 
 test-compat: $(COMPAT_VENV)/.installed
-	$(COMPAT_PY) -m pytest -n 2 --dist loadfile -q -p no:cacheprovider --library-only -m "not slow" --durations=25 tests keras_attn $(ARGS)
+	$(COMPAT_PY) -m pytest -n 2 --dist loadfile -q -p no:cacheprovider --library-only --importable keras_hub --importable models.keras_io_examples -m "not slow" --durations=25 tests keras_attn $(ARGS)
 
 # ruff: lint (pyflakes, pycodestyle, bugbear, import order) and the formatter, configured in pyproject.toml.
 lint: install

@@ -9,9 +9,16 @@ loading from a file) and exposes no public way to read. `tensorflow_backend_nn()
 TensorFlow backend's `nn` module (`keras.src`), whose `dot_product_attention` Keras's public op looks
 up at each call: `keras_attn.enable()` puts ours in its place. `call_context_training()` is the
 `training` flag of the Keras call in progress, which Keras hands to a sublayer called without one
-(KerasHub's MiT attention calls its dropout so).
-`tests/test_keras_internals.py` checks it against the pinned Keras.
+(KerasHub's MiT attention calls its dropout so). `attention_takes(argument)` says whether the
+installed Keras's `MultiHeadAttention` takes a constructor argument (`sliding_window` and
+`use_gate` came in Keras 3.15; the supported range starts earlier).
+`tests/test_keras_internals.py` checks it against the pinned Keras (and `make test-compat` against
+the oldest supported one).
 """
+
+import inspect
+
+import keras
 
 
 def sublayers(layer):
@@ -43,3 +50,16 @@ def call_context_training():
 
     context = global_state.get_global_attribute("current_call_ctx")
     return None if context is None else context.training
+
+
+def attention_takes(argument):
+    """Whether `keras.layers.MultiHeadAttention`'s constructor takes `argument` (`sliding_window` and
+    `use_gate`: from Keras 3.15 on)."""
+    return argument in inspect.signature(keras.layers.MultiHeadAttention.__init__).parameters
+
+
+def newer_attention_arguments(**arguments):
+    """The `arguments` that `keras.layers.MultiHeadAttention`'s constructor takes, as `{name: value}`:
+    an older Keras refuses `sliding_window` and `use_gate`, which `keras_attn.MultiHeadAttention`
+    then keeps itself (in the attributes Keras 3.15 uses)."""
+    return {name: value for name, value in arguments.items() if attention_takes(name)}

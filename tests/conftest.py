@@ -29,10 +29,18 @@ def pytest_addoption(parser):
         action="store_true",
         help="only the tests of keras_attn alone, none of the apps' (tests/library_selection.py; make test-compat)",
     )
+    parser.addoption(
+        "--importable",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="with --library-only: an app module this environment has (e.g. keras_hub), whose tests join",
+    )
 
 
 def pytest_ignore_collect(collection_path, config):
-    if config.getoption("--library-only") and not library_selection.is_library_path(collection_path):
+    importable = config.getoption("--importable")
+    if config.getoption("--library-only") and not library_selection.is_library_path(collection_path, importable):
         return True
     return None
 
@@ -43,7 +51,7 @@ def pytest_collection_modifyitems(config, items):
     selected, deselected = [], []
     for item in items:
         function = getattr(item, "function", None)
-        keep = function is None or library_selection.is_library_test(function)
+        keep = function is None or library_selection.is_library_test(function, config.getoption("--importable"))
         (selected if keep else deselected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)

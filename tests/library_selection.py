@@ -7,6 +7,11 @@ tests/test_distribution.py); in such a module a test whose own
 body imports one of them is an app test too. Read with `ast`, before anything is imported, so a new
 test of `keras_attn` alone is selected without a list to keep up to date, and an app test never
 breaks the collection in an environment without the apps' dependencies.
+
+`--importable NAME` (repeatable) names app modules an environment has all the same: the tests that
+need only those besides the library join the selection. `make test-compat` installs the oldest
+KerasHub and passes `keras_hub` and `models.keras_io_examples` (plain Keras), so the tests of
+`keras_attn.convert` run there too. A package holding a named module counts as importable with it.
 """
 
 import ast
@@ -48,6 +53,16 @@ def _imported_names(nodes):
     return names
 
 
+def _is_app_module(name, importable):
+    """Whether the module `name` is one of `APP_MODULES` or inside one, and neither one of the
+    `importable` names, inside one, nor a package holding one."""
+    if name.split(".")[0] not in APP_MODULES:
+        return False
+    return not any(
+        name == other or name.startswith(f"{other}.") or other.startswith(f"{name}.") for other in importable
+    )
+
+
 def _module_level_nodes(tree):
     """Every node outside function bodies (class bodies included: they run on import)."""
     pending = list(tree.body)
@@ -67,35 +82,36 @@ def _helper_path(name):
     return None
 
 
-def reaches_apps(path, module_level_only=True, _seen=None):
-    """Whether the module at `path` imports an app module, directly or through a tests helper
-    (a helper counts with the imports inside its functions too)."""
+def reaches_apps(path, importable=(), module_level_only=True, _seen=None):
+    """Whether the module at `path` imports an app module (not `importable`), directly or through a
+    tests helper (a helper counts with the imports inside its functions too)."""
     seen = set() if _seen is None else _seen
     if path in seen:
         return False
     seen.add(path)
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     names = _imported_names(_module_level_nodes(tree) if module_level_only else ast.walk(tree))
-    if any(name.split(".")[0] in APP_MODULES for name in names):
+    if any(_is_app_module(name, importable) for name in names):
         return True
     helpers = {_helper_path(name) for name in names} - {None}
-    return any(reaches_apps(helper, module_level_only=False, _seen=seen) for helper in helpers)
+    return any(reaches_apps(helper, importable, module_level_only=False, _seen=seen) for helper in helpers)
 
 
-def is_library_path(path):
+def is_library_path(path, importable=()):
     """Whether `pytest --library-only` collects `path`: the `keras_attn` package (its doctests), and
-    the modules of `tests/` that reach no app module at module level."""
+    the modules of `tests/` that reach no app module at module level but the `importable` ones."""
     path = Path(path).resolve()
     if path.is_dir():
         return path == REPO_ROOT or path.is_relative_to(TESTS_DIR) or path.is_relative_to(REPO_ROOT / "keras_attn")
     if path.is_relative_to(REPO_ROOT / "keras_attn"):
         return True
     if path.is_relative_to(TESTS_DIR) and path.suffix == ".py":
-        return not reaches_apps(path)
+        return not reaches_apps(path, importable)
     return False
 
 
-def is_library_test(function):
-    """Whether a test function of a library module imports no app module in its own body."""
+def is_library_test(function, importable=()):
+    """Whether a test function of a library module imports no app module but the `importable` ones
+    in its own body."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    return not any(name.split(".")[0] in APP_MODULES for name in _imported_names(ast.walk(tree)))
+    return not any(_is_app_module(name, importable) for name in _imported_names(ast.walk(tree)))

@@ -1,6 +1,7 @@
 """The oldest supported pair is written once: `oldest-supported.txt` (what `make test-compat`
 installs) pins exactly the floors of setup.cfg's `install_requires`, and the apps' exact pins
-(the `apps` extra) lie inside the library's range."""
+(the `apps` extra) lie inside the library's range. Its one other pin is the oldest KerasHub the
+conversion tests run on, a test dependency no newer than the `test` extra's (`make test`'s)."""
 
 import configparser
 import re
@@ -38,7 +39,7 @@ def _version(release):
 def test_the_compat_pins_are_the_floors_of_install_requires():
     install_requires = _requirements(_setup_cfg()["options"]["install_requires"])
     oldest = _requirements((REPO_ROOT / "oldest-supported.txt").read_text())
-    assert set(oldest) == set(install_requires)
+    assert set(install_requires) <= set(oldest)
     for name, specifier in install_requires.items():
         assert _version(oldest[name].removeprefix("==")) == _version(_floor(specifier)) + (0,) * (
             len(oldest[name].removeprefix("==").split(".")) - len(_floor(specifier).split("."))
@@ -55,3 +56,15 @@ def test_the_apps_pins_lie_inside_the_library_range():
         assert re.search(r"<([0-9.]+)", apps[name]).group(1) == re.search(r"<([0-9.]+)", install_requires[name]).group(
             1
         )
+
+
+def test_the_other_compat_pins_are_test_dependencies_no_newer_than_make_tests():
+    config = _setup_cfg()
+    install_requires = _requirements(config["options"]["install_requires"])
+    test = _requirements(config["options.extras_require"]["test"])
+    oldest = _requirements((REPO_ROOT / "oldest-supported.txt").read_text())
+    others = set(oldest) - set(install_requires)
+    assert others == {"keras-hub"}, others
+    for name in others:
+        pinned = oldest[name].removeprefix("==")
+        assert _version(pinned) <= _version(_floor(test[name])), (name, oldest[name], test[name])

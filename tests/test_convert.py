@@ -15,6 +15,7 @@ import pytest
 from keras import ops
 
 import keras_attn
+from keras_attn.keras_internals import attention_takes
 from keras_attn.layers import conversion
 from keras_attn.patterns import Causal
 from models import keras_io_examples
@@ -161,7 +162,8 @@ def test_masks_and_cross_attention_inputs_equal_the_original():
         query = keras.Input((6, WIDTH))
         memory = keras.Input((LENGTH, 8))
         mask = keras.Input((6, LENGTH), dtype="bool")
-        attention = keras.layers.MultiHeadAttention(2, 5, value_dim=3, output_shape=7, use_gate=True, dropout=0.3)
+        gate = dict(use_gate=True) if attention_takes("use_gate") else {}  # Keras 3.15 on
+        attention = keras.layers.MultiHeadAttention(2, 5, value_dim=3, output_shape=7, dropout=0.3, **gate)
         output, scores = attention(query, memory, attention_mask=mask, return_attention_scores=True)
         return keras.Model([query, memory, mask], [output, scores])
 

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 
+from keras_attn.keras_internals import attention_takes
 from keras_attn.keras_internals import call_context_training
 from keras_attn.keras_internals import layer_tree
 from keras_attn.keras_internals import sublayers
@@ -52,3 +53,14 @@ def test_call_context_training_is_the_flag_keras_hands_to_sublayers():
         outer(x, training=training)
         assert outer.probe.seen is training
     assert call_context_training() is None  # outside a call
+
+
+def test_attention_takes_the_arguments_keras_constructs_its_layer_with():
+    assert attention_takes("num_heads") and not attention_takes("num_key_value_heads")
+    for name, value in (("sliding_window", 2), ("use_gate", True)):  # Keras 3.15 on
+        try:
+            keras.layers.MultiHeadAttention(2, 4, **{name: value})
+            constructed = True
+        except ValueError:  # "Unrecognized keyword arguments"
+            constructed = False
+        assert attention_takes(name) == constructed, name

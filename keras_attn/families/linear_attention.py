@@ -87,7 +87,8 @@ def favor_feature_map(x, projection, is_query):
     feature (it cancels in its own ratio); every key is divided by one constant from the
     projection alone, never by a statistic over other tokens.
     """
-    projected = ops.einsum("...d,md->...m", x, projection)  # (..., num_features)
+    # A matmul: TensorFlow 2.18's oneDNN einsum gets `"...d,md->...m"` wrong past one row.
+    projected = ops.matmul(x, ops.transpose(projection))  # (..., num_features)
     log_features = projected - 0.5 * ops.sum(ops.square(x), axis=-1, keepdims=True)
     if is_query:
         offset = ops.stop_gradient(ops.max(log_features, axis=-1, keepdims=True, initial=mask_fill(log_features.dtype)))
@@ -308,7 +309,8 @@ def packed_linear_attention(
     # Each query reads the carry of the document entering its chunk when it is of that document.
     reads = [(carries, segment_chunks == segment_chunks[:, :, :1])]
     if not is_causal:  # and the keys after its chunk, the carries of the reversed row
-        flipped = (ops.flip(t, axis=(1, 2)) for t in (key_chunks, value_chunks, segment_chunks))
+        # One axis at a time: Keras 3.10's TensorFlow `flip` takes no tuple of axes.
+        flipped = (ops.flip(ops.flip(t, axis=1), axis=2) for t in (key_chunks, value_chunks, segment_chunks))
         after, _ = _document_carries(*flipped, *empty)
         reads.append((tuple(ops.flip(t, axis=1) for t in after), segment_chunks == segment_chunks[:, :, -1:]))
     numerator = denominator = 0.0

@@ -9,6 +9,7 @@ Keras calls it, with every mask merged (`hooked_attention`). The shape and axes 
 input or argument that cannot work.
 """
 
+import keras
 from keras import ops
 
 from keras_attn import patterns
@@ -69,6 +70,18 @@ def built_for_the_sequence(layer):
         and layer._output_dense.equation == projections.OUTPUT_EQUATION
         and tuple(layer._attention_axes) == _SEQUENCE_AXIS
     )
+
+
+def einsum_gate(layer, query_shape):
+    """The gate of Keras's einsum path, built for `query_shape`, as Keras 3.15 builds it (an older
+    Keras has no `use_gate`): the query projection's equation and bias axes with `value_dim` per
+    head and a sigmoid. Its weights come after the other projections' in `get_weights()` (Keras
+    3.15 puts them before the value projection's)."""
+    config = layer._query_dense.get_config()
+    config.update(name="gate", activation="sigmoid", output_shape=(*config["output_shape"][:-1], layer._value_dim))
+    gate = keras.layers.EinsumDense.from_config(config)
+    gate.build(query_shape)
+    return gate
 
 
 def check_sequence_options(layer, query_shape):

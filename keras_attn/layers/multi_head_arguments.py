@@ -1,8 +1,9 @@
 """The constructor argument checks of `MultiHeadAttention`, before Keras's own constructor runs.
 
-Keras checks `num_heads`, `key_dim` and `value_dim` itself but takes `True` for 1, and leaves the
-other arguments to fail later, or never; each check here raises a `ValueError` naming the
-argument, with the value received.
+Keras checks `num_heads`, `key_dim` and `value_dim` itself from 3.15 on (an older Keras takes any
+value) but takes `True` for 1, and leaves the other arguments to fail later, or never; each check
+here raises a `ValueError` naming the argument, with the value received (the sizes in Keras 3.15's
+words, whatever the Keras).
 """
 
 import numbers
@@ -41,8 +42,14 @@ def checked_pattern(
     for name, size in (("num_heads", num_heads), ("key_dim", key_dim), ("value_dim", value_dim)):
         if isinstance(size, (bool, np.bool_)):
             raise ValueError(f"Invalid argument `{name}`: a positive integer, not a boolean. Received: {name}={size!r}")
-        if isinstance(size, numbers.Integral) and size > 0:  # Keras refuses the others in its own words
-            check_positive_int(name, size)
+        if size is None and name == "value_dim":
+            continue
+        if not (isinstance(size, numbers.Integral) and size > 0):
+            expected = "a positive integer" + (" or `None`" if name == "value_dim" else "")
+            raise ValueError(
+                f"Received an invalid value for argument `{name}`, expected {expected}. Received: {name}={size!r}"
+            )
+        check_positive_int(name, size)
     if all(isinstance(size, numbers.Integral) for size in (num_heads, key_dim, value_dim or key_dim)):
         check_projection_sizes(num_heads, key_dim, value_dim or key_dim)
     check_positive_int("sliding_window", sliding_window, allow_none=True)

@@ -11,6 +11,7 @@ flattens several attention axes into one sequence for the kernels.
 import keras
 from keras import ops
 
+from keras_attn import keras_internals
 from keras_attn.core import position_bias as position_biases
 from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.core.masks import either_mask
@@ -256,7 +257,6 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             use_bias=use_bias,
             output_shape=output_shape,
             attention_axes=attention_axes,
-            sliding_window=sliding_window,
             flash_attention=None,  # ours: Keras's refuses dropout, which our blockwise kernel applies
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
@@ -265,10 +265,12 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             activity_regularizer=activity_regularizer,
             kernel_constraint=kernel_constraint,
             bias_constraint=bias_constraint,
-            use_gate=use_gate,
             seed=seed,
+            **keras_internals.newer_attention_arguments(sliding_window=sliding_window, use_gate=use_gate),
             **kwargs,
         )
+        self._sliding_window = sliding_window  # Keras's attributes, which Keras < 3.15 does not set
+        self._use_gate = use_gate
         self._init_own_state(
             num_key_value_heads, flash_attention, implementation, scale, hard, attention_pattern, position_bias
         )
@@ -285,6 +287,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     ):
         """The state this class adds to Keras's layer: set by `__init__`, and by `keras_attn.convert`
         on a Keras layer whose class it changes in place (already built, or not)."""
+        # A layer that Keras < 3.15 built (then converted) has neither argument: Keras 3.15's defaults.
+        self._sliding_window = getattr(self, "_sliding_window", None)
+        self._use_gate = getattr(self, "_use_gate", False)
         self._num_key_value_heads = num_key_value_heads or self._num_heads
         self._flash_attention = flash_attention
         self.implementation = implementation
@@ -362,6 +367,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         if not self._sequence_attention:
             keras_compatibility.check_sequence_options(self, query_shape)
             super().build(query_shape, value_shape, key_shape)  # Keras's einsum projections
+            if self._use_gate and not keras_internals.attention_takes("use_gate"):
+                self._gate_dense = keras_compatibility.einsum_gate(self, query_shape)  # Keras < 3.15 has none
             return
         self._query_dense = projections.projection(self, "query", self._num_heads, self._key_dim)
         self._query_dense.build(query_shape)
@@ -664,6 +671,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         config = super().get_config()
         config.update(
             {
+                "sliding_window": self._sliding_window,  # also where Keras (< 3.15) does not write them
+                "use_gate": self._use_gate,
                 "flash_attention": self._flash_attention,
                 "num_key_value_heads": self._num_key_value_heads,
                 "implementation": self.implementation,
