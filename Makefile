@@ -1,13 +1,14 @@
 # The two commands (see README.md):
 #   make main   install, then train/evaluate/export/verify the IMDB classifier on ../shared/data
 #   make test   install (and Debian's chromium for the page tests), then run the whole test suite
+#   make test-quick   the library's own tests without the slow ones, in minutes (the inner loop)
 #   make test-compat   the library's own tests on the oldest supported TensorFlow/Keras (CI too)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: install browser lint main test test-compat docs bench
+.PHONY: install browser lint main test test-quick test-compat docs bench
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +29,16 @@ browser:
 main: install
 	$(PY) -m pipelines.main_job $(ARGS)
 
+# Whole modules per worker (a module's fixtures are built once), handed out in collection order,
+# which tests/conftest.py makes the slow modules' first (xdist would otherwise order them by test count).
 test: install browser lint
-	$(PY) -m pytest -n 2 --dist loadfile -q --durations=25 $(ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=25 $(ARGS)
+
+# The inner loop: the library's own tests without the slow ones, stopping at the first failure
+# (QUICK= narrows it, e.g. `make test-quick QUICK=tests/test_blockwise_attention.py`).
+QUICK ?= tests keras_attn
+test-quick: install
+	$(PY) -m pytest -n 2 --dist worksteal -q -p no:cacheprovider --library-only -m "not slow" -x --durations=10 $(QUICK) $(ARGS)
 
 # The library's own tests (`--library-only`: tests/library_selection.py), the slow ones left to
 # `make test`, in a separate venv holding the oldest supported pair (oldest-supported.txt, the
