@@ -217,8 +217,8 @@ def test_a_killed_worker_stops_the_other_and_the_rerun_resumes(tmp_path):
         "4",
         "--checkpoint-every",
         "2",
-        "--seconds-per-batch",
-        "0.3",
+        "--stall-after",
+        str(steps // 2),  # worker 1 stops mid-run, worker 0 waits for it in the all-reduce
         "--timeout",
         str(timeout),
     )
