@@ -49,8 +49,8 @@ def assert_family_run(family, summary, run_dir, tmp_path):
 
 @pytest.mark.parametrize("family", sorted(set(FAMILIES) - {train_imdb.SentimentClassifierConfig.attention}))
 def test_every_other_family_trains_reloads_and_exports(family, small_imdb_archive, imdb_cache_dir, tmp_path):
-    """About 40 s a family on one core: a training, an export, two fresh TensorFlow processes
-    (the SavedModel's verification) and the ONNX conversions, which are what is proved per family."""
+    """Over a minute a family: a training, the export, two fresh TensorFlow processes (the
+    SavedModel's verification) and the ONNX conversions, which are what each family must pass."""
     run_dir, export_dir = tmp_path / "run", tmp_path / "export"
     args = ["--epochs", "1", "--seeds", "1", "--attention", family, "--export-dir", str(export_dir)]
     summary = main_job.main(smoke_args(small_imdb_archive, imdb_cache_dir, run_dir, *args))

@@ -28,6 +28,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsys):
+    """The app's one end-to-end run, over a minute: three seeds' trainings, the export, its
+    verification in fresh processes and the report, each checked here once."""
     export_dir = tmp_path / "export"
     summary = main_job.main(
         smoke_args(
