@@ -1,7 +1,7 @@
 # The two commands (see README.md):
 #   make main   install, then train/evaluate/export/verify the IMDB classifier on ../shared/data
 #   make test   install (and Debian's chromium for the page tests), then run the whole test suite
-#   make test-quick   the library's own tests without the slow ones, in minutes (the inner loop)
+#   make test-quick   the library's contract over every attention family, in a minute or two (the inner loop)
 #   make test-compat   the library's own tests on the oldest supported TensorFlow/Keras (CI too)
 PYTHON ?= python3
 VENV := .venv
@@ -34,11 +34,12 @@ main: install
 test: install browser lint
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=25 $(ARGS)
 
-# The inner loop: the library's own tests without the slow ones, stopping at the first failure
-# (QUICK= narrows it, e.g. `make test-quick QUICK=tests/test_blockwise_attention.py`).
-QUICK ?= tests keras_attn
+# The inner loop, a kernel's change checked in a minute or two: every attention family against the
+# float64 reference in its block, through a Keras file, in a graph and under XLA, and every public
+# argument's validation; QUICK= adds the kernel's own tests (`make test-quick QUICK=tests/test_lsh_attention.py`).
+QUICK_CONTRACT := tests/test_attention_families.py tests/test_argument_validation.py
 test-quick: install
-	$(PY) -m pytest -n 2 --dist worksteal -q -p no:cacheprovider --library-only -m "not slow" -x --durations=10 $(QUICK) $(ARGS)
+	$(PY) -m pytest -n 2 --dist worksteal -q -p no:cacheprovider --library-only -m "not slow" -x --durations=10 $(QUICK_CONTRACT) $(QUICK) $(ARGS)
 
 # The library's own tests (`--library-only`: tests/library_selection.py), the slow ones left to
 # `make test`, in a separate venv holding the oldest supported pair (oldest-supported.txt, the
