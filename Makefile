@@ -1,13 +1,14 @@
 # The two commands (see README.md):
 #   make main   install, then train/evaluate/export/verify the IMDB classifier on ../shared/data
 #   make test   install (and Debian's chromium for the page tests), then run the whole test suite
+#   make test-quick   the library's contract over every attention family, in a minute or two (the inner loop)
 #   make test-compat   the library's own tests on the oldest supported TensorFlow/Keras and KerasHub (CI too)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: install browser lint main test test-compat docs bench
+.PHONY: install browser lint main test test-quick test-compat docs bench
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +29,17 @@ browser:
 main: install
 	$(PY) -m pipelines.main_job $(ARGS)
 
+# Whole modules per worker (a module's fixtures are built once), handed out in collection order,
+# which tests/conftest.py makes the slow modules' first (xdist would otherwise order them by test count).
 test: install browser lint
-	$(PY) -m pytest -n 2 --dist loadfile -q --durations=25 $(ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=25 $(ARGS)
+
+# The inner loop, a kernel's change checked in a minute or two: every attention family against the
+# float64 reference in its block, through a Keras file, in a graph and under XLA, and every public
+# argument's validation; QUICK= adds the kernel's own tests (`make test-quick QUICK=tests/test_lsh_attention.py`).
+QUICK_CONTRACT := tests/test_attention_families.py tests/test_argument_validation.py
+test-quick: install
+	$(PY) -m pytest -n 2 --dist worksteal -q -p no:cacheprovider --library-only -m "not slow" -x --durations=10 $(QUICK_CONTRACT) $(QUICK) $(ARGS)
 
 # The library's own tests (`--library-only`: tests/library_selection.py), the slow ones left to
 # `make test`, in a separate venv holding the oldest supported pair (oldest-supported.txt, the

@@ -12,7 +12,7 @@ optimizer step to `<--weights-out>/<task index>.npz`.
 
 import argparse
 import os
-import time
+import threading
 
 import keras
 import numpy as np
@@ -41,16 +41,26 @@ def data(examples, seed=0, infinite_at=None):
     return features, labels
 
 
-def dataset(features, labels, batch_size, seconds_per_batch=0.0):
+def dataset(features, labels, batch_size, stall_after=None):
+    """The batches; with `stall_after`, the batch after that many never comes (the process waits to be killed)."""
     batches = tf.data.Dataset.from_tensor_slices((features, {"probability": labels})).batch(
         batch_size, drop_remainder=True
     )
-    if seconds_per_batch:
-        batches = batches.map(
-            lambda x, y: (tf.py_function(lambda t: time.sleep(seconds_per_batch) or t, [x], tf.float32), y)
+    if stall_after is not None:
+        batches = batches.enumerate().map(
+            lambda index, batch: (tf.py_function(_stalled_at(stall_after), [index, batch[0]], tf.float32), batch[1])
         )
         batches = batches.map(lambda x, y: (tf.ensure_shape(x, (batch_size, FEATURES)), y))
     return batches
+
+
+def _stalled_at(stall_after):
+    def batch_or_wait_forever(index, features):
+        if int(index) >= stall_after:
+            threading.Event().wait()  # set by nobody: only a kill ends this
+        return features
+
+    return batch_or_wait_forever
 
 
 def build_translator():
@@ -96,7 +106,9 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--learning-rate", type=float, default=0.1)
     parser.add_argument("--checkpoint-every", type=int, default=100)
-    parser.add_argument("--seconds-per-batch", type=float, default=0.0)
+    parser.add_argument(
+        "--stall-after", type=int, help="worker 1's input stops after this many batches: a peer lost mid-run, no timer"
+    )
     parser.add_argument("--infinite-at", type=int, help="classifier: the example whose features are inf")
     parser.add_argument("--jit-compile", action="store_true")
     parser.add_argument("--mixed-precision", default="float32")
@@ -130,7 +142,8 @@ def train(args):
         losses = distributed.unreduced({"probability": keras.losses.BinaryCrossentropy()})
         metrics, counted = {"probability_accuracy": distributed.accuracy("probability")}, distributed.per_example
         features, labels = data(args.examples, infinite_at=args.infinite_at)
-        train_data = lambda epoch: dataset(features, labels, args.global_batch_size, args.seconds_per_batch)  # noqa: E731
+        stall_after = args.stall_after if distributed.cluster_task()[1] == 1 else None
+        train_data = lambda epoch: dataset(features, labels, args.global_batch_size, stall_after)  # noqa: E731
         validation_data = dataset(*data(args.examples), args.global_batch_size)
     distributed.fit_distributed(
         strategy,

@@ -25,6 +25,21 @@ PER_CLASS = {"train": 150, "test": 80}
 _MEMBER = re.compile(r"^aclImdb/(train|test)/(pos|neg)/\d+_\d+\.txt$")
 
 
+def smoke_args(archive, cache_dir, output_dir, *extra):
+    """The command line of a `--smoke` training or main job on `archive`, never downloading."""
+    return [
+        "--smoke",
+        "--data",
+        str(archive),
+        "--cache-dir",
+        str(cache_dir),
+        "--no-download",
+        "--output-dir",
+        str(output_dir),
+        *extra,
+    ]
+
+
 def real_archive():
     archive, _ = imdb_data.locate_archive()
     if archive is None:

@@ -10,6 +10,10 @@ guide (docs/guides/converting_models.md) from the same entries.
 
 import dataclasses
 
+# The KerasHub release whose registry the entries describe (the `test` extra's pin): its constructors
+# are what the tiny arguments fit. The oldest supported release is checked by tests/test_convert.py
+# and tests/test_convert_keras_hub.py in `make test-compat`; this walk belongs to this release.
+KERAS_HUB_RELEASE = "0.32."
 # The routes of a converted layer, as `convert`'s report names them.
 CONVERTED = "converted"  # keras.layers.MultiHeadAttention (subclasses included) -> keras_attn's
 

@@ -22,6 +22,7 @@ import keras_attn
 from keras_attn.layers import hub_adapters
 from tests.keras_hub_architectures import ARCHITECTURES
 from tests.keras_hub_architectures import CONVERTED
+from tests.keras_hub_architectures import KERAS_HUB_RELEASE
 from tests.keras_hub_architectures import Converts
 from tests.keras_hub_architectures import HubLayer
 from tests.keras_hub_architectures import Named
@@ -32,6 +33,11 @@ from tests.twin_models import max_difference
 from tests.twin_models import twins
 
 keras_hub = pytest.importorskip("keras_hub")
+if not keras_hub.__version__.startswith(KERAS_HUB_RELEASE):
+    pytest.skip(
+        f"the entries describe KerasHub {KERAS_HUB_RELEASE}x's registry; installed: {keras_hub.__version__}",
+        allow_module_level=True,
+    )
 
 LENGTH, PADDED, PROMPT = 8, 3, 3  # sequence length; the second row's padded tail; a generation prompt's length
 TOLERANCE = 1e-5

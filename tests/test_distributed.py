@@ -217,8 +217,8 @@ def test_a_killed_worker_stops_the_other_and_the_rerun_resumes(tmp_path):
         "4",
         "--checkpoint-every",
         "2",
-        "--seconds-per-batch",
-        "0.3",
+        "--stall-after",
+        str(steps // 2),  # worker 1 stops mid-run, worker 0 waits for it in the all-reduce
         "--timeout",
         str(timeout),
     )
@@ -309,6 +309,8 @@ def test_a_lost_worker_ends_the_process_at_once_and_other_errors_pass_through():
 
 
 def test_main_job_on_two_workers_exports_from_the_chief(small_imdb_archive, imdb_cache_dir, tmp_path):
+    """Over a minute: two worker processes each import TensorFlow and train, then the chief exports
+    and verifies in fresh processes, as a one-machine main job does."""
     imdb_data.load_cache(small_imdb_archive, imdb_cache_dir, allow_download=False)  # decoded once, before the workers
     run_dir, export_dir = tmp_path / "run", tmp_path / "export"
     command = [
@@ -348,6 +350,8 @@ def test_main_job_on_two_workers_exports_from_the_chief(small_imdb_archive, imdb
 
 
 def test_translator_on_two_workers_exports_from_the_chief_like_one_machine(tmp_path):
+    """Over a minute: two worker processes train the translator, then its export is verified
+    token for token in a fresh process and through ONNX."""
     from contextlib import redirect_stdout
 
     from export.translator import verified_export

@@ -24,6 +24,7 @@ from pipelines import imdb_data
 from pipelines import pretrain_imdb
 from pipelines import train_imdb
 from pipelines.batching import pack_documents
+from tests.imdb_fixtures import smoke_args
 
 # Two blocks and hashed bigrams in the attention branch: every place a packed row could leak
 # from one review into the next (attention, positions, bigrams) is exercised.
@@ -137,23 +138,15 @@ def test_pack_is_refused_with_multi_worker_training():
         train_imdb.parse_args(["--smoke", "--pack", "--strategy", "multi_worker"])
 
 
-def data_args(archive, cache_dir, output_dir, *extra):
-    return ["--smoke", "--data", str(archive), "--cache-dir", str(cache_dir), "--no-download"] + [
-        "--output-dir",
-        str(output_dir),
-        *extra,
-    ]
-
-
 @pytest.mark.slow
 def test_pretraining_and_classifier_run_packed_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path):
     directory = tmp_path / "imdb_pretrain"
     pretraining = pretrain_imdb.main(
-        data_args(small_imdb_archive, imdb_cache_dir, directory, "--pack", "--epochs", "1")
+        smoke_args(small_imdb_archive, imdb_cache_dir, directory, "--pack", "--epochs", "1")
     )
     assert pretraining["epochs"][0]["loss"] > 0 and pretraining["epochs"][0]["val_loss"] > 0
     # The checkpoint is a padded encoder's: the padded classifier loads it, trained packed again.
-    run = train_imdb.main(data_args(small_imdb_archive, imdb_cache_dir, tmp_path / "run", "--pack", "--epochs", "1"))
+    run = train_imdb.main(smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path / "run", "--pack", "--epochs", "1"))
     assert run.summary["pretrained"] == {"directory": str(directory), "epochs": 1}
     assert 0 <= run.summary["test_accuracy"] <= 1 and run.summary["epochs_run"] == 1
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["pack"] is True

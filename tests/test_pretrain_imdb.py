@@ -16,22 +16,9 @@ from pipelines import train_imdb
 from pipelines import training
 from tests.imdb_fixtures import Interrupt
 from tests.imdb_fixtures import interrupted_after_first_epoch
+from tests.imdb_fixtures import smoke_args
 
 pytestmark = pytest.mark.slow
-
-
-def data_args(archive, cache_dir, output_dir, *extra):
-    return [
-        "--smoke",
-        "--data",
-        str(archive),
-        "--cache-dir",
-        str(cache_dir),
-        "--no-download",
-        "--output-dir",
-        str(output_dir),
-        *extra,
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +27,7 @@ def pretrained(small_imdb_archive, imdb_cache_dir, tmp_path_factory):
 
     The directory is `<root>/imdb_pretrain`: where `train_imdb --output-dir <root>/run` looks by default."""
     directory = tmp_path_factory.mktemp("pretraining") / encoder_checkpoint.DEFAULT_DIRECTORY_NAME
-    args = data_args(small_imdb_archive, imdb_cache_dir, directory, "--epochs", "2")
+    args = smoke_args(small_imdb_archive, imdb_cache_dir, directory, "--epochs", "2")
     with interrupted_after_first_epoch(), pytest.raises(Interrupt):
         pretrain_imdb.main(args)
     interrupted = {
@@ -106,7 +93,7 @@ def test_the_classifier_starts_from_the_checkpoint_found_beside_its_output(
     pretrained, small_imdb_archive, imdb_cache_dir, initial_encoder_weights, capsys
 ):
     directory, pretraining, _ = pretrained
-    run = train_imdb.main(data_args(small_imdb_archive, imdb_cache_dir, directory.parent / "run", "--epochs", "1"))
+    run = train_imdb.main(smoke_args(small_imdb_archive, imdb_cache_dir, directory.parent / "run", "--epochs", "1"))
     assert run.summary["pretrained"] == {"directory": str(directory), "epochs": 2}
     assert "No pretrained encoder" not in capsys.readouterr().out
     want = checkpoint_arrays(directory / encoder_checkpoint.ENCODER_WEIGHTS)
@@ -122,7 +109,7 @@ def test_without_pretraining_the_encoder_is_not_the_checkpoints(
 ):
     directory, _, _ = pretrained
     run = train_imdb.main(
-        data_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "1", "--pretrained", "none")
+        smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "1", "--pretrained", "none")
     )
     assert run.summary["pretrained"] is None
     want = sorted_arrays(checkpoint_arrays(directory / encoder_checkpoint.ENCODER_WEIGHTS))
@@ -143,7 +130,9 @@ def test_a_checkpoint_that_does_not_fit_is_an_error_naming_what_differs(
 ):
     directory, _, _ = pretrained
     with pytest.raises(SystemExit) as exit_info:
-        train_imdb.main(data_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--pretrained", str(directory), *flags))
+        train_imdb.main(
+            smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--pretrained", str(directory), *flags)
+        )
     assert exit_info.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("python -m pipelines.train_imdb: error:") and expected in line
@@ -154,7 +143,7 @@ def test_a_named_directory_without_a_finished_checkpoint_is_an_error(
     small_imdb_archive, imdb_cache_dir, tmp_path, capsys
 ):
     with pytest.raises(SystemExit):
-        train_imdb.main(data_args(small_imdb_archive, imdb_cache_dir, tmp_path / "run", "--pretrained", str(tmp_path)))
+        train_imdb.main(smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path / "run", "--pretrained", str(tmp_path)))
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"--pretrained={str(tmp_path)!r}" in line and "python -m pipelines.pretrain_imdb" in line
 

@@ -68,14 +68,21 @@ def test_concurrent_publishers_never_show_a_reader_an_empty_or_partial_config(tm
 def test_a_slow_publisher_never_drops_a_version_published_meanwhile(tmp_path, monkeypatch):
     """Publisher A lists the models, then B publishes and rewrites models.config before A writes:
     A's stale list must not win (without the lock, the config ends up without B's model)."""
-    listing = serving_layout._models_config_text
-    listed = threading.Event()
+    listing, lock = serving_layout._models_config_text, serving_layout._exclusive_lock
+    listed, beta_asks_for_the_config_lock = threading.Event(), threading.Event()
 
     def slow_listing(export_dir):
         text = listing(export_dir)
         listed.set()
-        time.sleep(0.5)
+        # A holds on to its list until B asks for the lock A holds (B then waits for A's write); a
+        # publisher that takes no lock never asks, and after the timeout A writes its stale list last.
+        beta_asks_for_the_config_lock.wait(timeout=10)
         return text
+
+    def lock_then_tell(path, blocking=True):
+        if Path(path).name == serving_layout._CONFIG_LOCK:
+            beta_asks_for_the_config_lock.set()
+        return lock(path, blocking)
 
     _publisher(tmp_path, "alpha", 1)
     monkeypatch.setattr(serving_layout, "_models_config_text", slow_listing)
@@ -83,19 +90,21 @@ def test_a_slow_publisher_never_drops_a_version_published_meanwhile(tmp_path, mo
     slow.start()
     listed.wait()
     monkeypatch.setattr(serving_layout, "_models_config_text", listing)
+    monkeypatch.setattr(serving_layout, "_exclusive_lock", lock_then_tell)
     _publisher(tmp_path, "beta", 1)
     slow.join()
     assert _config_names((tmp_path / "models.config").read_text()) == ["alpha", "beta"]
 
 
+# An exporter that holds its staging directory until it is killed (`signal.pause`: no timer).
 _HOLD_STAGING = """
-import sys, time
+import signal, sys
 
 from export import serving_layout
 with serving_layout.staging_directory(sys.argv[1]) as staging:
     (staging / "saved_model.pb").write_bytes(b"half")
     print(staging, flush=True)
-    time.sleep(600)
+    signal.pause()
 """
 
 

@@ -1,5 +1,9 @@
 """`pipelines.main_job --attention <family>` in --smoke size for every registered attention family:
-train, save and reload the classifier, export and verify the SavedModel and the ONNX bundle."""
+train, save and reload the classifier, export and verify the SavedModel and the ONNX bundle.
+
+One seed per family (`--seeds 1`): the seeds' spread is the main job's, proved once in
+tests/test_train_imdb_smoke.py, whose end-to-end run is also the default family's (dense) run
+of the checks below (`assert_family_run`)."""
 
 import dataclasses
 import json
@@ -15,27 +19,13 @@ from keras_attn import TransformerEncoder
 from keras_attn.attention_families import FAMILIES
 from pipelines import main_job
 from pipelines import train_imdb
-from tests.test_train_imdb_smoke import smoke_args
+from tests.imdb_fixtures import smoke_args
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_every_family_trains_reloads_and_exports(family, small_imdb_archive, imdb_cache_dir, tmp_path):  # noqa: F811
-    run_dir, export_dir = tmp_path / "run", tmp_path / "export"
-    summary = main_job.main(
-        smoke_args(
-            small_imdb_archive,
-            imdb_cache_dir,
-            run_dir,
-            "--epochs",
-            "1",
-            "--attention",
-            family,
-            "--export-dir",
-            str(export_dir),
-        )
-    )
+def assert_family_run(family, summary, run_dir, tmp_path):
+    """The checks of a main job run with `--attention family` whose summary is `summary`."""
     training = json.loads((run_dir / "summary.json").read_text())
     assert training["model"]["attention"] == summary["attention"] == family
     assert f"<tr><th>attention family</th><td>{family}</td></tr>" in (run_dir / "report.html").read_text()
@@ -55,6 +45,16 @@ def test_every_family_trains_reloads_and_exports(family, small_imdb_archive, imd
         assert exports["parity"][key] <= 1e-5
     serve = tf.saved_model.load(exports["savedmodel"]).signatures["serving_default"]
     assert serve(reviews=tf.constant(["A fine film.", ""]))["label"].shape == (2,)
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {train_imdb.SentimentClassifierConfig.attention}))
+def test_every_other_family_trains_reloads_and_exports(family, small_imdb_archive, imdb_cache_dir, tmp_path):
+    """Over a minute a family: a training, the export, two fresh TensorFlow processes (the
+    SavedModel's verification) and the ONNX conversions, which are what each family must pass."""
+    run_dir, export_dir = tmp_path / "run", tmp_path / "export"
+    args = ["--epochs", "1", "--seeds", "1", "--attention", family, "--export-dir", str(export_dir)]
+    summary = main_job.main(smoke_args(small_imdb_archive, imdb_cache_dir, run_dir, *args))
+    assert_family_run(family, summary, run_dir, tmp_path)
 
 
 def test_an_unknown_family_is_refused_before_any_work(capsys):

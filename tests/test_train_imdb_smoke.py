@@ -20,26 +20,16 @@ from pipelines import resumable_training
 from pipelines import train_imdb
 from tests.imdb_fixtures import Interrupt
 from tests.imdb_fixtures import interrupted_after_first_epoch
+from tests.imdb_fixtures import smoke_args
+from tests.test_train_imdb_families import assert_family_run
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def smoke_args(archive, cache_dir, output_dir, *extra):
-    return [
-        "--smoke",
-        "--data",
-        str(archive),
-        "--cache-dir",
-        str(cache_dir),
-        "--no-download",
-        "--output-dir",
-        str(output_dir),
-        *extra,
-    ]
-
-
 def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsys):
+    """The app's one end-to-end run, over a minute: three seeds' trainings, the export, its
+    verification in fresh processes and the report, each checked here once."""
     export_dir = tmp_path / "export"
     summary = main_job.main(
         smoke_args(
@@ -102,6 +92,8 @@ def test_main_job_end_to_end(small_imdb_archive, imdb_cache_dir, tmp_path, capsy
     assert f"Confusion matrix ({train_imdb.SMOKE_DATA['max_test']:,} test reviews)" in report
     assert "Test accuracy over 3 seeds (1337, 1338, 1339)" in report
     assert f"{100 * seeds['attention']['mean']:.2f} % ± {100 * seeds['attention']['std']:.2f}" in report
+    # The default family's run of the checks every family's run passes (tests/test_train_imdb_families.py).
+    assert_family_run(train_imdb.SentimentClassifierConfig.attention, summary, tmp_path / "run", tmp_path)
 
 
 def backed_up_optimizer_steps(output_dir):
@@ -158,19 +150,6 @@ def test_mirrored_strategy_over_two_logical_cpus(small_imdb_archive, imdb_cache_
     assert correct == pytest.approx(round(correct), abs=1e-6)
 
 
-def test_first_epoch_shows_its_steps_and_no_framework_warnings(small_imdb_archive, imdb_cache_dir, tmp_path, capsys):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        train_imdb.main(smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "1"))
-    printed = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # without the terminal colours
-    assert "/Unknown" not in printed  # Keras's progress bar before it knows the steps
-    assert re.search(r"\b(\d+)/\1 ", printed), printed[-2000:]  # "N/N" at the end of epoch 1
-    framework = [
-        str(w.message) for w in caught if "shuffle=True" in str(w.message) or "ran out of data" in str(w.message)
-    ]
-    assert framework == []
-
-
 @pytest.fixture
 def op_determinism_turned_off_after():
     """Turns op determinism off again after the test: TensorFlow offers no public way, and it would
@@ -182,14 +161,26 @@ def op_determinism_turned_off_after():
 
 
 def test_two_seeded_runs_in_one_process_give_identical_weights_and_figures(
-    small_imdb_archive, imdb_cache_dir, tmp_path, op_determinism_turned_off_after
+    small_imdb_archive, imdb_cache_dir, tmp_path, op_determinism_turned_off_after, capsys
 ):
-    runs = [
-        train_imdb.main(
-            smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path / name, "--epochs", "1", "--op-determinism")
-        )
-        for name in ("first", "second")
+    """Two `--op-determinism` runs agree bit for bit; their output shows each epoch's steps and no
+    framework warning (the data pipeline's length is known, no `shuffle=True` misuse)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = [
+            train_imdb.main(
+                smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path / name, "--epochs", "1", "--op-determinism")
+            )
+            for name in ("first", "second")
+        ]
+    # The first epoch shows its steps, with no framework warning.
+    printed = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # without the terminal colours
+    assert "/Unknown" not in printed  # Keras's progress bar before it knows the steps
+    assert re.search(r"\b(\d+)/\1 ", printed), printed[-2000:]  # "N/N" at the end of epoch 1
+    framework = [
+        str(w.message) for w in caught if "shuffle=True" in str(w.message) or "ran out of data" in str(w.message)
     ]
+    assert framework == []
     assert op_determinism_turned_off_after.is_op_determinism_enabled()
     first, second = runs
     for weights, again in zip(first.model.get_weights(), second.model.get_weights(), strict=True):
