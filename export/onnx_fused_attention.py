@@ -9,6 +9,8 @@ the graph itself. What
 `(batch, length, heads, depth)` (`Q4`, `K4`, `V4`; `K4` and `V4` with their padding zeroed), is
 
     scores = MatMul(Transpose(Q4, [0,2,1,3]), Transpose(K4, [0,2,3,1])) * scale
+             (or MatMul(Transpose(Q4 * scale, [0,2,1,3]), ...): a scale of at most 1 is applied
+              to the queries, as Keras's layer does, so the logits are not copied for it)
     logits = Cast(mask) * scores + fill * Cast(Not(mask))     (tf2onnx's `where`; absent unmasked)
     out4   = Transpose(MatMul(Softmax(logits), Transpose(V4, [0,2,1,3])), [0,2,1,3])
 
@@ -135,6 +137,17 @@ def _scaled_scores(graph, name, softmax):
     _refuse(softmax, f"Mul node {mul.name!r} is not the query-key MatMul times a scalar constant")
 
 
+def _scaled_query(graph, name):
+    """`(Q4, scale, scale Mul node or None)` of the query operand `Q4 * scale` (or bare `Q4`)."""
+    mul = graph.node_of(name, "Mul")
+    if mul is not None:
+        for query, factor in _both_orders(mul):
+            value = graph.constant(factor)
+            if value is not None and value.size == 1:
+                return query, float(value.reshape(())), mul
+    return name, 1.0, None
+
+
 def _mask_of(graph, name):
     """`m` of `Cast(m)` (a boolean mask cast to float), else None."""
     cast = graph.node_of(name, "Cast")
@@ -224,17 +237,17 @@ def match_attention(graph, softmax):
     merge = graph.only_consumer(product.output[0])
     if merge is None or merge.op_type != "Transpose" or list(_attribute(merge, "perm", [])) != _TO_HEADS:
         _refuse(softmax, "the weighted values are not transposed back to (batch, length, heads, depth)")
-    core = (
-        [queries, keys, scores] + ([scale_node] if scale_node else []) + where_nodes + [softmax, values, product, merge]
-    )
+    query, query_scale, query_scale_node = _scaled_query(graph, queries.input[0])
+    scale_nodes = [node for node in (query_scale_node, scale_node) if node is not None]
+    core = [queries, keys, scores] + scale_nodes + where_nodes + [softmax, values, product, merge]
     _chain(graph, [node.output[0] for node in core[:-1]], softmax)
-    heads, depth = _head_shape(graph, queries.input[0], softmax)
+    heads, depth = _head_shape(graph, query, softmax)
     return _AttentionCore(
-        query=queries.input[0],
+        query=query,
         key=keys.input[0],
         value=values.input[0],
         bias=bias,
-        scale=scale,
+        scale=scale * query_scale,
         heads=heads,
         depth=depth,
         output=merge.output[0],

@@ -277,8 +277,14 @@ def explain_implementation(
         key_shape: `(batch, key_len, kv_heads, depth)`; defaults to `query_shape`.
         value_shape: `(batch, key_len, kv_heads, value_depth)`; defaults to `key_shape`.
         dtype: the compute dtype of query, key and value (a float dtype).
-        is_causal, sliding_window, pattern, query_offset, dropout_rate, training,
-            return_weights, hard: as for `scaled_dot_product_attention`.
+        is_causal: as for `scaled_dot_product_attention`.
+        sliding_window: as for `scaled_dot_product_attention`.
+        pattern: as for `scaled_dot_product_attention`.
+        query_offset: as for `scaled_dot_product_attention`.
+        dropout_rate: as for `scaled_dot_product_attention`.
+        training: as for `scaled_dot_product_attention`.
+        return_weights: as for `scaled_dot_product_attention`.
+        hard: as for `scaled_dot_product_attention`.
         mask_shape: the shape of a boolean `mask`, or `None` for none.
         bias_shape: the shape of an additive `bias`, or `None` for none.
         packed: whether the call has segment ids (packed rows).
