@@ -402,5 +402,7 @@ def test_translator_on_two_workers_exports_from_the_chief_like_one_machine(tmp_p
 
 @pytest.mark.slow
 def test_the_multi_worker_benchmark_smoke_run(tmp_path, monkeypatch, capsys, small_imdb_archive, imdb_cache_dir):
-    # Here, not in tests/test_benchmarks.py: its clusters run one after the other with the ones above.
+    """Over a minute: the benchmark starts a two-worker cluster (each worker imports TensorFlow) and
+    times its steps against one machine. Here, not in tests/test_benchmarks.py: its clusters run one
+    after the other with the ones above."""
     assert_smoke_run("multi_worker", tmp_path, capsys, monkeypatch, small_imdb_archive, imdb_cache_dir)

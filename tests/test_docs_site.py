@@ -127,6 +127,7 @@ def crawl(site):
 
 
 def test_every_page_loads_every_link_resolves_no_table_is_clipped_and_every_public_name_has_its_page(site):
+    """Over a minute: a real browser opens every page of the built site (about 60) and every link on it."""
     pages = crawl(site)
     clipped = {url: tables for url, (_, _, _, tables) in pages.items() if tables}
     assert not clipped, f"tables clipped at {WIDTH} px: {clipped}"
