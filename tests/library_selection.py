@@ -24,6 +24,8 @@ REPO_ROOT = TESTS_DIR.parent
 APP_MODULES = frozenset(
     {
         "appkit",
+        "docs",  # the site's generators: they import mkdocs (the `docs` extra)
+        "mkdocs",
         "models",
         "pipelines",
         "export",

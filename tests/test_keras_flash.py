@@ -178,6 +178,8 @@ def test_enabled_op_equals_keras_own_where_whole_query_rows_are_masked(name, fla
     # Keras gives a query without keys the mean of the values (uniform softmax over its equal masked
     # logits); under `enable()` Keras's op must give the same values and gradients on our kernel.
     options = dict(ROWS_REMOVED[name])
+    if "kv_heads" in options:
+        skip_before_keras((3, 15), "grouped-query heads in keras.ops.dot_product_attention on TensorFlow (the oracle)")
     rng = np.random.default_rng(len(name))
     batch, heads, query_len, key_len = 2, 4, 140, 150
     query, key, value = (t.astype("float64") for t in _inputs(rng, heads, options.pop("kv_heads", heads), 140, 150))
@@ -365,6 +367,8 @@ def test_keras_multi_head_attention_with_flash_true_trains_once_enabled(calls_to
 def test_keras_hub_esm2_padded_batch_is_unchanged_by_enable(calls_to_our_op):
     # ESM masks the padded queries' whole rows: their outputs feed the next layer's real tokens.
     keras_hub = pytest.importorskip("keras_hub")
+    if not hasattr(keras_hub.models, "ESMBackbone"):
+        pytest.skip(f"keras-hub {keras_hub.__version__} has no ESMBackbone")
     keras.utils.set_random_seed(0)
     model = keras_hub.models.ESMBackbone(
         vocabulary_size=24, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, dropout=0.0

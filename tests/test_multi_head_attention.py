@@ -17,6 +17,7 @@ from keras_attn.patterns import SlidingWindow
 from keras_attn.patterns import Strided
 from tests import reference
 from tests.keras_versions import KERAS_VERSION
+from tests.keras_versions import skip_before_keras
 from tests.keras_versions import skip_unless_keras_takes
 from tests.layer_checks import assert_config_round_trip
 from tests.layer_checks import assert_fit_one_step
@@ -582,6 +583,9 @@ def test_attention_axes_run_our_kernel_as_keras_computes_them(shape, attention_a
     """Attention over several axes, or another one than the sequence, flattened into one sequence on
     our kernel: outputs, scores (Keras's layout) and gradients as Keras's layer with the same weights."""
     from keras_attn.layers import multi_head_attention
+
+    if attention_axes == -2:  # Keras 3.10's own layer broadcasts its mask wrongly for a negative axis
+        skip_before_keras((3, 15), "negative attention_axes in its own MultiHeadAttention (the oracle)")
 
     kernel_calls = []
 

@@ -27,7 +27,8 @@ def flattened(attend, query, key, value, attention_axes, mask=None, return_weigh
         query: `(batch, d_1, ..., d_n, heads, depth)`, projected.
         key: `(batch, e_1, ..., e_n, heads, depth)`, the same sizes as the query off the attention axes.
         value: as `key`, with its own depth.
-        attention_axes: the resolved attention axes (ints between 1 and `n`), in Keras's order.
+        attention_axes: the attention axes (ints between 1 and `n`, or negative from the end of the
+            unprojected inputs, as an older Keras keeps them), in Keras's order.
         mask: `None` or a boolean mask broadcastable, as Keras broadcasts it, to the scores
             `(batch, <other axes>, heads, <query attention axes>, <key attention axes>)`.
         return_weights: whether `attend` returns weights to lay out as Keras's scores.
@@ -37,7 +38,7 @@ def flattened(attend, query, key, value, attention_axes, mask=None, return_weigh
         Keras's layout (or `None`).
     """
     rank = len(query.shape)
-    axes = tuple(attention_axes)
+    axes = tuple(axis + rank - 1 if axis < 0 else axis for axis in attention_axes)  # the inputs' rank is rank - 1
     others = tuple(axis for axis in range(1, rank - 2) if axis not in axes)
     order = (0, *others, *axes, rank - 2, rank - 1)  # batch axes, then the sequence, heads, depth
     batch_sizes = [ops.shape(query)[axis] for axis in (0, *others)]
