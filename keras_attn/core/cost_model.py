@@ -76,12 +76,9 @@ def reload_calibration():
 
 def kernel_features(name, call):
     """The `keras_attn.kernels.cost.Features` of `call` on kernel `name` of the registry, or on
-    Keras's layer (`KERAS_DENSE`, in the call's compute dtype). The dense kernel holds the same
-    tensors as Keras's layer, in float32."""
+    Keras's layer (`KERAS_DENSE`: the dense kernel's tensors, in the call's compute dtype)."""
     if name == KERAS_DENSE:
         return cost.materialised(call, cost.itemsize_of(call.query.dtype))
-    if name == "dense":
-        return cost.materialised(call, cost.FLOAT32_BYTES)
     return KERNELS[name].cost_features(call)
 
 

@@ -22,6 +22,7 @@ from keras_attn.core.softmax import shifted_logits
 from keras_attn.core.softmax import soft_capped
 from keras_attn.core.softmax import softmax_with_exact_saturated_gradient
 from keras_attn.core.softmax import zero_masked
+from keras_attn.kernels import cost
 from keras_attn.kernels import single_query
 from keras_attn.validation import check_scale
 
@@ -30,6 +31,12 @@ def why_unsupported(call):
     """The dense kernel takes every call: always `None`."""
     del call
     return None
+
+
+def cost_features(call):
+    """The `keras_attn.kernels.cost.Features` of a call: the whole `(query_len, key_len)` logits and
+    weights in float32 in one step, the tensors Keras's layer holds in its compute dtype."""
+    return cost.materialised(call, cost.FLOAT32_BYTES)
 
 
 def attend(call):
