@@ -15,9 +15,12 @@ forward + backward self-attention step (gradients of the input and of every weig
 
 Each (layer, variant, length) runs in a fresh process (`measurement.first_run_peak`: `step_gb`, the
 step's peak over the memory before it); `memory_vs_keras` is keras_attn's over Keras's in the same run.
+keras_attn's layer runs the kernel `--implementation` names: `dense` by default (the claim above),
+`auto` for what a user gets without choosing.
 
     python -m benchmarks.dense_memory                      # 512, 2,048 and 4,096 tokens
     python -m benchmarks.dense_memory --lengths 512 --variants plain dropout
+    python -m benchmarks.dense_memory --implementation auto --variants mixed
 """
 
 import argparse
@@ -32,7 +35,7 @@ VARIANTS = ("plain", "dropout", "padding", "causal", "bias", "mixed")
 DROPOUT = 0.1
 
 
-def _layer(name, variant, heads, width):
+def _layer(name, variant, heads, width, implementation):
     import keras
 
     from keras_attn.layers.multi_head_attention import MultiHeadAttention
@@ -40,7 +43,7 @@ def _layer(name, variant, heads, width):
     dropout = 0.0 if variant in ("plain", "padding", "bias") else DROPOUT
     if name == "keras":
         return keras.layers.MultiHeadAttention(heads, width // heads, dropout=dropout, seed=0)
-    return MultiHeadAttention(heads, width // heads, dropout=dropout, seed=0, implementation="dense")
+    return MultiHeadAttention(heads, width // heads, dropout=dropout, seed=0, implementation=implementation)
 
 
 def _call(name, variant, layer):
@@ -85,7 +88,7 @@ def run_child(args):
     if args.variant == "mixed":
         keras.mixed_precision.set_global_policy("mixed_float16")
     keras.utils.set_random_seed(0)
-    layer = _layer(args.layer, args.variant, args.heads, args.width)
+    layer = _layer(args.layer, args.variant, args.heads, args.width, args.implementation)
     call = _call(args.layer, args.variant, layer)
     inputs = tf.random.stateless_normal((max(1, args.tokens // args.length), args.length, args.width), seed=(0, 0))
     call(inputs[:, :8])  # builds the weights (a full-size eager call would leave its memory to the step)
@@ -104,6 +107,7 @@ def run_child(args):
 def measure(layer, variant, length, args):
     arguments = ["-m", "benchmarks.dense_memory", "--child", "--layer", layer, "--variant", variant]
     arguments += [f"--length={length}", f"--tokens={args.tokens}", f"--width={args.width}", f"--heads={args.heads}"]
+    arguments += [f"--implementation={args.implementation}"]
     result = measurement.run_watched_child(arguments, args.cap_gb)
     return {"variant": variant, "length": length, "layer": layer, **result}
 
@@ -116,6 +120,7 @@ def main(argv=None):
         tokens=dict(type=int, default=4096, help="tokens per step; batch = tokens // length"),
         width=dict(type=int, default=256),
         heads=dict(type=int, default=8),
+        implementation=dict(default="dense", help="keras_attn's kernel (the layer's `implementation`)"),
         cap_gb=dict(type=float, default=10.0, help="kill a child above this RSS (GB)"),
         child=dict(action="store_true", help=argparse.SUPPRESS),
         layer=dict(choices=LAYERS, help=argparse.SUPPRESS),
