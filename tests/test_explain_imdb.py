@@ -1,6 +1,6 @@
 """`explain_imdb`: a run's classifier reloaded, the review's probability, tokens and attention maps.
 
-The run is the session's tiny classifier trained on real reviews (`trained_imdb`, tests/imdb_fixtures.py).
+The run is `tiny_imdb_run` (tests/imdb_fixtures.py), the in-memory classifier the oracle.
 """
 
 import io
@@ -23,14 +23,8 @@ from tests.test_visualization_figures import assert_png
 REVIEW = "A wonderful, moving film<br />but the plot was zzzunknown and thin."
 
 
-def run_of(trained):
-    """`(run directory, classifier, vectorizer, config)` of the session's tiny trained classifier
-    (`trained_imdb`): the run is what `explain_imdb --run` reads, the rest its oracle."""
-    return trained.run_dir, trained.model, trained.vectorizer, trained.config
-
-
-def test_reloaded_classifier_gives_the_same_probability_and_maps(trained_imdb):
-    directory, model, vectorizer, config = run_of(trained_imdb)
+def test_reloaded_classifier_gives_the_same_probability_and_maps(tiny_imdb_run):
+    directory, model, vectorizer, config = tiny_imdb_run
     printed = io.StringIO()
     with redirect_stdout(printed):
         explained = explain_imdb.main(["--run", str(directory), "--top", "3", REVIEW])
@@ -51,8 +45,8 @@ def test_reloaded_classifier_gives_the_same_probability_and_maps(trained_imdb):
     assert explained.top_tokens(1)[0][1] == pytest.approx(explained.received.max())
 
 
-def test_explain_writes_an_offline_page_and_a_png(trained_imdb, tmp_path):
-    directory = trained_imdb.run_dir
+def test_explain_writes_an_offline_page_and_a_png(tiny_imdb_run, tmp_path):
+    directory, *_ = tiny_imdb_run
     page_path, png_path = tmp_path / "review.html", tmp_path / "review.png"
     with redirect_stdout(io.StringIO()):
         explained = explain_imdb.main(["--run", str(directory), "--output", str(page_path), REVIEW])
@@ -77,8 +71,8 @@ def test_bad_output_suffix_and_missing_run_are_refused(tmp_path, capsys):
         explain_imdb.main(["--run", str(tmp_path), "--debug", "good"])
 
 
-def test_a_non_utf8_review_on_stdin_is_read_as_bytes_like_the_saved_model(trained_imdb, tmp_path, monkeypatch):
-    directory, model, vectorizer, config = run_of(trained_imdb)
+def test_a_non_utf8_review_on_stdin_is_read_as_bytes_like_the_saved_model(tiny_imdb_run, tmp_path, monkeypatch):
+    directory, model, vectorizer, config = tiny_imdb_run
     review = b"A wonderful \xff\xfe film, moving \xe9 and thin."  # not UTF-8
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(review)))
     with redirect_stdout(io.StringIO()):
@@ -87,8 +81,8 @@ def test_a_non_utf8_review_on_stdin_is_read_as_bytes_like_the_saved_model(traine
     assert explained.probability == pytest.approx(float(model(ids)[0, 0]), abs=1e-6)
 
 
-def test_a_corrupt_checkpoint_or_summary_is_named_with_what_to_do(trained_imdb, tmp_path, capsys):
-    directory = trained_imdb.run_dir
+def test_a_corrupt_checkpoint_or_summary_is_named_with_what_to_do(tiny_imdb_run, tmp_path, capsys):
+    directory, *_ = tiny_imdb_run
     broken = tmp_path / "run"
     shutil.copytree(directory, broken)
     (broken / resumable_training.BEST_WEIGHTS).write_bytes(b"not an h5 file")
@@ -106,8 +100,8 @@ def test_a_corrupt_checkpoint_or_summary_is_named_with_what_to_do(trained_imdb, 
     assert str(broken / "summary.json") in capsys.readouterr().err
 
 
-def test_a_cut_vocabulary_is_refused_naming_the_file_and_both_sizes(trained_imdb, tmp_path, capsys):
-    directory, _, vectorizer, config = run_of(trained_imdb)
+def test_a_cut_vocabulary_is_refused_naming_the_file_and_both_sizes(tiny_imdb_run, tmp_path, capsys):
+    directory, _, vectorizer, config = tiny_imdb_run
     broken = shutil.copytree(directory, tmp_path / "run")
     tokens = (broken / "vocabulary.txt").read_text(encoding="utf-8").splitlines()
     (broken / "vocabulary.txt").write_text("".join(f"{token}\n" for token in tokens[: len(tokens) // 2]))

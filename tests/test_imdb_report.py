@@ -18,13 +18,9 @@ from pipelines import imdb_ablation
 from pipelines import imdb_report
 from tests.browser import broken_images
 from tests.browser import open_page
+from tests.imdb_fixtures import TINY_RUN_TEXTS as TEXTS
 
-TEXTS = [
-    "A wonderful film, moving and wonderfully acted.",
-    "Dull, slow and far too long; the acting is wooden.",
-    "I loved the music but the plot was thin.",
-    "One of the worst films I have seen.",
-]
+LABELS = [1, 0, 0, 1]  # the tiny model gets some right and some wrong
 SUMMARY = {
     "test_accuracy": 0.5,
     "test_accuracy_by_branch": {"attention": 0.25, "ngram": 0.75},
@@ -61,35 +57,26 @@ HISTORY = [
 ]
 
 
-def probabilities(model, vectorizer, config):
-    """The classifier's probability for each of `TEXTS`, one review at a time."""
-    return [float(model(imdb_text.dense_token_ids([t], vectorizer, config.max_tokens))[0, 0]) for t in TEXTS]
-
-
 @pytest.fixture(scope="module")
-def report(trained_imdb, tmp_path_factory):
-    """`(page, confusion matrix, labels, model, vectorizer, config)`: the report on `TEXTS` of the
-    session's tiny trained classifier, labelled so that it gets the first two right and the last two
-    wrong (the report shows right and wrong examples)."""
-    model, vectorizer, config = trained_imdb.model, trained_imdb.vectorizer, trained_imdb.config
-    predicted = [int(p >= 0.5) for p in probabilities(model, vectorizer, config)]
-    labels = predicted[:2] + [1 - label for label in predicted[2:]]
+def report(tiny_imdb_run, tmp_path_factory):
+    _, model, vectorizer, config = tiny_imdb_run
     path = tmp_path_factory.mktemp("report") / "report.html"
-    reviews = tf.data.Dataset.from_tensor_slices((TEXTS, labels))
+    reviews = tf.data.Dataset.from_tensor_slices((TEXTS, LABELS))
     matrix = imdb_report.write_report(path, SUMMARY, HISTORY, model, vectorizer, config, reviews, batch_size=2)
-    return path, matrix, labels, model, vectorizer, config
+    return path, matrix, model, vectorizer, config
 
 
 def test_confusion_matrix_counts_every_test_review(report):
-    _, matrix, labels, model, vectorizer, config = report
+    _, matrix, model, vectorizer, config = report
+    probabilities = [float(model(imdb_text.dense_token_ids([t], vectorizer, config.max_tokens))[0, 0]) for t in TEXTS]
     expected = np.zeros((2, 2), int)
-    for label, probability in zip(labels, probabilities(model, vectorizer, config)):
+    for label, probability in zip(LABELS, probabilities):
         expected[label, int(probability >= 0.5)] += 1
     np.testing.assert_array_equal(matrix, expected)
 
 
 def test_report_is_self_contained_with_figures_and_the_examples_maps(report):
-    path, matrix, labels, model, vectorizer, config = report
+    path, matrix, model, vectorizer, config = report
     page = path.read_text()
     assert "://" not in page.replace("data:image/png;base64,", "")
     assert not re.search(r'\b(src|href)\s*=\s*"(?!data:image/png;base64,)', page)
@@ -111,7 +98,7 @@ def test_report_is_self_contained_with_figures_and_the_examples_maps(report):
         assert pixels.shape[:2] == size and pixels[..., :3].std() > 0.01
     layers = embedded_data(page)["layers"]
     explained = [explain_review(model, vectorizer, config, text) for text in TEXTS]
-    right = [(e.probability >= 0.5) == bool(label) for e, label in zip(explained, labels)]
+    right = [(e.probability >= 0.5) == bool(label) for e, label in zip(explained, LABELS)]
     shown = [i for i in range(len(TEXTS)) if right[i]][:2] + [i for i in range(len(TEXTS)) if not right[i]][:2]
     expected_names, expected_maps = [], []
     for number, index in enumerate(shown, start=1):
