@@ -9,7 +9,8 @@ import pytest  # noqa: E402
 
 from tests import library_selection  # noqa: E402
 
-# The IMDB archive fixtures, for every test module that names them as arguments.
+# The IMDB fixtures (the small archive, its cache, the session's tiny trained classifier), for every
+# test module that names them as arguments.
 pytest_plugins = ["tests.imdb_fixtures"]
 
 

@@ -1,65 +1,30 @@
-"""`explain_imdb`: a run's classifier reloaded, the review's probability, tokens and attention maps."""
+"""`explain_imdb`: a run's classifier reloaded, the review's probability, tokens and attention maps.
+
+The run is `tiny_imdb_run` (tests/imdb_fixtures.py), the in-memory classifier the oracle.
+"""
 
 import io
 import re
 import shutil
 from contextlib import redirect_stdout
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from appkit.files import write_json_atomic
 from keras_attn.visualization import attention_weights
 from keras_attn.visualization.explorer import decode_weights
 from keras_attn.visualization.explorer import embedded_data
 from models import imdb_text
-from models.sentiment_classifier import SentimentClassifierConfig
-from models.sentiment_classifier import build_sentiment_classifier
-from models.sentiment_classifier import fit_ensemble
-from models.sentiment_classifier import training_model
 from pipelines import explain_imdb
 from pipelines import resumable_training
 from tests.test_visualization_figures import assert_png
 
-TEXTS = [
-    "A wonderful film, moving and wonderfully acted.",
-    "Dull, slow and far too long; the acting is wooden.",
-    "I loved the music but the plot was thin.",
-    "One of the worst films I have seen.",
-]
 REVIEW = "A wonderful, moving film<br />but the plot was zzzunknown and thin."
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A run directory written with the functions training uses, and the in-memory classifier."""
-    directory = tmp_path_factory.mktemp("imdb_run")
-    keras.utils.set_random_seed(5)
-    vectorizer = imdb_text.adapt_review_vectorizer(tf.data.Dataset.from_tensor_slices(TEXTS), 100)
-    config = SentimentClassifierConfig(
-        vocabulary_size=vectorizer.vocabulary_size(),
-        max_tokens=32,
-        sequence_length=16,
-        embedding_dim=8,
-        num_heads=2,
-        intermediate_dim=16,
-        num_layers=2,
-        bigram_buckets=64,
-    )
-    model = build_sentiment_classifier(config)
-    ids = imdb_text.dense_token_ids(TEXTS, vectorizer, config.max_tokens)
-    model.get_layer("ngram_bag").adapt(np.asarray(ids), labels=np.array([1, 0, 1, 0]))
-    ensemble = fit_ensemble(model, tf.data.Dataset.from_tensor_slices((ids, [1, 0, 1, 0])).batch(4))
-    imdb_text.save_review_vocabulary(vectorizer, directory / "vocabulary.txt")
-    training_model(model).save_weights(str(directory / resumable_training.BEST_WEIGHTS))
-    write_json_atomic(directory / "summary.json", {"model": config.to_dict(), "ensemble_weights": ensemble})
-    return directory, model, vectorizer, config
-
-
-def test_reloaded_classifier_gives_the_same_probability_and_maps(run):
-    directory, model, vectorizer, config = run
+def test_reloaded_classifier_gives_the_same_probability_and_maps(tiny_imdb_run):
+    directory, model, vectorizer, config = tiny_imdb_run
     printed = io.StringIO()
     with redirect_stdout(printed):
         explained = explain_imdb.main(["--run", str(directory), "--top", "3", REVIEW])
@@ -80,8 +45,8 @@ def test_reloaded_classifier_gives_the_same_probability_and_maps(run):
     assert explained.top_tokens(1)[0][1] == pytest.approx(explained.received.max())
 
 
-def test_explain_writes_an_offline_page_and_a_png(run, tmp_path):
-    directory, *_ = run
+def test_explain_writes_an_offline_page_and_a_png(tiny_imdb_run, tmp_path):
+    directory, *_ = tiny_imdb_run
     page_path, png_path = tmp_path / "review.html", tmp_path / "review.png"
     with redirect_stdout(io.StringIO()):
         explained = explain_imdb.main(["--run", str(directory), "--output", str(page_path), REVIEW])
@@ -106,8 +71,8 @@ def test_bad_output_suffix_and_missing_run_are_refused(tmp_path, capsys):
         explain_imdb.main(["--run", str(tmp_path), "--debug", "good"])
 
 
-def test_a_non_utf8_review_on_stdin_is_read_as_bytes_like_the_saved_model(run, tmp_path, monkeypatch):
-    directory, model, vectorizer, config = run
+def test_a_non_utf8_review_on_stdin_is_read_as_bytes_like_the_saved_model(tiny_imdb_run, tmp_path, monkeypatch):
+    directory, model, vectorizer, config = tiny_imdb_run
     review = b"A wonderful \xff\xfe film, moving \xe9 and thin."  # not UTF-8
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(review)))
     with redirect_stdout(io.StringIO()):
@@ -116,8 +81,8 @@ def test_a_non_utf8_review_on_stdin_is_read_as_bytes_like_the_saved_model(run, t
     assert explained.probability == pytest.approx(float(model(ids)[0, 0]), abs=1e-6)
 
 
-def test_a_corrupt_checkpoint_or_summary_is_named_with_what_to_do(run, tmp_path, capsys):
-    directory, *_ = run
+def test_a_corrupt_checkpoint_or_summary_is_named_with_what_to_do(tiny_imdb_run, tmp_path, capsys):
+    directory, *_ = tiny_imdb_run
     broken = tmp_path / "run"
     shutil.copytree(directory, broken)
     (broken / resumable_training.BEST_WEIGHTS).write_bytes(b"not an h5 file")
@@ -135,8 +100,8 @@ def test_a_corrupt_checkpoint_or_summary_is_named_with_what_to_do(run, tmp_path,
     assert str(broken / "summary.json") in capsys.readouterr().err
 
 
-def test_a_cut_vocabulary_is_refused_naming_the_file_and_both_sizes(run, tmp_path, capsys):
-    directory, _, vectorizer, config = run
+def test_a_cut_vocabulary_is_refused_naming_the_file_and_both_sizes(tiny_imdb_run, tmp_path, capsys):
+    directory, _, vectorizer, config = tiny_imdb_run
     broken = shutil.copytree(directory, tmp_path / "run")
     tokens = (broken / "vocabulary.txt").read_text(encoding="utf-8").splitlines()
     (broken / "vocabulary.txt").write_text("".join(f"{token}\n" for token in tokens[: len(tokens) // 2]))

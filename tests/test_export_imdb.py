@@ -18,24 +18,12 @@ from export.imdb import verified_export
 from export.imdb.onnx_predictor import OnnxSentimentPredictor
 from export.onnx_fused_attention import fused_attention_count
 from models import imdb_text
-from models.sentiment_classifier import SentimentClassifierConfig
-from models.sentiment_classifier import adapt_ngram_weights
-from models.sentiment_classifier import build_sentiment_classifier
-from models.sentiment_classifier import fit_ensemble
 from pipelines import imdb_data
 from pipelines import translate
+from tests.imdb_fixtures import TINY_CLASSIFIER
+from tests.imdb_fixtures import train_small
 from tests.serving_checks import warmup_requests
 
-CONFIG = SentimentClassifierConfig(
-    vocabulary_size=800,
-    max_tokens=160,
-    sequence_length=96,
-    embedding_dim=16,
-    num_layers=1,
-    num_heads=2,
-    intermediate_dim=32,
-    bigram_buckets=512,
-)
 ODD_REVIEWS = [
     "",
     "   ",
@@ -46,70 +34,38 @@ ODD_REVIEWS = [
 ]
 
 
-@dataclasses.dataclass
-class Trained:
-    model: keras.Model
-    vectorizer: keras.layers.TextVectorization
-    vocabulary: object
-    test_reviews: list
-    validation: tuple  # (reviews, labels): the int8 model's accuracy check
-
-
 def accuracy_check(trained):
     """The int8 accuracy check's arguments, as the main job passes them (the validation slice)."""
     return {"accuracy_reviews": trained.validation[0], "accuracy_labels": trained.validation[1]}
 
 
-def train_small(config, archive, cache_dir, run_dir):
-    """A small classifier of `config` after a few steps on real reviews (parity needs no accuracy)."""
-    keras.utils.set_random_seed(7)
-    cache = imdb_data.load_cache(archive, cache_dir)
-    splits = imdb_data.split_reviews(cache, validation_size=60)
-    vectorizer = imdb_text.adapt_review_vectorizer(splits.train.map(lambda text, label: text), config.vocabulary_size)
-    vocabulary = imdb_text.save_review_vocabulary(vectorizer, run_dir / "vocabulary.txt")
-    model = build_sentiment_classifier(config)
-    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="binary_crossentropy")
-    batches = imdb_data.batched(imdb_data.token_ids(splits.train, vectorizer, config.max_tokens), 32, config.max_tokens)
-    adapt_ngram_weights(model, batches)
-    model.fit(batches, epochs=1, verbose=0)
-    fit_ensemble(model, batches.take(2))  # weights other than the initial mean
-    test_reviews = [text.decode("utf-8") for text, _ in splits.test.as_numpy_iterator()]
-    validation = [(text.decode("utf-8"), int(label)) for text, label in splits.validation.as_numpy_iterator()]
-    return Trained(model, vectorizer, vocabulary, test_reviews, tuple(map(list, zip(*validation))))
-
-
 @pytest.fixture(scope="module")
-def trained(small_imdb_archive, imdb_cache_dir, tmp_path_factory):
-    return train_small(CONFIG, small_imdb_archive, imdb_cache_dir, tmp_path_factory.mktemp("run"))
-
-
-@pytest.fixture(scope="module")
-def exported(trained, tmp_path_factory):
+def exported(trained_imdb, tmp_path_factory):
     export_dir = tmp_path_factory.mktemp("export")
-    reviews = verified_export.verification_reviews(trained.test_reviews)
+    reviews = verified_export.verification_reviews(trained_imdb.test_reviews)
     result = verified_export.export_and_verify(
-        trained.model,
-        trained.vectorizer,
-        trained.vocabulary,
-        CONFIG.max_tokens,
+        trained_imdb.model,
+        trained_imdb.vectorizer,
+        trained_imdb.vocabulary,
+        TINY_CLASSIFIER.max_tokens,
         reviews,
         export_dir,
         int8_tolerance=100.0,  # a few steps of training: the check's figures are tested, not the tiny model's loss
-        **accuracy_check(trained),
+        **accuracy_check(trained_imdb),
     )
     return export_dir, reviews, result
 
 
 def keras_probabilities(trained, reviews):
-    return verified_export.keras_reference(trained.model, trained.vectorizer, CONFIG.max_tokens, reviews)[1]
+    return verified_export.keras_reference(trained.model, trained.vectorizer, TINY_CLASSIFIER.max_tokens, reviews)[1]
 
 
-def test_tf_serving_layout(exported, trained):
+def test_tf_serving_layout(exported, trained_imdb):
     export_dir, reviews, result = exported
     version = export_dir / "imdb_sentiment" / "1"
     assert result["savedmodel"] == str(version)
     assert (version / "saved_model.pb").is_file() and (version / "variables").is_dir()
-    assert (version / "assets" / "vocabulary.txt").read_text() == trained.vocabulary.read_text()
+    assert (version / "assets" / "vocabulary.txt").read_text() == trained_imdb.vocabulary.read_text()
     config = (export_dir / "models.config").read_text()
     assert 'name: "imdb_sentiment"' in config and f'base_path: "{version.parent.resolve()}"' in config
     assert "onnx" not in config
@@ -123,14 +79,14 @@ def test_warmup_records_are_predict_requests_on_raw_reviews(exported):
     assert requests == [("imdb_sentiment", "serving_default", batch) for batch in (reviews[:1], reviews[:8])]
 
 
-def test_serving_signature_answers_raw_strings(exported, trained):
+def test_serving_signature_answers_raw_strings(exported, trained_imdb):
     export_dir, _, _ = exported
     serve = tf.saved_model.load(str(export_dir / "imdb_sentiment" / "1")).signatures["serving_default"]
     (spec,) = serve.structured_input_signature[1].values()
     assert spec.dtype == tf.string and spec.shape.as_list() == [None]
-    reviews = trained.test_reviews[:5] + ODD_REVIEWS
+    reviews = trained_imdb.test_reviews[:5] + ODD_REVIEWS
     outputs = serve(reviews=tf.constant(reviews))
-    expected = keras_probabilities(trained, reviews)
+    expected = keras_probabilities(trained_imdb, reviews)
     np.testing.assert_allclose(outputs["probability"].numpy(), expected, atol=1e-5)
     assert outputs["label"].dtype == tf.int64
     np.testing.assert_array_equal(outputs["label"].numpy(), (outputs["probability"].numpy() >= 0.5).astype(np.int64))
@@ -140,7 +96,7 @@ def test_parity_figures_are_reported_within_tolerance(exported):
     _, reviews, result = exported
     parity = result["parity"]
     assert parity["reviews"] == len(reviews)
-    assert max(parity["token_lengths"]) == CONFIG.max_tokens and min(parity["token_lengths"]) == 0
+    assert max(parity["token_lengths"]) == TINY_CLASSIFIER.max_tokens and min(parity["token_lengths"]) == 0
     for key in (
         "savedmodel_fresh_process_max_abs_diff",
         "saved_model_cli_max_abs_diff",
@@ -150,7 +106,7 @@ def test_parity_figures_are_reported_within_tolerance(exported):
         assert 0.0 <= parity[key] <= 1e-5
 
 
-def test_onnx_model_has_dynamic_batch_and_length(exported, trained):
+def test_onnx_model_has_dynamic_batch_and_length(exported, trained_imdb):
     export_dir, _, _ = exported
     bundle = export_dir / "onnx" / "imdb_sentiment" / "1"
     model = onnx.load(str(bundle / "model.onnx"))
@@ -158,31 +114,31 @@ def test_onnx_model_has_dynamic_batch_and_length(exported, trained):
     (graph_input,) = model.graph.input
     assert [dim.HasField("dim_value") for dim in graph_input.type.tensor_type.shape.dim] == [False, False]
     predictor = OnnxSentimentPredictor(bundle)
-    for reviews in (trained.test_reviews[:1], trained.test_reviews[10:13], ODD_REVIEWS):
+    for reviews in (trained_imdb.test_reviews[:1], trained_imdb.test_reviews[10:13], ODD_REVIEWS):
         np.testing.assert_allclose(
-            predictor.predict(reviews)["probability"], keras_probabilities(trained, reviews), atol=1e-5
+            predictor.predict(reviews)["probability"], keras_probabilities(trained_imdb, reviews), atol=1e-5
         )
 
 
-def test_onnx_tokenisation_equals_training_on_every_review(exported, trained):
+def test_onnx_tokenisation_equals_training_on_every_review(exported, trained_imdb):
     export_dir, _, _ = exported
     predictor = OnnxSentimentPredictor(export_dir / "onnx" / "imdb_sentiment" / "1")
-    reviews = trained.test_reviews + ODD_REVIEWS
-    expected = imdb_text.dense_token_ids(tf.constant(reviews), trained.vectorizer, CONFIG.max_tokens)
+    reviews = trained_imdb.test_reviews + ODD_REVIEWS
+    expected = imdb_text.dense_token_ids(tf.constant(reviews), trained_imdb.vectorizer, TINY_CLASSIFIER.max_tokens)
     np.testing.assert_array_equal(predictor.token_ids(reviews), expected.numpy())
     # The serving helper itself against the training pipeline's ids (imdb_data.token_ids).
     labelled = tf.data.Dataset.from_tensor_slices((reviews, [0] * len(reviews)))
-    training = imdb_data.token_ids(labelled, trained.vectorizer, CONFIG.max_tokens)
+    training = imdb_data.token_ids(labelled, trained_imdb.vectorizer, TINY_CLASSIFIER.max_tokens)
     training_ids = [ids for ids, _ in training.as_numpy_iterator()]
     for row, ids in zip(expected.numpy(), training_ids):
         np.testing.assert_array_equal(row[: len(ids)], ids)
         assert np.all(row[len(ids) :] == imdb_text.PADDING_ID)
 
 
-def test_onnx_bundle_runs_without_project_code(exported, trained, tmp_path):
+def test_onnx_bundle_runs_without_project_code(exported, trained_imdb, tmp_path):
     export_dir, _, _ = exported
     bundle = export_dir / "onnx" / "imdb_sentiment" / "1"
-    reviews = trained.test_reviews[:4]
+    reviews = trained_imdb.test_reviews[:4]
     script = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); import onnx_predictor; "
         "p = onnx_predictor.OnnxSentimentPredictor(sys.argv[1]).predict(json.loads(sys.argv[2])); "
@@ -197,50 +153,50 @@ def test_onnx_bundle_runs_without_project_code(exported, trained, tmp_path):
         env={"PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr
-    np.testing.assert_allclose(json.loads(result.stdout), keras_probabilities(trained, reviews), atol=1e-5)
+    np.testing.assert_allclose(json.loads(result.stdout), keras_probabilities(trained_imdb, reviews), atol=1e-5)
 
 
-def test_export_never_overwrites_a_version(exported, trained):
+def test_export_never_overwrites_a_version(exported, trained_imdb):
     export_dir, reviews, _ = exported
     first = export_dir / "imdb_sentiment" / "1" / "saved_model.pb"
     before = (first.read_bytes(), first.stat().st_mtime_ns)
     result = verified_export.export_and_verify(
-        trained.model,
-        trained.vectorizer,
-        trained.vocabulary,
-        CONFIG.max_tokens,
+        trained_imdb.model,
+        trained_imdb.vectorizer,
+        trained_imdb.vocabulary,
+        TINY_CLASSIFIER.max_tokens,
         reviews[:4],
         export_dir,
         int8_tolerance=100.0,
-        **accuracy_check(trained),
+        **accuracy_check(trained_imdb),
     )
     assert result["savedmodel"] == str(export_dir / "imdb_sentiment" / "2")
     assert result["onnx"] == str(export_dir / "onnx" / "imdb_sentiment" / "2")
     assert (first.read_bytes(), first.stat().st_mtime_ns) == before
 
 
-def test_disagreeing_export_is_refused_and_removed(exported, trained, monkeypatch):
+def test_disagreeing_export_is_refused_and_removed(exported, trained_imdb, monkeypatch):
     export_dir, reviews, _ = exported
     published = sorted(p.name for p in (export_dir / "imdb_sentiment").iterdir())
-    other = keras.models.clone_model(trained.model)
-    other.set_weights([w * 1.01 for w in trained.model.get_weights()])
+    other = keras.models.clone_model(trained_imdb.model)
+    other.set_weights([w * 1.01 for w in trained_imdb.model.get_weights()])
     write_onnx = verified_export.onnx_bundle.write_onnx_bundle
     monkeypatch.setattr(verified_export.onnx_bundle, "write_onnx_bundle", lambda model, *args: write_onnx(other, *args))
     with pytest.raises(verified_export.ExportVerificationError, match="ONNX Runtime: probabilities differ"):
         verified_export.export_and_verify(
-            trained.model,
-            trained.vectorizer,
-            trained.vocabulary,
-            CONFIG.max_tokens,
+            trained_imdb.model,
+            trained_imdb.vectorizer,
+            trained_imdb.vocabulary,
+            TINY_CLASSIFIER.max_tokens,
             reviews[:6],
             export_dir,
-            **accuracy_check(trained),
+            **accuracy_check(trained_imdb),
         )
     assert sorted(p.name for p in (export_dir / "imdb_sentiment").iterdir()) == published
     assert not list(export_dir.rglob(".staging-*"))
 
 
-def test_a_fused_model_that_disagrees_is_refused_and_nothing_published(exported, trained, monkeypatch):
+def test_a_fused_model_that_disagrees_is_refused_and_nothing_published(exported, trained_imdb, monkeypatch):
     export_dir, reviews, _ = exported
     published = sorted(p.name for p in (export_dir / "onnx" / "imdb_sentiment").iterdir())
     write_fused = verified_export.onnx_bundle.write_fused_attention_model
@@ -259,13 +215,13 @@ def test_a_fused_model_that_disagrees_is_refused_and_nothing_published(exported,
         verified_export.ExportVerificationError, match="ONNX Runtime, fused attention: probabilities differ"
     ):
         verified_export.export_and_verify(
-            trained.model,
-            trained.vectorizer,
-            trained.vocabulary,
-            CONFIG.max_tokens,
+            trained_imdb.model,
+            trained_imdb.vectorizer,
+            trained_imdb.vocabulary,
+            TINY_CLASSIFIER.max_tokens,
             reviews[:6],
             export_dir,
-            **accuracy_check(trained),
+            **accuracy_check(trained_imdb),
         )
     assert sorted(p.name for p in (export_dir / "onnx" / "imdb_sentiment").iterdir()) == published
     assert not list(export_dir.rglob(".staging-*"))
@@ -297,10 +253,10 @@ def test_onnx_predictor_takes_what_the_savedmodel_takes(exported, case):
     np.testing.assert_array_equal(got["label"], expected["label"].numpy())
 
 
-def test_onnx_tokenisation_of_non_utf8_bytes_equals_training(exported, trained):
+def test_onnx_tokenisation_of_non_utf8_bytes_equals_training(exported, trained_imdb):
     export_dir, _, _ = exported
     reviews = [b"great \xff\xfe film", b"\xe9l\xe8ve GREAT\x80 the", b"caf\xe9 <br />awful!", b"\x80\x81\x82"]
-    expected = imdb_text.dense_token_ids(tf.constant(reviews), trained.vectorizer, CONFIG.max_tokens)
+    expected = imdb_text.dense_token_ids(tf.constant(reviews), trained_imdb.vectorizer, TINY_CLASSIFIER.max_tokens)
     predictor = OnnxSentimentPredictor(export_dir / "onnx" / "imdb_sentiment" / "1")
     np.testing.assert_array_equal(predictor.token_ids(reviews), expected.numpy())
 
@@ -435,9 +391,9 @@ def test_the_bundle_holds_the_int8_model_in_its_manifest(exported):
     assert figures["size_ratio"] == figures["int8_onnx_bytes"] / figures["float_onnx_bytes"] < 1
 
 
-def test_the_int8_predictor_labels_real_reviews_as_the_float_model_does(exported, trained):
+def test_the_int8_predictor_labels_real_reviews_as_the_float_model_does(exported, trained_imdb):
     bundle = _bundle(exported)
-    reviews = trained.test_reviews + trained.validation[0]
+    reviews = trained_imdb.test_reviews + trained_imdb.validation[0]
     float_outputs = OnnxSentimentPredictor(bundle).predict(reviews)
     int8_predictor = OnnxSentimentPredictor(bundle, quantized=True)
     assert int8_predictor.model_path == bundle / "model.int8.onnx"
@@ -447,11 +403,11 @@ def test_the_int8_predictor_labels_real_reviews_as_the_float_model_does(exported
     assert 0 < np.max(np.abs(int8_outputs["probability"] - float_outputs["probability"])) < 0.1
 
 
-def test_the_int8_check_reports_both_accuracies_on_the_callers_reviews(exported, trained):
+def test_the_int8_check_reports_both_accuracies_on_the_callers_reviews(exported, trained_imdb):
     figures = exported[2]["int8"]
-    reviews, labels = trained.validation
+    reviews, labels = trained_imdb.validation
     assert figures["reviews"] == len(reviews) and figures["tolerance_points"] == 100.0
-    float_labels = keras_probabilities(trained, reviews) >= 0.5
+    float_labels = keras_probabilities(trained_imdb, reviews) >= 0.5
     int8_labels = OnnxSentimentPredictor(_bundle(exported), quantized=True).predict(reviews)["label"]
     assert figures["float_keras_accuracy"] == pytest.approx(np.mean(float_labels == np.asarray(labels)))
     assert figures["int8_onnx_accuracy"] == pytest.approx(np.mean(int8_labels == np.asarray(labels)))
@@ -460,18 +416,18 @@ def test_the_int8_check_reports_both_accuracies_on_the_callers_reviews(exported,
     )
 
 
-def test_an_int8_model_below_the_tolerance_is_refused_and_nothing_published(exported, trained, tmp_path):
-    reviews = trained.validation[0]
+def test_an_int8_model_below_the_tolerance_is_refused_and_nothing_published(exported, trained_imdb, tmp_path):
+    reviews = trained_imdb.validation[0]
     # The float model's own labels: it scores 100 %, so a tolerance of -1 point cannot be met.
-    labels = (keras_probabilities(trained, reviews) >= 0.5).astype(int)
+    labels = (keras_probabilities(trained_imdb, reviews) >= 0.5).astype(int)
     export_dir = tmp_path / "export"
     pattern = r"model\.int8\.onnx: int8 ONNX accuracy .*% on \d+ labelled reviews .* float Keras model's 100\.00% \(tolerance -1 points\)"
     with pytest.raises(verified_export.ExportVerificationError, match=pattern):
         verified_export.export_and_verify(
-            trained.model,
-            trained.vectorizer,
-            trained.vocabulary,
-            CONFIG.max_tokens,
+            trained_imdb.model,
+            trained_imdb.vectorizer,
+            trained_imdb.vocabulary,
+            TINY_CLASSIFIER.max_tokens,
             exported[1][:4],
             export_dir,
             accuracy_reviews=reviews,
@@ -481,27 +437,18 @@ def test_an_int8_model_below_the_tolerance_is_refused_and_nothing_published(expo
     assert not [path for path in export_dir.rglob("*") if path.is_file() or path.name.isdigit()]
 
 
-def test_a_loss_exactly_at_the_tolerance_passes(exported, trained):
+def test_a_loss_exactly_at_the_tolerance_passes(exported, trained_imdb):
     # One batch of the check (64 reviews): the int8 model's activation scales are computed per batch,
     # so its labels depend on the batch a review is in; predicted here in the same one.
-    reviews = trained.test_reviews[:64]
-    labels = (keras_probabilities(trained, reviews) >= 0.5).astype(int)  # float Keras: 100 %
+    reviews = trained_imdb.test_reviews[:64]
+    labels = (keras_probabilities(trained_imdb, reviews) >= 0.5).astype(int)  # float Keras: 100 %
     int8_labels = OnnxSentimentPredictor(_bundle(exported), quantized=True).predict(reviews)["label"]
     lost = 100 * int(np.sum(int8_labels != labels)) / len(reviews)
-    figures = verified_export.verify_int8_accuracy(
-        trained.model, trained.vectorizer, CONFIG.max_tokens, _bundle(exported), reviews, labels, tolerance=lost
-    )
+    model = (trained_imdb.model, trained_imdb.vectorizer, TINY_CLASSIFIER.max_tokens, _bundle(exported))
+    figures = verified_export.verify_int8_accuracy(*model, reviews, labels, tolerance=lost)
     assert figures["points_lost"] == lost and figures["float_keras_accuracy"] == 1.0
     with pytest.raises(verified_export.ExportVerificationError, match="model.int8.onnx"):
-        verified_export.verify_int8_accuracy(
-            trained.model,
-            trained.vectorizer,
-            CONFIG.max_tokens,
-            _bundle(exported),
-            reviews,
-            labels,
-            tolerance=lost - 0.01,
-        )
+        verified_export.verify_int8_accuracy(*model, reviews, labels, tolerance=lost - 0.01)
 
 
 @pytest.mark.parametrize(
@@ -516,16 +463,16 @@ def test_a_loss_exactly_at_the_tolerance_passes(exported, trained):
         ({"accuracy_reviews": ["good", b"bad", "ok"]}, "accuracy_reviews[1]=b'bad' (bytes)"),
     ],
 )
-def test_bad_int8_check_arguments_are_named_before_anything_is_written(trained, tmp_path, arguments, named):
+def test_bad_int8_check_arguments_are_named_before_anything_is_written(trained_imdb, tmp_path, arguments, named):
     check = {"accuracy_reviews": ["good", "bad", "ok"], "accuracy_labels": [1, 0, 1], **arguments}
     if "accuracy_reviews" in arguments:
         check["accuracy_labels"] = [1] * len(arguments["accuracy_reviews"])
     with pytest.raises(ValueError, match=re.escape(named)):
         verified_export.export_and_verify(
-            trained.model,
-            trained.vectorizer,
-            trained.vocabulary,
-            CONFIG.max_tokens,
+            trained_imdb.model,
+            trained_imdb.vectorizer,
+            trained_imdb.vocabulary,
+            TINY_CLASSIFIER.max_tokens,
             ["a review"],
             tmp_path / "export",
             **check,
@@ -539,15 +486,15 @@ def test_the_predictor_names_a_bad_quantized_flag(exported, quantized):
         OnnxSentimentPredictor(_bundle(exported), quantized=quantized)
 
 
-def test_the_bundle_holds_the_fused_attention_model_with_the_float_models_probabilities(exported, trained):
+def test_the_bundle_holds_the_fused_attention_model_with_the_float_models_probabilities(exported, trained_imdb):
     bundle = _bundle(exported)
     assert "model.fused.onnx" in json.loads((bundle / "manifest.json").read_text())["files"]
-    assert fused_attention_count(onnx.load(str(bundle / "model.fused.onnx"))) == CONFIG.num_layers
+    assert fused_attention_count(onnx.load(str(bundle / "model.fused.onnx"))) == TINY_CLASSIFIER.num_layers
     predictor = OnnxSentimentPredictor(bundle, fused=True)
     assert predictor.model_path == bundle / "model.fused.onnx"
-    reviews = trained.test_reviews + ODD_REVIEWS
+    reviews = trained_imdb.test_reviews + ODD_REVIEWS
     np.testing.assert_allclose(
-        predictor.predict(reviews)["probability"], keras_probabilities(trained, reviews), atol=verified_export.ATOL
+        predictor.predict(reviews)["probability"], keras_probabilities(trained_imdb, reviews), atol=verified_export.ATOL
     )
 
 
@@ -585,7 +532,7 @@ def test_the_ngram_attention_branch_exports_with_parity(bigram_ids, small_imdb_a
     """`attention_inputs="ngrams"` (weighted n-gram embeddings, attention pooling), with hashed bigrams
     or a learnt bigram vocabulary (its binary search), through the same export: SavedModel, ONNX and
     the int8 model, each held to the Keras model."""
-    config = dataclasses.replace(CONFIG, attention_inputs="ngrams", bigram_ids=bigram_ids)
+    config = dataclasses.replace(TINY_CLASSIFIER, attention_inputs="ngrams", bigram_ids=bigram_ids)
     small = train_small(config, small_imdb_archive, imdb_cache_dir, tmp_path)
     reviews = verified_export.verification_reviews(small.test_reviews)
     result = verified_export.export_and_verify(

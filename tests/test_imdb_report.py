@@ -18,8 +18,7 @@ from pipelines import imdb_ablation
 from pipelines import imdb_report
 from tests.browser import broken_images
 from tests.browser import open_page
-from tests.test_explain_imdb import TEXTS
-from tests.test_explain_imdb import run  # noqa: F401  (the fixture)
+from tests.imdb_fixtures import TINY_RUN_TEXTS as TEXTS
 
 LABELS = [1, 0, 0, 1]  # the tiny model gets some right and some wrong
 SUMMARY = {
@@ -59,8 +58,8 @@ HISTORY = [
 
 
 @pytest.fixture(scope="module")
-def report(run, tmp_path_factory):  # noqa: F811
-    _, model, vectorizer, config = run
+def report(tiny_imdb_run, tmp_path_factory):
+    _, model, vectorizer, config = tiny_imdb_run
     path = tmp_path_factory.mktemp("report") / "report.html"
     reviews = tf.data.Dataset.from_tensor_slices((TEXTS, LABELS))
     matrix = imdb_report.write_report(path, SUMMARY, HISTORY, model, vectorizer, config, reviews, batch_size=2)
