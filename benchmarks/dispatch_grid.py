@@ -6,8 +6,8 @@ bidirectional / packed / windowed / strided, each as a forward call and a traini
 without attention dropout; 8 heads of depth 64) runs every kernel that takes it and Keras's
 layer's own attention (`_compute_attention`, the peer) in turn, `--repeats` times each, keeping
 each one's best wall time (forward and backward in training) and its first run's peak resident
-memory. A kernel whose pairwise tensors alone would pass `--cap-gb`, or with more than `--max-steps` loop
-steps, is not run in that cell.
+memory. A kernel whose pairwise tensors alone would pass `--cap-gb`, or that `"auto"` would not take
+for unrolling too many steps into the graph, is not run in that cell.
 The cost model is fitted to these measurements (`keras_attn.core.tuning.fit`) and written to
 `--calibration-output` (by default the calibration the package ships,
 `keras_attn/core/calibration.json`). Then, per cell, `auto`'s choice under that calibration is
@@ -48,26 +48,26 @@ WITHIN = 1.1  # the goal: auto within 1.1x of the fastest admissible kernel
 ALLOCATOR_ENVIRONMENT = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}  # TensorFlow's CPU allocator keeps its peak
 
 
-def _too_big(cell, name, cap_gb, max_steps):
-    """Whether a kernel's pairwise tensors alone would pass `cap_gb`, or its loop steps `max_steps`
-    (the chunked kernel's chunks and tiles are unrolled in the graph: tracing thousands takes minutes)."""
+def _too_big(cell, name, cap_gb):
+    """Whether a kernel's pairwise tensors alone would pass `cap_gb`, or it unrolls more steps into
+    the graph than `"auto"` takes (`keras_attn.kernels.cost.MAX_UNROLLED_STEPS`: tracing thousands
+    of the chunked kernel's chunks and tiles takes minutes)."""
     from keras_attn.core import cost_model
+    from keras_attn.kernels import cost
 
     features = cost_model.kernel_features(name, cell.call())
     held = features.memory["pairwise_bytes"] + features.memory["dropout_bytes"]
-    return held > cap_gb * 2**30 or features.time["steps"] > max_steps
+    return held > cap_gb * 2**30 or (features.unrolled and features.time["steps"] > cost.MAX_UNROLLED_STEPS)
 
 
-def measure_grid(cells, repeats, cap_gb, max_steps):
+def measure_grid(cells, repeats, cap_gb):
     """The measured rows of every cell: one per implementation that runs in it."""
     from keras_attn.core import cost_model
     from keras_attn.core import tuning
 
     rows = []
     for cell in cells:
-        names = [
-            n for n in [*tuning.candidates(cell), cost_model.KERAS_DENSE] if not _too_big(cell, n, cap_gb, max_steps)
-        ]
+        names = [n for n in [*tuning.candidates(cell), cost_model.KERAS_DENSE] if not _too_big(cell, n, cap_gb)]
         for name, measured in tuning.measure(cell, names, repeats).items():
             rows.append({"cell": cell, "name": name, **measured})
         print(
@@ -142,7 +142,6 @@ def main(argv=None):
         repeats=dict(type=int, default=2),
         settings=dict(nargs="+", default=None, help="kinds of call (keras_attn.core.tuning.SETTINGS; default all)"),
         cap_gb=dict(type=float, default=3.0, help="skip a kernel whose pairwise tensors pass this (GB)"),
-        max_steps=dict(type=int, default=512, help="skip a kernel with more loop steps than this"),
         refit_from=dict(default=None, help="refit to the measurements of an earlier run's JSON instead of measuring"),
         calibration_output=dict(default=None, help="where to write the fitted calibration (default: the shipped one)"),
     )
@@ -173,7 +172,7 @@ def main(argv=None):
             )
             if cell.batch == 1 or cell.batch * cell.length <= args.max_tokens
         ]
-        rows = measure_grid(cells, args.repeats, args.cap_gb, args.max_steps)
+        rows = measure_grid(cells, args.repeats, args.cap_gb)
     calibration = {"time": tuning.fit(rows, "time"), "memory": tuning.fit(rows, "memory")}
     grid_description = {
         k: getattr(args, k)

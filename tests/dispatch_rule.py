@@ -6,15 +6,18 @@ import functools
 from keras_attn.core import cost_model
 from keras_attn.core import tuning
 from keras_attn.kernels import KERNELS
+from keras_attn.kernels import cost
 
 
 def rule_choice(explanation):
-    """The kernel the rule takes given the explanation's predictions: the fastest of the kernels
-    taking the call that are predicted no heavier than Keras's dense attention, else the lightest
-    (the first taker when nothing was predicted)."""
+    """The kernel the rule takes given the explanation's predictions: among the kernels taking the
+    call that unroll at most `MAX_UNROLLED_STEPS` steps into the graph, the fastest of those
+    predicted no heavier than Keras's dense attention, else the lightest (the first taker when
+    nothing was predicted)."""
     takers = [candidate for candidate in explanation.candidates if not candidate.unsupported]
     if explanation.keras_peak_bytes is None:
         return takers[0].name
+    takers = [candidate for candidate in takers if (candidate.unrolled_steps or 0) <= cost.MAX_UNROLLED_STEPS]
     admissible = [candidate for candidate in takers if candidate.peak_bytes <= explanation.keras_peak_bytes]
     if admissible:
         return min(admissible, key=lambda candidate: candidate.seconds).name

@@ -2,6 +2,7 @@
 explanation, and the calibration it reads (`keras_attn.core.tuning`, `keras_attn.tune`)."""
 
 import json
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -62,7 +63,8 @@ def test_auto_never_takes_a_kernel_heavier_than_keras_when_a_lighter_one_takes_t
     by_name = {candidate.name: candidate for candidate in explanation.candidates}
     chosen = by_name[explanation.chosen]
     takers = [candidate for candidate in explanation.candidates if not candidate.unsupported]
-    assert not chosen.unsupported
+    assert not chosen.unsupported and (chosen.unrolled_steps or 0) <= cost.MAX_UNROLLED_STEPS
+    takers = [candidate for candidate in takers if (candidate.unrolled_steps or 0) <= cost.MAX_UNROLLED_STEPS]
     lighter = [candidate for candidate in takers if candidate.peak_bytes <= explanation.keras_peak_bytes]
     if lighter:
         assert chosen.peak_bytes <= explanation.keras_peak_bytes
@@ -108,6 +110,25 @@ def test_the_explanation_says_why_a_supported_kernel_was_not_taken():
             assert candidate.why_not.startswith("predicted peak") and "exceeds Keras's dense" in candidate.why_not
         else:
             assert candidate.why_not.startswith(f"predicted slower than {explanation.chosen!r}")
+
+
+def test_auto_never_takes_a_kernel_unrolling_more_steps_than_it_allows(monkeypatch, tmp_path):
+    # Packed rows at 8,192 tokens: the chunked kernel would unroll 64 chunks of 64 key tiles into the
+    # graph. Even predicted fastest and lightest, it is not taken, and the explanation says why.
+    prefer_kernel(monkeypatch, tmp_path, "chunked")
+    explanation = keras_attn.explain_implementation((1, 8192, 8, 64), training=True, packed=True)
+    chunked = {candidate.name: candidate for candidate in explanation.candidates}["chunked"]
+    assert chunked.unrolled_steps == (8192 // 128) ** 2 > cost.MAX_UNROLLED_STEPS
+    assert explanation.chosen != "chunked" and not chunked.admissible
+    assert chunked.why_not.startswith(f"unrolls {chunked.unrolled_steps} steps into the graph")
+    # At 1,024 tokens (64 steps) the same calibration makes it the choice.
+    assert keras_attn.explain_implementation((1, 1024, 8, 64), training=True, packed=True).chosen == "chunked"
+
+
+def test_the_documented_unrolling_limit_is_the_dispatchers():
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "kernels.md").read_text(encoding="utf-8")
+    assert f"`MAX_UNROLLED_STEPS` ({cost.MAX_UNROLLED_STEPS})" in guide
+    assert f"unrolling at most {cost.MAX_UNROLLED_STEPS} steps" in attention_module.scaled_dot_product_attention.__doc__
 
 
 def test_unknown_lengths_take_the_first_kernel_that_takes_them():

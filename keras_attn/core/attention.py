@@ -190,10 +190,11 @@ def scaled_dot_product_attention(
             `"auto"` (`keras_attn.core.cost_model`) takes, among the kernels that take the call,
             the one predicted fastest among those predicted to hold at most the peak memory of
             Keras's dense attention for the same call (its logits, weights and dropout in the
-            compute dtype), else the one predicted lightest; predictions come from a calibration
-            fitted to measurements (shipped, or refitted on this machine by `keras_attn.tune()`),
-            forward and backward when `training`, forward otherwise; with an unknown length, the
-            dense kernel. `keras_attn.explain_implementation` shows each kernel's predictions
+            compute dtype) and unrolling at most 512 steps into the graph (the chunked kernel on
+            packed rows of thousands of tokens unrolls more), else the one predicted lightest;
+            predictions come from a calibration fitted to measurements (shipped, or refitted on
+            this machine by `keras_attn.tune()`), forward and backward when `training`, forward
+            otherwise; with an unknown length, the dense kernel. `keras_attn.explain_implementation` shows each kernel's predictions
             and why it was or was not taken.
         pattern: optional `keras_attn.patterns.Pattern` (or its config): which keys each
             query position may attend to; intersected with `is_causal` and `sliding_window`.

@@ -8,9 +8,10 @@ bytes for the memory features. Keras's own layer is modelled the same way (`KERA
 logits, softmax weights and dropout in the compute dtype), as the memory ceiling:
 
 - the candidates are the kernels that take the call (`why_unsupported(call)` is `None`);
-- the admissible ones are predicted to hold at most Keras's dense attention's peak for the call;
+- the admissible ones are predicted to hold at most Keras's dense attention's peak for the call,
+  and unroll at most `cost.MAX_UNROLLED_STEPS` steps into the graph;
 - `"auto"` takes the admissible candidate predicted fastest, or, when none is admissible, the
-  candidate predicted lightest. With an unknown query or key length there is nothing to predict
+  candidate predicted lightest among those unrolling no more (the dense kernel is one step). With an unknown query or key length there is nothing to predict
   from: the first candidate of the registry (dense) is taken.
 
 The calibration is `calibration.json` beside this module (fitted by `benchmarks/dispatch_grid.py`,
@@ -100,13 +101,15 @@ def predict(name, call, part, features=None):
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """One kernel's verdict for a call: `unsupported` (its `why_unsupported` reason) or its
-    predictions (`seconds`, `peak_bytes`; `None` when the lengths are unknown), and `why_not`, why
-    `"auto"` did not take it (`None` for the chosen kernel)."""
+    predictions (`seconds`, `peak_bytes`; `None` when the lengths are unknown), the steps it
+    unrolls into the graph (`unrolled_steps`; `None` for a kernel looping in the graph), and
+    `why_not`, why `"auto"` did not take it (`None` for the chosen kernel)."""
 
     name: str
     unsupported: object
     seconds: object
     peak_bytes: object
+    unrolled_steps: object
     admissible: bool
     why_not: object
 
@@ -149,36 +152,41 @@ def explain(call):
     takers = [name for name, reason in reasons.items() if not reason]
     if call.query.shape[1] is None or call.key.shape[1] is None:
         return _explained(
-            takers[0], reasons, {}, None, call, "lengths unknown: no prediction, the first kernel taking it is"
+            takers[0], reasons, {}, None, call, "lengths unknown: no prediction, the first kernel taking it is", {}
         )
     keras_peak = predict(KERAS_DENSE, call, "memory")
-    predictions = {}
+    predictions, unrolled = {}, {}
     for name in takers:
         features = kernel_features(name, call)
         predictions[name] = (predict(name, call, "time", features), predict(name, call, "memory", features))
-    admissible = [name for name in takers if predictions[name][1] <= keras_peak]
+        if features.unrolled:
+            unrolled[name] = int(features.time["steps"])
+    traceable = [name for name in takers if unrolled.get(name, 0) <= cost.MAX_UNROLLED_STEPS]
+    admissible = [name for name in traceable if predictions[name][1] <= keras_peak]
     if admissible:
         chosen = min(admissible, key=lambda name: predictions[name][0])
     else:
-        chosen = min(takers, key=lambda name: predictions[name][1])
-    return _explained(chosen, reasons, predictions, keras_peak, call, None)
+        chosen = min(traceable, key=lambda name: predictions[name][1])
+    return _explained(chosen, reasons, predictions, keras_peak, call, None, unrolled)
 
 
-def _explained(chosen, reasons, predictions, keras_peak, call, unpredicted):
+def _explained(chosen, reasons, predictions, keras_peak, call, unpredicted, unrolled):
     candidates = []
     for name, reason in reasons.items():
         seconds, peak = predictions.get(name, (None, None))
-        admissible = not reason and (keras_peak is None or peak <= keras_peak)
+        traceable = unrolled.get(name, 0) <= cost.MAX_UNROLLED_STEPS
+        admissible = not reason and traceable and (keras_peak is None or peak <= keras_peak)
         candidates.append(
             Candidate(
                 name=name,
                 unsupported=reason,
                 seconds=seconds,
                 peak_bytes=peak,
+                unrolled_steps=unrolled.get(name),
                 admissible=admissible,
                 why_not=None
                 if name == chosen
-                else _why_not(name, reason, seconds, peak, chosen, predictions, keras_peak, unpredicted),
+                else _why_not(name, reason, seconds, peak, chosen, predictions, keras_peak, unpredicted, unrolled),
             )
         )
     return Explanation(
@@ -190,11 +198,16 @@ def _explained(chosen, reasons, predictions, keras_peak, call, unpredicted):
     )
 
 
-def _why_not(name, reason, seconds, peak, chosen, predictions, keras_peak, unpredicted):
+def _why_not(name, reason, seconds, peak, chosen, predictions, keras_peak, unpredicted, unrolled):
     if reason:
         return f"unsupported: needs {reason}"
     if unpredicted:
         return f"{unpredicted} {chosen!r}"
+    if unrolled.get(name, 0) > cost.MAX_UNROLLED_STEPS:
+        return (
+            f"unrolls {unrolled[name]} steps into the graph, more than {cost.MAX_UNROLLED_STEPS} "
+            "(its tracing grows with them)"
+        )
     if peak > keras_peak:
         return f"predicted peak {_megabytes(peak)} exceeds Keras's dense {_megabytes(keras_peak)}"
     chosen_seconds = predictions[chosen][0]

@@ -133,14 +133,15 @@ def attend(call):
 def cost_features(call):
     """The `keras_attn.kernels.cost` features of a call this kernel takes: each chunk computes the
     keys its pattern reaches (in tiles of `KEY_BLOCK_SIZE` keys, one step each, for packed rows);
-    a training call keeps every chunk's weights for the backward pass, a forward call one chunk's."""
+    a training call keeps every chunk's weights for the backward pass, a forward call one chunk's.
+    The steps are a Python loop, unrolled into the graph."""
     _, query_len, key_len, _, _, _ = cost.sizes(call)
     chunks = pattern_query_chunks(query_len, key_len, QUERY_CHUNK_SIZE, call.pattern, call.query_offset)
     computed = [(chunk.query_stop - chunk.query_start) * (chunk.key_stop - chunk.key_start) for chunk in chunks]
     tile_size = None if call.query_segment_ids is None else KEY_BLOCK_SIZE
     steps = sum(len(chunk_tiles(chunk, tile_size)) for chunk in chunks)
     held = sum(computed) if call.training else max(computed, default=0)
-    return cost.features(call, computed_pairs=sum(computed), steps=steps, held_pairs=held)
+    return cost.features(call, computed_pairs=sum(computed), steps=steps, held_pairs=held, unrolled=True)
 
 
 def pattern_query_chunks(query_len, key_len, chunk_size, pattern, query_offset=0):

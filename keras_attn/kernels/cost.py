@@ -11,6 +11,11 @@ their per-step overhead), `pairs` (pairs computed over all batch elements and he
 element-wise softmax work), `dropout_pairs` (the same pairs when dropout is active: drawing and
 applying keep-masks), `flops` (the two products, `2 * pairs * (depth + value_depth)`).
 
+A kernel whose loop is Python's (`unrolled=True`: each step is ops of its own in the graph, as the
+chunked kernel's chunks and tiles) also grows the graph with its steps, and tracing with it
+(thousands of steps take minutes): a cost paid before the first call that no per-call feature
+sees, so `"auto"` does not take a kernel unrolling more than `MAX_UNROLLED_STEPS`.
+
 Memory features (`MEMORY_FEATURES`, bytes): `pairwise_bytes` (the pairwise float values held at
 once, plus one byte per pair of a materialised boolean mask), `dropout_bytes` (the same values
 again when dropout is active: keep-masks and dropped weights), `linear_bytes` (query, key, value
@@ -24,14 +29,17 @@ import keras
 TIME_FEATURES = ("calls", "steps", "pairs", "dropout_pairs", "flops")
 MEMORY_FEATURES = ("pairwise_bytes", "dropout_bytes", "linear_bytes")
 FLOAT32_BYTES = 4  # logits and weights are float32 on every kernel of the registry
+MAX_UNROLLED_STEPS = 512  # the most steps `"auto"` lets a kernel unroll into the graph
 
 
 @dataclasses.dataclass(frozen=True)
 class Features:
-    """Named features of one call on one kernel: `time` over `TIME_FEATURES`, `memory` over `MEMORY_FEATURES`."""
+    """Named features of one call on one kernel: `time` over `TIME_FEATURES`, `memory` over
+    `MEMORY_FEATURES`, and whether its `steps` are unrolled into the graph (`unrolled`)."""
 
     time: dict
     memory: dict
+    unrolled: bool = False
 
 
 def sizes(call):
@@ -41,10 +49,11 @@ def sizes(call):
     return batch or 1, query_len, key_len, heads or 1, depth or 1, value_depth or 1
 
 
-def features(call, computed_pairs, steps, held_pairs, held_itemsize=FLOAT32_BYTES, mask_pairs=0):
+def features(call, computed_pairs, steps, held_pairs, held_itemsize=FLOAT32_BYTES, mask_pairs=0, unrolled=False):
     """The `Features` of a kernel computing `computed_pairs` pairs per batch element and head in
-    `steps` loop steps, holding `held_pairs` pairwise values of `held_itemsize` bytes per batch
-    element and head at its peak, and `mask_pairs` boolean mask values per batch element.
+    `steps` loop steps (`unrolled`: a Python loop, each step in the graph), holding `held_pairs`
+    pairwise values of `held_itemsize` bytes per batch element and head at its peak, and
+    `mask_pairs` boolean mask values per batch element.
 
     Example:
 
@@ -71,7 +80,7 @@ def features(call, computed_pairs, steps, held_pairs, held_itemsize=FLOAT32_BYTE
         "dropout_bytes": float(held_bytes if dropout else 0),
         "linear_bytes": float(batch * heads * (query_len + key_len) * (depth + value_depth) * itemsize),
     }
-    return Features(time=time, memory=memory)
+    return Features(time=time, memory=memory, unrolled=unrolled)
 
 
 def itemsize_of(dtype):
