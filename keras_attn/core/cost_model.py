@@ -83,6 +83,12 @@ def kernel_features(name, call):
     return KERNELS[name].cost_features(call)
 
 
+def memory_model(name, features):
+    """Whose memory coefficients predict kernel `name`'s bytes: Keras's layer's for a kernel holding
+    its tensors (`features.materialised`; the dense kernel, in float32), else the kernel's own."""
+    return KERAS_DENSE if features.materialised else name
+
+
 def mode_of(call):
     return "training" if call.training else "forward"
 
@@ -91,7 +97,8 @@ def predict(name, call, part, features=None):
     """Predicted seconds (`part="time"`) or peak bytes (`part="memory"`) of `call` on `name`."""
     features = features or kernel_features(name, call)
     if part == "memory":  # no memory measured (small grids): every tensor counted is held once
-        coefficients = calibration()["memory"].get(name, {}).get(mode_of(call), ANALYTIC_MEMORY)
+        model = memory_model(name, features)
+        coefficients = calibration()["memory"].get(model, {}).get(mode_of(call), ANALYTIC_MEMORY)
     else:
         coefficients = calibration()["time"][name][mode_of(call)]
     values = features.time if part == "time" else features.memory

@@ -225,7 +225,8 @@ def fit(rows, part):
         values = features.time if part == "time" else features.memory
         if part == "memory" and values["pairwise_bytes"] + values["linear_bytes"] < MEMORY_FLOOR_BYTES:
             continue
-        groups.setdefault((row["name"], row["cell"].mode), []).append(([values[f] for f in feature_names], target))
+        name = cost_model.memory_model(row["name"], features) if part == "memory" else row["name"]
+        groups.setdefault((name, row["cell"].mode), []).append(([values[f] for f in feature_names], target))
     coefficients = {}
     for (name, mode), samples in sorted(groups.items()):
         matrix = np.array([x for x, _ in samples], dtype="float64")

@@ -133,8 +133,8 @@ def attend(call):
 def cost_features(call):
     """The `keras_attn.kernels.cost` features of a call this kernel takes: each chunk computes the
     keys its pattern reaches (in tiles of `KEY_BLOCK_SIZE` keys, one step each, for packed rows);
-    a training call keeps every chunk's weights for the backward pass, a forward call one chunk's.
-    The steps are a Python loop, unrolled into the graph."""
+    the chunks run one after another (`_after`): a forward call holds one chunk's weights, a training
+    call every chunk's (for the backward pass). The steps are a Python loop, unrolled into the graph."""
     _, query_len, key_len, _, _, _ = cost.sizes(call)
     chunks = pattern_query_chunks(query_len, key_len, QUERY_CHUNK_SIZE, call.pattern, call.query_offset)
     computed = [(chunk.query_stop - chunk.query_start) * (chunk.key_stop - chunk.key_start) for chunk in chunks]
@@ -411,17 +411,28 @@ def _forward(plan, scale, query, key, value, bias, parameters):
             outputs.append(tf.zeros(shape, value.dtype))
             chunk_weights.append(None)
             continue
-        if plan.segmented:
-            output, tile_weights = _documents_forward(plan, index, scale, query, key, value, bias, parameters)
-            outputs.append(tf.cast(output, value.dtype))
-            chunk_weights.append(tile_weights)
-            continue
-        weights = _chunk_weights(plan, chunk, plan.tile_mask(chunk), scale, query, key, bias, parameters)
-        keep_scale = plan.keep_scale(plan.dropout_seeds[index][0], weights)
-        dropped = weights if keep_scale is None else weights * keep_scale
-        outputs.append(tf.matmul(tf.cast(dropped, value.dtype), _keys(value, chunk)))  # (b, h, chunk_len, dv)
-        chunk_weights.append([weights])
+        with _after(outputs[-1:]):  # one chunk's logits and keep-mask at a time
+            if plan.segmented:
+                output, tile_weights = _documents_forward(plan, index, scale, query, key, value, bias, parameters)
+                outputs.append(tf.cast(output, value.dtype))
+                chunk_weights.append(tile_weights)
+                continue
+            weights = _chunk_weights(plan, chunk, plan.tile_mask(chunk), scale, query, key, bias, parameters)
+            keep_scale = plan.keep_scale(plan.dropout_seeds[index][0], weights)
+            dropped = weights if keep_scale is None else weights * keep_scale
+            outputs.append(tf.matmul(tf.cast(dropped, value.dtype), _keys(value, chunk)))  # (b, h, chunk_len, dv)
+            chunk_weights.append([weights])
     return tf.concat(outputs, axis=2), chunk_weights  # (batch, heads, query_len, value_depth)
+
+
+def _after(tensors):
+    """A context in which the ops created run after `tensors` are computed.
+
+    The chunks are independent, so TensorFlow's executor would run them all at once and hold every
+    chunk's transients (logits, keep-masks, `dP`, `dZ`) together: as much as the whole matrix, more
+    than Keras's attention. Ordered, one chunk's transients are freed before the next chunk's exist.
+    """
+    return tf.control_dependencies(tensors)
 
 
 def _documents_forward(plan, index, scale, query, key, value, bias, parameters):
@@ -492,28 +503,32 @@ def _backward(plan, scale, inputs, output, chunk_weights, output_gradient):
             tf.concat([value_f, tf.ones_like(value_f[..., :1])], -1),  # (batch, heads, k, value_depth + 1)
         )
     rows = _GradientRows(query_f, key_f, value_f, output_gradient, delta, shifted, bias, parameters)
-    query_grads, key_grads, value_grads, bias_grads, scale_grads = [], [], [], [], []
+    query_grads, bias_grads, scale_grads = [], [], []
+    key_grad, value_grad = tf.zeros_like(key_f), tf.zeros_like(value_f)  # summed chunk by chunk
     for index, chunk in enumerate(plan.chunks):
         if chunk_weights[index] is None:
             query_grads.append(tf.zeros_like(_queries(query_f, chunk)))
             bias_grads.append(None)
             continue
-        tile_grads = [
-            document_blocks.guarded(
-                may_share,
-                lambda tile=tile, weights=weights, seed=seed: _tile_gradients(plan, tile, weights, seed, scale, rows),
-                lambda tile=tile, weights=weights: _skipped_gradients(tile, weights, rows),
-            )
-            for tile, weights, seed, may_share in zip(
-                plan.tiles[index], chunk_weights[index], plan.dropout_seeds[index], plan.may_share[index]
-            )
-        ]
+        with _after([key_grad, value_grad]):  # the previous chunk's gradients are summed: its transients freed
+            tile_grads = [
+                document_blocks.guarded(
+                    may_share,
+                    lambda tile=tile, weights=weights, seed=seed: _tile_gradients(
+                        plan, tile, weights, seed, scale, rows
+                    ),
+                    lambda tile=tile, weights=weights: _skipped_gradients(tile, weights, rows),
+                )
+                for tile, weights, seed, may_share in zip(
+                    plan.tiles[index], chunk_weights[index], plan.dropout_seeds[index], plan.may_share[index]
+                )
+            ]
         query_side = tf.add_n([grads["query"] for grads in tile_grads])  # dZ K: (batch, heads, chunk_len, depth)
         if scale is not None:
             scale_grads.append(streaming_softmax.scale_gradient(_queries(query_f, chunk), query_side))
         query_grads.append(streaming_softmax.times_scale(scale, query_side))
-        key_grads.append(_pad_keys(_chunk_keys([grads["key"] for grads in tile_grads]), chunk, plan.key_len))
-        value_grads.append(_pad_keys(_chunk_keys([grads["value"] for grads in tile_grads]), chunk, plan.key_len))
+        key_grad += _pad_keys(_chunk_keys([grads["key"] for grads in tile_grads]), chunk, plan.key_len)
+        value_grad += _pad_keys(_chunk_keys([grads["value"] for grads in tile_grads]), chunk, plan.key_len)
         if bias is not None:
             tile_bias_grads = [grads["bias"] for grads in tile_grads]
             bias_grads.append(tf.add_n(tile_bias_grads) if bias.shape[3] == 1 else _chunk_keys(tile_bias_grads, 3))
@@ -522,8 +537,8 @@ def _backward(plan, scale, inputs, output, chunk_weights, output_gradient):
     grads = [] if scale is None else [tf.add_n(scale_grads) if scale_grads else tf.zeros_like(scale)]
     grads += [
         tf.cast(tf.concat(query_grads, axis=2), query.dtype),
-        tf.cast(streaming_softmax.times_scale(scale, tf.add_n(key_grads)), key.dtype),
-        tf.cast(tf.add_n(value_grads), value.dtype),
+        tf.cast(streaming_softmax.times_scale(scale, key_grad), key.dtype),
+        tf.cast(value_grad, value.dtype),
     ]
     if bias is not None:
         grads.append(tf.cast(_bias_gradient(plan, bias, bias_grads), bias.dtype))

@@ -35,11 +35,14 @@ MAX_UNROLLED_STEPS = 512  # the most steps `"auto"` lets a kernel unroll into th
 @dataclasses.dataclass(frozen=True)
 class Features:
     """Named features of one call on one kernel: `time` over `TIME_FEATURES`, `memory` over
-    `MEMORY_FEATURES`, and whether its `steps` are unrolled into the graph (`unrolled`)."""
+    `MEMORY_FEATURES`, whether its `steps` are unrolled into the graph (`unrolled`), and whether it
+    holds the tensors of Keras's layer (`materialised`: the whole logits and weights), whose
+    memory coefficients then predict its bytes too."""
 
     time: dict
     memory: dict
     unrolled: bool = False
+    materialised: bool = False
 
 
 def sizes(call):
@@ -100,10 +103,10 @@ def materialises_mask(call):
 def materialised(call, itemsize):
     """The `Features` of attention that materialises the whole `(query_len, key_len)` logits and
     weights in `itemsize`-byte floats, in one step: the dense kernel (float32) and Keras's layer (its
-    compute dtype), which hold the same tensors."""
+    compute dtype), which hold the same tensors: one memory model predicts both, in their bytes."""
     _, query_len, key_len, _, _, _ = sizes(call)
     pairs = query_len * key_len
-    return features(
+    held = features(
         call,
         computed_pairs=pairs,
         steps=1,
@@ -111,3 +114,4 @@ def materialised(call, itemsize):
         held_itemsize=itemsize,
         mask_pairs=pairs if materialises_mask(call) else 0,
     )
+    return dataclasses.replace(held, materialised=True)
