@@ -57,7 +57,7 @@ def _too_big(cell, name, cap_gb):
 
     features = cost_model.kernel_features(name, cell.call())
     held = features.memory["pairwise_bytes"] + features.memory["dropout_bytes"]
-    return held > cap_gb * 2**30 or (features.unrolled and features.time["steps"] > cost.MAX_UNROLLED_STEPS)
+    return held > cap_gb * 2**30 or cost.unrolls_too_many_steps(features)
 
 
 def measure_grid(cells, repeats, cap_gb):

@@ -11,8 +11,9 @@ logits, softmax weights and dropout in the compute dtype), as the memory ceiling
 - the admissible ones are predicted to hold at most Keras's dense attention's peak for the call,
   and unroll at most `cost.MAX_UNROLLED_STEPS` steps into the graph;
 - `"auto"` takes the admissible candidate predicted fastest, or, when none is admissible, the
-  candidate predicted lightest among those unrolling no more (the dense kernel is one step). With an unknown query or key length there is nothing to predict
-  from: the first candidate of the registry (dense) is taken.
+  candidate predicted lightest among those unrolling no more (the dense kernel is one step). With
+  an unknown query or key length there is nothing to predict from: the first candidate of the
+  registry (dense) is taken.
 
 The calibration is `calibration.json` beside this module (fitted by `benchmarks/dispatch_grid.py`,
 shipped with the package) unless `keras_attn.tune()` stored one in the user's cache directory
@@ -159,30 +160,38 @@ def explain(call):
     takers = [name for name, reason in reasons.items() if not reason]
     if call.query.shape[1] is None or call.key.shape[1] is None:
         return _explained(
-            takers[0], reasons, {}, None, call, "lengths unknown: no prediction, the first kernel taking it is", {}
+            takers[0],
+            reasons,
+            {},
+            None,
+            call,
+            "lengths unknown: no prediction, the first kernel taking it is",
+            {},
+            set(),
         )
     keras_peak = predict(KERAS_DENSE, call, "memory")
-    predictions, unrolled = {}, {}
+    predictions, unrolled, untraceable = {}, {}, set()
     for name in takers:
         features = kernel_features(name, call)
         predictions[name] = (predict(name, call, "time", features), predict(name, call, "memory", features))
         if features.unrolled:
             unrolled[name] = int(features.time["steps"])
-    traceable = [name for name in takers if unrolled.get(name, 0) <= cost.MAX_UNROLLED_STEPS]
+        if cost.unrolls_too_many_steps(features):
+            untraceable.add(name)
+    traceable = [name for name in takers if name not in untraceable]
     admissible = [name for name in traceable if predictions[name][1] <= keras_peak]
     if admissible:
         chosen = min(admissible, key=lambda name: predictions[name][0])
     else:
         chosen = min(traceable, key=lambda name: predictions[name][1])
-    return _explained(chosen, reasons, predictions, keras_peak, call, None, unrolled)
+    return _explained(chosen, reasons, predictions, keras_peak, call, None, unrolled, untraceable)
 
 
-def _explained(chosen, reasons, predictions, keras_peak, call, unpredicted, unrolled):
+def _explained(chosen, reasons, predictions, keras_peak, call, unpredicted, unrolled, untraceable):
     candidates = []
     for name, reason in reasons.items():
         seconds, peak = predictions.get(name, (None, None))
-        traceable = unrolled.get(name, 0) <= cost.MAX_UNROLLED_STEPS
-        admissible = not reason and traceable and (keras_peak is None or peak <= keras_peak)
+        admissible = not reason and name not in untraceable and (keras_peak is None or peak <= keras_peak)
         candidates.append(
             Candidate(
                 name=name,
@@ -193,7 +202,9 @@ def _explained(chosen, reasons, predictions, keras_peak, call, unpredicted, unro
                 admissible=admissible,
                 why_not=None
                 if name == chosen
-                else _why_not(name, reason, seconds, peak, chosen, predictions, keras_peak, unpredicted, unrolled),
+                else _why_not(
+                    name, reason, seconds, peak, chosen, predictions, keras_peak, unpredicted, unrolled, untraceable
+                ),
             )
         )
     return Explanation(
@@ -205,12 +216,12 @@ def _explained(chosen, reasons, predictions, keras_peak, call, unpredicted, unro
     )
 
 
-def _why_not(name, reason, seconds, peak, chosen, predictions, keras_peak, unpredicted, unrolled):
+def _why_not(name, reason, seconds, peak, chosen, predictions, keras_peak, unpredicted, unrolled, untraceable):
     if reason:
         return f"unsupported: needs {reason}"
     if unpredicted:
         return f"{unpredicted} {chosen!r}"
-    if unrolled.get(name, 0) > cost.MAX_UNROLLED_STEPS:
+    if name in untraceable:
         return (
             f"unrolls {unrolled[name]} steps into the graph, more than {cost.MAX_UNROLLED_STEPS} "
             "(its tracing grows with them)"

@@ -45,6 +45,12 @@ class Features:
     materialised: bool = False
 
 
+def unrolls_too_many_steps(features):
+    """Whether a kernel's `Features` unroll more than `MAX_UNROLLED_STEPS` steps into the graph
+    (what `"auto"` does not take)."""
+    return features.unrolled and features.time["steps"] > MAX_UNROLLED_STEPS
+
+
 def sizes(call):
     """`(batch, query_len, key_len, heads, depth, value_depth)` of the call; an unknown batch counts as 1."""
     batch, query_len, heads, depth = call.query.shape
