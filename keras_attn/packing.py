@@ -40,6 +40,12 @@ def pack(dataset, row_length, *, max_documents=None, strategy="first_fit", windo
     Each document goes whole into one row (never split across rows); documents keep their order
     within a row. Every document of the input is in exactly one output row.
 
+    Fitting on the rows: how many rows the documents make depends on their lengths, so the rows'
+    dataset has no known length (`cardinality()` is unknown), and Keras's `fit` warns "Your input
+    ran out of data" at the end of each epoch of such a dataset. Repeat the batches and give the
+    epoch's length: `model.fit(rows.batch(b).repeat(), steps_per_epoch=steps, epochs=...)`, where
+    `steps` may be counted once (`rows.batch(b).reduce(0, lambda count, _: count + 1)`) or chosen.
+
     Args:
         dataset: a `tf.data.Dataset` whose elements are either a 1-D tensor (one document's
             tokens), or a dict of features: 1-D token features (variable length; each gets its own

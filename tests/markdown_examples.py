@@ -32,6 +32,13 @@ def python_examples(page):
     return examples
 
 
+def is_setup(name):
+    """Whether the block named `name` (by `python_examples`) sits in a section whose heading starts
+    with "Setup": it writes what the page's other blocks read (files in the working directory), as
+    a reader runs it first."""
+    return name.startswith("setup")
+
+
 def expected_prints(code):
     """`{(first line, last line): text}`: the output each `print(...)  # text` call of `code` claims
     (the comment on the call's last line)."""

@@ -4,6 +4,7 @@ clipped, every public name has a page in the navigation with its signature first
 and an example, a search for "multi head" finds `MultiHeadAttention` and the kernels guide's
 formulas render. The pages' Python examples run as written, each as its own test."""
 
+import contextlib
 import functools
 import html
 import http.server
@@ -27,6 +28,7 @@ from docs import crosslinks
 from docs import doctest_blocks
 from tests.browser import broken_images
 from tests.browser import open_url
+from tests.markdown_examples import is_setup
 from tests.markdown_examples import python_examples
 from tests.markdown_examples import run_example
 from tests.markdown_examples import self_comparisons
@@ -217,7 +219,7 @@ def test_the_families_table_puts_each_measurement_in_its_row_and_column_and_says
 
 
 PAGE_EXAMPLES = [
-    pytest.param(code, page, id=f"{page.relative_to(REPO_ROOT / 'docs')}::{name}")
+    pytest.param(code, page, is_setup(name), id=f"{page.relative_to(REPO_ROOT / 'docs')}::{name}")
     for page in sorted((REPO_ROOT / "docs").rglob("*.md"))
     for name, code in python_examples(page)
 ]
@@ -227,8 +229,31 @@ def test_the_pages_have_python_examples():
     assert len(PAGE_EXAMPLES) >= 4
 
 
-@pytest.mark.parametrize("code,page", PAGE_EXAMPLES)
-def test_the_pages_python_examples_run(code, page):
+@pytest.fixture(scope="session")
+def prepared_directories(tmp_path_factory):
+    """`prepared(page)`: a working directory in which `page`'s setup blocks have run, made once
+    per page (the files they write are what the page's other blocks read, as for a reader)."""
+    directories = {}
+
+    def prepared(page):
+        if page not in directories:
+            directory = tmp_path_factory.mktemp(page.stem)
+            with contextlib.chdir(directory):
+                for name, code in python_examples(page):
+                    if is_setup(name):
+                        run_example(code, page)
+            directories[page] = directory
+        return directories[page]
+
+    return prepared
+
+
+@pytest.mark.parametrize("code,page,setup", PAGE_EXAMPLES)
+def test_the_pages_python_examples_run(code, page, setup, prepared_directories, tmp_path, monkeypatch):
+    if setup:
+        monkeypatch.chdir(tmp_path)  # a setup block runs as a reader runs it: in a directory of its own
+    elif any(is_setup(name) for name, _ in python_examples(page)):
+        monkeypatch.chdir(prepared_directories(page))
     run_example(code, page)
 
 

@@ -4,6 +4,9 @@ The oracle is the documents themselves: every document in comes out exactly once
 the rows by its own segment id), in the row a plain-Python first-fit or best-fit assigns it.
 """
 
+import warnings
+from pathlib import Path
+
 import keras
 import numpy as np
 import pytest
@@ -14,6 +17,11 @@ from keras_attn import MultiHeadAttention
 from keras_attn import causal_mask
 from keras_attn import packing
 from keras_attn.patterns import document_mask
+from tests.markdown_examples import python_examples
+from tests.markdown_examples import run_example
+
+PACKING_GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "packing_sequences.md"
+RAN_OUT = "Your input ran out of data"
 
 
 def random_documents(seed, count=40, longest=12):
@@ -328,3 +336,26 @@ def test_a_language_model_has_the_same_token_loss_and_gradients_on_packed_rows_a
 
 def trainable_variables(*layers):
     return [variable for layer in layers for variable in layer.trainable_variables]
+
+
+def _warnings_of(function):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        function()
+    return [str(warning.message) for warning in caught]
+
+
+def test_the_packing_guides_classifier_fits_on_packed_rows_without_keras_running_out_of_data():
+    (code,) = [code for name, code in python_examples(PACKING_GUIDE) if name.startswith("per-document-pooling")]
+    assert "steps_per_epoch" in code
+    assert not [message for message in _warnings_of(lambda: run_example(code, PACKING_GUIDE)) if RAN_OUT in message]
+
+
+def test_fitting_on_the_rows_themselves_makes_keras_warn_at_each_epoch_as_packs_docstring_says():
+    rows = packing.pack(dataset_of(random_documents(0)), row_length=16)
+    assert rows.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    model = keras.Sequential([keras.Input((16,), dtype="int32"), keras.layers.Embedding(100, 4), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    batches = rows.map(lambda row: (row["tokens"], row["tokens_segment_ids"] > 0)).batch(8)
+    messages = _warnings_of(lambda: model.fit(batches, epochs=2, verbose=0))
+    assert len([message for message in messages if RAN_OUT in message]) == 2

@@ -9,6 +9,7 @@ import pytest
 
 from docs import api_pages
 from docs import benchmarks_page
+from docs import changelog_page
 from docs import home_page
 from tests.markdown_examples import python_examples
 from tests.markdown_examples import run_example
@@ -48,8 +49,10 @@ _FENCE = re.compile(r"(?ms)^([ \t]*)(```|~~~).*?^\1\2[ \t]*$")
 
 
 def generated_pages():
-    """The docs-relative paths of the pages the site's hooks generate (docs/api_pages.py, docs/benchmarks_page.py)."""
-    return {api_pages.API_INDEX, benchmarks_page.PAGE, *(api_pages.page_path(n) for n in api_pages.public_names())}
+    """The docs-relative paths of the pages the site's hooks generate (docs/api_pages.py,
+    docs/benchmarks_page.py, docs/changelog_page.py)."""
+    generated = {api_pages.API_INDEX, benchmarks_page.PAGE, changelog_page.PAGE}
+    return generated | {api_pages.page_path(name) for name in api_pages.public_names()}
 
 
 def broken_links(page):

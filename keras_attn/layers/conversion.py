@@ -90,7 +90,9 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
     `keras_attn.scaled_dot_product_attention`. The model computes the same outputs (up to float
     rounding; a query whose keys are all masked gets a zero output where Keras gives the mean of
     the values) with the same variables: its class, object graph, weights, variable paths, compile
-    state and task methods (`fit`, `predict`, `save`, KerasHub's `generate`) are kept.
+    state and task methods (`fit`, `predict`, `save`, KerasHub's `generate`) are kept. KerasHub's
+    default sampler (`"top_k"`) is random, so compare `generate` before and after `convert` with
+    `compile(sampler="greedy")`: the converted model then generates the same tokens.
     Layers that run ours already are left as they are (their own `implementation` kept) and
     listed in the report's `already_ours`: converting twice changes nothing.
 
