@@ -1,10 +1,10 @@
 """`implementation="auto"`'s rule restated from an explanation's numbers, and a calibration that makes
-one kernel the fastest: for the tests of what the dispatcher (`keras_attn.core.cost_model`) runs."""
+one kernel the fastest: for the tests of what the dispatcher (`keras_attn.dispatch.cost_model`) runs."""
 
 import functools
 
-from keras_attn.core import cost_model
-from keras_attn.core import tuning
+from keras_attn.dispatch import cost_model
+from keras_attn.dispatch import tuning
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels import cost
 

@@ -1,5 +1,5 @@
-"""The dispatcher of `implementation="auto"` (`keras_attn.core.cost_model`): its rule, its
-explanation, and the calibration it reads (`keras_attn.core.tuning`, `keras_attn.tune`)."""
+"""The dispatcher of `implementation="auto"` (`keras_attn.dispatch.cost_model`): its rule, its
+explanation, and the calibration it reads (`keras_attn.dispatch.tuning`, `keras_attn.tune`)."""
 
 import json
 from pathlib import Path
@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 import keras_attn
 from keras_attn import patterns
-from keras_attn.core import attention as attention_module
-from keras_attn.core import cost_model
-from keras_attn.core import tuning
+from keras_attn.dispatch import attention as attention_module
+from keras_attn.dispatch import cost_model
+from keras_attn.dispatch import tuning
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels import cost
 from keras_attn.kernels.call import AttentionCall

@@ -1,6 +1,6 @@
 """Memory-efficient (blockwise) scaled dot-product attention for the TensorFlow backend.
 
-The same contract as `keras_attn.core.attention.scaled_dot_product_attention` (masks, causal, sliding
+The same contract as `keras_attn.dispatch.attention.scaled_dot_product_attention` (masks, causal, sliding
 window, bias, dropout on the normalised weights, fully masked rows give exactly zero) without
 ever holding the `(query_len, key_len)` attention matrix:
 

@@ -1,6 +1,6 @@
 """Query-chunked scaled dot-product attention for patterned attention (TensorFlow backend).
 
-The same contract as `keras_attn.core.attention.scaled_dot_product_attention` (masks, patterns, bias,
+The same contract as `keras_attn.dispatch.attention.scaled_dot_product_attention` (masks, patterns, bias,
 dropout on the normalised weights, fully masked rows give exactly zero) for attention whose
 `keras_attn.patterns` pattern leaves part of the `(query_len, key_len)` matrix out: the queries
 run in chunks, and each chunk computes only the keys `pattern.key_range` says it can reach (about

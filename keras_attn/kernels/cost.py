@@ -1,4 +1,4 @@
-"""The cost features of one attention call on one kernel: what `keras_attn.core.cost_model` weighs.
+"""The cost features of one attention call on one kernel: what `keras_attn.dispatch.cost_model` weighs.
 
 A kernel module declares `cost_features(call)` (beside `why_unsupported` and `attend`) from what it
 computes and holds for an `AttentionCall` with static lengths: the query-key pairs it computes per

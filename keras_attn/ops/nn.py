@@ -30,9 +30,9 @@ of the other logits for `-1e9`; its row, if every key is so masked, gets the mea
 import keras
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.softmax import bias_mask
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_soft_cap
 

@@ -27,13 +27,13 @@ import keras
 from keras import ops
 
 from keras_attn import patterns
-from keras_attn.core import cost_model
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import zero_padding
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.core.softmax import bias_mask
 from keras_attn.core.softmax import resolved_scale
+from keras_attn.dispatch import cost_model
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels.call import AttentionCall
 from keras_attn.validation import check_bool
@@ -187,7 +187,7 @@ def scaled_dot_product_attention(
             `Causal() & (SlidingWindow(s) | Strided(s))`, static lengths, an int `query_offset`,
             no bias, no dropout) uses `keras_attn.kernels.strided`: each query computes only
             a band of keys and its residue class `(i - j) % s == 0`, memory linear in the length;
-            `"auto"` (`keras_attn.core.cost_model`) takes, among the kernels that take the call,
+            `"auto"` (`keras_attn.dispatch.cost_model`) takes, among the kernels that take the call,
             the one predicted fastest among those predicted to hold at most the peak memory of
             Keras's dense attention for the same call (its logits, weights and dropout in the
             compute dtype) and unrolling at most 512 steps into the graph (the chunked kernel on
@@ -293,7 +293,7 @@ def _choose_implementation(implementation, call):
     """The name of the kernel `implementation` resolves to for this `AttentionCall`.
 
     A named kernel must take the call (else a `ValueError` with the kernel's reason); `"auto"`
-    takes `keras_attn.core.cost_model.choose(call)`.
+    takes `keras_attn.dispatch.cost_model.choose(call)`.
     """
     if implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(

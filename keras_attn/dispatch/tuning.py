@@ -1,4 +1,4 @@
-"""Calibrating the cost model (`keras_attn.core.cost_model`) on this machine: `tune()`.
+"""Calibrating the cost model (`keras_attn.dispatch.cost_model`) on this machine: `tune()`.
 
 A grid of attention calls (`grid`: lengths, batch sizes, and the settings causal, bidirectional,
 packed, windowed, strided, each as a forward call and a training call with and without dropout) is
@@ -22,7 +22,7 @@ import keras
 import numpy as np
 
 from keras_attn import patterns
-from keras_attn.core import cost_model
+from keras_attn.dispatch import cost_model
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels import cost
 from keras_attn.kernels.call import AttentionCall
@@ -104,8 +104,8 @@ def _step(cell, implementation):
     """A compiled step of the cell on `implementation` (a kernel, or `KERAS_DENSE`: Keras's layer's own attention)."""
     import tensorflow as tf
 
-    from keras_attn.core.attention import scaled_dot_product_attention
     from keras_attn.core.segments import segment_mask
+    from keras_attn.dispatch.attention import scaled_dot_product_attention
 
     shape = (cell.batch, cell.length, cell.heads, cell.depth)
     query, key, value = (tf.random.normal(shape, seed=seed) for seed in (1, 2, 3))
@@ -292,7 +292,7 @@ def tune(
     Measures each kernel on a grid of calls (every length and batch size, causal, bidirectional,
     packed, windowed and strided, forward and training with and without dropout), fits the time
     coefficients (and the memory ones when `measure_memory`, from the peaks of TensorFlow's CPU
-    allocator: set `TF_CPU_ALLOCATOR_USE_BFC=true` before TensorFlow starts), and writes them to `keras_attn.core.cost_model.user_calibration_path()`
+    allocator: set `TF_CPU_ALLOCATOR_USE_BFC=true` before TensorFlow starts), and writes them to `keras_attn.dispatch.cost_model.user_calibration_path()`
     (`$KERAS_ATTN_CACHE/calibration.json`, else `~/.cache/keras_attn/calibration.json`), never into
     the package. `implementation="auto"` reads it from then on (in this process too), the shipped
     calibration filling what it lacks. Several minutes with the defaults (45 calls, each on every kernel
@@ -318,7 +318,7 @@ def tune(
 
     Where it writes (the dispatcher reads this file first, the shipped calibration after it):
 
-    >>> from keras_attn.core.cost_model import user_calibration_path
+    >>> from keras_attn.dispatch.cost_model import user_calibration_path
     >>> user_calibration_path().name
     'calibration.json'
     """
