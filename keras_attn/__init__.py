@@ -16,6 +16,7 @@ from keras_attn.core.segments import document_positions
 from keras_attn.core.softmax import masked_softmax
 from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.dispatch.cost_model import explain_implementation
+from keras_attn.dispatch.cost_model import set_measured_dispatch
 from keras_attn.dispatch.tuning import tune
 from keras_attn.families.linear_attention import LinearAttention
 from keras_attn.families.linformer_attention import LinformerSelfAttention
@@ -67,6 +68,7 @@ __all__ = [
     "packing",
     "patterns",
     "scaled_dot_product_attention",
+    "set_measured_dispatch",
     "sliding_window_mask",
     "tune",
     "__version__",

@@ -11,16 +11,21 @@ from keras_attn.kernels import cost
 
 def rule_choice(explanation):
     """The kernel the rule takes given the explanation's predictions: among the kernels taking the
-    call that unroll at most `MAX_UNROLLED_STEPS` steps into the graph, the fastest of those
-    predicted no heavier than Keras's dense attention, else the lightest (the first taker when
-    nothing was predicted)."""
+    call that unroll at most `MAX_UNROLLED_STEPS` steps into the graph, of those predicted no
+    heavier than Keras's dense attention the lightest whose time is within the tie tolerance of
+    the fastest, else the lightest (the first taker when nothing was predicted)."""
     takers = [candidate for candidate in explanation.candidates if not candidate.unsupported]
     if explanation.keras_peak_bytes is None:
         return takers[0].name
     takers = [candidate for candidate in takers if (candidate.unrolled_steps or 0) <= cost.MAX_UNROLLED_STEPS]
     admissible = [candidate for candidate in takers if candidate.peak_bytes <= explanation.keras_peak_bytes]
     if admissible:
-        return min(admissible, key=lambda candidate: candidate.seconds).name
+        times = {candidate.name: candidate.measured_seconds or candidate.seconds for candidate in admissible}
+        fastest = min(times.values())
+        tied = [
+            candidate for candidate in admissible if times[candidate.name] <= fastest * (1 + cost_model.tie_tolerance())
+        ]
+        return min(tied, key=lambda candidate: (candidate.peak_bytes, times[candidate.name])).name
     return min(takers, key=lambda candidate: candidate.peak_bytes).name
 
 

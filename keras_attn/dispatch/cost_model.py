@@ -1,4 +1,5 @@
-"""What `implementation="auto"` chooses, and why: each kernel's predicted time and peak memory.
+"""What `implementation="auto"` chooses, and why: each kernel's time, measured or predicted, and its
+predicted peak memory.
 
 Each kernel of the registry (`keras_attn.kernels.KERNELS`) turns a call into the features of
 `keras_attn.kernels.cost` (the pairs it computes, its loop steps, the pairwise values it holds);
@@ -10,44 +11,119 @@ logits, softmax weights and dropout in the compute dtype), as the memory ceiling
 - the candidates are the kernels that take the call (`why_unsupported(call)` is `None`);
 - the admissible ones are predicted to hold at most Keras's dense attention's peak for the call,
   and unroll at most `cost.MAX_UNROLLED_STEPS` steps into the graph;
-- `"auto"` takes the admissible candidate predicted fastest, or, when none is admissible, the
-  candidate predicted lightest among those unrolling no more (the dense kernel is one step). With
-  an unknown query or key length there is nothing to predict from: the first candidate of the
-  registry (dense) is taken.
+- the contenders are the admissible ones predicted within `PRUNE_FACTOR` of the fastest
+  prediction (the calibration prunes, it does not decide);
+- the contenders' times are measured (`keras_attn.dispatch.measuring`: once per bucket of call
+  signatures, kept in memory and in the user's cache directory) unless measuring is off
+  (`set_measured_dispatch(False)` or `KERAS_ATTN_MEASURE=0`: then the predicted times stand in);
+- `"auto"` takes, among the contenders whose time is within `tie_tolerance()` (10 % by default)
+  of the fastest, the one predicted lightest; when no kernel is admissible, the candidate predicted
+  lightest among those unrolling no more (the dense kernel is one step). With an unknown query or
+  key length there is nothing to measure or predict: the first candidate of the registry (dense).
 
 The calibration is `calibration.json` beside this module (fitted by `benchmarks/dispatch_grid.py`,
 shipped with the package) unless `keras_attn.tune()` stored one in the user's cache directory
-(`$KERAS_ATTN_CACHE`, else `~/.cache/keras_attn`), whose entries then take precedence. The choice
-is cached per call signature, so it is deterministic for a signature within a process.
+(`$KERAS_ATTN_CACHE`, else `~/.cache/keras_attn`), whose entries then take precedence; a user file
+that is corrupt, of another format or environment, or holds a coefficient that is not a finite
+number >= 0, is ignored with a warning (`keras_attn.dispatch.state`). The choice is kept per call
+signature and settings, so it is deterministic for a signature within a process.
 """
 
 import dataclasses
 import functools
 import json
 import os
+import warnings
 from pathlib import Path
 
 import keras
 
-from keras_attn import patterns
+from keras_attn.dispatch import measuring
+from keras_attn.dispatch import state
+from keras_attn.dispatch.arguments import checked_pattern
+from keras_attn.dispatch.signatures import signature
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels import cost
 from keras_attn.kernels.call import AttentionCall
+from keras_attn.validation import MAX_ELEMENTS
 from keras_attn.validation import check_bool
-from keras_attn.validation import check_position
-from keras_attn.validation import check_rate
+from keras_attn.validation import check_number
 
 KERAS_DENSE = "keras_dense"  # Keras's layer: the memory ceiling, modelled like a kernel
 MODES = ("forward", "training")
 SHIPPED_CALIBRATION = Path(__file__).with_name("calibration.json")
-CACHE_ENV = "KERAS_ATTN_CACHE"
+CACHE_ENV = state.CACHE_ENV
 CALIBRATION_FILE = "calibration.json"
 ANALYTIC_MEMORY = dict.fromkeys(cost.MEMORY_FEATURES, 1.0)
+# A kernel predicted slower than this many times the fastest prediction is not measured: the
+# calibration's errors are well under it, so such a kernel cannot win.
+PRUNE_FACTOR = 3.0
+MEASURE_ENV = "KERAS_ATTN_MEASURE"  # "0" (or false/no/off): the predictions decide, nothing is measured
+TIE_TOLERANCE_ENV = "KERAS_ATTN_TIE_TOLERANCE"
+DEFAULT_TIE_TOLERANCE = 0.1
+_OFF, _ON = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
+_settings = {"measure": None, "tie_tolerance": None}  # None: the environment variable, else the default
+
+
+def set_measured_dispatch(enabled=None, *, tie_tolerance=None):
+    """Turns the measured choice of `implementation="auto"` on or off, and sets its tie tolerance.
+
+    With measuring on (the default), the first call of each bucket of call signatures times the
+    kernels that could win (`keras_attn.dispatch.measuring`) and `"auto"` takes the fastest, or the
+    lightest of those within `tie_tolerance` of it; the times are kept in the user's cache directory
+    (`$KERAS_ATTN_CACHE`, else `~/.cache/keras_attn`). With measuring off, the calibration's
+    predicted times stand in (reproducible across machines and runs). Each setting given here takes
+    precedence over its environment variable (`KERAS_ATTN_MEASURE=0`, `KERAS_ATTN_TIE_TOLERANCE`);
+    the choices already made are forgotten.
+
+    Args:
+        enabled: whether `"auto"` measures (bool); `None` leaves it (`KERAS_ATTN_MEASURE`, else on).
+        tie_tolerance: the fraction (a number >= 0, default 0.1) within which a kernel's time counts
+            as a tie with the fastest, the lighter kernel then taken; `None` leaves it
+            (`KERAS_ATTN_TIE_TOLERANCE`, else 0.1).
+
+    Example:
+
+    >>> set_measured_dispatch(False)  # reproducible runs: the calibration decides
+    >>> set_measured_dispatch(True, tie_tolerance=0.05)
+    """
+    if enabled is not None:
+        _settings["measure"] = check_bool("enabled", enabled)
+    if tie_tolerance is not None:
+        _settings["tie_tolerance"] = check_number("tie_tolerance", tie_tolerance, at_least=0)
+    _CHOICES.clear()
+
+
+def measuring_enabled():
+    """Whether `"auto"` measures: `set_measured_dispatch`'s setting, else `KERAS_ATTN_MEASURE`, else on."""
+    if _settings["measure"] is not None:
+        return _settings["measure"]
+    value = os.environ.get(MEASURE_ENV, "").strip().lower()
+    if value in _OFF:
+        return False
+    if value in (*_ON, ""):
+        return True
+    raise ValueError(f"${MEASURE_ENV} must be one of {_OFF + _ON}. Received: {MEASURE_ENV}={value!r}")
+
+
+def tie_tolerance():
+    """The tie tolerance: `set_measured_dispatch`'s setting, else `KERAS_ATTN_TIE_TOLERANCE`, else 0.1."""
+    if _settings["tie_tolerance"] is not None:
+        return _settings["tie_tolerance"]
+    value = os.environ.get(TIE_TOLERANCE_ENV, "").strip()
+    if not value:
+        return DEFAULT_TIE_TOLERANCE
+    try:
+        return check_number(TIE_TOLERANCE_ENV, float(value), at_least=0)
+    except ValueError:
+        raise ValueError(
+            f"${TIE_TOLERANCE_ENV} must be a number >= 0. Received: {TIE_TOLERANCE_ENV}={value!r}"
+        ) from None
 
 
 def cache_dir():
-    """The user's keras_attn cache directory: `$KERAS_ATTN_CACHE`, else `~/.cache/keras_attn`."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "keras_attn")
+    """The user's keras_attn cache directory (`keras_attn.dispatch.state.cache_dir`)."""
+    return state.cache_dir()
 
 
 def user_calibration_path():
@@ -57,17 +133,41 @@ def user_calibration_path():
 
 @functools.lru_cache(maxsize=1)
 def calibration():
-    """The calibration in use: the shipped one, each entry overridden by the user's (when present)."""
+    """The calibration in use: the shipped one, each entry overridden by the user's when it is valid
+    (`calibration_problem`; an invalid one is ignored with a warning naming its path)."""
     merged = json.loads(SHIPPED_CALIBRATION.read_text(encoding="utf-8"))
     path = user_calibration_path()
-    if path.is_file():
-        user = json.loads(path.read_text(encoding="utf-8"))
+    user = state.read(path, calibration_problem)
+    if user is not None:
         for part in ("time", "memory"):
             merged[part] = {**merged[part], **user.get(part, {})}
         merged["source"] = str(path)
     else:
         merged["source"] = str(SHIPPED_CALIBRATION)
     return merged
+
+
+def calibration_problem(payload):
+    """Why a calibration's coefficients cannot be used (a part that is not a mapping, an unknown
+    kernel, mode or feature, a coefficient that is not a finite number >= 0), or `None`."""
+    for part, names, features in (
+        ("time", tuple(KERNELS), cost.TIME_FEATURES),
+        ("memory", (*KERNELS, KERAS_DENSE), cost.MEMORY_FEATURES),
+    ):
+        section = payload.get(part, {})
+        if not isinstance(section, dict):
+            return f"`{part}` is not a mapping"
+        for name, modes in section.items():
+            if name not in names or not isinstance(modes, dict) or not set(modes) <= set(MODES):
+                return f"`{part}` holds {name!r}: {modes!r}, not a mapping of {MODES} for a kernel of {names}"
+            for mode, coefficients in modes.items():
+                if not isinstance(coefficients, dict) or not set(coefficients) <= set(features):
+                    return f"{part}.{name}.{mode} is {coefficients!r}, not a mapping of {features}"
+                for feature, value in coefficients.items():
+                    problem = state.nonnegative_number_problem(f"{part}.{name}.{mode}.{feature}", value)
+                    if problem:
+                        return problem
+    return None
 
 
 def reload_calibration():
@@ -109,8 +209,9 @@ def predict(name, call, part, features=None):
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """One kernel's verdict for a call: `unsupported` (its `why_unsupported` reason) or its
-    predictions (`seconds`, `peak_bytes`; `None` when the lengths are unknown), the steps it
-    unrolls into the graph (`unrolled_steps`; `None` for a kernel looping in the graph), and
+    predictions (`seconds`, `peak_bytes`; `None` when the lengths are unknown), its measured time
+    (`measured_seconds`; `None` when it was not measured), the steps it unrolls into the graph
+    (`unrolled_steps`; `None` for a kernel looping in the graph), whether it is `admissible`, and
     `why_not`, why `"auto"` did not take it (`None` for the chosen kernel)."""
 
     name: str
@@ -120,33 +221,40 @@ class Candidate:
     unrolled_steps: object
     admissible: bool
     why_not: object
+    measured_seconds: object = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Explanation:
     """What `"auto"` chose for a call (`chosen`), the peak predicted for Keras's dense attention
-    (`keras_peak_bytes`), every kernel's `Candidate` in registry order, and the calibration used."""
+    (`keras_peak_bytes`), every kernel's `Candidate` in registry order, the calibration used, and
+    where the times compared came from (`timing`: `"measured now"`, `"cache file <path>"`,
+    `"memory"` (measured earlier in this process), or `"predicted (<why>)"`)."""
 
     chosen: str
     keras_peak_bytes: object
     candidates: tuple
     mode: str
     calibration: str
+    timing: str = "predicted"
 
     def __str__(self):
         keras_peak = "unknown" if self.keras_peak_bytes is None else _megabytes(self.keras_peak_bytes)
         lines = [
             f"implementation='auto' chooses {self.chosen!r} ({self.mode}; Keras's dense attention: {keras_peak}; "
-            f"calibration {self.calibration})",
+            f"calibration {self.calibration}; times {self.timing})",
         ]
         for candidate in self.candidates:
             predicted = (
                 ""
                 if candidate.seconds is None
-                else f"{candidate.seconds * 1e3:.3g} ms, {_megabytes(candidate.peak_bytes)}: "
+                else f"predicted {_milliseconds(candidate.seconds)}, {_megabytes(candidate.peak_bytes)}: "
+            )
+            measured = (
+                "" if candidate.measured_seconds is None else f"measured {_milliseconds(candidate.measured_seconds)}, "
             )
             verdict = "chosen" if candidate.why_not is None else candidate.why_not
-            lines.append(f"  {candidate.name}: {predicted}{verdict}")
+            lines.append(f"  {candidate.name}: {measured}{predicted}{verdict}")
         return "\n".join(lines)
 
 
@@ -154,123 +262,167 @@ def _megabytes(count):
     return f"{count / 2**20:.3g} MB"
 
 
+def _milliseconds(seconds):
+    return f"{seconds * 1e3:.3g} ms"
+
+
 def explain(call):
-    """The `Explanation` of `"auto"`'s choice for an `AttentionCall` (uncached)."""
+    """The `Explanation` of `"auto"`'s choice for an `AttentionCall` (measuring its contenders when
+    measuring is on and they are not measured yet; the choice itself uncached)."""
     reasons = {name: module.why_unsupported(call) for name, module in KERNELS.items()}
     takers = [name for name, reason in reasons.items() if not reason]
     if call.query.shape[1] is None or call.key.shape[1] is None:
-        return _explained(
-            takers[0],
-            reasons,
-            {},
-            None,
-            call,
-            "lengths unknown: no prediction, the first kernel taking it is",
-            {},
-            set(),
-        )
+        why_not = {name: reason and f"unsupported: needs {reason}" for name, reason in reasons.items()}
+        for name in takers[1:]:
+            why_not[name] = f"lengths unknown: no prediction, the first kernel taking it is {takers[0]!r}"
+        return _explanation(call, takers[0], reasons, why_not, timing="predicted (lengths unknown)")
     keras_peak = predict(KERAS_DENSE, call, "memory")
-    predictions, unrolled, untraceable = {}, {}, set()
+    predictions, unrolled, why_not = {}, {}, {}
     for name in takers:
         features = kernel_features(name, call)
         predictions[name] = (predict(name, call, "time", features), predict(name, call, "memory", features))
         if features.unrolled:
             unrolled[name] = int(features.time["steps"])
         if cost.unrolls_too_many_steps(features):
-            untraceable.add(name)
-    traceable = [name for name in takers if name not in untraceable]
-    admissible = [name for name in traceable if predictions[name][1] <= keras_peak]
+            why_not[name] = (
+                f"unrolls {unrolled[name]} steps into the graph, more than {cost.MAX_UNROLLED_STEPS} "
+                "(its tracing grows with them)"
+            )
+    traceable = [name for name in takers if name not in why_not]
+    for name in traceable:
+        if predictions[name][1] > keras_peak:
+            why_not[name] = (
+                f"predicted peak {_megabytes(predictions[name][1])} exceeds Keras's dense {_megabytes(keras_peak)}"
+            )
+    admissible = [name for name in traceable if name not in why_not]
+    measured, timing = {}, "predicted (no kernel is admissible: the lightest is taken)"
     if admissible:
-        chosen = min(admissible, key=lambda name: predictions[name][0])
+        contenders, pruned = _contenders(admissible, predictions)
+        why_not.update(pruned)
+        seconds, timing = _times(call, contenders, predictions)
+        if not timing.startswith("predicted"):
+            measured = seconds
+        chosen = _near_tie_choice(seconds, predictions)
+        why_not.update(_why_not_contenders(contenders, chosen, seconds, predictions, bool(measured)))
     else:
         chosen = min(traceable, key=lambda name: predictions[name][1])
-    return _explained(chosen, reasons, predictions, keras_peak, call, None, unrolled, untraceable)
-
-
-def _explained(chosen, reasons, predictions, keras_peak, call, unpredicted, unrolled, untraceable):
-    candidates = []
     for name, reason in reasons.items():
-        seconds, peak = predictions.get(name, (None, None))
-        admissible = not reason and name not in untraceable and (keras_peak is None or peak <= keras_peak)
-        candidates.append(
-            Candidate(
-                name=name,
-                unsupported=reason,
-                seconds=seconds,
-                peak_bytes=peak,
-                unrolled_steps=unrolled.get(name),
-                admissible=admissible,
-                why_not=None
-                if name == chosen
-                else _why_not(
-                    name, reason, seconds, peak, chosen, predictions, keras_peak, unpredicted, unrolled, untraceable
-                ),
+        if reason:
+            why_not[name] = f"unsupported: needs {reason}"
+    why_not.pop(chosen, None)
+    return _explanation(call, chosen, reasons, why_not, predictions, keras_peak, unrolled, admissible, measured, timing)
+
+
+def _contenders(admissible, predictions):
+    """The admissible kernels worth timing (predicted within `PRUNE_FACTOR` of the fastest
+    prediction), and `{kernel: why not}` of the others."""
+    fastest = min(predictions[name][0] for name in admissible)
+    contenders = [name for name in admissible if predictions[name][0] <= PRUNE_FACTOR * fastest]
+    pruned = {
+        name: f"predicted {_milliseconds(predictions[name][0])}, more than {PRUNE_FACTOR:g}x the fastest "
+        f"prediction ({_milliseconds(fastest)}): not a contender"
+        for name in admissible
+        if name not in contenders
+    }
+    return contenders, pruned
+
+
+def _times(call, contenders, predictions):
+    """`({kernel: seconds}, timing)`: the contenders' measured times when measuring is on and there
+    is a choice to make, else their predicted times; a measurement that fails (whatever the reason)
+    falls back to the predictions with one warning."""
+    predicted = {name: predictions[name][0] for name in contenders}
+    if len(contenders) < 2:
+        return predicted, "predicted (one contender: nothing to measure)"
+    if not measuring_enabled():
+        return predicted, f"predicted (measuring off: {MEASURE_ENV}=0 or set_measured_dispatch(False))"
+    try:
+        return measuring.measured_seconds(call, contenders)
+    except Exception as error:  # a measurement must never break a model: the prediction decides
+        message = f"{type(error).__name__}: {error}"
+        if message not in _failures_warned:
+            _failures_warned.add(message)
+            warnings.warn(
+                f"keras_attn could not measure the kernels ({message}); the predictions decide.", stacklevel=3
             )
+        return predicted, f"predicted (measuring failed: {message})"
+
+
+_failures_warned = set()
+
+
+def _near_tie_choice(seconds, predictions):
+    """The lightest (predicted peak bytes) of the kernels whose time is within `tie_tolerance()` of
+    the fastest: a few percent of speed are not worth a multiple of the memory."""
+    fastest = min(seconds.values())
+    tied = [name for name in seconds if seconds[name] <= fastest * (1 + tie_tolerance())]
+    return min(tied, key=lambda name: (predictions[name][1], seconds[name]))
+
+
+def _why_not_contenders(contenders, chosen, seconds, predictions, measured):
+    how = "measured" if measured else "predicted"
+    reasons = {}
+    for name in contenders:
+        if name == chosen:
+            continue
+        if seconds[name] <= min(seconds.values()) * (1 + tie_tolerance()):
+            reasons[name] = (
+                f"{how} {_milliseconds(seconds[name])}, within {tie_tolerance():.0%} of the fastest, but predicted "
+                f"heavier than {chosen!r} ({_megabytes(predictions[name][1])} > {_megabytes(predictions[chosen][1])})"
+            )
+        else:
+            reasons[name] = (
+                f"{how} slower than {chosen!r} ({_milliseconds(seconds[name])} > {_milliseconds(seconds[chosen])})"
+            )
+    return reasons
+
+
+def _explanation(
+    call,
+    chosen,
+    reasons,
+    why_not,
+    predictions=None,
+    keras_peak=None,
+    unrolled=None,
+    admissible=(),
+    measured=None,
+    timing="predicted",
+):
+    predictions, unrolled, measured = predictions or {}, unrolled or {}, measured or {}
+    candidates = tuple(
+        Candidate(
+            name=name,
+            unsupported=reason,
+            seconds=predictions.get(name, (None, None))[0],
+            peak_bytes=predictions.get(name, (None, None))[1],
+            unrolled_steps=unrolled.get(name),
+            admissible=name in admissible or (keras_peak is None and not reason),
+            why_not=why_not.get(name),
+            measured_seconds=measured.get(name),
         )
+        for name, reason in reasons.items()
+    )
     return Explanation(
         chosen=chosen,
         keras_peak_bytes=keras_peak,
-        candidates=tuple(candidates),
+        candidates=candidates,
         mode=mode_of(call),
         calibration=calibration()["source"],
+        timing=timing,
     )
 
 
-def _why_not(name, reason, seconds, peak, chosen, predictions, keras_peak, unpredicted, unrolled, untraceable):
-    if reason:
-        return f"unsupported: needs {reason}"
-    if unpredicted:
-        return f"{unpredicted} {chosen!r}"
-    if name in untraceable:
-        return (
-            f"unrolls {unrolled[name]} steps into the graph, more than {cost.MAX_UNROLLED_STEPS} "
-            "(its tracing grows with them)"
-        )
-    if peak > keras_peak:
-        return f"predicted peak {_megabytes(peak)} exceeds Keras's dense {_megabytes(keras_peak)}"
-    chosen_seconds = predictions[chosen][0]
-    return f"predicted slower than {chosen!r} ({seconds * 1e3:.3g} ms > {chosen_seconds * 1e3:.3g} ms)"
-
-
 def choose(call):
-    """The name of the kernel `"auto"` takes for an `AttentionCall`: `explain(call).chosen`, cached per `signature`."""
-    key = signature(call)
+    """The name of the kernel `"auto"` takes for an `AttentionCall`: `explain(call).chosen`, kept
+    per signature and settings (deterministic for a signature within a process)."""
+    key = (signature(call), measuring_enabled(), tie_tolerance())
     if key not in _CHOICES:
         _CHOICES[key] = explain(call).chosen
     return _CHOICES[key]
 
 
-_CHOICES = {}  # signature -> chosen kernel, for the calibration in use
-
-
-def signature(call):
-    """A hashable key of everything the kernels' support and features read from a call."""
-
-    def shape(tensor):
-        return None if tensor is None else tuple(tensor.shape)
-
-    return (
-        keras.backend.backend(),
-        shape(call.query),
-        shape(call.key),
-        shape(call.value),
-        keras.backend.standardize_dtype(call.query.dtype),
-        keras.backend.standardize_dtype(call.value.dtype),
-        shape(call.mask),
-        shape(call.bias),
-        None
-        if call.pattern is None
-        else json.dumps(keras.saving.serialize_keras_object(call.pattern), sort_keys=True, default=str),
-        call.query_offset
-        if isinstance(call.query_offset, int) and not isinstance(call.query_offset, bool)
-        else "tensor",
-        call.dropout_rate > 0.0,
-        call.training,
-        call.return_weights,
-        call.hard,
-        call.position_bias is not None,
-        shape(call.query_segment_ids),
-    )
+_CHOICES = {}  # (signature, measuring on, tie tolerance) -> chosen kernel, for the calibration in use
 
 
 def explain_implementation(
@@ -354,27 +506,37 @@ def explain_implementation(
         dtype = None
     if dtype is None or "float" not in dtype:
         raise ValueError(f"`dtype` must be a float dtype. Received: dtype={dtype!r}")
-    check_rate("dropout_rate", dropout_rate)
-    for name, value in (
-        ("is_causal", is_causal),
-        ("training", training),
-        ("return_weights", return_weights),
-        ("hard", hard),
-        ("packed", packed),
-    ):
-        check_bool(name, value)
-    check_position("query_offset", query_offset)
-    batch, query_len = query_shape[0], query_shape[1]
+    check_bool("packed", packed)
+    query, key, value = (keras.KerasTensor(tuple(shape), dtype) for shape in (query_shape, key_shape, value_shape))
+    mask = None if mask_shape is None else keras.KerasTensor(tuple(mask_shape), "bool")
+    bias = None if bias_shape is None else keras.KerasTensor(tuple(bias_shape), dtype)
+    pattern = checked_pattern(  # what `scaled_dot_product_attention` refuses, refused alike
+        query,
+        key,
+        value,
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        sliding_window=sliding_window,
+        query_offset=query_offset,
+        scale=None,
+        dropout_rate=dropout_rate,
+        training=training,
+        return_weights=return_weights,
+        pattern=pattern,
+        hard=hard,
+        logit_soft_cap=None,
+    )
+    batch, query_len, query_heads = query_shape[:3]
     key_len = key_shape[1]
-    heads_shape = (batch, key_len, query_heads, key_shape[3])
     return explain(
         AttentionCall(
-            query=keras.KerasTensor(tuple(query_shape), dtype),
-            key=keras.KerasTensor(heads_shape, dtype),
+            query=query,
+            key=keras.KerasTensor((batch, key_len, query_heads, key_shape[3]), dtype),
             value=keras.KerasTensor((batch, key_len, query_heads, value_shape[3]), dtype),
-            mask=None if mask_shape is None else keras.KerasTensor(tuple(mask_shape), "bool"),
-            bias=None if bias_shape is None else keras.KerasTensor(tuple(bias_shape), dtype),
-            pattern=patterns.from_shorthands(pattern, is_causal, sliding_window),
+            mask=mask,
+            bias=bias,
+            pattern=pattern,
             query_offset=query_offset,
             dropout_rate=dropout_rate if training else 0.0,
             return_weights=return_weights,
@@ -392,7 +554,11 @@ def _check_shape(name, shape):
         or not hasattr(shape, "__len__")
         or len(shape) != 4
         or not all(
-            size is None or (isinstance(size, int) and not isinstance(size, bool) and size > 0) for size in shape
+            size is None or (isinstance(size, int) and not isinstance(size, bool) and 0 < size <= MAX_ELEMENTS)
+            for size in shape
         )
     ):
-        raise ValueError(f"`{name}` must be 4 positive ints or `None`s. Received: {name}={shape!r}")
+        raise ValueError(
+            f"`{name}` must be 4 positive ints of at most {MAX_ELEMENTS} (int32: TensorFlow's sizes) or `None`s. "
+            f"Received: {name}={shape!r}"
+        )
