@@ -33,7 +33,14 @@ def prefer_kernel(monkeypatch, tmp_path, kernel):
     """For the rest of the test, a user calibration in `tmp_path` under which `kernel` is predicted
     fastest at any size (a fixed cost per call, half the others') and every kernel holds the tensors
     it counts once (so a streaming kernel is never heavier than Keras's dense attention)."""
-    times = {name: {mode: {"calls": 0.5 if name == kernel else 1.0} for mode in cost_model.MODES} for name in KERNELS}
+    predict_times(monkeypatch, tmp_path, {name: 0.5 if name == kernel else 1.0 for name in KERNELS})
+
+
+def predict_times(monkeypatch, tmp_path, seconds):
+    """For the rest of the test, a user calibration in `tmp_path` predicting `seconds[kernel]` for
+    every call on each kernel (a fixed cost per call), each kernel holding the tensors it counts
+    once; the cache directory is `tmp_path`, the dispatcher's caches fresh."""
+    times = {name: {mode: {"calls": seconds[name]} for mode in cost_model.MODES} for name in KERNELS}
     memory = {
         name: dict.fromkeys(cost_model.MODES, dict(cost_model.ANALYTIC_MEMORY))
         for name in (*KERNELS, cost_model.KERAS_DENSE)

@@ -166,7 +166,7 @@ def measured_seconds(call, names):
 def _measure_and_store(call, key, names):
     path = times_path()
     unwritable = state.unwritable_reason(path.parent)  # checked before measuring
-    measured = time_kernels(bucketed_call(call, make=_random_tensor), names)
+    measured = time_kernels(call, names)
     if unwritable:
         if str(path.parent) not in _unwritable_warned:
             _unwritable_warned.add(str(path.parent))
@@ -208,15 +208,16 @@ def _random_tensor(shape, dtype):
 
 
 def time_kernels(call, names, repeats=None, budget_seconds=None):
-    """`{kernel: best seconds}` of each kernel of `names` on `call` (eager tensors), in its mode,
-    timed in a thread of its own (outside any graph being traced). Raises what the timing raised."""
+    """`{kernel: best seconds}` of each kernel of `names` on random tensors of the bucket of `call`
+    (`bucketed_call`), in its mode, made and timed in a thread of its own (outside any graph being
+    traced). Raises what the timing raised."""
     repeats = REPEATS if repeats is None else repeats
     budget_seconds = BUDGET_SECONDS if budget_seconds is None else budget_seconds
     outcome = {}
 
     def run():
         try:
-            outcome["times"] = _timed(call, names, repeats, budget_seconds)
+            outcome["times"] = _timed(bucketed_call(call, make=_random_tensor), names, repeats, budget_seconds)
         except BaseException as error:  # handed to the caller's thread
             outcome["error"] = error
 
