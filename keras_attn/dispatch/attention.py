@@ -124,15 +124,21 @@ def scaled_dot_product_attention(
             `Causal() & (SlidingWindow(s) | Strided(s))`, static lengths, an int `query_offset`,
             no bias, no dropout) uses `keras_attn.kernels.strided`: each query computes only
             a band of keys and its residue class `(i - j) % s == 0`, memory linear in the length;
-            `"auto"` (`keras_attn.dispatch.cost_model`) takes, among the kernels that take the call,
-            the one predicted fastest among those predicted to hold at most the peak memory of
-            Keras's dense attention for the same call (its logits, weights and dropout in the
-            compute dtype) and unrolling at most 512 steps into the graph (the chunked kernel on
-            packed rows of thousands of tokens unrolls more), else the one predicted lightest;
-            predictions come from a calibration fitted to measurements (shipped, or refitted on
-            this machine by `keras_attn.tune()`), forward and backward when `training`, forward
-            otherwise; with an unknown length, the dense kernel. `keras_attn.explain_implementation` shows each kernel's predictions
-            and why it was or was not taken.
+            `"auto"` (`keras_attn.dispatch.cost_model`) considers the kernels that take the call,
+            predicted to hold at most the peak memory of Keras's dense attention for the same call
+            (its logits, weights and dropout in the compute dtype), unrolling at most 512 steps
+            into the graph (the chunked kernel on packed rows of thousands of tokens unrolls more)
+            and predicted within 3x of the fastest of them; it takes the fastest measured on this
+            machine, or the lightest of those measured within 10 % of it; when no kernel qualifies,
+            the one predicted lightest. Each bucket of call signatures (lengths rounded down to a
+            power of two) is measured once, in the call's mode (forward and backward when
+            `training`), outside the graph being traced, and kept in the user's cache directory (`$KERAS_ATTN_CACHE`, else
+            `~/.cache/keras_attn`); with measuring off (`KERAS_ATTN_MEASURE=0` or
+            `keras_attn.set_measured_dispatch(False)`) the predicted times decide. Predictions come
+            from a calibration fitted to measurements (shipped, or refitted on this machine by
+            `keras_attn.tune()`); with an unknown length, the dense kernel.
+            `keras_attn.explain_implementation` shows each kernel's times and why it was or was
+            not taken.
         pattern: optional `keras_attn.patterns.Pattern` (or its config): which keys each
             query position may attend to; intersected with `is_causal` and `sliding_window`.
         hard: if `True`, hard attention: each query's weights are one-hot on its allowed key
