@@ -180,6 +180,7 @@ def scaled_dot_product_attention(
 
     Example:
 
+    >>> import keras
     >>> q = k = v = keras.random.normal((2, 5, 4, 8))
     >>> out, w = scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)
     >>> tuple(out.shape), tuple(w.shape)

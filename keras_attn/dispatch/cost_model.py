@@ -84,8 +84,9 @@ def set_measured_dispatch(enabled=None, *, tie_tolerance=None):
 
     Example:
 
-    >>> set_measured_dispatch(False)  # reproducible runs: the calibration decides
-    >>> set_measured_dispatch(True, tie_tolerance=0.05)
+    >>> set_measured_dispatch(False)  # reproducible runs: the calibration's predictions decide
+    >>> measuring_enabled()
+    False
     """
     if enabled is not None:
         _settings["measure"] = check_bool("enabled", enabled)
