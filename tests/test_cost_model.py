@@ -251,3 +251,28 @@ def test_tune_refuses_bad_arguments_naming_them(kwargs, name):
 def test_explain_implementation_refuses_bad_arguments_naming_them(args, kwargs, name):
     with pytest.raises(ValueError, match=f"`{name}`"):
         keras_attn.explain_implementation(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(), dict(is_causal=True), dict(pattern=PATTERNS["strided"]), dict(is_causal=True, packed=True)]
+)
+def test_the_largest_lengths_are_explained_without_a_loop_over_every_block(kwargs):
+    # Beyond MAX_SUMMED_BLOCKS blocks a feature sums over a sample of them: an answer at int32's
+    # largest length (a loop over its 16 million chunks took minutes), close to the exact sum below it.
+    explanation = keras_attn.explain_implementation((1, 2**31 - 1, 8, 64), **kwargs)
+    assert explanation.chosen in ("blockwise", "strided")
+    length = 2**19  # 4,096 chunks of 128 queries: sampled
+    query = keras.KerasTensor((1, length, 8, 64))
+    call = AttentionCall(query, query, query, pattern=kwargs.get("pattern", patterns.Causal()))
+    chunks = KERNELS["chunked"].pattern_query_chunks(length, length, 128, call.pattern)
+    exact = sum((c.query_stop - c.query_start) * (c.key_stop - c.key_start) for c in chunks) * 8
+    assert cost.MAX_SUMMED_BLOCKS < len(chunks)
+    assert KERNELS["chunked"].cost_features(call).time["pairs"] == pytest.approx(exact, rel=1e-3)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 500), st.integers(0, 500), st.sampled_from([None, 1, 7, 64]))
+def test_tiles_are_counted_as_they_are_made(start, width, tile_size):
+    chunk = KERNELS["chunked"].QueryChunk(0, 1, start, start + width)
+    chunked = KERNELS["chunked"]
+    assert chunked.tile_count(chunk, tile_size) == len(chunked.chunk_tiles(chunk, tile_size))

@@ -99,8 +99,9 @@ def cost_features(call):
         query_offset=call.query_offset if isinstance(call.query_offset, int) else 0,
         dropout_rate=call.dropout_rate,
     )
-    ranges = [plan.key_blocks_for(query_block) for query_block in range(plan.num_query_blocks)]
-    blocks = sum(max(0, stop - start) for start, stop in ranges)
+    indices, weight = cost.sampled_blocks(plan.num_query_blocks)
+    ranges = [plan.key_blocks_for(query_block) for query_block in indices]
+    blocks = round(weight * sum(max(0, stop - start) for start, stop in ranges))
     block_pairs = plan.query_block * plan.key_block
     return cost.features(call, computed_pairs=blocks * block_pairs, steps=blocks, held_pairs=block_pairs)
 
