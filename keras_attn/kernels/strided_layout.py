@@ -93,9 +93,7 @@ def plan_of(pattern, query_len, key_len, query_offset, sizes_only=False):
     width = max((stop - start for start, stop in ranges), default=0)
     key_chunk = max(1, min(BAND_CHUNK_SIZE, key_len))
     query_starts, query_width = (
-        band_query_slices(band, key_chunk, query_len, key_len, query_offset)
-        if width and not sizes_only
-        else ((), 0)
+        band_query_slices(band, key_chunk, query_len, key_len, query_offset) if width and not sizes_only else ((), 0)
     )
     if sizes_only:
         ranges = []  # a sample of the chunks: no band slices
