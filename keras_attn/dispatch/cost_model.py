@@ -447,14 +447,19 @@ def explain_implementation(
     """What `scaled_dot_product_attention(..., implementation="auto")` would run for a call, and why.
 
     The arguments describe the call as `scaled_dot_product_attention` takes it, by shapes instead
-    of tensors. For every kernel of `keras_attn.kernels.KERNELS` the result gives its predicted
-    time and peak memory (`None` when the lengths are unknown), whether it is admissible (takes the
-    call and is predicted to hold at most Keras's dense attention), and why `"auto"` did not take
-    it: the kernel's own reason, a predicted peak above Keras's, or predicted slower than the
-    chosen one. `print()` it for a table.
+    of tensors, and are checked as it checks them (the same `ValueError`s). The contenders are
+    measured as `"auto"` measures them (unless measuring is off, `set_measured_dispatch`), so the
+    answer is what the call would run. For every kernel of `keras_attn.kernels.KERNELS` the result
+    gives its measured time (`None` when not measured), its predicted time and peak memory (`None`
+    when the lengths are unknown), whether it is admissible (takes the call and is predicted to
+    hold at most Keras's dense attention), and why `"auto"` did not take it: the kernel's own
+    reason, a predicted peak above Keras's, not a contender (predicted more than `PRUNE_FACTOR`
+    times slower), slower than the chosen one, or within the tie tolerance but heavier; and where
+    the times came from (`timing`). `print()` it for a table.
 
     Args:
-        query_shape: `(batch, query_len, heads, depth)`; `None` for an unknown size.
+        query_shape: `(batch, query_len, heads, depth)`, ints up to 2**31 - 1; `None` for an
+            unknown size.
         key_shape: `(batch, key_len, kv_heads, depth)`; defaults to `query_shape`.
         value_shape: `(batch, key_len, kv_heads, value_depth)`; defaults to `key_shape`.
         dtype: the compute dtype of query, key and value (a float dtype).
@@ -471,8 +476,8 @@ def explain_implementation(
         packed: whether the call has segment ids (packed rows).
 
     Returns:
-        An `Explanation`: `chosen`, `keras_peak_bytes`, and `candidates` (one `Candidate` per
-        kernel of the registry, in its order).
+        An `Explanation`: `chosen`, `keras_peak_bytes`, `timing`, and `candidates` (one
+        `Candidate` per kernel of the registry, in its order).
 
     Example:
 
