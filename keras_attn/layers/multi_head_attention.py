@@ -98,8 +98,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         implementation: `"auto"` (default), `"dense"`, `"chunked"` or `"blockwise"`, as for
             `keras_attn.dispatch.attention.scaled_dot_product_attention`: chunked attention skips the
             keys a causal or sliding-window mask hides; blockwise attention keeps memory linear
-            in the sequence length; `"auto"` takes the kernel predicted fastest among those predicted
-            to hold no more than Keras's dense attention (`keras_attn.explain_implementation`),
+            in the sequence length; `"auto"` takes the kernel measured fastest (the lightest within
+            10 % of it) among those predicted to hold no more than Keras's dense attention
+            (`keras_attn.explain_implementation`),
             the dense one when the attention scores are returned.
         scale: the inverse temperature beta of the softmax, `softmax(beta * Q K^T)`: a
             positive number, or `None` (default) for Keras's `1 / sqrt(key_dim)`.
