@@ -24,7 +24,7 @@ import tensorflow as tf  # noqa: E402
 
 import keras_attn  # noqa: E402
 from benchmarks import measurement
-from keras_attn.core.attention import ATTENTION_IMPLEMENTATIONS  # noqa: E402
+from keras_attn.dispatch.attention import ATTENTION_IMPLEMENTATIONS  # noqa: E402
 
 PEER_RATIO = "time_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 

@@ -1,18 +1,18 @@
 """The dispatcher's grid: every kernel's time and peak memory per call, the calibration fitted to
 them, and how close `implementation="auto"` comes to the fastest admissible kernel.
 
-Each cell of the grid (`keras_attn.core.tuning.grid`: lengths x batch sizes x causal /
+Each cell of the grid (`keras_attn.dispatch.tuning.grid`: lengths x batch sizes x causal /
 bidirectional / packed / windowed / strided, each as a forward call and a training call with and
 without attention dropout; 8 heads of depth 64) runs every kernel that takes it and Keras's
 layer's own attention (`_compute_attention`, the peer) in turn, `--repeats` times each, keeping
 each one's best wall time (forward and backward in training) and its first run's peak resident
 memory. A kernel whose pairwise tensors alone would pass `--cap-gb`, or that `"auto"` would not take
 for unrolling too many steps into the graph, is not run in that cell.
-The cost model is fitted to these measurements (`keras_attn.core.tuning.fit`) and written to
+The cost model is fitted to these measurements (`keras_attn.dispatch.tuning.fit`) and written to
 `--calibration-output` (by default the calibration the package ships,
-`keras_attn/core/calibration.json`). Then, per cell, `auto`'s choice under that calibration is
+`keras_attn/dispatch/calibration.json`). Then, per cell, `auto`'s choice under that calibration is
 compared with the fastest kernel *admissible* by measurement (peak memory at most Keras's, or
-both under `keras_attn.core.tuning.MEMORY_FLOOR_BYTES`, the allocator's noise): the row's ratio
+both under `keras_attn.dispatch.tuning.MEMORY_FLOOR_BYTES`, the allocator's noise): the row's ratio
 is `auto`'s time over that kernel's (1.0: `auto` took it), and the summary prints the share of
 cells within 1.1x (the issue's goal: at least 90 %). The same measurements fit the model and
 judge it, so the share is in-sample: it shows whether the features can express the measured
@@ -52,7 +52,7 @@ def _too_big(cell, name, cap_gb):
     """Whether a kernel's pairwise tensors alone would pass `cap_gb`, or it unrolls more steps into
     the graph than `"auto"` takes (`keras_attn.kernels.cost.MAX_UNROLLED_STEPS`: tracing thousands
     of the chunked kernel's chunks and tiles takes minutes)."""
-    from keras_attn.core import cost_model
+    from keras_attn.dispatch import cost_model
     from keras_attn.kernels import cost
 
     features = cost_model.kernel_features(name, cell.call())
@@ -62,8 +62,8 @@ def _too_big(cell, name, cap_gb):
 
 def measure_grid(cells, repeats, cap_gb):
     """The measured rows of every cell: one per implementation that runs in it."""
-    from keras_attn.core import cost_model
-    from keras_attn.core import tuning
+    from keras_attn.dispatch import cost_model
+    from keras_attn.dispatch import tuning
 
     rows = []
     for cell in cells:
@@ -86,7 +86,7 @@ def _mb(count):
 
 def _admissible(row, keras):
     """Whether a measured kernel held at most Keras's measured peak (both under the noise floor counts)."""
-    from keras_attn.core import tuning
+    from keras_attn.dispatch import tuning
 
     if keras is None or row["peak_bytes"] is None or keras["peak_bytes"] is None:
         return True
@@ -95,7 +95,7 @@ def _admissible(row, keras):
 
 def judge(cells, rows):
     """Per cell: `auto`'s choice, the fastest kernel admissible by measurement, and the ratio of their times."""
-    from keras_attn.core import cost_model
+    from keras_attn.dispatch import cost_model
 
     judged = []
     for cell in cells:
@@ -140,7 +140,7 @@ def main(argv=None):
         heads=dict(type=int, default=8),
         depth=dict(type=int, default=64),
         repeats=dict(type=int, default=2),
-        settings=dict(nargs="+", default=None, help="kinds of call (keras_attn.core.tuning.SETTINGS; default all)"),
+        settings=dict(nargs="+", default=None, help="kinds of call (keras_attn.dispatch.tuning.SETTINGS; default all)"),
         cap_gb=dict(type=float, default=3.0, help="skip a kernel whose pairwise tensors pass this (GB)"),
         refit_from=dict(default=None, help="refit to the measurements of an earlier run's JSON instead of measuring"),
         calibration_output=dict(default=None, help="where to write the fitted calibration (default: the shipped one)"),
@@ -152,8 +152,8 @@ def main(argv=None):
             [sys.executable, "-m", "benchmarks.dispatch_grid", *sys.argv[1:]],
             {**os.environ, **ALLOCATOR_ENVIRONMENT},
         )
-    from keras_attn.core import cost_model
-    from keras_attn.core import tuning
+    from keras_attn.dispatch import cost_model
+    from keras_attn.dispatch import tuning
 
     if args.smoke:
         args.lengths, args.batch_sizes, args.heads, args.depth, args.repeats = [32], [1], 2, 8, 1
@@ -212,8 +212,8 @@ def main(argv=None):
 
 def rows_from_results(path):
     """The cells and measured rows of an earlier run's results JSON (what `judge` wrote)."""
-    from keras_attn.core import cost_model
-    from keras_attn.core import tuning
+    from keras_attn.dispatch import cost_model
+    from keras_attn.dispatch import tuning
 
     results = json.loads(open(path, encoding="utf-8").read())
     heads, depth = results["config"]["heads"], results["config"]["depth"]
@@ -238,8 +238,8 @@ def rows_from_results(path):
 def judge_under(calibration, cells, rows):
     """`judge` with `auto` choosing under `calibration` (as a user's calibration: the shipped one
     fills what it lacks), whatever calibration this process would read otherwise."""
-    from keras_attn.core import cost_model
-    from keras_attn.core import tuning
+    from keras_attn.dispatch import cost_model
+    from keras_attn.dispatch import tuning
 
     previous = os.environ.get(cost_model.CACHE_ENV)
     with tempfile.TemporaryDirectory() as directory:

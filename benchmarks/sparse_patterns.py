@@ -63,7 +63,7 @@ def run_child(case, mode, length, heads, depth, stride, repeats):
     import tensorflow as tf
 
     from keras_attn import patterns
-    from keras_attn.core import attention
+    from keras_attn.dispatch import attention
     from keras_attn.kernels.call import AttentionCall
 
     baseline = measurement.peak_rss_gb()

@@ -31,6 +31,7 @@ SECTIONS = {
     "Kernels and ops": [
         "scaled_dot_product_attention",
         "explain_implementation",
+        "set_measured_dispatch",
         "tune",
         "masked_softmax",
         "causal_mask",

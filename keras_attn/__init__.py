@@ -9,14 +9,15 @@ from keras_attn.blocks.feed_forward import FeedForward
 from keras_attn.blocks.masked_global_pooling import MaskedGlobalPooling
 from keras_attn.blocks.transformer_decoder import TransformerDecoder
 from keras_attn.blocks.transformer_encoder import TransformerEncoder
-from keras_attn.core.attention import scaled_dot_product_attention
-from keras_attn.core.cost_model import explain_implementation
 from keras_attn.core.masks import causal_mask
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import sliding_window_mask
 from keras_attn.core.segments import document_positions
 from keras_attn.core.softmax import masked_softmax
-from keras_attn.core.tuning import tune
+from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.dispatch.cost_model import explain_implementation
+from keras_attn.dispatch.cost_model import set_measured_dispatch
+from keras_attn.dispatch.tuning import tune
 from keras_attn.families.linear_attention import LinearAttention
 from keras_attn.families.linformer_attention import LinformerSelfAttention
 from keras_attn.families.lsh_attention import LSHSelfAttention
@@ -67,6 +68,7 @@ __all__ = [
     "packing",
     "patterns",
     "scaled_dot_product_attention",
+    "set_measured_dispatch",
     "sliding_window_mask",
     "tune",
     "__version__",

@@ -1,7 +1,17 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# `implementation="auto"` decides by the calibration's predictions in the suite (thousands of calls,
+# reproducible); the dispatcher's own tests turn measuring on. No test writes to ~/.cache: the
+# cache directory is this session's own.
+os.environ.setdefault("KERAS_ATTN_MEASURE", "0")
+if "KERAS_ATTN_CACHE" not in os.environ:
+    os.environ["KERAS_ATTN_CACHE"] = tempfile.mkdtemp(prefix="keras_attn_cache_")
+    atexit.register(shutil.rmtree, os.environ["KERAS_ATTN_CACHE"], ignore_errors=True)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

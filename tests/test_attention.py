@@ -14,13 +14,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import keras_attn
-from keras_attn.core import attention as attention_module
-from keras_attn.core import cost_model
-from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.core.masks import causal_mask
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import padding_mask_to_attention_mask
 from keras_attn.core.masks import sliding_window_mask
+from keras_attn.dispatch import attention as attention_module
+from keras_attn.dispatch import cost_model
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.kernels import chunked
 from keras_attn.kernels import kernels_table
 from keras_attn.kernels.call import AttentionCall

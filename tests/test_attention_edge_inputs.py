@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from keras_attn.attention_families import FAMILIES
 from keras_attn.attention_families import build
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.patterns import Causal
 from tests import reference
 from tests.kernel_registry import kernels_taking

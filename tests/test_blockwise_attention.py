@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from keras_attn.core import masks
 from keras_attn.core import softmax
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels import blockwise as blockwise_module
 from keras_attn.kernels.blockwise import blockwise_attention

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from keras_attn.core import masks
 from keras_attn.core import softmax
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.kernels import single_query
 from keras_attn.kernels.chunked import chunk_tiles
 from keras_attn.kernels.chunked import chunked_attention

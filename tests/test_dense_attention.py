@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn.core import attention as attention_module
-from keras_attn.core import cost_model
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch import attention as attention_module
+from keras_attn.dispatch import cost_model
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.kernels.call import AttentionCall
 from keras_attn.patterns import Causal
 from tests import reference

@@ -134,7 +134,8 @@ uses = {
     "enable": lambda: (ka.enable(), keras.ops.dot_product_attention(q, q, q, flash_attention=True), ka.disable()),
     "disable": lambda: ka.disable(),
     "explain_implementation": lambda: str(ka.explain_implementation((1, 8, 2, 4), is_causal=True)),
-    "tune": lambda: ka.tune(lengths=(8,), heads=1, depth=4, repeats=1, settings=("causal",)),  # KERAS_ATTN_CACHE
+    "set_measured_dispatch": lambda: ka.set_measured_dispatch(False),
+    "tune": lambda: ka.tune(lengths=(16, 32, 64), heads=1, depth=4, repeats=1, settings=("causal",)),  # KERAS_ATTN_CACHE
     "__version__": lambda: ka.__version__,
 }
 unknown = sorted(set(ka.__all__) - set(uses))

@@ -3,7 +3,9 @@
     keras_attn, appkit  <-  models  <-  pipelines, export  <-  pipelines.main_job
 
 `appkit` (CLI conventions, atomic files) imports nothing from the project; every app layer may use
-it. `pipelines` and `export` are siblings that never import each other; only the main job, the
+it. Inside `keras_attn`, the attention stack looks down too: `keras_attn.dispatch` (the entry point
+and what `"auto"` chooses) <- `keras_attn.kernels` <- `keras_attn.core` (softmax, masks, segments,
+position bias): a kernel never imports the dispatcher, the core neither. `pipelines` and `export` are siblings that never import each other; only the main job, the
 composition root, uses both. Imports are read with `ast` from every module (imports inside
 functions included), so the rule holds for what the code does, not for what happens to run.
 """
@@ -24,6 +26,8 @@ ALLOWED = {
     "export": {"keras_attn", "appkit", "models"},
 }
 COMPOSITION_ROOT = "pipelines.main_job"
+# The attention stack inside keras_attn, top to bottom: each may import only those below it.
+ATTENTION_STACK = ("keras_attn.dispatch", "keras_attn.kernels", "keras_attn.core")
 
 
 def module_name(path):
@@ -72,6 +76,28 @@ def layer_violations(graph):
             target_layer = target.split(".")[0]
             allowed = target_layer == layer or target_layer in ALLOWED[layer]
             if not allowed and not (importer == COMPOSITION_ROOT and target_layer == "export"):
+                violations.append((importer, target))
+    return sorted(violations)
+
+
+def stack_level(module):
+    """The index in `ATTENTION_STACK` of the package holding `module`, or `None` outside it."""
+    for level, package in enumerate(ATTENTION_STACK):
+        if module == package or module.startswith(package + "."):
+            return level
+    return None
+
+
+def stack_violations(graph):
+    """`(importer, imported)` pairs of the attention stack that import upwards."""
+    violations = []
+    for importer, imported in graph.items():
+        level = stack_level(importer)
+        if level is None:
+            continue
+        for target in imported:
+            target_level = stack_level(target)
+            if target_level is not None and target_level < level:
                 violations.append((importer, target))
     return sorted(violations)
 
@@ -126,6 +152,30 @@ def test_every_package_is_scanned():
 
 def test_imports_only_look_down():
     assert layer_violations(import_graph()) == []
+
+
+def test_the_attention_stack_only_looks_down():
+    assert stack_violations(import_graph()) == []
+
+
+@pytest.mark.parametrize(
+    "graph, expected",
+    [
+        (
+            {"keras_attn.kernels.dense": {"keras_attn.dispatch.cost_model"}},
+            [("keras_attn.kernels.dense", "keras_attn.dispatch.cost_model")],
+        ),
+        (
+            {"keras_attn.core.softmax": {"keras_attn.kernels.cost"}},
+            [("keras_attn.core.softmax", "keras_attn.kernels.cost")],
+        ),
+        ({"keras_attn.core.masks": {"keras_attn.dispatch"}}, [("keras_attn.core.masks", "keras_attn.dispatch")]),
+        ({"keras_attn.dispatch.attention": {"keras_attn.kernels", "keras_attn.core.softmax"}}, []),
+        ({"keras_attn.layers.x": {"keras_attn.dispatch.attention"}}, []),
+    ],
+)
+def test_stack_rule_catches_upward_imports(graph, expected):
+    assert stack_violations(graph) == expected
 
 
 def test_no_import_cycles():

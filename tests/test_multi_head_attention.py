@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.keras_internals import attention_takes
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.patterns import BlockLocal

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels.blockwise import blockwise_attention
 from keras_attn.patterns import Causal

@@ -19,7 +19,7 @@ from keras_attn import RotaryEmbedding
 from keras_attn import SinusoidalPositionEncoding
 from keras_attn import TokenAndPositionEmbedding
 from keras_attn import document_positions
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from tests import reference
 
 VOCABULARY = 50

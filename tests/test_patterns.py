@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from keras_attn import patterns
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.kernels.blockwise import blockwise_attention
 from keras_attn.kernels.chunked import chunked_attention
 from keras_attn.patterns import BlockLocal

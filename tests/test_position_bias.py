@@ -16,8 +16,8 @@ from keras_attn import MultiHeadAttention
 from keras_attn import RelativePositionBias
 from keras_attn import TransformerDecoder
 from keras_attn import TransformerEncoder
-from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.core.position_bias import PositionBias
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.kernels.blockwise import blockwise_attention
 from keras_attn.kernels.chunked import chunked_attention
 from keras_attn.patterns import Causal

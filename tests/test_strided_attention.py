@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn.core import attention as attention_module
-from keras_attn.core import cost_model
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch import attention as attention_module
+from keras_attn.dispatch import cost_model
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.kernels import strided
 from keras_attn.kernels import strided_layout
 from keras_attn.kernels.call import AttentionCall

@@ -1,3 +1,4 @@
-"""The attention core: `scaled_dot_product_attention` (the dispatcher over `keras_attn.kernels`),
-the masked softmax, masks, and the position-bias protocol every kernel asks per block.
+"""The attention core the kernels build on: the masked softmax, masks, segments, and the
+position-bias protocol every kernel asks per block. The dispatcher over the kernels
+(`scaled_dot_product_attention`) lives above them, in `keras_attn.dispatch`.
 """

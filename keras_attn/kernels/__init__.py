@@ -3,7 +3,7 @@
 A kernel module says what it cannot take and how it attends, for one `AttentionCall`
 (`keras_attn.kernels.call`): `why_unsupported(call)` (a message naming what it needs and what it
 received, or `None`) and `attend(call)`. The dispatcher
-(`keras_attn.core.attention.scaled_dot_product_attention`, `implementation=`), the kernels table of the
+(`keras_attn.dispatch.attention.scaled_dot_product_attention`, `implementation=`), the kernels table of the
 families guide (`kernels_table`) and the tests iterate `KERNELS`: a new kernel is one module and one
 line here. The numerics the kernels share live in `keras_attn.core.softmax` (dense) and
 `keras_attn.kernels.streaming_softmax` (the kernels that see a row's keys in pieces).

@@ -1,6 +1,6 @@
 """Memory-efficient (blockwise) scaled dot-product attention for the TensorFlow backend.
 
-The same contract as `keras_attn.core.attention.scaled_dot_product_attention` (masks, causal, sliding
+The same contract as `keras_attn.dispatch.attention.scaled_dot_product_attention` (masks, causal, sliding
 window, bias, dropout on the normalised weights, fully masked rows give exactly zero) without
 ever holding the `(query_len, key_len)` attention matrix:
 
@@ -99,8 +99,9 @@ def cost_features(call):
         query_offset=call.query_offset if isinstance(call.query_offset, int) else 0,
         dropout_rate=call.dropout_rate,
     )
-    ranges = [plan.key_blocks_for(query_block) for query_block in range(plan.num_query_blocks)]
-    blocks = sum(max(0, stop - start) for start, stop in ranges)
+    indices, weight = cost.sampled_blocks(plan.num_query_blocks)
+    ranges = [plan.key_blocks_for(query_block) for query_block in indices]
+    blocks = round(weight * sum(max(0, stop - start) for start, stop in ranges))
     block_pairs = plan.query_block * plan.key_block
     return cost.features(call, computed_pairs=blocks * block_pairs, steps=blocks, held_pairs=block_pairs)
 

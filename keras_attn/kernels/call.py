@@ -1,6 +1,6 @@
 """One validated attention call, as the dispatcher hands it to a kernel.
 
-`keras_attn.core.attention.scaled_dot_product_attention` validates its arguments, resolves the
+`keras_attn.dispatch.attention.scaled_dot_product_attention` validates its arguments, resolves the
 shorthands into one pattern, the scale and the effective dropout rate, repeats grouped key/value
 heads, and then asks each kernel module of `keras_attn.kernels.KERNELS` two questions about this
 record: `why_unsupported(call)` (a message, or `None` when the kernel can take the call) and

@@ -1,6 +1,6 @@
 """Query-chunked scaled dot-product attention for patterned attention (TensorFlow backend).
 
-The same contract as `keras_attn.core.attention.scaled_dot_product_attention` (masks, patterns, bias,
+The same contract as `keras_attn.dispatch.attention.scaled_dot_product_attention` (masks, patterns, bias,
 dropout on the normalised weights, fully masked rows give exactly zero) for attention whose
 `keras_attn.patterns` pattern leaves part of the `(query_len, key_len)` matrix out: the queries
 run in chunks, and each chunk computes only the keys `pattern.key_range` says it can reach (about
@@ -136,12 +136,16 @@ def cost_features(call):
     the chunks run one after another (`_after`): a forward call holds one chunk's weights, a training
     call every chunk's (for the backward pass). The steps are a Python loop, unrolled into the graph."""
     _, query_len, key_len, _, _, _ = cost.sizes(call)
-    chunks = pattern_query_chunks(query_len, key_len, QUERY_CHUNK_SIZE, call.pattern, call.query_offset)
+    indices, weight = cost.sampled_blocks(-(-query_len // QUERY_CHUNK_SIZE))
+    chunks = [
+        query_chunk(index, query_len, key_len, QUERY_CHUNK_SIZE, call.pattern, call.query_offset) for index in indices
+    ]
     computed = [(chunk.query_stop - chunk.query_start) * (chunk.key_stop - chunk.key_start) for chunk in chunks]
     tile_size = None if call.query_segment_ids is None else KEY_BLOCK_SIZE
-    steps = sum(len(chunk_tiles(chunk, tile_size)) for chunk in chunks)
-    held = sum(computed) if call.training else max(computed, default=0)
-    return cost.features(call, computed_pairs=sum(computed), steps=steps, held_pairs=held, unrolled=True)
+    steps = round(weight * sum(tile_count(chunk, tile_size) for chunk in chunks))
+    total = weight * sum(computed)
+    held = total if call.training else max(computed, default=0)
+    return cost.features(call, computed_pairs=total, steps=steps, held_pairs=held, unrolled=True)
 
 
 def pattern_query_chunks(query_len, key_len, chunk_size, pattern, query_offset=0):
@@ -151,17 +155,30 @@ def pattern_query_chunks(query_len, key_len, chunk_size, pattern, query_offset=0
     about half of the `(query_len, key_len)` matrix; a sliding window bounds both ends. Without a
     pattern (`None`) every chunk attends to every key.
     """
-    chunks = []
-    for query_start in range(0, query_len, chunk_size):
-        query_stop = min(query_start + chunk_size, query_len)
-        # positions of the chunk's first and last queries among the keys
-        key_start, key_stop = (
-            (0, key_len)
-            if pattern is None
-            else pattern.key_range(query_start + query_offset, query_stop - 1 + query_offset, key_len)
-        )
-        chunks.append(QueryChunk(query_start, query_stop, key_start, key_stop))
-    return chunks
+    return [
+        query_chunk(index, query_len, key_len, chunk_size, pattern, query_offset)
+        for index in range(-(-query_len // chunk_size))
+    ]
+
+
+def query_chunk(index, query_len, key_len, chunk_size, pattern, query_offset=0):
+    """Chunk `index` of `pattern_query_chunks`: its queries, and the keys the pattern lets them reach."""
+    query_start = index * chunk_size
+    query_stop = min(query_start + chunk_size, query_len)
+    # positions of the chunk's first and last queries among the keys
+    key_start, key_stop = (
+        (0, key_len)
+        if pattern is None
+        else pattern.key_range(query_start + query_offset, query_stop - 1 + query_offset, key_len)
+    )
+    return QueryChunk(query_start, query_stop, key_start, key_stop)
+
+
+def tile_count(chunk, key_block_size):
+    """`len(chunk_tiles(chunk, key_block_size))`, counted without making the tiles."""
+    if key_block_size is None or not chunk.has_keys:
+        return 1
+    return (chunk.key_stop - 1) // key_block_size - chunk.key_start // key_block_size + 1
 
 
 def chunk_tiles(chunk, key_block_size):

@@ -1,4 +1,4 @@
-"""The cost features of one attention call on one kernel: what `keras_attn.core.cost_model` weighs.
+"""The cost features of one attention call on one kernel: what `keras_attn.dispatch.cost_model` weighs.
 
 A kernel module declares `cost_features(call)` (beside `why_unsupported` and `attend`) from what it
 computes and holds for an `AttentionCall` with static lengths: the query-key pairs it computes per
@@ -30,6 +30,11 @@ TIME_FEATURES = ("calls", "steps", "pairs", "dropout_pairs", "flops")
 MEMORY_FEATURES = ("pairwise_bytes", "dropout_bytes", "linear_bytes")
 FLOAT32_BYTES = 4  # logits and weights are float32 on every kernel of the registry
 MAX_UNROLLED_STEPS = 512  # the most steps `"auto"` lets a kernel unroll into the graph
+# A kernel's features sum over its blocks (query chunks, query blocks, band chunks); beyond this
+# many blocks, over this many evenly spaced ones, each standing for its share: a pattern's per-block
+# counts are piecewise linear in the block index, so the estimate stays within about a block per
+# sample, and a call of two billion tokens is predicted in milliseconds rather than minutes.
+MAX_SUMMED_BLOCKS = 2048
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +54,22 @@ def unrolls_too_many_steps(features):
     """Whether a kernel's `Features` unroll more than `MAX_UNROLLED_STEPS` steps into the graph
     (what `"auto"` does not take)."""
     return features.unrolled and features.time["steps"] > MAX_UNROLLED_STEPS
+
+
+def sampled_blocks(count):
+    """`(indices, weight)`: the block indices out of `count` a feature sums over, and how many
+    blocks each stands for (all of them, weight 1, up to `MAX_SUMMED_BLOCKS`).
+
+    >>> sampled_blocks(3)
+    (range(0, 3), 1.0)
+    >>> indices, weight = sampled_blocks(2**24)
+    >>> len(indices), weight, indices[-1]
+    (2048, 8192.0, 16777215)
+    """
+    if count <= MAX_SUMMED_BLOCKS:
+        return range(count), 1.0
+    indices = [(index * (count - 1)) // (MAX_SUMMED_BLOCKS - 1) for index in range(MAX_SUMMED_BLOCKS)]
+    return indices, count / len(indices)
 
 
 def sizes(call):

@@ -104,14 +104,18 @@ def attend(call):
 
 def keys_per_query(call):
     """Keys the kernel computes for each query of a call it takes: a band slice plus a residue class."""
-    plan = strided_layout.plan_of(call.pattern, call.query.shape[1], call.key.shape[1], call.query_offset)
+    plan = strided_layout.plan_of(
+        call.pattern, call.query.shape[1], call.key.shape[1], call.query_offset, sizes_only=True
+    )
     return plan.band_width + plan.key_rows
 
 
 def cost_features(call):
     """The `keras_attn.kernels.cost` features of a call this kernel takes: each query computes
     `keys_per_query` keys, in band chunks and residue steps, holding one step's logits at a time."""
-    plan = strided_layout.plan_of(call.pattern, call.query.shape[1], call.key.shape[1], call.query_offset)
+    plan = strided_layout.plan_of(
+        call.pattern, call.query.shape[1], call.key.shape[1], call.query_offset, sizes_only=True
+    )
     held = max(plan.chunk * plan.band_width, plan.residues_per_step * plan.query_rows * plan.key_rows)
     return cost.features(
         call,

@@ -17,6 +17,7 @@ from keras_attn import patterns
 from keras_attn.core.segments import segment_mask
 from keras_attn.kernels import document_blocks
 from keras_attn.kernels import steps
+from keras_attn.kernels.cost import sampled_blocks
 
 # Queries per chunk of the band part (a chunk of 128 under a window of 256 computes 383 keys).
 BAND_CHUNK_SIZE = 128
@@ -78,19 +79,24 @@ class StridedPlan:
         return self.stride // self.residues_per_step
 
 
-def plan_of(pattern, query_len, key_len, query_offset):
+def plan_of(pattern, query_len, key_len, query_offset, sizes_only=False):
+    """The `StridedPlan` of a call; with `sizes_only`, its sizes without the band slices (the cost
+    features: the band width is then the widest of `keras_attn.kernels.cost.sampled_blocks` chunks)."""
     band, stride = pattern.strided_cover()
     chunk = max(1, min(BAND_CHUNK_SIZE, query_len))
     ranges = []
     if band is not None:
-        for start in range(0, query_len, chunk):
+        chunks = -(-query_len // chunk)
+        for start in (index * chunk for index in (sampled_blocks(chunks)[0] if sizes_only else range(chunks))):
             last = min(start + chunk, query_len) - 1
             ranges.append(band.key_range(query_offset + start, query_offset + last, key_len))
     width = max((stop - start for start, stop in ranges), default=0)
     key_chunk = max(1, min(BAND_CHUNK_SIZE, key_len))
     query_starts, query_width = (
-        band_query_slices(band, key_chunk, query_len, key_len, query_offset) if width else ((), 0)
+        band_query_slices(band, key_chunk, query_len, key_len, query_offset) if width and not sizes_only else ((), 0)
     )
+    if sizes_only:
+        ranges = []  # a sample of the chunks: no band slices
     return StridedPlan(
         pattern=pattern,
         stride=stride,

@@ -30,7 +30,7 @@ import warnings
 
 import keras
 
-from keras_attn.core.attention import ATTENTION_IMPLEMENTATIONS
+from keras_attn.dispatch.attention import ATTENTION_IMPLEMENTATIONS
 from keras_attn.keras_internals import layer_tree
 from keras_attn.keras_internals import sublayers
 from keras_attn.layers import hub_adapters

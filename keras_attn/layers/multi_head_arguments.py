@@ -11,7 +11,7 @@ import numbers
 import numpy as np
 
 from keras_attn import patterns
-from keras_attn.core.attention import ATTENTION_IMPLEMENTATIONS
+from keras_attn.dispatch.attention import ATTENTION_IMPLEMENTATIONS
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_choice
 from keras_attn.validation import check_positive_int

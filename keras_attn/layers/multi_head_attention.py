@@ -13,11 +13,11 @@ from keras import ops
 
 from keras_attn import keras_internals
 from keras_attn.core import position_bias as position_biases
-from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.core.masks import either_mask
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import zero_padding
 from keras_attn.core.softmax import zero_masked
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.layers import attention_axes
 from keras_attn.layers import keras_compatibility
 from keras_attn.layers import key_value_cache
@@ -72,7 +72,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         attention_axes: the axes attention runs over, as in Keras (default: all axes but the
             batch, the heads and the features). On `(batch, seq, features)` inputs attending
             over the sequence (the default) the dense, chunked and blockwise kernels of
-            `keras_attn.core.attention` run; other ranks and axes run Keras's einsum path with this
+            `keras_attn.dispatch.attention` run; other ranks and axes run Keras's einsum path with this
             layer's masking rules (no cache, bias or grouped key/value heads there).
         sliding_window: optional positive int; each query attends to keys with
             `|i - j| < sliding_window` (local/band attention).
@@ -96,10 +96,11 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         num_key_value_heads: number of key/value heads; must divide `num_heads`.
             Defaults to `num_heads`.
         implementation: `"auto"` (default), `"dense"`, `"chunked"` or `"blockwise"`, as for
-            `keras_attn.core.attention.scaled_dot_product_attention`: chunked attention skips the
+            `keras_attn.dispatch.attention.scaled_dot_product_attention`: chunked attention skips the
             keys a causal or sliding-window mask hides; blockwise attention keeps memory linear
-            in the sequence length; `"auto"` takes the kernel predicted fastest among those predicted
-            to hold no more than Keras's dense attention (`keras_attn.explain_implementation`),
+            in the sequence length; `"auto"` takes the kernel measured fastest (the lightest within
+            10 % of it) among those predicted to hold no more than Keras's dense attention
+            (`keras_attn.explain_implementation`),
             the dense one when the attention scores are returned.
         scale: the inverse temperature beta of the softmax, `softmax(beta * Q K^T)`: a
             positive number, or `None` (default) for Keras's `1 / sqrt(key_dim)`.
@@ -576,7 +577,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             `return_attention_scores`, else `None`. A query row without any allowed key must
             give a zero output (and zero weights), the library's contract for every family.
 
-        This implementation runs `keras_attn.core.attention.scaled_dot_product_attention` with the
+        This implementation runs `keras_attn.dispatch.attention.scaled_dot_product_attention` with the
         layer's `scale`, `hard`, dropout and `implementation` on rank-4 tensors, and on higher ranks
         too (`attention_axes` over several axes, or other axes than the sequence) with the attention
         axes flattened into one sequence (`keras_attn.layers.attention_axes`: Keras's semantics, its

@@ -9,7 +9,7 @@ them), `is_causal` and `scale`. What `flash_attention` means here:
   softmax over key blocks, and a backward pass that recomputes each block's weights, so neither
   the forward nor the backward pass ever holds the `(query_len, key_len)` weights. Keras's
   TensorFlow backend raises for it; `keras_attn.enable()` routes Keras's own switch here.
-- `None`: `keras_attn`'s choice for the call by predicted cost (`implementation="auto"` of
+- `None`: `keras_attn`'s choice for the call by measured cost (`implementation="auto"` of
   `keras_attn.scaled_dot_product_attention`).
 - `False`: the dense kernel, the full weights, as Keras's non-flash path.
 
@@ -30,9 +30,9 @@ of the other logits for `-1e9`; its row, if every key is so masked, gets the mea
 import keras
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.softmax import bias_mask
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_soft_cap
 

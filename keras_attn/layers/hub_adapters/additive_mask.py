@@ -8,7 +8,7 @@ the weights with `dropout_layer` when `training`: on the core op, `scale`, `logi
 at the same place) and the mask as the additive `bias`.
 """
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 

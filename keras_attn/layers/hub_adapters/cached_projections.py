@@ -10,7 +10,7 @@ ALiBi), and the output projection.
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 
 
 def cached_attention_call(layer, inputs, projections, bias, attention_mask=None, cache=None, cache_update_index=None):

@@ -10,7 +10,7 @@ method, given zero logits, so its tables and their gradients), with `scale`.
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 
 HOOK = "call"
 

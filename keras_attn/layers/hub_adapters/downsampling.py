@@ -7,7 +7,7 @@ mask, and projects the heads back (`out_proj`). On the core op: the same project
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 
 HOOK = "call"
 

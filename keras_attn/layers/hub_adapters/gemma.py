@@ -14,7 +14,7 @@ import math
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 
 
 def compute_attention(layer, q, k, v, attention_mask, training=False, cache_update_index=0):

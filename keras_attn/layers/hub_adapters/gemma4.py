@@ -9,7 +9,7 @@ soft-cap (`logit_soft_cap`) and the dropout of the weights are the core op's.
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 

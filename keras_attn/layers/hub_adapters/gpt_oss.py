@@ -12,7 +12,7 @@ use.
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 
 
 def compute_attention(layer, query, key, value, attention_mask=None, start_index=0):

@@ -22,7 +22,7 @@ What the classes add, each read from the layer as KerasHub's own hook reads it:
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 

@@ -10,7 +10,7 @@ decides) and projects the output. On the core op: `scale` and both terms as the 
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.keras_internals import call_context_training
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 

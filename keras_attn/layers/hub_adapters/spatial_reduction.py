@@ -13,7 +13,7 @@ import math
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.keras_internals import call_context_training
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 

@@ -10,7 +10,7 @@ that bias is the additive `bias` and the scale is 1; the dropout of the weights 
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.layers.hub_adapters.cached_projections import cached_keys_and_values
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 

@@ -14,7 +14,7 @@ import sys
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.layers.hub_adapters.routing import routed
 
 HOOK = "call"

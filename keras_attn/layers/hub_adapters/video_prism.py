@@ -10,7 +10,7 @@ the core op: the queries scaled by the layer (its scale may be learned per chann
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 HOOK = "call"

@@ -9,7 +9,7 @@ the weights returned, so the dense kernel (`"auto"` picks it; a streaming kernel
 
 from keras import ops
 
-from keras_attn.core.attention import scaled_dot_product_attention
+from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 HOOK = "call"

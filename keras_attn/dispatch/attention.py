@@ -23,83 +23,20 @@ Layout: `(batch, seq, heads, depth)` for query, key and value (what the projecti
 `(batch, heads, query_len, key_len)`.
 """
 
-import keras
 from keras import ops
 
-from keras_attn import patterns
-from keras_attn.core import cost_model
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import zero_padding
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.core.softmax import bias_mask
 from keras_attn.core.softmax import resolved_scale
+from keras_attn.dispatch import cost_model
+from keras_attn.dispatch.arguments import checked_pattern
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels.call import AttentionCall
-from keras_attn.validation import check_bool
-from keras_attn.validation import check_position
-from keras_attn.validation import check_rate
-from keras_attn.validation import check_same_batch
-from keras_attn.validation import check_scale
-from keras_attn.validation import check_soft_cap
 
-_MASK_RANK = 4
 ATTENTION_IMPLEMENTATIONS = ("auto", *KERNELS)
-
-
-def _check_inputs(query, key, value, mask):
-    for name, tensor in (("query", query), ("key", key), ("value", value)):
-        dtype = keras.backend.standardize_dtype(tensor.dtype)
-        if "float" not in dtype:  # integer logits would truncate: the softmax needs floats
-            raise ValueError(f"`{name}` must be a floating tensor. Received: {name}.dtype={dtype}")
-        if len(tensor.shape) != 4:
-            raise ValueError(
-                f"`{name}` must have rank 4 `(batch, seq, heads, depth)`. Received: {name}.shape={tuple(tensor.shape)}"
-            )
-    check_same_batch(query=query, key=key, value=value)
-    if query.shape[-1] is not None and key.shape[-1] is not None:
-        if query.shape[-1] != key.shape[-1]:
-            raise ValueError(
-                "`query` and `key` must have the same depth. Received: "
-                f"query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
-            )
-    if key.shape[1] is not None and value.shape[1] is not None and key.shape[1] != value.shape[1]:
-        raise ValueError(
-            "`key` and `value` must have the same length. Received: "
-            f"key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)}"
-        )
-    if key.shape[2] != value.shape[2]:
-        raise ValueError(
-            "`key` and `value` must have the same number of heads. Received: "
-            f"key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)}"
-        )
-    query_heads, key_heads = query.shape[2], key.shape[2]
-    if query_heads is not None and key_heads is not None and query_heads % key_heads:
-        raise ValueError(
-            "The number of query heads must be a multiple of the number of key/value heads. "
-            f"Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
-        )
-    if mask is not None:
-        _check_broadcastable("mask", mask, query, key)
-
-
-def _check_broadcastable(name, tensor, query, key):
-    if not hasattr(tensor, "shape"):
-        raise ValueError(f"`{name}` must be a tensor. Received: {name}={tensor!r}")
-    if name == "bias" and keras.backend.standardize_dtype(tensor.dtype) == "bool":
-        raise ValueError("`bias` is added to the logits: a boolean one is a `mask`. Received: bias.dtype=bool")
-    if len(tensor.shape) != _MASK_RANK:
-        raise ValueError(
-            f"`{name}` must have rank 4, broadcastable to (batch, heads, query_len, key_len). "
-            f"Received: {name}.shape={tuple(tensor.shape)}"
-        )
-    target = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
-    for received, expected in zip(tensor.shape, target):
-        if received not in (None, 1) and expected is not None and received != expected:
-            raise ValueError(
-                f"`{name}` is not broadcastable to (batch, heads, query_len, key_len)={target}. "
-                f"Received: {name}.shape={tuple(tensor.shape)}"
-            )
 
 
 def _zero_unattended_keys(key, value, mask):
@@ -187,15 +124,21 @@ def scaled_dot_product_attention(
             `Causal() & (SlidingWindow(s) | Strided(s))`, static lengths, an int `query_offset`,
             no bias, no dropout) uses `keras_attn.kernels.strided`: each query computes only
             a band of keys and its residue class `(i - j) % s == 0`, memory linear in the length;
-            `"auto"` (`keras_attn.core.cost_model`) takes, among the kernels that take the call,
-            the one predicted fastest among those predicted to hold at most the peak memory of
-            Keras's dense attention for the same call (its logits, weights and dropout in the
-            compute dtype) and unrolling at most 512 steps into the graph (the chunked kernel on
-            packed rows of thousands of tokens unrolls more), else the one predicted lightest;
-            predictions come from a calibration fitted to measurements (shipped, or refitted on
-            this machine by `keras_attn.tune()`), forward and backward when `training`, forward
-            otherwise; with an unknown length, the dense kernel. `keras_attn.explain_implementation` shows each kernel's predictions
-            and why it was or was not taken.
+            `"auto"` (`keras_attn.dispatch.cost_model`) considers the kernels that take the call,
+            predicted to hold at most the peak memory of Keras's dense attention for the same call
+            (its logits, weights and dropout in the compute dtype), unrolling at most 512 steps
+            into the graph (the chunked kernel on packed rows of thousands of tokens unrolls more)
+            and predicted within 3x of the fastest of them; it takes the fastest measured on this
+            machine, or the lightest of those measured within 10 % of it; when no kernel qualifies,
+            the one predicted lightest. Each bucket of call signatures (lengths rounded down to a
+            power of two) is measured once, in the call's mode (forward and backward when
+            `training`), outside the graph being traced, and kept in the user's cache directory (`$KERAS_ATTN_CACHE`, else
+            `~/.cache/keras_attn`); with measuring off (`KERAS_ATTN_MEASURE=0` or
+            `keras_attn.set_measured_dispatch(False)`) the predicted times decide. Predictions come
+            from a calibration fitted to measurements (shipped, or refitted on this machine by
+            `keras_attn.tune()`); with an unknown length, the dense kernel.
+            `keras_attn.explain_implementation` shows each kernel's times and why it was or was
+            not taken.
         pattern: optional `keras_attn.patterns.Pattern` (or its config): which keys each
             query position may attend to; intersected with `is_causal` and `sliding_window`.
         hard: if `True`, hard attention: each query's weights are one-hot on its allowed key
@@ -237,23 +180,29 @@ def scaled_dot_product_attention(
 
     Example:
 
+    >>> import keras
     >>> q = k = v = keras.random.normal((2, 5, 4, 8))
     >>> out, w = scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)
     >>> tuple(out.shape), tuple(w.shape)
     ((2, 5, 4, 8), (2, 4, 5, 5))
     """
-    _check_inputs(query, key, value, mask)
-    if bias is not None:
-        _check_broadcastable("bias", bias, query, key)
-    pattern = patterns.from_shorthands(pattern, is_causal, sliding_window)
-    check_rate("dropout_rate", dropout_rate)
-    check_bool("hard", hard)
-    check_bool("is_causal", is_causal)  # a string or tensor would be truthy
-    check_position("query_offset", query_offset)
-    check_bool("return_weights", return_weights)
-    check_bool("training", training, allow_none=True)
-    check_scale(scale)
-    check_soft_cap(logit_soft_cap)
+    pattern = checked_pattern(
+        query,
+        key,
+        value,
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        sliding_window=sliding_window,
+        query_offset=query_offset,
+        scale=scale,
+        dropout_rate=dropout_rate,
+        training=training,
+        return_weights=return_weights,
+        pattern=pattern,
+        hard=hard,
+        logit_soft_cap=logit_soft_cap,
+    )
     scale = resolved_scale(scale, query.shape[-1])
     if bias is not None:  # a `-inf` bias masks its key on every kernel (`keras_attn.core.softmax.bias_mask`)
         mask = merge_masks(mask, bias_mask(bias))
@@ -293,7 +242,7 @@ def _choose_implementation(implementation, call):
     """The name of the kernel `implementation` resolves to for this `AttentionCall`.
 
     A named kernel must take the call (else a `ValueError` with the kernel's reason); `"auto"`
-    takes `keras_attn.core.cost_model.choose(call)`.
+    takes `keras_attn.dispatch.cost_model.choose(call)`.
     """
     if implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(

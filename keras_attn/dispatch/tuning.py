@@ -1,4 +1,4 @@
-"""Calibrating the cost model (`keras_attn.core.cost_model`) on this machine: `tune()`.
+"""Calibrating the cost model (`keras_attn.dispatch.cost_model`) on this machine: `tune()`.
 
 A grid of attention calls (`grid`: lengths, batch sizes, and the settings causal, bidirectional,
 packed, windowed, strided, each as a forward call and a training call with and without dropout) is
@@ -14,7 +14,7 @@ machine's speed: the memory coefficients stay the shipped ones unless `measure_m
 """
 
 import dataclasses
-import json
+import math
 import os
 import time
 
@@ -22,7 +22,9 @@ import keras
 import numpy as np
 
 from keras_attn import patterns
-from keras_attn.core import cost_model
+from keras_attn.dispatch import cost_model
+from keras_attn.dispatch import measuring
+from keras_attn.dispatch import state
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels import cost
 from keras_attn.kernels.call import AttentionCall
@@ -30,8 +32,16 @@ from keras_attn.kernels.call import AttentionCall
 SETTINGS = ("causal", "bidirectional", "packed", "windowed", "strided")
 WINDOW = 256  # keys each query of a windowed call sees (Mistral-style local attention)
 STRIDE = 64  # the strided setting's band and stride: Causal() & (SlidingWindow(64) | Strided(64))
-DOCUMENTS = 4  # equal documents per packed row
 MEMORY_FLOOR_BYTES = 2**20  # peaks below a megabyte are the allocator's rounding: not fitted
+# The grid `tune()` takes: five time coefficients per kernel and mode are fitted from the cells'
+# lengths, so they need three distinct ones at least (one length fits a line through one point,
+# and predicts minutes for a millisecond call elsewhere); a cell's dense logits stay under a GiB.
+MIN_DISTINCT_LENGTHS = 3
+LENGTH_RANGE = (16, 16384)
+MAX_CELL_PAIRS = 2**28  # batch * heads * length**2 of the grid's largest cell
+# A fit is written only if it predicts the measurements it was fitted to: per kernel and mode, the
+# median ratio of predicted to measured time within this factor either way.
+FIT_TOLERANCE = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +67,7 @@ class Cell:
         return None
 
     def segment_ids(self):
-        if self.setting != "packed":
-            return None
-        document = -(-self.length // DOCUMENTS)
-        ids = np.arange(self.length) // document + 1
-        return np.broadcast_to(ids, (self.batch, self.length)).astype("int32")
+        return measuring.packed_ids(self.batch, self.length) if self.setting == "packed" else None
 
     def call(self, query=None, key=None, value=None):
         """The `AttentionCall` of this cell (symbolic tensors unless given)."""
@@ -104,8 +110,8 @@ def _step(cell, implementation):
     """A compiled step of the cell on `implementation` (a kernel, or `KERAS_DENSE`: Keras's layer's own attention)."""
     import tensorflow as tf
 
-    from keras_attn.core.attention import scaled_dot_product_attention
     from keras_attn.core.segments import segment_mask
+    from keras_attn.dispatch.attention import scaled_dot_product_attention
 
     shape = (cell.batch, cell.length, cell.heads, cell.depth)
     query, key, value = (tf.random.normal(shape, seed=seed) for seed in (1, 2, 3))
@@ -159,13 +165,6 @@ def _step(cell, implementation):
     return step
 
 
-def _materialise(result):
-    import tensorflow as tf
-
-    for tensor in tf.nest.flatten(result):
-        tensor.numpy()
-
-
 def _peak_bytes(step):
     """The first run's peak of TensorFlow's CPU allocator over what it held before, or `None` when
     the allocator keeps no statistics (it does once `TF_CPU_ALLOCATOR_USE_BFC=true` was set before
@@ -177,9 +176,9 @@ def _peak_bytes(step):
         tf.config.experimental.reset_memory_stats("CPU:0")
         before = tf.config.experimental.get_memory_info("CPU:0")["current"]
     except (ValueError, tf.errors.OpError):
-        _materialise(step())
+        measuring.run_to_completion(step())
         return None
-    _materialise(step())
+    measuring.run_to_completion(step())
     return max(0, tf.config.experimental.get_memory_info("CPU:0")["peak"] - before)
 
 
@@ -191,7 +190,7 @@ def measure(cell, names, repeats=2):
     for _ in range(repeats):
         for name, step in steps.items():
             start = time.perf_counter()
-            _materialise(step())
+            measuring.run_to_completion(step())
             rows[name]["seconds"] = min(rows[name]["seconds"], time.perf_counter() - start)
     return rows
 
@@ -255,11 +254,11 @@ def calibrate(cells, repeats=2, measure_memory=True, log=print):
 
 
 def write_calibration(calibration, path, grid_description):
-    """Writes `calibration` (plus the grid and the machine it was measured on) as JSON to `path`."""
+    """Writes `calibration` (plus the grid and the machine it was measured on) as JSON to `path`,
+    atomically under a lock (`keras_attn.dispatch.state.update`), tagged with this environment."""
     import platform
 
     payload = {
-        "version": 1,
         "grid": grid_description,
         "machine": {
             "cpus": os.cpu_count(),
@@ -268,13 +267,7 @@ def write_calibration(calibration, path, grid_description):
         },
         **calibration,
     }
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    temporary = path + ".tmp"
-    with open(temporary, "w", encoding="utf-8") as file:
-        json.dump(payload, file, indent=1, sort_keys=True)
-    os.replace(temporary, path)
-    return path
+    return os.fspath(state.update(path, cost_model.calibration_problem, lambda current: payload))
 
 
 def tune(
@@ -292,7 +285,7 @@ def tune(
     Measures each kernel on a grid of calls (every length and batch size, causal, bidirectional,
     packed, windowed and strided, forward and training with and without dropout), fits the time
     coefficients (and the memory ones when `measure_memory`, from the peaks of TensorFlow's CPU
-    allocator: set `TF_CPU_ALLOCATOR_USE_BFC=true` before TensorFlow starts), and writes them to `keras_attn.core.cost_model.user_calibration_path()`
+    allocator: set `TF_CPU_ALLOCATOR_USE_BFC=true` before TensorFlow starts), and writes them to `keras_attn.dispatch.cost_model.user_calibration_path()`
     (`$KERAS_ATTN_CACHE/calibration.json`, else `~/.cache/keras_attn/calibration.json`), never into
     the package. `implementation="auto"` reads it from then on (in this process too), the shipped
     calibration filling what it lacks. Several minutes with the defaults (45 calls, each on every kernel
@@ -300,8 +293,10 @@ def tune(
     the machine's load.
 
     Args:
-        lengths: sequence lengths of the grid (positive ints).
-        batch_sizes: batch sizes of the grid (positive ints).
+        lengths: sequence lengths of the grid: at least `MIN_DISTINCT_LENGTHS` (3) distinct ints
+            within `LENGTH_RANGE` (16 to 16,384).
+        batch_sizes: batch sizes of the grid (positive ints); the largest call,
+            `max(batch_sizes) * heads * max(lengths)**2` logits, at most `MAX_CELL_PAIRS` (2**28).
         heads: attention heads of the grid's calls (positive int).
         depth: per-head depth of the grid's calls (positive int).
         repeats: timed runs of each step, the best kept (positive int).
@@ -311,6 +306,10 @@ def tune(
             TensorFlow's allocator keeps no statistics.
         verbose: print each measured cell (bool).
 
+    The cache directory is checked for writing first, before anything is measured; the file is
+    written atomically (`keras_attn.dispatch.state`), and only when the fit predicts its own
+    measurements (`check_fit`).
+
     Returns:
         The path of the calibration written.
 
@@ -318,7 +317,7 @@ def tune(
 
     Where it writes (the dispatcher reads this file first, the shipped calibration after it):
 
-    >>> from keras_attn.core.cost_model import user_calibration_path
+    >>> from keras_attn.dispatch.cost_model import user_calibration_path
     >>> user_calibration_path().name
     'calibration.json'
     """
@@ -338,13 +337,22 @@ def tune(
     for name, value in (("measure_memory", measure_memory), ("verbose", verbose)):
         if not isinstance(value, bool):
             raise ValueError(f"`{name}` must be a bool. Received: {name}={value!r}")
-    cells = grid(tuple(lengths), tuple(batch_sizes), heads, depth, tuple(settings))
-    calibration, _ = calibrate(cells, repeats, measure_memory, log=print if verbose else None)
-    if measure_memory and not calibration["memory"]:
+    _check_grid_sizes(lengths, batch_sizes, heads)
+    path = cost_model.user_calibration_path()
+    unwritable = state.unwritable_reason(path.parent)  # before minutes of measuring, not after
+    if unwritable:
+        raise ValueError(
+            f"`tune()` writes to the cache directory {path.parent}, where no file can be written ({unwritable}). "
+            f"Set ${state.CACHE_ENV} to a writable directory. Received: {state.CACHE_ENV}={str(path.parent)!r}"
+        )
+    if measure_memory and not _allocator_keeps_statistics():
         raise ValueError(
             "`measure_memory=True` needs the peaks of TensorFlow's CPU allocator: set "
             "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts. Received: measure_memory=True"
         )
+    cells = grid(tuple(lengths), tuple(batch_sizes), heads, depth, tuple(settings))
+    calibration, rows = calibrate(cells, repeats, measure_memory, log=print if verbose else None)
+    check_fit(calibration, rows)
     description = {
         "lengths": list(lengths),
         "batch_sizes": list(batch_sizes),
@@ -352,10 +360,63 @@ def tune(
         "depth": depth,
         "settings": list(settings),
     }
-    path = write_calibration(calibration, cost_model.user_calibration_path(), description)
+    path = write_calibration(calibration, path, description)
     cost_model.reload_calibration()
     return path
 
 
 def _positive_int(value):
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _check_grid_sizes(lengths, batch_sizes, heads):
+    """Refuses a grid that cannot be fitted (too few distinct lengths) or that would not fit in memory."""
+    low, high = LENGTH_RANGE
+    if len(set(lengths)) < MIN_DISTINCT_LENGTHS or not all(low <= length <= high for length in lengths):
+        raise ValueError(
+            f"`lengths` must hold at least {MIN_DISTINCT_LENGTHS} distinct lengths between {low} and {high} "
+            f"(the fit needs them to tell per-call, per-step and per-pair costs apart). Received: lengths={lengths!r}"
+        )
+    pairs = max(batch_sizes) * heads * max(lengths) ** 2
+    if pairs > MAX_CELL_PAIRS:
+        raise ValueError(
+            f"The grid's largest call holds {pairs} logits (batch * heads * length**2), more than {MAX_CELL_PAIRS}: "
+            f"lower `lengths`, `batch_sizes` or `heads`. Received: lengths={lengths!r}, "
+            f"batch_sizes={batch_sizes!r}, heads={heads!r}"
+        )
+
+
+def _allocator_keeps_statistics():
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.get_memory_info("CPU:0")
+    except (ValueError, tf.errors.OpError):
+        return False
+    return True
+
+
+def check_fit(calibration, rows):
+    """Raises a `ValueError` when a fitted calibration has a coefficient that is not a finite number
+    >= 0, or does not predict the times it was fitted to (per kernel and mode, the median ratio of
+    predicted to measured time beyond `FIT_TOLERANCE` either way): such a fit is not written."""
+    problem = cost_model.calibration_problem(calibration)
+    if problem:
+        raise ValueError(f"The fitted calibration is unusable ({problem}); nothing was written.")
+    errors = {}
+    for row in rows:
+        coefficients = calibration["time"].get(row["name"], {}).get(row["cell"].mode)
+        if coefficients is None or not row["seconds"] or not math.isfinite(row["seconds"]):
+            continue
+        features = cost_model.kernel_features(row["name"], row["cell"].call()).time
+        predicted = sum(coefficients.get(feature, 0.0) * value for feature, value in features.items())
+        ratio = predicted / row["seconds"]
+        errors.setdefault((row["name"], row["cell"].mode), []).append(abs(math.log(ratio)) if ratio > 0 else math.inf)
+    for (name, mode), values in sorted(errors.items()):
+        median = sorted(values)[len(values) // 2]
+        if median > math.log(FIT_TOLERANCE):
+            raise ValueError(
+                f"The fitted calibration mispredicts its own measurements of {name!r} ({mode}) by a median factor "
+                f"of {math.exp(median):.3g} (more than {FIT_TOLERANCE:g}): the grid is too noisy or too small to "
+                "fit; nothing was written. Measure more lengths or repeats on a quieter machine."
+            )
