@@ -74,6 +74,17 @@ def result_files(results_dir, name):
     return main + sorted(results_dir.glob(f"{name}.*.json"))
 
 
+def result_name(name, part=None):
+    """The file name of script `name`'s results: `<name>.json`, or `<name>.<part>.json` for a part."""
+    return f"{name}.json" if part is None else f"{name}.{part}.json"
+
+
+def part_of(path):
+    """The part a results file holds (`convert_models.4096.json`: "4096"), None for the main run."""
+    pieces = path.name.split(".")
+    return pieces[1] if len(pieces) == 3 else None
+
+
 def stale_parts(results_dir, name):
     """The parts of script `name`'s results (`<name>.<part>.json`): a new run of it replaces them."""
     return sorted(results_dir.glob(f"{name}.*.json"))
@@ -220,11 +231,16 @@ def section(name, results, plot_uri):
 
 
 def loaded(results_dir):
-    """`{script: [its parsed results]}` for the scripts with results in `results_dir`."""
-    found = {name: result_files(results_dir, name) for name in benchmark_scripts()}
-    return {
-        name: [json.loads(path.read_text(encoding="utf-8")) for path in paths] for name, paths in found.items() if paths
-    }
+    """`{script: [its parsed results]}` for the scripts with results in `results_dir`. When a script
+    has parts, each row is told its run: `"run"`, the part's name (`"main"`: the main run, `<script>.json`)."""
+    results = {}
+    for name in benchmark_scripts():
+        paths = result_files(results_dir, name)
+        results[name] = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
+        if len(paths) > 1:
+            for path, result in zip(paths, results[name]):
+                result["rows"] = [{"run": part_of(path) or "main", **row} for row in result["rows"]]
+    return {name: found for name, found in results.items() if found}
 
 
 def page_markdown(results_dir, plot_uri):

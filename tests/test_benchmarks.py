@@ -9,6 +9,7 @@ tests/test_distributed.py smoke-runs it, in the same file, so one after the othe
 import argparse
 import importlib
 import json
+import re
 
 import pytest
 
@@ -147,15 +148,31 @@ class _Parsed(Exception):
 
 @pytest.mark.parametrize("name", benchmark_scripts())
 def test_make_bench_arguments_are_accepted_by_their_script(name, monkeypatch):
-    # `make bench` passes each script its BENCH_ARGS: a flag its parser rejects would fail that
-    # script only at the end of a 20-minute run. The parser stops here, before anything runs.
-    arguments = list(getattr(importlib.import_module(f"benchmarks.{name}"), "BENCH_ARGS", []))
+    # `make bench` passes each script its BENCH_ARGS (and BENCH_PARTS' with --parts): a flag its
+    # parser rejects would fail that script only at the end of a long run. The parser stops here,
+    # before anything runs.
+    module = importlib.import_module(f"benchmarks.{name}")
+    runs = [list(getattr(module, "BENCH_ARGS", [])), *getattr(module, "BENCH_PARTS", {}).values()]
     original = argparse.ArgumentParser.parse_args
 
     def parse_then_stop(parser, args=None, namespace=None):
         raise _Parsed(original(parser, args, namespace))
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
-    with pytest.raises(_Parsed) as parsed:
-        importlib.import_module(f"benchmarks.{name}").main(arguments)
-    assert not parsed.value.args[0].smoke
+    for arguments in runs:
+        with pytest.raises(_Parsed) as parsed:
+            module.main(arguments)
+        assert not parsed.value.args[0].smoke
+
+
+def test_the_site_page_is_the_same_page_with_its_plots_in_the_site():
+    from docs import benchmarks_page
+
+    site = benchmarks_page.benchmarks_markdown()
+    repository = page.BENCHMARKS_MD.read_text(encoding="utf-8")
+    anchors = re.compile(r'<a id="([^"]+)"></a>')
+    assert anchors.findall(site) == anchors.findall(repository) != []
+    plots = re.findall(r"!\[(\w+)\]\(([^)]+)\)", site)
+    assert [name for name, _ in plots] == list(page.loaded(page.RESULTS_DIR))
+    for name, uri in plots:  # the hook copies each script's plot to the site at this address
+        assert uri == benchmarks_page.plot_uri(name) and page.plot_path(page.RESULTS_DIR, name).is_file()
