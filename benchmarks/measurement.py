@@ -141,7 +141,7 @@ def write_results(name, payload, output=None):
 
 
 def describe_load(conditions):
-    """The run's conditions as BENCHMARKS.md quotes them: the load on the cores, not what else ran.
+    """The run's conditions as a script prints them: the load on the cores, not what else ran.
 
     >>> describe_load({"cpus": 2, "load_average": (1.43, 1.2, 1.1)})
     'load average 1.43 / 1.20 / 1.10 (1, 5, 15 min) on 2 cores'
