@@ -210,8 +210,9 @@ def run_line(result):
     cpu = machine.get("cpu_model") or "CPU model not recorded"
     date = machine["time_utc"][:16]
     command = result.get("command") or "command not recorded"
+    run = f"Run `{result['run']}`:\n\n" if "run" in result else ""
     return (
-        f"```\n{command}\n```\n\n{machine['cpus']} cores ({cpu}), TensorFlow {machine['tensorflow']}, "
+        f"{run}```\n{command}\n```\n\n{machine['cpus']} cores ({cpu}), TensorFlow {machine['tensorflow']}, "
         f"Keras {machine['keras']}; measured {date} UTC."
     )
 
@@ -239,7 +240,8 @@ def loaded(results_dir):
         results[name] = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
         if len(paths) > 1:
             for path, result in zip(paths, results[name]):
-                result["rows"] = [{"run": part_of(path) or "main", **row} for row in result["rows"]]
+                result["run"] = part_of(path) or "main"
+                result["rows"] = [{"run": result["run"], **row} for row in result["rows"]]
     return {name: found for name, found in results.items() if found}
 
 
