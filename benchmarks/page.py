@@ -46,8 +46,9 @@ INTRO = """# Benchmarks
 Every benchmark script in `benchmarks/` measures keras-attn and its peer (Keras's layer, the
 model before `keras_attn.convert`, ...) in the same run, on the same machine, and reports their
 ratio. This page is made by `make bench` from the results in `{results}`; `make bench
-ARGS=--render-only` makes it again from those files without measuring, and `make bench
-ARGS="--only NAME"` reruns one script. Each section gives the command that reruns its figures
+ARGS=--render-only` makes it again from those files without measuring, `make bench
+ARGS="--only NAME"` reruns one script, and `make bench ARGS=--parts` adds the scripts' longer
+runs (the dispatcher's held-out grids). Each section gives the command that reruns its figures
 (they go to `benchmarks/results/NAME.json` unless `--output` says otherwise), the machine and
 the date, one table (a ratio below 1 is better where it is a time or a memory, above 1 where it
 is a speed-up), the script's goals with whether they are met, and a plot. The JSON files keep

@@ -107,6 +107,17 @@ def test_every_result_on_the_page_records_a_command_its_script_accepts(monkeypat
             importlib.import_module(f"benchmarks.{name}").main(words[3:])
 
 
+def test_a_recorded_command_names_an_output_inside_the_repository_relative_to_it(tmp_path):
+    from benchmarks import measurement
+
+    inside = page.RESULTS_DIR / "layer_throughput.json"
+    assert measurement.command("layer_throughput", ["--repeats", "3", "--output", str(inside)]) == (
+        "python -m benchmarks.layer_throughput --repeats 3 --output benchmarks/results/make_bench/layer_throughput.json"
+    )
+    outside = str(tmp_path / "x.json")
+    assert measurement.command("float32_logits", ["--output", outside]).endswith(f"--output {outside}")
+
+
 def test_a_goal_is_met_by_the_rows_it_names_in_the_share_it_asks_for():
     rows = [
         {"model": "a", "length": 512, "ratio": 0.9},
