@@ -118,10 +118,12 @@ def test_the_home_page_and_the_navigation_list_every_guide_and_model_card():
     assert home_page.MARKER in home, "docs/index.md must show the version"
 
 
-# A README figure measured by a benchmark links to its row of BENCHMARKS.md (an anchor the page
-# generator puts in the row's first cell): `[1.22x](BENCHMARKS.md#layer_throughput-...)`.
-_FIGURE_LINK = re.compile(r"\[([^\]]+)\]\(BENCHMARKS\.md#([\w.-]+)\)")
+# A figure measured by a benchmark links to its row of the benchmarks page (an anchor the page
+# generator puts in the row's first cell): `[1.22x](BENCHMARKS.md#layer_throughput-...)` from the
+# README, `[7.49x](../benchmarks.md#sparse_patterns-...)` from a page of the site (the same page).
+_FIGURE_LINK = re.compile(r"\[([^\]]+)\]\((?:BENCHMARKS\.md|(?:\.\./)*benchmarks\.md)#([\w.-]+)\)")
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+_SECTION = re.compile(r"(?m)^## `(\w+)`$")
 
 
 def numbers(text):
@@ -139,14 +141,18 @@ def anchored_rows(markdown):
     return rows
 
 
-def figures_not_on_their_rows(readme, benchmarks):
-    """The README's linked figures whose anchor is on no row of the page, or whose numbers are those
-    of none of that row's cells: `[(figure, anchor, the row's cells or None)]`."""
+def figures_not_on_their_rows(text, benchmarks):
+    """The links of `text` into the benchmarks page whose anchor is neither a row nor a script's
+    section of `benchmarks`, or whose figure is not on its row (its numbers are those of none of
+    the row's cells; a section's link holds no figure): `[(figure, anchor, the row's cells or None)]`."""
     rows = anchored_rows(benchmarks)
+    sections = set(_SECTION.findall(benchmarks))
     wrong = []
-    for figure, anchor in _FIGURE_LINK.findall(readme):
+    for figure, anchor in _FIGURE_LINK.findall(text):
         cells = rows.get(anchor)
-        if cells is None or not any(numbers(cell) == numbers(figure) for cell in cells):
+        if anchor in sections and not numbers(figure):
+            continue
+        if cells is None or (numbers(figure) and not any(numbers(cell) == numbers(figure) for cell in cells)):
             wrong.append((figure, anchor, cells))
     return wrong
 
@@ -155,6 +161,14 @@ def test_every_readme_figure_links_to_the_benchmarks_row_it_quotes():
     readme = README.read_text(encoding="utf-8")
     assert len(_FIGURE_LINK.findall(readme)) >= 10
     assert not figures_not_on_their_rows(readme, results_page.BENCHMARKS_MD.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("page", MARKDOWN_PAGES, ids=lambda page: str(page.relative_to(REPO_ROOT)))
+def test_every_link_into_the_benchmarks_page_reaches_its_row_or_section(page):
+    wrong = figures_not_on_their_rows(
+        page.read_text(encoding="utf-8"), results_page.BENCHMARKS_MD.read_text(encoding="utf-8")
+    )
+    assert not wrong, f"{page.name}: links to no row of the benchmarks page, or not to the row's figure: {wrong}"
 
 
 def test_every_headline_figure_links_to_its_measurement():
@@ -175,4 +189,12 @@ def test_the_figure_check_finds_a_wrong_figure_and_a_missing_anchor():
     assert figures_not_on_their_rows(readme, benchmarks) == [
         ("1.23x", "b-auto-512", ['<a id="b-auto-512"></a>auto', "512", "1.22"]),
         ("2x", "b-auto-1024", None),
+    ]
+    benchmarks = "## `b`\n\n" + benchmarks
+    guide = "[the run](../benchmarks.md#b), [its row](../benchmarks.md#b-auto-512), [1.22x](../benchmarks.md#b)"
+    assert figures_not_on_their_rows(guide, benchmarks) == [("1.22x", "b", None)]
+    guide = "[the run](../benchmarks.md#c) and [1.3x](benchmarks.md#b-auto-512)"
+    assert figures_not_on_their_rows(guide, benchmarks) == [
+        ("the run", "c", None),
+        ("1.3x", "b-auto-512", ['<a id="b-auto-512"></a>auto', "512", "1.22"]),
     ]
