@@ -67,7 +67,8 @@ lint: install
 docs: install
 	$(PY) -m mkdocs build --strict
 
-# Every benchmark script in turn (benchmarks/run_all.py): results, a summary table and a plot per
-# script in benchmarks/results/make_bench/, and BENCHMARKS.md's generated section rewritten.
+# Every benchmark script in turn (benchmarks/run_all.py): its results and plot in
+# benchmarks/results/make_bench/, then BENCHMARKS.md made from them (the site's page too, by
+# `make docs`). `make bench ARGS=--render-only` makes the page again without measuring.
 bench: install
 	$(PY) -m benchmarks.run_all $(ARGS)

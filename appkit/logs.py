@@ -17,7 +17,7 @@ import sys
 # check and the ONNX parity check prove it).
 TF_TABLE_INITIALIZER = ("tensorflow", "Issue encountered when serializing table_initializer")
 # onnxruntime's advice before `quantize_dynamic`: pre-processing changed neither the quantised
-# IMDB model's outputs nor its size (BENCHMARKS.md).
+# IMDB model's outputs nor its size, so the advice is noise here.
 ORT_QUANTIZATION_PREPROCESSING = ("", "Please consider to run pre-processing before quantization")
 
 

@@ -28,6 +28,7 @@ import sys
 from benchmarks import measurement
 
 PEER_RATIO = "time_vs_peer"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+LENGTH_PLOT = (("case", "mode"), ("seconds", "call_gb"))  # benchmarks/page.py
 BENCH_ARGS = [
     "--lengths",
     "8192",
@@ -39,7 +40,7 @@ BENCH_ARGS = [
     "lsh",
     "linformer",
     "linear_elu_causal",
-]  # `make bench` (benchmarks/run_all.py): fwd+bwd at two lengths x4 apart (the targets' 65,536 is too long for `make bench`'s budget: BENCHMARKS.md's own section)
+]  # `make bench` (benchmarks/run_all.py): fwd+bwd at two lengths x4 apart (the targets' 65,536 is too long for `make bench`'s budget: the script's defaults)
 
 LENGTHS = (1024, 4096, 16384, 65536)
 CASES = ("dense", "blockwise", "blockwise_causal", "lsh", "linformer", "linear_elu", "favor", "linear_elu_causal")

@@ -32,13 +32,15 @@ step's peak over the memory before it). Batch = `--tokens // length` (at least 1
 and, with `--jit-compile`, also with `jit_compile=True`: tokens/s of each variant and whether the
 tokens are identical to the unconverted model's.
 
-    python -m benchmarks.convert_models           # the full run: every model, time at 512 and 2,048,
+    python -m benchmarks.convert_models           # the full run: every model, time at 512, 2,048 and 4,096,
                                                   # memory at 512, 2,048 and 4,096, generation
     python -m benchmarks.convert_models --models gpt2 --time-lengths 2048 --memory-lengths 4096
     python -m benchmarks.convert_models --models timeseries distilbert --time-lengths 512 \
         --memory-lengths 512 --tokens 512 --repeats 1 --layers 1 --width 256 --heads 4   # tiny
 
-Goals (issue #37): memory <= 0.5x at 4,096 tokens, step time <= 0.8x at 2,048, identical tokens.
+Goals (`GOALS`, issue #52): the converted model no slower and no heavier than Keras's at every length,
+at 4,096 tokens at most 0.3x its memory and 0.7x its step time; generation at least as fast, the
+same tokens.
 """
 
 import argparse
@@ -55,6 +57,34 @@ from models import keras_io_examples
 
 PEER_RATIO = "time_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 GOAL_FIELDS = ("memory_vs_keras", "tokens_identical")
+RATIO_PLOT = ("model", "length")  # the page's plot: per model, its ratios at each length
+GOALS = (  # (row key, comparison, bound, where): benchmarks/page.py
+    ("time_vs_keras", "<=", 1.0, {"variant": "converted", "length": 512}),
+    ("time_vs_keras", "<=", 1.0, {"variant": "converted", "length": 2048}),
+    ("time_vs_keras", "<=", 0.7, {"variant": "converted", "length": 4096}),
+    ("memory_vs_keras", "<=", 1.0, {"variant": "converted", "length": 512}),
+    ("memory_vs_keras", "<=", 1.0, {"variant": "converted", "length": 2048}),
+    ("memory_vs_keras", "<=", 0.3, {"variant": "converted", "length": 4096}),
+    (  # generation: tokens/s at least Keras's (the time per token at most)
+        "time_vs_keras",
+        "<=",
+        1.0,
+        {
+            "variant": "converted",
+            "model": [
+                "gpt2 generate",
+                "gpt2 generate jit",
+                "opt generate",
+                "opt generate jit",
+                "llama generate",
+                "llama generate jit",
+                "gemma generate",
+                "gemma generate jit",
+            ],
+        },
+    ),
+    ("tokens_identical", "==", True, {"variant": "converted"}),
+)
 # `make bench`: Keras's op, one keras.io model and GPT-2, time at 2,048 tokens, memory at 4,096, generation;
 # the full run is the script's defaults (see the docstring).
 BENCH_ARGS = [
@@ -399,7 +429,7 @@ def main(argv=None):
         __doc__.splitlines()[0],
         models=dict(nargs="+", choices=tuple(MODELS), default=list(MODELS)),
         variants=dict(nargs="+", choices=VARIANTS, default=list(VARIANTS)),
-        time_lengths=dict(type=int, nargs="*", default=[512, 2048]),
+        time_lengths=dict(type=int, nargs="*", default=[512, 2048, 4096]),
         memory_lengths=dict(type=int, nargs="*", default=[512, 2048, 4096]),
         tokens=dict(type=int, default=4096, help="tokens per step; batch = tokens // length"),
         width=dict(type=int, default=768),

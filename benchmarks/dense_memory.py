@@ -30,6 +30,7 @@ import sys
 from benchmarks import measurement
 
 PEER_RATIO = "memory_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
+LENGTH_PLOT = (("layer", "variant"), ("step_gb",))  # benchmarks/page.py
 LAYERS = ("keras", "keras_attn")
 VARIANTS = ("plain", "dropout", "padding", "causal", "bias", "mixed")
 DROPOUT = 0.1

@@ -56,7 +56,7 @@ BENCH_ARGS = [
     "60",
     "--test-examples",
     "5000",
-]  # `make bench` (benchmarks/run_all.py): two families, a short budget: the full comparison is BENCHMARKS.md's own section
+]  # `make bench` (benchmarks/run_all.py): two families, a short budget: the full comparison is the script's defaults
 
 # Long Range Arena, Text task (Tay et al. 2020, table 1), by the family's model there.
 LRA_TEXT = {

@@ -39,6 +39,8 @@ GOAL_FIELDS = (
     "cpu_speedup_vs_keras_same_jit",
     "fraction_of_matmul_peak",
 )  # shown beside the ratio in `make bench`'s table (benchmarks/run_all.py)
+GOALS = (("speedup_vs_keras_same_jit", ">=", 2.0, {"layer": "auto", "causal": True}),)  # benchmarks/page.py
+LENGTH_PLOT = (("layer", "causal", "policy", "jit_compile"), ("ms_per_step",))
 BENCH_ARGS = ["--repeats", "3"]  # `make bench` (benchmarks/run_all.py): the issue's whole grid, fewer repeats
 
 DEFAULT_LENGTHS = (512, 1024, 2048)

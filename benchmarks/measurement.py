@@ -70,18 +70,45 @@ def matmul_step(size=1024, dtype="float32"):
 
 
 def machine():
-    """What the figures were measured on: CPU count, load, versions."""
+    """What the figures were measured on: CPU count and model, load, versions."""
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     import keras
 
     return {
         "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
         "load_average": load,
         "platform": platform.platform(),
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
         "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }
+
+
+def cpu_model():
+    """The CPU's model name (Linux's /proc/cpuinfo), else the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            names = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or None
+
+
+def command(name, argv):
+    """The command that reruns script `name` with `argv`, to record beside its results: an
+    `--output` inside the repository made relative to it, so that it can be copied from the
+    benchmarks page.
+
+    >>> command("layer_throughput", ["--repeats", "3", "--output", f"{REPO_ROOT}/benchmarks/results/x.json"])
+    'python -m benchmarks.layer_throughput --repeats 3 --output benchmarks/results/x.json'
+    """
+    words = list(argv)
+    for index, word in enumerate(words[:-1]):
+        path = os.path.abspath(words[index + 1])
+        if word == "--output" and os.path.commonpath([path, REPO_ROOT]) == REPO_ROOT:
+            words[index + 1] = os.path.relpath(path, REPO_ROOT)
+    return " ".join(["python", "-m", f"benchmarks.{name}", *words])
 
 
 def print_table(rows, columns):
@@ -95,18 +122,26 @@ def print_table(rows, columns):
 
 
 def write_results(name, payload, output=None):
-    """Atomically writes `payload` (plus the machine description) as JSON; returns the path."""
+    """Atomically writes `payload` (plus the machine description and the command that reran it)
+    as JSON; returns the path.
+
+    The command is this process's own when it runs the script (`python -m benchmarks.<script>`,
+    as `make bench` does), else none (a test calling the script's `main`).
+    """
     from appkit.files import write_json_atomic
 
     path = output or os.path.join(RESULTS_DIR, f"{name}.json")
     conditions = machine()
-    write_json_atomic(path, {"benchmark": name, "machine": conditions, **payload})
+    script = name.removesuffix("_smoke")
+    ran = os.path.basename(sys.argv[0]) == f"{script}.py"
+    record = {"benchmark": name, "machine": conditions, "command": command(script, sys.argv[1:]) if ran else None}
+    write_json_atomic(path, {**record, **payload})
     print(f"wrote {path} ({describe_load(conditions)})")
     return path
 
 
 def describe_load(conditions):
-    """The run's conditions as BENCHMARKS.md quotes them: the load on the cores, not what else ran.
+    """The run's conditions as a script prints them: the load on the cores, not what else ran.
 
     >>> describe_load({"cpus": 2, "load_average": (1.43, 1.2, 1.1)})
     'load average 1.43 / 1.20 / 1.10 (1, 5, 15 min) on 2 cores'

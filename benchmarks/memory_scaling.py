@@ -18,7 +18,12 @@ import sys
 from benchmarks import measurement
 
 PEER_RATIO = "memory_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
-GOAL_FIELDS = ("peak_rss_gb",)  # shown beside the ratio in `make bench`'s table (benchmarks/run_all.py)
+GOAL_FIELDS = ("peak_rss_gb",)  # shown beside the ratio on the benchmarks page (benchmarks/page.py)
+GOALS = (  # peak process memory (GB) of our layer's causal self-attention at long lengths
+    ("peak_rss_gb", "<=", 4.0, {"layer": "keras_attn", "mode": "forward", "length": 131072}),
+    ("peak_rss_gb", "<=", 8.0, {"layer": "keras_attn", "mode": "forward_backward", "length": 32768}),
+)
+LENGTH_PLOT = (("layer", "mode"), ("seconds", "peak_rss_gb"))
 BENCH_ARGS = [
     "--forward-lengths",
     "4096",
@@ -26,7 +31,7 @@ BENCH_ARGS = [
     "--backward-lengths",
     "4096",
     "16384",
-]  # `make bench` (benchmarks/run_all.py): Keras's peer at 4,096 and one long length (the targets' 131,072 / 32,768: BENCHMARKS.md's own section)
+]  # `make bench` (benchmarks/run_all.py): Keras's peer at 4,096 and one long length (the targets' 131,072 / 32,768: the script's defaults)
 
 FORWARD_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 BACKWARD_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)

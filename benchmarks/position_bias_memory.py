@@ -24,7 +24,7 @@ BENCH_ARGS = [
     "16384",
     "--modes",
     "forward_backward",
-]  # `make bench` (benchmarks/run_all.py): fwd+bwd at 16,384 (the target's 65,536 is too long for `make bench`'s budget: BENCHMARKS.md's own section)
+]  # `make bench` (benchmarks/run_all.py): fwd+bwd at 16,384 (the target's 65,536 is too long for `make bench`'s budget: the script's defaults)
 
 BIASES = ("none", "alibi", "t5")
 MODES = ("forward", "forward_backward")

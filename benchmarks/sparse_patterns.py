@@ -28,6 +28,7 @@ import sys
 
 from benchmarks import measurement
 
+LENGTH_PLOT = (("case", "mode"), ("seconds", "attention_gb"))  # benchmarks/page.py
 PEER_RATIO = (
     "speedup_vs_dense_causal"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 )
@@ -36,7 +37,7 @@ BENCH_ARGS = [
     "16384",
     "--modes",
     "forward_backward",
-]  # `make bench` (benchmarks/run_all.py): fwd+bwd at the targets' 16,384 (65,536: BENCHMARKS.md's own section)
+]  # `make bench` (benchmarks/run_all.py): fwd+bwd at the targets' 16,384 (65,536: the script's defaults)
 
 LENGTHS = (4096, 16384, 65536)
 CASES = ("dense_causal", "causal_strided", "block_local")

@@ -1,11 +1,11 @@
 """MkDocs hook: the site's measured figures, made at build time from `benchmarks/results`.
 
-- `benchmarks.md`: the summary of the latest `make bench` run, the one `benchmarks/run_all.py`
-  wrote (`summary.md` beside the results, also BENCHMARKS.md's generated section), with each
-  script's plot shown under its table;
+- `benchmarks.md`: the benchmarks page, made by `benchmarks.page` from the results of `make
+  bench` (`benchmarks/results/make_bench/`), the same Markdown as the repository's BENCHMARKS.md,
+  with each script's plot (written there by `make bench`) copied into the site;
 - in a guide, the line `<!-- measured: attention families vs length -->` becomes the table of
-  `benchmarks/results/attention_families_scaling.json` (the run BENCHMARKS.md discusses): the
-  memory and time of a forward and backward pass per family and length.
+  `benchmarks/results/attention_families_scaling.json`: the memory and time of a forward and
+  backward pass per family and length.
 """
 
 import json
@@ -19,21 +19,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # `mkdocs build -f` from another directory
 
-from benchmarks import run_all  # noqa: E402  (needs the path above; imports no TensorFlow)
+from benchmarks import page as results_page  # noqa: E402  (needs the path above)
 
 PAGE = "benchmarks.md"
 FAMILIES_MARKER = "<!-- measured: attention families vs length -->"
 FAMILIES_RESULT = REPO_ROOT / "benchmarks" / "results" / "attention_families_scaling.json"
-INTRO = f"""# Benchmarks
-
-The latest run of every benchmark script by `make bench` (`benchmarks/run_all.py`), made into
-this page when the site is built. Each row's ratio is against a peer measured in the same run on
-the same machine (the column named `..._vs_...`; below 1 is better where it is a time or a
-memory); the plot under each table draws that ratio, 1.0 marked. The conditions, the targets and
-the discussion of each figure are in the repository's `BENCHMARKS.md`; the JSON of every run is in
-`{run_all.shown_path(run_all.RESULTS_DIR)}`.
-
-"""
 
 
 def plot_uri(name):
@@ -46,17 +36,12 @@ def breakable_headers(markdown):
     return re.sub(r"(?m)^(\|.*\|)(?=\n\|(?: -+ \|)+$)", lambda header: header[1].replace("_", "_<wbr>"), markdown)
 
 
-def benchmarks_markdown(summary, plotted):
-    """The page: `summary` (run_all's, one `### `name` (seconds)` section per script) under the
-    page's own title, each section ending with the plot of the scripts in `plotted`."""
-    head, *sections = re.split(r"(?m)^### ", summary)
-    parts = [INTRO, head]
-    for section in sections:
-        name = re.match(r"`(\w+)`", section)[1]
-        parts.append(f"## {section.rstrip()}\n\n")
-        if name in plotted:
-            parts.append(f"![{name}: the ratio to its peer per row]({plot_uri(name)})\n\n")
-    return breakable_headers("".join(parts))
+def benchmarks_markdown(results_dir=results_page.RESULTS_DIR):
+    """The site's page: BENCHMARKS.md's Markdown, its plots at `plot_uri`."""
+    plotted = {path.stem for path in results_dir.glob("*.png")}
+    return breakable_headers(
+        results_page.page_markdown(results_dir, lambda name: plot_uri(name) if name in plotted else None)
+    )
 
 
 def families_table(result, mode="forward_backward"):
@@ -75,7 +60,7 @@ def families_table(result, mode="forward_backward"):
         f"Each cell: the call's own memory and its time, {mode.replace('_', ' + ')}, batch 1; measured "
         f"{machine['time_utc']} UTC on {machine['cpus']} shared cores (load average "
         f"{machine['load_average'][0]:.1f}: read the seconds as orders of magnitude), from "
-        f"`{run_all.shown_path(FAMILIES_RESULT)}`.",
+        f"`{FAMILIES_RESULT.relative_to(REPO_ROOT).as_posix()}`.",
         "",
     ]
     lines += [f"- `{row['case']}` at {row['length']:,} tokens {row['status']}" for row in rows if row["status"] != "ok"]
@@ -87,11 +72,9 @@ def _cell(row):
 
 
 def on_files(files, config):
-    plots = sorted(run_all.RESULTS_DIR.glob("*.png"))
-    for path in plots:
+    for path in sorted(results_page.RESULTS_DIR.glob("*.png")):
         files.append(File.generated(config, plot_uri(path.stem), abs_src_path=str(path)))
-    summary = (run_all.RESULTS_DIR / "summary.md").read_text(encoding="utf-8")
-    files.append(File.generated(config, PAGE, content=benchmarks_markdown(summary, {path.stem for path in plots})))
+    files.append(File.generated(config, PAGE, content=benchmarks_markdown()))
     return files
 
 

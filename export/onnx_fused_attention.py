@@ -2,9 +2,8 @@
 `com.microsoft.MultiHeadAttention` node.
 
 ONNX Runtime's transformer optimizer (`onnxruntime.transformers.optimizer.optimize_model`) fuses
-none of the attention of a tf2onnx graph of our layers (0 `Attention` / `MultiHeadAttention`
-nodes with `model_type` "bert", "bert_tf" or "bert_keras", BENCHMARKS.md), so this module rewrites
-the graph itself. What
+none of the attention of a tf2onnx graph of our layers, whichever of its `model_type`s "bert",
+"bert_tf" or "bert_keras" it is given, so this module rewrites the graph itself. What
 `keras_attn.MultiHeadAttention` exports, per layer, after its Q/K/V projections reshaped to
 `(batch, length, heads, depth)` (`Q4`, `K4`, `V4`; `K4` and `V4` with their padding zeroed), is
 

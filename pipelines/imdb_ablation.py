@@ -130,7 +130,8 @@ ROWS = (
         "whole reviews (up to 2,048 tokens) through seven families, 240 CPU-s each",
         "86.58-88.77 %",
         "",
-        "BENCHMARKS.md; dense best; longer training overfits (86.14 % after 900 CPU-s)",
+        "`benchmarks/results/imdb_attention_families.json`; dense best; longer training overfits "
+        "(86.14 % after 900 CPU-s, `benchmarks/results/imdb_attention_families_target.json`)",
     ),
     AblationRow(
         "an earlier default: bigram embedding bag beside the block, one mean of the logits",

@@ -1,7 +1,7 @@
 """The decoding step's own ops outside XLA against independent oracles, and XLA keeping the einsums.
 
 A cached step of one token takes other ops than a full pass where TensorFlow's op-by-op runtime
-runs them faster (BENCHMARKS.md, "Cached decoding"): the block-diagonal products of one query
+runs them faster: the block-diagonal products of one query
 (`keras_attn.kernels.single_query`), the cache write as a scatter (`key_value_cache.written`) and
 three unfused projections. Their oracles: NumPy float64 einsums, softmax and assignment, and the
 layer's full causal pass (cached = recomputed to 1e-5) at batch 1 and 3, eagerly, in a graph, in a

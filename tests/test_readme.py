@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from benchmarks import page as results_page
 from docs import api_pages
 from docs import benchmarks_page
 from docs import changelog_page
@@ -17,7 +18,7 @@ from tests.markdown_examples import self_comparisons
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = REPO_ROOT / "README.md"
-FRONT_PAGES = [README, *sorted((REPO_ROOT / "docs" / "guides").glob("*.md"))]
+FRONT_PAGES = [README, REPO_ROOT / "BENCHMARKS.md", *sorted((REPO_ROOT / "docs" / "guides").glob("*.md"))]
 FRONT_PAGES += sorted((REPO_ROOT / "docs" / "models").glob("*.md"))
 # A git commit id: 7 to 40 hex digits with at least one digit and one letter.
 COMMIT_ID = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
@@ -118,3 +119,85 @@ def test_the_home_page_and_the_navigation_list_every_guide_and_model_card():
         assert f"]({path})" in home, f"docs/index.md does not link {path}"
         assert f": {path}\n" in navigation, f"mkdocs.yml's nav does not list {path}"
     assert home_page.MARKER in home, "docs/index.md must show the version"
+
+
+# A figure measured by a benchmark links to its row of the benchmarks page (an anchor the page
+# generator puts in the row's first cell): `[1.22x](BENCHMARKS.md#layer_throughput-...)` from the
+# README, `[7.49x](../benchmarks.md#sparse_patterns-...)` from a page of the site (the same page).
+_FIGURE_LINK = re.compile(r"\[([^\]]+)\]\((?:BENCHMARKS\.md|(?:\.\./)*benchmarks\.md)#([\w.-]+)\)")
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+_SECTION = re.compile(r"(?m)^## `(\w+)`$")
+
+
+def numbers(text):
+    """The numbers of `text` (HTML tags left out), thousands separators dropped: `[0.14, 0.77]`."""
+    return [float(number.replace(",", "")) for number in _NUMBER.findall(re.sub(r"<[^>]*>", "", text))]
+
+
+def anchored_rows(markdown):
+    """`{anchor: [cell, ...]}` of the table rows of `markdown` whose cells hold `<a id="anchor">`."""
+    rows = {}
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            for anchor in re.findall(r'<a id="([^"]+)"></a>', line):
+                rows[anchor] = [cell.strip() for cell in line.strip().strip("|").split("|")]
+    return rows
+
+
+def figures_not_on_their_rows(text, benchmarks):
+    """The links of `text` into the benchmarks page whose anchor is neither a row nor a script's
+    section of `benchmarks`, or whose figure is not on its row (its numbers are those of none of
+    the row's cells; a section's link holds no figure): `[(figure, anchor, the row's cells or None)]`."""
+    rows = anchored_rows(benchmarks)
+    sections = set(_SECTION.findall(benchmarks))
+    wrong = []
+    for figure, anchor in _FIGURE_LINK.findall(text):
+        cells = rows.get(anchor)
+        if anchor in sections and not numbers(figure):
+            continue
+        if cells is None or (numbers(figure) and not any(numbers(cell) == numbers(figure) for cell in cells)):
+            wrong.append((figure, anchor, cells))
+    return wrong
+
+
+def test_every_readme_figure_links_to_the_benchmarks_row_it_quotes():
+    readme = README.read_text(encoding="utf-8")
+    assert len(_FIGURE_LINK.findall(readme)) >= 10
+    assert not figures_not_on_their_rows(readme, results_page.BENCHMARKS_MD.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("page", MARKDOWN_PAGES, ids=lambda page: str(page.relative_to(REPO_ROOT)))
+def test_every_link_into_the_benchmarks_page_reaches_its_row_or_section(page):
+    wrong = figures_not_on_their_rows(
+        page.read_text(encoding="utf-8"), results_page.BENCHMARKS_MD.read_text(encoding="utf-8")
+    )
+    assert not wrong, f"{page.name}: links to no row of the benchmarks page, or not to the row's figure: {wrong}"
+
+
+def test_every_headline_figure_links_to_its_measurement():
+    # The headline table's figures are measurements: each row cites the benchmark row or model card.
+    readme = README.read_text(encoding="utf-8")
+    table = readme.split("## Headline figures", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| |")]
+    assert rows
+    for row in rows:
+        assert "](BENCHMARKS.md#" in row or "](docs/models/" in row, row
+
+
+def test_the_figure_check_finds_a_wrong_figure_and_a_missing_anchor():
+    benchmarks = '| <a id="b-auto-512"></a>auto | 512 | 1.22 |\n| <a id="b-goal"></a>goal | 11 | 0.14–0.77 |\n'
+    readme = "[1.22x](BENCHMARKS.md#b-auto-512), [0.14x-0.77x](BENCHMARKS.md#b-goal), [11 models](BENCHMARKS.md#b-goal)"
+    assert figures_not_on_their_rows(readme, benchmarks) == []
+    readme = "[1.23x](BENCHMARKS.md#b-auto-512) and [2x](BENCHMARKS.md#b-auto-1024)"
+    assert figures_not_on_their_rows(readme, benchmarks) == [
+        ("1.23x", "b-auto-512", ['<a id="b-auto-512"></a>auto', "512", "1.22"]),
+        ("2x", "b-auto-1024", None),
+    ]
+    benchmarks = "## `b`\n\n" + benchmarks
+    guide = "[the run](../benchmarks.md#b), [its row](../benchmarks.md#b-auto-512), [1.22x](../benchmarks.md#b)"
+    assert figures_not_on_their_rows(guide, benchmarks) == [("1.22x", "b", None)]
+    guide = "[the run](../benchmarks.md#c) and [1.3x](benchmarks.md#b-auto-512)"
+    assert figures_not_on_their_rows(guide, benchmarks) == [
+        ("the run", "c", None),
+        ("1.3x", "b-auto-512", ['<a id="b-auto-512"></a>auto', "512", "1.22"]),
+    ]

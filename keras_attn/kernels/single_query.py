@@ -3,8 +3,7 @@
 On `(batch, key_len, heads, depth)` keys and values, `einsum("bqhd,bkhd->bhqk")` and
 `einsum("bhqk,bkhd->bqhd")` transpose them to `(batch, heads, key_len, depth)` on every call. In a
 cached decoding step, one query attending over the whole cache, those copies of the cache cost more
-than the products in TensorFlow's op-by-op runtime (the profile in BENCHMARKS.md, "Cached
-decoding"). With one query both products are one batched matmul over the keys and values as they
+than the products in TensorFlow's op-by-op runtime. With one query both products are one batched matmul over the keys and values as they
 are stored, `(batch, key_len, heads * depth)`, with the query (or the output) spread block-diagonally
 over the heads: `heads` times the multiply-adds, which for a few heads cost less than the copies,
 and the same sums (the extra terms are exact zeros). Under XLA, which fuses the transposes away, the
