@@ -182,7 +182,9 @@ class LinformerSelfAttention(ProjectedSelfAttention):
         if tensor.shape[1] is None:  # a dynamic length, checked at run time (NaN under XLA: `asserted`)
             fits = length <= self.max_length
             message = f"`query` is longer than `max_length={self.max_length}` of {type(self).__name__} {self.name!r}"
-            length = asserted(fits, length, [message, "; the sequence's length:", length])
+            length = asserted(
+                fits, length, [message, "; the sequence's length and max_length:", length, self.max_length]
+            )
         projection = ops.cast(projection, tensor.dtype)
         if self.projection_per_head:
             return nan_unless(fits, ops.einsum("bthd,htk->bkhd", tensor, projection[:, :length]))

@@ -75,10 +75,10 @@ class PositionEmbedding(keras.layers.Layer):
         )
 
     def _length_fits(self, length, start_index):
-        """Whether `start_index + length <= sequence_length`: a `ValueError` when it does not and
-        both are Python ints (then `None`), else a scalar bool tensor, asserted where TensorFlow
-        can (`asserted`) and, under XLA, the embeddings' NaN when false (`nan_unless`), so the
-        slice never silently reads past the table."""
+        """`(fits, end)`: whether `end = start_index + length <= sequence_length`. A `ValueError` when it
+        does not and both are Python ints (then `(None, None)`), else scalar tensors, asserted where
+        TensorFlow can (`_checked`) and, under XLA, the embeddings' NaN when false (`nan_unless`), so
+        the slice never silently reads past the table."""
         check_position("start_index", start_index)
         if isinstance(length, int) and isinstance(start_index, int):
             if start_index + length > self.sequence_length:
@@ -86,25 +86,28 @@ class PositionEmbedding(keras.layers.Layer):
                     f"Position embedding: start_index + input length = {start_index} + {length} = "
                     f"{start_index + length} exceeds sequence_length={self.sequence_length}."
                 )
-            return None
+            return None, None
         if keras.backend.backend() != "tensorflow":
-            return None
-        return ops.cast(start_index, "int32") + ops.cast(length, "int32") <= self.sequence_length
+            return None, None
+        end = ops.cast(start_index, "int32") + ops.cast(length, "int32")
+        return end <= self.sequence_length, end
 
-    def _checked(self, fits, tensor):
+    def _checked(self, fits, end, tensor):
         """`tensor` behind the run-time check `fits` of `_length_fits` (`None`: checked already)."""
         if fits is None:
             return tensor
-        message = f"Position embedding: start_index + input length exceeds sequence_length={self.sequence_length}"
-        return asserted(fits, tensor, [message])
+        message = (
+            f"Position embedding: start_index + input length (below) exceeds sequence_length={self.sequence_length}"
+        )
+        return asserted(fits, tensor, [message, end])
 
     def call(self, inputs, start_index=0, positions=None, segment_ids=None):
         length = inputs.shape[1] if inputs.shape[1] is not None else ops.shape(inputs)[1]
         per_token = token_positions(inputs.shape, start_index, positions, segment_ids)  # (batch, seq) or None
         if per_token is not None:
             return self._embeddings_at(per_token, length, given=positions is not None)
-        fits = self._length_fits(length, start_index)
-        length = self._checked(fits, length)
+        fits, end = self._length_fits(length, start_index)
+        length = self._checked(fits, end, length)
         if fits is not None and compiled_by_xla():  # a read inside the table, NaN below when it does not fit
             start_index = ops.where(fits, ops.cast(start_index, "int32"), 0)
         embeddings = ops.slice(
@@ -123,8 +126,8 @@ class PositionEmbedding(keras.layers.Layer):
             per_token = checked_ids("positions", per_token, self.sequence_length, "sequence_length")
             fits = valid_ids(per_token, self.sequence_length)
         else:
-            fits = self._length_fits(length, 0)
-            per_token = self._checked(fits, per_token)
+            fits, end = self._length_fits(length, 0)
+            per_token = self._checked(fits, end, per_token)
         return nan_unless(fits, ops.cast(ops.take(self.position_embeddings, per_token, axis=0), self.compute_dtype))
 
     def compute_output_shape(self, inputs_shape):
