@@ -26,6 +26,30 @@ def compiled_by_xla():
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
+def asserted(valid, tensor, message):
+    """`tensor` behind a run-time assertion that the scalar bool tensor `valid` holds (an
+    `InvalidArgumentError` showing `message`, a list of strings and tensors), in a graph that
+    TensorFlow runs op by op (`tf.function`). Under XLA (`jit_compile=True`), which drops an Assert
+    op (logging "Ignoring Assert operator"), none is added and `tensor` is returned as it is: the
+    caller makes a failed check visible there (`nan_unless`, docs/guides/kernels.md's list)."""
+    if compiled_by_xla():
+        return tensor
+    import tensorflow as tf
+
+    check = tf.debugging.Assert(valid, message)
+    with tf.control_dependencies([check]):
+        return tf.identity(tensor)
+
+
+def nan_unless(valid, tensor):
+    """Float `tensor` where the bool tensor `valid` (broadcastable to it) holds and NaN elsewhere,
+    under XLA only: there a check cannot stop the run (`asserted`), so what it guards turns NaN
+    instead of silently wrong. `tensor` unchanged outside XLA or when `valid` is `None`."""
+    if valid is None or not compiled_by_xla():
+        return tensor
+    return keras.ops.where(valid, tensor, keras.ops.full_like(tensor, float("nan")))
+
+
 def clone_initializer(initializer):
     """A fresh copy of `initializer`, so that sublayers never share one seeded instance."""
     return initializer.__class__.from_config(initializer.get_config())
@@ -113,8 +137,8 @@ def checked_ids(name, ids, size, size_name):
 
     Eagerly a `ValueError` naming `name` and the bad ids; in a graph (`tf.function`, TensorFlow
     backend) a run-time assertion (`InvalidArgumentError`) naming `name`. Under XLA
-    (`jit_compile=True`) TensorFlow drops the assertion (tests/test_attention_edge_inputs.py
-    pins it): there the ids are not checked.
+    (`jit_compile=True`), which drops assertions, no Assert op: the caller turns what it looked
+    up NaN when an id is out of range (`nan_unless(valid_ids(ids, size), ...)`).
     """
     if keras.backend.backend() != "tensorflow":
         return ids
@@ -133,9 +157,19 @@ def checked_ids(name, ids, size, size_name):
     valid = tf.logical_and(low >= 0, high < tf.cast(size, high.dtype))
     if ids.dtype.is_floating:
         valid = tf.logical_and(valid, tf.reduce_all(tf.equal(ids, tf.floor(ids))))
-    check = tf.debugging.Assert(valid, [f"{message}. Received: {name} with min", low, "max", high])
-    with tf.control_dependencies([check]):
-        return tf.identity(ids)
+    return asserted(valid, ids, [f"{message}. Received: {name} with min", low, "max", high])
+
+
+def valid_ids(ids, size):
+    """Scalar bool tensor: whether every id of `ids` is in `[0, size)` (`checked_ids`' bounds), or
+    `None` outside XLA, where `checked_ids` stops the run instead. For `nan_unless` on the lookup."""
+    if not compiled_by_xla():
+        return None
+    ids = keras.ops.convert_to_tensor(ids)
+    inside = keras.ops.logical_and(keras.ops.min(ids) >= 0, keras.ops.max(ids) < keras.ops.cast(size, ids.dtype))
+    if "float" in keras.backend.standardize_dtype(ids.dtype):
+        inside = keras.ops.logical_and(inside, keras.ops.all(keras.ops.equal(ids, keras.ops.floor(ids))))
+    return inside
 
 
 def padding_to_multiple(length, multiple):

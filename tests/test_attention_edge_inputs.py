@@ -421,17 +421,16 @@ def test_out_of_range_token_ids_fail_at_run_time_in_tf_function(name):
     np.testing.assert_array_equal(np.asarray(call(tf.constant(_IDS))[0]), np.asarray(layer(_IDS)[0]))
 
 
-def test_under_xla_the_token_id_assertion_is_dropped_as_documented():
-    """Measured: TensorFlow drops `tf.debugging.Assert` under `jit_compile=True`, so XLA reads a
-    clamped row: -1 and 10 both the last one (the docstrings say so; this fails if that changes)."""
+def test_under_xla_an_out_of_range_token_id_gives_nan_not_a_clamped_row():
+    """XLA drops an assertion (it would read the last row for -1 and 10): the output is NaN instead."""
     import keras_attn as ka
 
     layer = ka.TokenAndPositionEmbedding(10, 8, 4, position_encoding="sinusoidal")
     layer(_IDS)
     compiled = tf.function(lambda ids: layer(ids), jit_compile=True)
-    last_row = np.asarray(layer(np.array([[9]])))
     for bad in (-1, 10):
-        np.testing.assert_allclose(np.asarray(compiled(tf.constant([[bad]]))), last_row, atol=1e-6)
+        assert np.all(np.isnan(np.asarray(compiled(tf.constant([[bad, 1]])))))
+    np.testing.assert_allclose(np.asarray(compiled(tf.constant(_IDS))), np.asarray(layer(_IDS)), atol=1e-6)
 
 
 @pytest.mark.parametrize(

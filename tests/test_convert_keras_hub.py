@@ -48,7 +48,7 @@ def _backbone(name, **extra):
     models = keras_hub.models
     builders = {
         "bert": lambda: models.BertBackbone(num_heads=2, max_sequence_length=32, **common),
-        "gpt2": lambda: models.GPT2Backbone(num_heads=2, max_sequence_length=32, **common),
+        "gpt2": lambda: models.GPT2Backbone(num_heads=2, max_sequence_length=32, **common, **extra),
         "llama": lambda: models.LlamaBackbone(**grouped, **common),
         "mistral": lambda: models.MistralBackbone(sliding_window=4, **grouped, **common),
         "gemma": lambda: models.GemmaBackbone(head_dim=8, **grouped, **common, **extra),
@@ -259,3 +259,31 @@ def test_an_attention_calling_keras_op_in_its_own_call_runs_keras_attn_op():
     assert max_difference(got, reference({"token_ids": inputs["token_ids"]})) < TOLERANCE
     with pytest.raises(ValueError, match=r"`implementation` of the adapted EsmSelfAttention must be one of"):
         keras_attn.convert(reference, implementation="chunked")({"token_ids": inputs["token_ids"]})
+
+
+@pytest.mark.parametrize("name, extra", [("bert", {}), ("gpt2", {"dropout": 0.0}), ("llama", {}), ("gemma", {})])
+def test_a_query_without_keys_keeps_keras_hubs_output_at_every_position(name, extra):
+    """Left padding leaves a decoder's first padded query no key. KerasHub's output there is kept,
+    padded positions included, with the gradients of a loss over every position: the mean of the
+    values where Keras's layer runs `dot_product_attention` (GPT-2 without dropout: 0.36 apart
+    with zero rows), zero weights through Keras's einsum path (dropout) or KerasHub's own softmax."""
+    inputs = _backbone_inputs(name)
+    inputs["padding_mask"] = np.ones((2, LENGTH), bool)
+    inputs["padding_mask"][1, :3] = False
+    inputs["token_ids"][~inputs["padding_mask"]] = 0
+    reference, model = twins(lambda: _backbone(name, **extra))
+    keras_attn.convert(model)
+    weights = np.arange(16, dtype="float32")
+
+    def run(m):
+        with tf.GradientTape() as tape:
+            output = _sequence_output(m, inputs)
+            loss = tf.reduce_sum(output * weights)
+        return output, [tf.convert_to_tensor(g) for g in tape.gradient(loss, m.trainable_variables) if g is not None]
+
+    (expected, expected_gradients), (got, gradients) = run(reference), run(model)
+    assert max_difference(got, expected) < TOLERANCE
+    for gradient, expected_gradient in zip(gradients, expected_gradients, strict=True):
+        assert max_difference(gradient, expected_gradient) < TOLERANCE * max(
+            1.0, float(np.abs(expected_gradient).max())
+        )

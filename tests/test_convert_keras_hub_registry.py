@@ -247,3 +247,28 @@ def test_every_adapter_module_is_exercised_by_a_backbone():
 def test_the_converting_guide_lists_every_architecture_as_the_entries_say():
     guide = Path(keras_attn.__file__).parents[1] / "docs" / "guides" / "converting_models.md"
     assert architectures_table() in guide.read_text(encoding="utf-8")
+
+
+def test_t5_rows_without_keys_keep_t5s_outputs_and_gradients_at_every_position():
+    """Padding at the front leaves T5's decoder queries without keys: its `-1e9` mask gives them the
+    mean of the values and a gradient through their logits, which the adapter keeps (0.89 apart
+    when it gave zero); every position and the gradients of a loss over all of them."""
+    reference, model = twins(lambda: build("T5Backbone"))
+    inputs = backbone_inputs(reference)
+    for key, tensor in inputs.items():
+        if tensor.ndim == 2 and tensor.shape[1] == LENGTH:
+            inputs[key] = tensor[:, ::-1].copy()  # the second row padded at the front
+    keras_attn.convert(model)
+
+    def run(m):
+        with tf.GradientTape() as tape:
+            outputs = [y for y in m(inputs).values() if y.dtype.is_floating]
+            loss = sum(tf.reduce_sum(y * tf.sin(tf.range(y.shape[-1], dtype=y.dtype))) for y in outputs)
+        return outputs, [tf.convert_to_tensor(g) for g in tape.gradient(loss, m.trainable_variables) if g is not None]
+
+    (expected, expected_gradients), (got, gradients) = run(reference), run(model)
+    assert max(max_difference(a, b) for a, b in zip(got, expected, strict=True)) < TOLERANCE
+    for gradient, expected_gradient in zip(gradients, expected_gradients, strict=True):
+        assert max_difference(gradient, expected_gradient) < TOLERANCE * max(
+            1.0, float(np.abs(expected_gradient).max())
+        )

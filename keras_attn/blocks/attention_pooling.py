@@ -7,6 +7,7 @@ from keras_attn.blocks.documents import token_documents
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_sequence_shape
+from keras_attn.utils import nan_unless
 from keras_attn.validation import check_positive_int
 from keras_attn.validation import check_rate
 
@@ -86,7 +87,7 @@ class AttentionPooling(keras.layers.Layer):
 
     def call(self, inputs, mask=None, segment_ids=None, training=None):
         check_padding_mask("mask", mask, inputs.shape)
-        documents, count = token_documents(inputs, mask, segment_ids, self.max_documents)
+        documents, count, valid = token_documents(inputs, mask, segment_ids, self.max_documents)
         slots = ops.arange(1, count + 1, dtype="int32")[None, :, None]  # (1, count, 1)
         reads = ops.equal(ops.expand_dims(documents, 1), slots)  # (batch, count, seq): query d reads document d
         batch = ops.shape(inputs)[0]
@@ -96,6 +97,7 @@ class AttentionPooling(keras.layers.Layer):
         pooled = self.attention(query, inputs, attention_mask=reads, training=training)
         # A document with no real position reads nothing: zeros, not the output projection's bias.
         pooled = ops.where(ops.any(reads, axis=2, keepdims=True), pooled, ops.zeros_like(pooled))
+        pooled = nan_unless(valid, pooled)
         return pooled if segment_ids is not None else pooled[:, 0]
 
     def compute_mask(self, inputs, mask=None):

@@ -5,6 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_attn.blocks.documents import token_documents
+from keras_attn.utils import nan_unless
 from keras_attn.validation import check_choice
 from keras_attn.validation import check_positive_int
 
@@ -78,7 +79,7 @@ class MaskedGlobalPooling(keras.layers.Layer):
         accumulation = "float64" if keras.backend.standardize_dtype(inputs.dtype) == "float64" else "float32"
         if mask is not None:
             _check_mask(mask, inputs)
-        documents, count = token_documents(inputs, mask, segment_ids, self.max_documents)
+        documents, count, valid = token_documents(inputs, mask, segment_ids, self.max_documents)
         values = ops.cast(inputs, accumulation)  # (batch, seq, features)
         members = ops.cast(ops.equal(documents[:, :, None], ops.arange(1, count + 1, dtype="int32")), accumulation)
         real = ops.expand_dims(ops.sum(members, axis=1), -1)  # (batch, count, 1): positions of each document
@@ -87,7 +88,7 @@ class MaskedGlobalPooling(keras.layers.Layer):
             pooled = ops.einsum("bsd,bsf->bdf", members, kept) / ops.maximum(real, 1.0)
         else:
             pooled = ops.where(real > 0.0, _document_max(values, documents, count), 0.0)
-        pooled = ops.cast(pooled, self.compute_dtype)
+        pooled = nan_unless(valid, ops.cast(pooled, self.compute_dtype))
         return pooled if segment_ids is not None else pooled[:, 0]
 
     def compute_mask(self, inputs, mask=None):

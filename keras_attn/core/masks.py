@@ -134,3 +134,30 @@ def either_mask(first, second):
     if first is None or second is None:
         return None
     return ops.logical_or(ops.cast(first, "bool"), ops.cast(second, "bool"))
+
+
+def keras_rows_without_keys(output, value, allowed, is_causal, query_len, key_len):
+    """`output` `(batch, query_len, heads, value_depth)` with each query row that has no allowed key
+    set to the mean of `value` over all the keys (Keras's uniform softmax of equal masked logits).
+
+    `allowed` is the boolean `(batch | 1, heads | 1, query_len | 1, key_len | 1)` mask (bias masking
+    merged in); the causal mask, when given, is intersected without building a `(query_len,
+    key_len)` tensor for a mask that is the same for every query (padding). The `where` gives the
+    mean rows Keras's gradient: `dO / key_len` to every value, nothing to the kernel's zero rows.
+    """
+    has_keys = _rows_with_any_key(allowed, is_causal, query_len, key_len)  # (batch | 1, heads | 1, query_len | 1)
+    has_keys = ops.expand_dims(ops.transpose(has_keys, (0, 2, 1)), -1)  # (batch | 1, query_len | 1, heads | 1, 1)
+    mean = ops.mean(value, axis=1, keepdims=True)  # (batch, 1, kv_heads, value_depth)
+    mean = ops.repeat(mean, output.shape[2] // value.shape[2], axis=2)  # grouped heads: (batch, 1, heads, dv)
+    return ops.where(has_keys, output, ops.cast(mean, output.dtype))
+
+
+def _rows_with_any_key(allowed, is_causal, query_len, key_len):
+    """Whether each query row has an allowed key: `(batch | 1, heads | 1, query_len | 1)`."""
+    if allowed.shape[3] == 1 or not is_causal:  # causal query i always sees key 0, so only the mask decides
+        return ops.any(allowed, axis=-1)
+    if allowed.shape[2] == 1:  # one row for all queries: query i has a key iff one of keys 0..i is allowed
+        seen = ops.cumsum(ops.cast(allowed[:, :, 0], "int32"), axis=-1) > 0  # (batch | 1, heads | 1, key_len)
+        return ops.take(seen, ops.minimum(ops.arange(query_len), key_len - 1), axis=-1)
+    causal = ops.arange(key_len)[None, :] <= ops.arange(query_len)[:, None]  # (query_len, key_len)
+    return ops.any(ops.logical_and(allowed, causal), axis=-1)

@@ -13,12 +13,13 @@ packed row (`segment_ids`), for the same reason: the projected keys mix every do
 """
 
 import keras
-import tensorflow as tf
 from keras import ops
 
 from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.families.projected_self_attention import ProjectedSelfAttention
 from keras_attn.layers.capabilities import AttentionCapabilities
+from keras_attn.utils import asserted
+from keras_attn.utils import nan_unless
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_elements
 from keras_attn.validation import check_positive_int
@@ -177,19 +178,17 @@ class LinformerSelfAttention(ProjectedSelfAttention):
         """`(batch, seq, heads, depth)` -> `(batch, projected_length, heads, depth)` by the leading `seq` rows."""
         length = ops.shape(tensor)[1]
         self._check_length(tensor.shape[1])  # a layer built for unknown lengths meets a known one eagerly
-        if tensor.shape[1] is None:  # a dynamic length, checked at run time
-            check = tf.debugging.assert_less_equal(
-                length,
-                self.max_length,
-                message=f"`query` is longer than `max_length={self.max_length}` of {type(self).__name__} "
-                f"{self.name!r}; the sequence's length and max_length:",
+        fits = None
+        if tensor.shape[1] is None:  # a dynamic length, checked at run time (NaN under XLA: `asserted`)
+            fits = length <= self.max_length
+            message = f"`query` is longer than `max_length={self.max_length}` of {type(self).__name__} {self.name!r}"
+            length = asserted(
+                fits, length, [message, "; the sequence's length and max_length:", length, self.max_length]
             )
-            with tf.control_dependencies([check]):
-                length = tf.identity(length)
         projection = ops.cast(projection, tensor.dtype)
         if self.projection_per_head:
-            return ops.einsum("bthd,htk->bkhd", tensor, projection[:, :length])
-        return ops.einsum("bthd,tk->bkhd", tensor, projection[:length])
+            return nan_unless(fits, ops.einsum("bthd,htk->bkhd", tensor, projection[:, :length]))
+        return nan_unless(fits, ops.einsum("bthd,tk->bkhd", tensor, projection[:length]))
 
     def _attend(self, query, key, value, key_mask, training, causal, return_weights, segment_ids):
         # `causal` is always False, `segment_ids` always None (`check_call` refuses them): the constructor refuses `causal=True`, `check_call` `use_causal_mask=True`.

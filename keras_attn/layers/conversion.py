@@ -87,12 +87,15 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
     subclass of Keras's layer becomes a class deriving from it and from ours, its own `call` kept),
     and every KerasHub attention layer with an adapter (Llama, Mistral, Gemma: grouped-query heads,
     rotary embeddings, sliding windows, their caches) computes its attention with
-    `keras_attn.scaled_dot_product_attention`. The model computes the same outputs (up to float
-    rounding; a query whose keys are all masked gets a zero output where Keras gives the mean of
-    the values) with the same variables: its class, object graph, weights, variable paths, compile
-    state and task methods (`fit`, `predict`, `save`, KerasHub's `generate`) are kept. KerasHub's
-    default sampler (`"top_k"`) is random, so compare `generate` before and after `convert` with
-    `compile(sampler="greedy")`: the converted model then generates the same tokens.
+    `keras_attn.scaled_dot_product_attention`. The model computes the same outputs and gradients
+    (up to float rounding) with the same variables, a query whose keys are all masked (a padded
+    query) included: a converted layer has `rows_without_keys="keras"`, so such a row gets what
+    Keras's layer gives it (the output projection of the mean of the values), which a later layer
+    reads once a plain `x + y` has dropped the Keras mask. The model keeps its class, object
+    graph, weights, variable paths, compile state and task methods (`fit`, `predict`, `save`,
+    KerasHub's `generate`). KerasHub's default sampler (`"top_k"`) is random, so compare
+    `generate` before and after `convert` with `compile(sampler="greedy")`: the converted model
+    then generates the same tokens.
     Layers that run ours already are left as they are (their own `implementation` kept) and
     listed in the report's `already_ours`: converting twice changes nothing.
 
@@ -277,7 +280,7 @@ def _convert_attention(layer, implementation):
     """Keras's `layer` becomes ours in place: its class, then the state ours adds (its variables stay)."""
     subclass = type(layer)
     layer.__class__ = MultiHeadAttention if subclass is _KERAS_MHA else converted_class(subclass)
-    layer._init_own_state(implementation=implementation)
+    layer._init_own_state(implementation=implementation, rows_without_keys="keras")  # Keras's outputs kept
 
 
 def _drop_traced_functions(model):

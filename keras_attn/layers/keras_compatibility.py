@@ -13,6 +13,7 @@ import keras
 from keras import ops
 
 from keras_attn import patterns
+from keras_attn.core.masks import keras_rows_without_keys
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import pattern_mask
 from keras_attn.core.segments import segment_mask
@@ -126,14 +127,44 @@ def hooked_attention(
             "`position_bias` cannot reach an overridden `_compute_attention` (its signature has no "
             f"bias). Received: position_bias={layer.position_bias!r}"
         )
-    pattern = patterns.from_shorthands(options["pattern"], options["is_causal"], options["sliding_window"])
-    query_len, key_len = ops.shape(projected_query)[1], ops.shape(projected_key)[1]
-    mask = pattern_mask(options["mask"], pattern, query_len, key_len, options["query_offset"])
-    if options["query_segment_ids"] is not None:  # the hook's signature has no ids: they join the mask
-        mask = merge_masks(mask, segment_mask(options["query_segment_ids"], options["key_segment_ids"]))
+    mask = _every_mask(options, ops.shape(projected_query)[1], ops.shape(projected_key)[1])
     return layer._compute_attention(
         projected_query, projected_key, projected_value, mask, training, return_attention_scores
     )
+
+
+def _every_mask(options, query_len, key_len):
+    """The one boolean mask of `options` (`key_value_cache.attention_options` with the segment ids):
+    its mask, pattern, causal mask and window, and the documents of its segment ids."""
+    pattern = patterns.from_shorthands(options["pattern"], options["is_causal"], options["sliding_window"])
+    mask = pattern_mask(options["mask"], pattern, query_len, key_len, options["query_offset"])
+    if options.get("query_segment_ids") is not None:  # the hook's signature has no ids: they join the mask
+        mask = merge_masks(mask, segment_mask(options["query_segment_ids"], options["key_segment_ids"]))
+    return mask
+
+
+def keras_rows(layer, attended, value, options, return_attention_scores):
+    """`attended` `(batch, query_len, heads, value_dim)` with the rows that have no allowed key as
+    `keras.layers.MultiHeadAttention` computes them (`rows_without_keys="keras"`).
+
+    Keras's layer runs `keras.ops.dot_product_attention` unless it has dropout or returns its scores:
+    there such a row softmaxes equal masked logits, the mean of `value` over all the keys (the
+    TensorFlow backend's result, which `keras_attn.ops` reproduces). With dropout or the scores,
+    its einsum path's softmax zeroes the masked weights: a zero row, the kernel's own.
+    `options` are `key_value_cache.attention_options` (the hook passes its merged mask alone)."""
+    if layer._dropout > 0 or return_attention_scores:
+        return attended
+    query_len, key_len = ops.shape(attended)[1], ops.shape(value)[1]
+    plain = options.get("pattern") is None and options.get("sliding_window") is None
+    if plain and isinstance(options.get("query_offset", 0), int) and options.get("query_offset", 0) == 0:
+        mask, is_causal = options["mask"], options.get("is_causal", False)  # no (query_len, key_len) mask built
+        if options.get("query_segment_ids") is not None:
+            mask = merge_masks(mask, segment_mask(options["query_segment_ids"], options["key_segment_ids"]))
+    else:
+        mask, is_causal = _every_mask(options, query_len, key_len), False
+    if mask is None:  # a causal mask alone leaves every query key 0
+        return attended
+    return keras_rows_without_keys(attended, value, mask, is_causal, query_len, key_len)
 
 
 def call_over_attention_axes(

@@ -2,8 +2,8 @@
 
 A cache `(batch, 2, max_len, kv_heads, key_dim)` holds projected keys (`cache[:, 0]`) and values
 (`cache[:, 1]`). A call with `cache_update_index = t` projects its `n` new tokens, writes them at
-positions `t .. t + n - 1` in one write (`written`; checked to fit: XLA's update would silently
-clamp the index) and attends over the whole cache; without an index the cache is precomputed
+positions `t .. t + n - 1` in one write (`written`; checked to fit, `_check_cache_bounds`: XLA's
+update would silently clamp the index) and attends over the whole cache; without an index the cache is precomputed
 keys/values (cross-attention to an encoder projected once). With `sliding_window=W`, a cache of
 `W` slots is a ring buffer instead, written and read by `keras_attn.layers.window_cache`.
 """
@@ -14,7 +14,9 @@ from keras import ops
 from keras_attn.core.masks import merge_masks
 from keras_attn.layers import window_cache
 from keras_attn.layers.projections import project
+from keras_attn.utils import asserted
 from keras_attn.utils import compiled_by_xla
+from keras_attn.utils import nan_unless
 from keras_attn.validation import check_position
 from keras_attn.validation import check_positive_int
 
@@ -61,6 +63,8 @@ def attention_options(layer, mask, attention_bias, use_causal_mask, ring, cache_
     without); with a ring buffer (`ring`) they are at the keys' true positions, in the mask and bias.
     A call writing into a full-length cache that is not causal attends over the keys written so far."""
     offset = 0 if cache_update_index is None else cache_update_index
+    if not ring and not isinstance(offset, int) and compiled_by_xla():  # where `_updated` wrote, as XLA clamps
+        offset = clamped_index(offset, query_len, key_len)
     if ring:
         mask, bias = window_cache.mask_and_bias(layer, mask, attention_bias, use_causal_mask, offset, query_len)
         return dict(
@@ -100,8 +104,15 @@ def _updated(layer, cache, query, key, value, cache_update_index):
             entries = window_cache.attended(cache, new_entries)  # (batch, 2, window + query_len, kv_heads, dim)
             cache = window_cache.written(entries, cache.shape[2], cache_update_index)
             return projected_query, entries[:, 0], entries[:, 1], cache
-        cache_update_index = _check_cache_bounds(cache_update_index, ops.shape(new_key)[1], ops.shape(cache)[2])
-        cache = written(cache, ops.cast(new_entries, cache.dtype), cache_update_index)
+        fits = _check_cache_bounds(cache_update_index, ops.shape(new_key)[1], ops.shape(cache)[2])
+        new_entries = ops.cast(new_entries, cache.dtype)
+        if fits is not None:
+            new_len, max_len = ops.shape(new_key)[1], ops.shape(cache)[2]
+            index = ops.cast(cache_update_index, "int32")
+            cache_update_index = asserted(fits, index, _bounds_message(index, new_len, max_len))
+            new_entries, cache_update_index = _kept_unless(fits, new_entries, cache, cache_update_index)
+            projected_query = nan_unless(fits, projected_query)
+        cache = written(cache, new_entries, cache_update_index)
     return (projected_query, *keys_and_values(cache), cache)
 
 
@@ -158,9 +169,12 @@ def _check_cache(layer, cache, query):
 
 
 def _check_cache_bounds(cache_update_index, new_len, max_len):
-    """`cache_update_index`, checked so that the `new_len` new tokens fit in the `max_len` cache:
-    a ValueError when everything is known now, else a run-time assertion (XLA's dynamic-update-slice
-    would silently clamp the index and overwrite the last slots, a scatter on a GPU skip the write)."""
+    """Whether the `new_len` new tokens fit in the `max_len` cache at `cache_update_index`: a
+    ValueError when everything is known now (then `None`), else a scalar bool tensor for the check
+    at run time (XLA's dynamic-update-slice would silently clamp the index and overwrite the last
+    slots, a scatter on a GPU skip the write). Outside XLA the call asserts it (`asserted`: an
+    `InvalidArgumentError`); under XLA, which drops assertions, an out-of-range step writes nothing
+    and outputs NaN (`_kept_unless`, `nan_unless`)."""
     if not isinstance(cache_update_index, int):  # a float would be truncated; ints get the bounds below
         check_position("cache_update_index", cache_update_index)
     known = all(isinstance(v, int) for v in (cache_update_index, new_len, max_len))
@@ -170,22 +184,38 @@ def _check_cache_bounds(cache_update_index, new_len, max_len):
                 f"`cache_update_index` must be in [0, {max_len - new_len}] for {new_len} new tokens in a cache "
                 f"of length {max_len}. Received: cache_update_index={cache_update_index!r}"
             )
-        return cache_update_index
-    index = tf.cast(cache_update_index, "int32")
-    fits = tf.logical_and(index >= 0, index + tf.cast(new_len, "int32") <= tf.cast(max_len, "int32"))
-    check = tf.debugging.Assert(
-        fits,
-        [
-            "`cache_update_index` out of the cache: cache_update_index=",
-            index,
-            "new tokens:",
-            new_len,
-            "cache length:",
-            max_len,
-        ],
-    )
-    with tf.control_dependencies([check]):
-        return tf.identity(index)
+        return None
+    index = ops.cast(cache_update_index, "int32")
+    return ops.logical_and(index >= 0, index + ops.cast(new_len, "int32") <= ops.cast(max_len, "int32"))
+
+
+def _bounds_message(index, new_len, max_len):
+    """The run-time assertion's message for an out-of-range `cache_update_index`."""
+    return [
+        "`cache_update_index` out of the cache: cache_update_index=",
+        index,
+        "new tokens:",
+        new_len,
+        "cache length:",
+        max_len,
+    ]
+
+
+def _kept_unless(fits, new_entries, cache, index):
+    """`(new_entries, index)`, or under XLA when they do not `fit`, the slots at `index` clamped
+    into the cache as they are, to be written back there: the cache does not change."""
+    if not compiled_by_xla():
+        return new_entries, index
+    index = clamped_index(index, ops.shape(new_entries)[2], ops.shape(cache)[2])
+    kept = ops.slice(cache, (0, 0, index, 0, 0), ops.shape(new_entries))
+    return ops.where(fits, new_entries, kept), index
+
+
+def clamped_index(index, new_len, max_len):
+    """`index` clamped into `[0, max_len - new_len]`, as XLA's dynamic slices clamp it: under XLA an
+    out-of-range step's queries sit where its (skipped) write would land, so they see keys and
+    their NaN query (`nan_unless`) reaches the output."""
+    return ops.clip(ops.cast(index, "int32"), 0, ops.maximum(ops.cast(max_len - new_len, "int32"), 0))
 
 
 def query_rows(query_mask, query, cache_update_index):

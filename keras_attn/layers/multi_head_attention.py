@@ -34,7 +34,10 @@ from keras_attn.layers.multi_head_arguments import check_scores_allowed
 from keras_attn.layers.multi_head_arguments import checked_pattern
 from keras_attn.layers.multi_head_arguments import kernel_name
 from keras_attn.utils import keras_mask
+from keras_attn.validation import check_choice
 from keras_attn.validation import check_projection_sizes
+
+ROWS_WITHOUT_KEYS = ("zero", "keras")  # `rows_without_keys`: keras_attn's zero, or Keras's layer's output
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -117,6 +120,14 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             logits on every call, computed per block from the positions (the queries sit at
             `cache_update_index` with a cache). Its weights are this layer's; it is serialised
             with the config.
+        rows_without_keys: what a query row with no allowed key (a padded query, or one whose
+            keys the masks all exclude) outputs. `"zero"` (default): exactly zero, and the padded
+            positions of `query`, `key` and `value` are zeroed before the projections (see
+            above). `"keras"`: what `keras.layers.MultiHeadAttention` outputs: the output
+            projection (its bias included) of the mean of the projected values over all the
+            keys, padded ones included (of zero weights when the layer has dropout or returns
+            its scores, Keras's other path), with Keras's gradients; nothing is zeroed.
+            `keras_attn.convert` sets it, so a converted model keeps its Keras layer's outputs.
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments (the one convention of every keras_attn attention family; what a family
@@ -231,6 +242,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         hard=False,
         attention_pattern=None,
         position_bias=None,
+        rows_without_keys="zero",
         **kwargs,
     ):
         attention_pattern = checked_pattern(
@@ -273,7 +285,14 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         self._sliding_window = sliding_window  # Keras's attributes, which Keras < 3.15 does not set
         self._use_gate = use_gate
         self._init_own_state(
-            num_key_value_heads, flash_attention, implementation, scale, hard, attention_pattern, position_bias
+            num_key_value_heads,
+            flash_attention,
+            implementation,
+            scale,
+            hard,
+            attention_pattern,
+            position_bias,
+            check_choice("rows_without_keys", rows_without_keys, ROWS_WITHOUT_KEYS),
         )
 
     def _init_own_state(
@@ -285,6 +304,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         hard=False,
         attention_pattern=None,
         position_bias=None,
+        rows_without_keys="zero",
     ):
         """The state this class adds to Keras's layer: set by `__init__`, and by `keras_attn.convert`
         on a Keras layer whose class it changes in place (already built, or not)."""
@@ -300,6 +320,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         self._hard = hard
         self._attention_pattern = attention_pattern
         self._position_bias = position_biases.check_position_bias(position_biases.get(position_bias), self._num_heads)
+        self._rows_without_keys = rows_without_keys
         # Rank-3 inputs attending over axis 1: set by `build`, or read from a built Keras layer's projections.
         self._sequence_attention = keras_compatibility.built_for_the_sequence(self) if self.built else None
 
@@ -354,6 +375,10 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     @property
     def attention_pattern(self):
         return self._attention_pattern
+
+    @property
+    def rows_without_keys(self):
+        return self._rows_without_keys
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape  # self-attention
@@ -469,14 +494,16 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             attention_bias=attention_bias,
         )
         mask = merged_mask(query_mask, value_mask, key_mask, attention_mask)  # once their shapes are known to fit
-        query, key, value = _padding_zeroed(
-            query,
-            key,
-            value,
-            merge_masks(query_mask, segment_arguments.real_tokens(query_ids)),
-            merge_masks(value_mask, key_mask, segment_arguments.real_tokens(key_ids)),
-            cache,
-        )
+        keras_rows = self._rows_without_keys == "keras"
+        if not keras_rows:  # Keras's layer projects what the padded positions hold
+            query, key, value = _padding_zeroed(
+                query,
+                key,
+                value,
+                merge_masks(query_mask, segment_arguments.real_tokens(query_ids)),
+                merge_masks(value_mask, key_mask, segment_arguments.real_tokens(key_ids)),
+                cache,
+            )
         projected_query, projected_key, projected_value, cache = key_value_cache.projected(
             self, query, key, value, cache, cache_update_index
         )
@@ -507,7 +534,13 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 training,
                 return_attention_scores,
             )
-        output_rows = merge_masks(rows_with_keys(mask), segment_arguments.rows_in_documents(mask, query_ids, key_ids))
+        if keras_rows:  # a row without keys keeps Keras's output: no row is zeroed
+            attended = keras_compatibility.keras_rows(self, attended, projected_value, options, return_attention_scores)
+            output_rows = None
+        else:
+            output_rows = merge_masks(
+                rows_with_keys(mask), segment_arguments.rows_in_documents(mask, query_ids, key_ids)
+            )
         return self._finish(query, attended, output_rows, weights, cache, return_attention_scores)
 
     def _attend(self, query, key, value, training, return_attention_scores, **options):
@@ -585,9 +618,13 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         """
         if len(query.shape) == 4:
             mask = None if attention_mask is None else as_4d_mask(attention_mask)
-            return self._attend(
+            attended, weights = self._attend(
                 query, key, value, training, return_attention_scores, mask=mask, is_causal=bool(use_causal_mask)
             )
+            if self._rows_without_keys == "keras":  # a subclass's `call` (KerasHub's cache) kept by `convert`
+                options = dict(mask=mask, is_causal=bool(use_causal_mask))
+                attended = keras_compatibility.keras_rows(self, attended, value, options, return_attention_scores)
+            return attended, weights
         if use_causal_mask:
             causal = self._compute_causal_mask(query, value)  # (1, query_len, key_len)
             attention_mask = (
@@ -681,6 +718,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 "hard": self._hard,
                 "attention_pattern": keras.saving.serialize_keras_object(self._attention_pattern),
                 "position_bias": keras.saving.serialize_keras_object(self._position_bias),
+                "rows_without_keys": self._rows_without_keys,
             }
         )
         return config

@@ -18,7 +18,7 @@ the keys (Keras fills masked logits with one finite value, `-0.7 * 3.38953e38`, 
 such a row softmaxes to uniform weights), with Keras's gradient (the values get `dO / key_len`,
 the query, key and bias nothing from that row). The kernel still computes the row as keras_attn's
 layers do (a zero output: `keras_attn.scaled_dot_product_attention`'s contract, which they keep);
-this op then puts the mean in its place (`_keras_rows_without_keys`), on every kernel.
+this op then puts the mean in its place (`keras_attn.core.masks.keras_rows_without_keys`), on every kernel.
 
 Where Keras gives no result or refuses, this op differs: a bias entry at or below `-1e9` (`-inf`
 included) masks its key like `mask=False` (Keras: NaN for a row of `-inf`, and a float32 rounding
@@ -30,6 +30,7 @@ of the other logits for `-1e9`; its row, if every key is so masked, gets the mea
 import keras
 from keras import ops
 
+from keras_attn.core.masks import keras_rows_without_keys
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.softmax import bias_mask
 from keras_attn.dispatch.attention import scaled_dot_product_attention
@@ -105,34 +106,7 @@ def dot_product_attention(
     allowed = mask if bias is None else merge_masks(mask, bias_mask(bias))
     if allowed is None:  # a causal mask alone leaves every query key 0
         return output
-    return _keras_rows_without_keys(output, value, allowed, is_causal, ops.shape(query)[1], ops.shape(key)[1])
-
-
-def _keras_rows_without_keys(output, value, allowed, is_causal, query_len, key_len):
-    """`output` `(batch, query_len, heads, value_depth)` with each query row that has no allowed key
-    set to the mean of `value` over all the keys (Keras's uniform softmax of equal masked logits).
-
-    `allowed` is the boolean `(batch | 1, heads | 1, query_len | 1, key_len | 1)` mask (bias masking
-    merged in); the causal mask, when given, is intersected without building a `(query_len,
-    key_len)` tensor for a mask that is the same for every query (padding). The `where` gives the
-    mean rows Keras's gradient: `dO / key_len` to every value, nothing to the kernel's zero rows.
-    """
-    has_keys = _rows_with_keys(allowed, is_causal, query_len, key_len)  # (batch | 1, heads | 1, query_len | 1)
-    has_keys = ops.expand_dims(ops.transpose(has_keys, (0, 2, 1)), -1)  # (batch | 1, query_len | 1, heads | 1, 1)
-    mean = ops.mean(value, axis=1, keepdims=True)  # (batch, 1, kv_heads, value_depth)
-    mean = ops.repeat(mean, output.shape[2] // value.shape[2], axis=2)  # grouped heads: (batch, 1, heads, dv)
-    return ops.where(has_keys, output, ops.cast(mean, output.dtype))
-
-
-def _rows_with_keys(allowed, is_causal, query_len, key_len):
-    """Whether each query row has an allowed key: `(batch | 1, heads | 1, query_len | 1)`."""
-    if allowed.shape[3] == 1 or not is_causal:  # causal query i always sees key 0, so only the mask decides
-        return ops.any(allowed, axis=-1)
-    if allowed.shape[2] == 1:  # one row for all queries: query i has a key iff one of keys 0..i is allowed
-        seen = ops.cumsum(ops.cast(allowed[:, :, 0], "int32"), axis=-1) > 0  # (batch | 1, heads | 1, key_len)
-        return ops.take(seen, ops.minimum(ops.arange(query_len), key_len - 1), axis=-1)
-    causal = ops.arange(key_len)[None, :] <= ops.arange(query_len)[:, None]  # (query_len, key_len)
-    return ops.any(ops.logical_and(allowed, causal), axis=-1)
+    return keras_rows_without_keys(output, value, allowed, is_causal, ops.shape(query)[1], ops.shape(key)[1])
 
 
 def _to_rank_4(name, tensor):

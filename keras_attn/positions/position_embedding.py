@@ -4,7 +4,11 @@ import keras
 from keras import ops
 
 from keras_attn.positions.token_positions import token_positions
+from keras_attn.utils import asserted
 from keras_attn.utils import checked_ids
+from keras_attn.utils import compiled_by_xla
+from keras_attn.utils import nan_unless
+from keras_attn.utils import valid_ids
 from keras_attn.validation import check_elements
 from keras_attn.validation import check_position
 from keras_attn.validation import check_positive_int
@@ -18,7 +22,8 @@ class PositionEmbedding(keras.layers.Layer):
     the shape of `inputs` (add them to the token embeddings yourself, or use
     `TokenAndPositionEmbedding`). Positions past `sequence_length` are an error, never a
     silent truncation: a `ValueError` when the length is known when the layer is called, and
-    a runtime assertion (TensorFlow backend) when it is only known when the graph runs.
+    a runtime assertion (TensorFlow backend) when it is only known when the graph runs; under
+    XLA (`jit_compile=True`), which drops assertions, the embeddings are NaN instead.
 
     Args:
         sequence_length: the maximum number of positions.
@@ -69,44 +74,46 @@ class PositionEmbedding(keras.layers.Layer):
             initializer=self.initializer,
         )
 
-    def _checked_length(self, length, start_index):
-        """`length`, once `start_index + length <= sequence_length` is known to hold.
-
-        Raises a `ValueError` when both numbers are Python ints; otherwise (TensorFlow backend)
-        returns `length` behind a runtime assertion, so the slice never runs past the table.
-        """
-        message = f"exceeds sequence_length={self.sequence_length}"
+    def _length_fits(self, length, start_index):
+        """`(fits, end)`: whether `end = start_index + length <= sequence_length`. A `ValueError` when it
+        does not and both are Python ints (then `(None, None)`), else scalar tensors, asserted where
+        TensorFlow can (`_checked`) and, under XLA, the embeddings' NaN when false (`nan_unless`), so
+        the slice never silently reads past the table."""
         check_position("start_index", start_index)
         if isinstance(length, int) and isinstance(start_index, int):
             if start_index + length > self.sequence_length:
                 raise ValueError(
                     f"Position embedding: start_index + input length = {start_index} + {length} = "
-                    f"{start_index + length} {message}."
+                    f"{start_index + length} exceeds sequence_length={self.sequence_length}."
                 )
-            return length
+            return None, None
         if keras.backend.backend() != "tensorflow":
-            return length
-        import tensorflow as tf
-
+            return None, None
         end = ops.cast(start_index, "int32") + ops.cast(length, "int32")
-        assertion = tf.debugging.assert_less_equal(
-            end,
-            self.sequence_length,
-            message=f"Position embedding: start_index + input length (x below) {message} (y below).",
+        return end <= self.sequence_length, end
+
+    def _checked(self, fits, end, tensor):
+        """`tensor` behind the run-time check `fits` of `_length_fits` (`None`: checked already)."""
+        if fits is None:
+            return tensor
+        message = (
+            f"Position embedding: start_index + input length (below) exceeds sequence_length={self.sequence_length}"
         )
-        with tf.control_dependencies([assertion]):
-            return tf.identity(length)
+        return asserted(fits, tensor, [message, end])
 
     def call(self, inputs, start_index=0, positions=None, segment_ids=None):
         length = inputs.shape[1] if inputs.shape[1] is not None else ops.shape(inputs)[1]
         per_token = token_positions(inputs.shape, start_index, positions, segment_ids)  # (batch, seq) or None
         if per_token is not None:
             return self._embeddings_at(per_token, length, given=positions is not None)
-        length = self._checked_length(length, start_index)
+        fits, end = self._length_fits(length, start_index)
+        length = self._checked(fits, end, length)
+        if fits is not None and compiled_by_xla():  # a read inside the table, NaN below when it does not fit
+            start_index = ops.where(fits, ops.cast(start_index, "int32"), 0)
         embeddings = ops.slice(
             self.position_embeddings, (start_index, 0), (length, inputs.shape[-1])
         )  # (seq, features)
-        embeddings = ops.cast(embeddings, self.compute_dtype)
+        embeddings = nan_unless(fits, ops.cast(embeddings, self.compute_dtype))
         return ops.broadcast_to(ops.expand_dims(embeddings, 0), ops.shape(inputs))  # (batch, seq, features)
 
     def _embeddings_at(self, per_token, length, given):
@@ -117,19 +124,11 @@ class PositionEmbedding(keras.layers.Layer):
         """
         if given:
             per_token = checked_ids("positions", per_token, self.sequence_length, "sequence_length")
+            fits = valid_ids(per_token, self.sequence_length)
         else:
-            per_token = self._checked_positions_of(length, per_token)
-        return ops.cast(ops.take(self.position_embeddings, per_token, axis=0), self.compute_dtype)
-
-    def _checked_positions_of(self, length, per_token):
-        """`per_token`, behind the check that the row `length` fits in the table (`_checked_length`)."""
-        checked = self._checked_length(length, 0)
-        if isinstance(checked, int):
-            return per_token
-        import tensorflow as tf
-
-        with tf.control_dependencies([checked]):
-            return tf.identity(per_token)
+            fits, end = self._length_fits(length, 0)
+            per_token = self._checked(fits, end, per_token)
+        return nan_unless(fits, ops.cast(ops.take(self.position_embeddings, per_token, axis=0), self.compute_dtype))
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)

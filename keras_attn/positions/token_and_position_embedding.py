@@ -10,6 +10,8 @@ from keras_attn.positions.sinusoidal_position_encoding import SinusoidalPosition
 from keras_attn.utils import check_leading_sizes
 from keras_attn.utils import checked_ids
 from keras_attn.utils import clone_initializer
+from keras_attn.utils import nan_unless
+from keras_attn.utils import valid_ids
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_elements
 from keras_attn.validation import check_positive_int
@@ -47,8 +49,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         token_ids: integer `(batch, seq)` ids in `[0, vocabulary_size)`. An id out of range
             is a `ValueError` naming `token_ids` and the id when called eagerly, and fails a
             run-time assertion (`InvalidArgumentError`) in `tf.function`; under XLA
-            (`jit_compile=True`) TensorFlow drops that assertion and the lookup clamps (an id
-            past the end reads the last row; tests/test_attention_edge_inputs.py pins both).
+            (`jit_compile=True`), which drops assertions, the whole output is NaN
+            (tests/test_attention_edge_inputs.py pins both).
         start_index: int or scalar int tensor, the position of the first token (cached
             decoding feeds one token at a time).
         positions: optional int `(batch, seq)`, the position of every token instead.
@@ -137,7 +139,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     def call(self, token_ids, start_index=0, positions=None, segment_ids=None):
         token_ids = checked_ids("token_ids", token_ids, self.vocabulary_size, "vocabulary_size")
         check_leading_sizes("token_ids", 2, token_ids=token_ids, positions=positions, segment_ids=segment_ids)
-        embedded = self.token_embedding(token_ids)  # (batch, seq, embedding_dim)
+        embedded = nan_unless(valid_ids(token_ids, self.vocabulary_size), self.token_embedding(token_ids))
         if self.scale_embeddings:
             embedded = embedded * ops.cast(math.sqrt(self.embedding_dim), self.compute_dtype)
         where = dict(start_index=start_index, positions=positions, segment_ids=segment_ids)

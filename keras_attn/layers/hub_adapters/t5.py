@@ -6,11 +6,14 @@ adds a position bias to the unscaled logits, which it returns for the next layer
 first layer of a stack computes it (its learned relative position buckets, `compute_bias`, from the
 queries at `cache_update_index`, or zeros without them) and adds the mask as `-1e9`. On the core op
 that bias is the additive `bias` and the scale is 1; the dropout of the weights is the core op's.
+A query whose keys the mask all hides gets T5's own row, not the core op's zero
+(`keras_attn.layers.hub_adapters.additive_rows`).
 """
 
 from keras import ops
 
 from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.additive_rows import with_additive_rows
 from keras_attn.layers.hub_adapters.cached_projections import cached_keys_and_values
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
@@ -42,8 +45,9 @@ def compute_attention(
     )
     if position_bias is None:
         position_bias = _position_bias(layer, length, ops.shape(key)[1], mask, cache_update_index)
+    query = heads(layer.query_projector(hidden_states))
     output = scaled_dot_product_attention(
-        heads(layer.query_projector(hidden_states)),
+        query,
         key,
         value,
         bias=position_bias,
@@ -51,6 +55,7 @@ def compute_attention(
         **weights_dropout(layer.dropout_layer, training),
         implementation=layer.implementation,
     )
+    output = with_additive_rows(output, query, key, value, position_bias, scale=1.0)
     output = layer.output_projector(ops.reshape(output, (batch, -1, layer.inner_dim)))
     return output, position_bias, cache
 
