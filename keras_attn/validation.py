@@ -20,6 +20,9 @@ import numpy as np
 MAX_ELEMENTS = 2**31 - 1
 # The largest finite float32: the logits are computed in float32, where a larger scale is `inf`.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+# The smallest normal float32: a smaller (subnormal) cap is read as 0 by CPUs that flush
+# subnormals, and `x / cap` is then `inf` or NaN.
+FLOAT32_SMALLEST_NORMAL = float(np.finfo(np.float32).smallest_normal)
 
 
 def check_number(name, value, *, above=None, at_least=None, below=None, integer=False, allow_none=False):
@@ -155,21 +158,30 @@ def check_scale(scale):
 
 
 def check_soft_cap(soft_cap, name="logit_soft_cap"):
-    """`soft_cap` if it is `None` or a positive number at most `FLOAT32_MAX`, else a `ValueError` naming `name`
-    (the capped logits are float32: a larger cap is not a float32 number).
+    """`soft_cap` if it is `None` or a normal float32 number, in `[FLOAT32_SMALLEST_NORMAL,
+    FLOAT32_MAX]` (about `[1.18e-38, 3.4e38]`), else a `ValueError` naming `name`.
+
+    Over that range `keras_attn.core.softmax.soft_capped` is accurate to float32 rounding for every
+    float32 logit, forward and backward; a larger cap is not a float32 number, a subnormal one is
+    read as 0 where subnormals are flushed (CPUs), which turns `x / cap` into `inf` or NaN.
 
     >>> check_soft_cap(50.0)
     50.0
+    >>> check_soft_cap(1e-40)
+    Traceback (most recent call last):
+    ...
+    ValueError: `logit_soft_cap` must be a number in [1.1754943508222875e-38, 3.4028234663852886e+38] (a normal float32) or None. Received: logit_soft_cap=1e-40
     """
     if soft_cap is None:
         return soft_cap
     if (
         isinstance(soft_cap, (bool, np.bool_))
         or not isinstance(soft_cap, numbers.Real)
-        or not 0 < soft_cap <= FLOAT32_MAX
+        or not FLOAT32_SMALLEST_NORMAL <= soft_cap <= FLOAT32_MAX
     ):
         raise ValueError(
-            f"`{name}` must be a positive number at most {FLOAT32_MAX} (float32) or None. Received: {name}={soft_cap!r}"
+            f"`{name}` must be a number in [{FLOAT32_SMALLEST_NORMAL}, {FLOAT32_MAX}] (a normal float32) or None. "
+            f"Received: {name}={soft_cap!r}"
         )
     return soft_cap
 
