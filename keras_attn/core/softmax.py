@@ -26,6 +26,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_attn.utils import float_math_dtype
+from keras_attn.validation import check_broadcastable
 
 # An additive bias at or below this value is a mask (the `-1e9` idiom of Keras and Transformers
 # code, `-inf`, a dtype's lowest value): `bias_mask` turns it into `mask=False`.
@@ -175,7 +176,8 @@ def masked_softmax(logits, mask=None):
 
     Args:
         logits: float logits `(batch, heads, query_len, key_len)`.
-        mask: optional boolean mask broadcastable to `logits`, `True` = attend.
+        mask: optional boolean mask broadcastable to `logits` (without changing their shape; a
+            `ValueError` says so), `True` = attend.
 
     Example:
 
@@ -184,6 +186,7 @@ def masked_softmax(logits, mask=None):
     ...                np.array([[True, True, False], [False, False, False]])).numpy().tolist()
     [[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]
     """
+    check_broadcastable(mask=mask, to="logits", logits=logits)
     logits = ops.cast(logits, float_math_dtype(logits.dtype))
     if mask is None:
         return ops.softmax(logits, axis=-1)

@@ -35,11 +35,14 @@ def merged_mask(query_mask, value_mask, key_mask, attention_mask):
     )
 
 
-def rows_with_keys(mask):
+def rows_with_keys(mask, query_len=None, key_len=None):
     """`(batch or 1, query_len)`: whether each query row of a merged 4-D `mask` sees any key in any head;
-    `None` (every row) when `mask` is. `False` for a padded query (its row of the mask is all `False`)
-    and for a row whose keys the masks all exclude."""
-    return None if mask is None else ops.any(mask, axis=(1, 3))
+    `None` (every row) when `mask` is, unless there are no keys at all (a known `key_len` of 0).
+    `False` for a padded query (its row of the mask is all `False`) and for a row whose keys the
+    masks all exclude."""
+    if mask is None:
+        return ops.zeros((1, query_len), "bool") if key_len == 0 else None
+    return ops.any(mask, axis=(1, 3))
 
 
 def as_4d_mask(mask):

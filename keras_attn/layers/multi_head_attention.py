@@ -506,7 +506,10 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 training,
                 return_attention_scores,
             )
-        output_rows = merge_masks(rows_with_keys(mask), segment_arguments.rows_in_documents(mask, query_ids, key_ids))
+        output_rows = merge_masks(
+            rows_with_keys(mask, ops.shape(query)[1], projected_key.shape[1]),
+            segment_arguments.rows_in_documents(mask, query_ids, key_ids),
+        )
         return self._finish(query, attended, output_rows, weights, cache, return_attention_scores)
 
     def _attend(self, query, key, value, training, return_attention_scores, **options):
