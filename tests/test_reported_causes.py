@@ -2,10 +2,11 @@
 each (the cause id in its name): the right number against an independent oracle (the float64
 reference, the same layer on float inputs) where the input is valid, a `ValueError` naming the
 argument and the value received where it is not. The soft cap's (S1, S2) are in
-test_logit_soft_cap.py, the attention axes' (S3, U4, U5) in test_multi_head_attention.py."""
+test_logit_soft_cap.py."""
 
 import re
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -117,3 +118,94 @@ def test_u9_pack_refuses_a_list_naming_dataset():
     """U9: `AttributeError: 'list' object has no attribute 'element_spec'`."""
     with pytest.raises(ValueError, match=re.escape("Received: dataset=[[1, 2], [3]] (a list)")):
         packing.pack([[1, 2], [3]], row_length=4)
+
+
+# Attention over several axes (or another one than the sequence): Keras's layer with the same weights
+# and the same mask written out in Keras's layout `(batch, <other axes>, <query axes>, <key axes>)`
+# is the oracle where a query sees a key; a query that sees none outputs zeros (the documented contract).
+IMAGE = RNG.normal(size=(2, 3, 2, 4)).astype("float32")  # (batch, rows, columns, features)
+ROWS_PADDED = np.ones((2, 3, 2), bool)
+ROWS_PADDED[1, 2] = False  # the last row of the second image is padding
+COLUMN_PADDED = np.ones((2, 3, 2), bool)
+COLUMN_PADDED[0, :, 1] = False
+
+
+def _layers(attention_axes):
+    ours = keras_attn.MultiHeadAttention(num_heads=2, key_dim=2, attention_axes=attention_axes)
+    theirs = keras.layers.MultiHeadAttention(num_heads=2, key_dim=2, attention_axes=attention_axes)
+    ours(IMAGE, IMAGE), theirs(IMAGE, IMAGE)
+    weights = [RNG.normal(size=w.shape).astype("float32") for w in ours.get_weights()]  # biases not zero
+    ours.set_weights(weights), theirs.set_weights(weights)
+    return ours, theirs
+
+
+def _keras_layout(query_mask, key_mask, attention_axes):
+    """The `(batch, <other axes>, <query axes>, <key axes>)` mask of padding masks over (rows, columns)."""
+    if attention_axes == (1, 2):
+        return query_mask[:, :, :, None, None] & key_mask[:, None, None, :, :]
+    return query_mask.transpose(0, 2, 1)[:, :, :, None] & key_mask.transpose(0, 2, 1)[:, :, None, :]  # over rows
+
+
+@pytest.mark.parametrize("attention_axes", [(1, 2), (1,)])
+@pytest.mark.parametrize("masks", ["query_mask", "value_mask", "query_mask and key_mask", "attention_mask"])
+def test_s3_u4_padding_masks_over_attention_axes_match_keras_and_keyless_queries_output_zero(attention_axes, masks):
+    """U4: `query_mask` over several axes raised (BroadcastTo, "axis -7 out of bounds"); S3: a padded or
+    keyless query output the output projection's bias, not zero."""
+    ours, theirs = _layers(attention_axes)
+    query_mask = ROWS_PADDED if "query_mask" in masks else np.ones_like(ROWS_PADDED)
+    key_mask = COLUMN_PADDED if masks in ("value_mask", "query_mask and key_mask") else np.ones_like(ROWS_PADDED)
+    full = _keras_layout(query_mask, key_mask, attention_axes)
+    if masks == "attention_mask":
+        full = full & _keras_layout(ROWS_PADDED, np.ones_like(ROWS_PADDED), attention_axes)
+        given = dict(attention_mask=full)
+    else:
+        given = {"query_mask": query_mask} if "query_mask" in masks else {}
+        given.update({"key_mask" if "key_mask" in masks else "value_mask": key_mask} if "mask" in masks[-9:] else {})
+    got = np.asarray(ours(IMAGE, IMAGE, **given))
+    want = np.asarray(theirs(IMAGE, IMAGE, attention_mask=full))
+    keyless = ~full.any(axis=(-2, -1) if attention_axes == (1, 2) else -1)  # (batch, <query positions>)
+    if attention_axes == (1,):
+        keyless = keyless.transpose(0, 2, 1)  # (batch, columns, rows) -> (batch, rows, columns)
+    assert keyless.any() or masks == "value_mask"  # padded rows: queries without keys
+    np.testing.assert_array_equal(got[keyless], 0.0)
+    np.testing.assert_allclose(got[~keyless], want[~keyless], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "attention_axes", [(1, 1), (1.0,), (1.0, 2.0), [1, True]], ids=["repeated", "float", "floats", "bool"]
+)
+def test_u5_attention_axes_that_name_no_axis_once_are_refused_naming_them(attention_axes):
+    """U5: raw errors (an IndexError for floats, an einsum's for a repeated axis)."""
+    with pytest.raises(ValueError, match=re.escape(f"Received: attention_axes={attention_axes!r}")):
+        keras_attn.MultiHeadAttention(num_heads=2, key_dim=2, attention_axes=attention_axes)
+    if attention_axes == (1, 1):  # the same axis twice from both ends is refused when the rank is known
+        with pytest.raises(ValueError, match=r"distinct axes .*attention_axes=\(1, -3\)"):
+            keras_attn.MultiHeadAttention(num_heads=2, key_dim=2, attention_axes=(1, -3))(IMAGE, IMAGE)
+
+
+@pytest.mark.parametrize(
+    "name, shape",
+    [
+        ("attention_mask", (2, 3, 2, 3, 5)),
+        ("attention_mask", (3, 3, 2, 3, 2)),
+        ("query_mask", (2, 3, 5)),
+        ("value_mask", (2, 3)),
+    ],
+)
+def test_u5_a_mask_that_does_not_fit_the_attention_axes_is_refused_naming_it(name, shape):
+    """U5: raw BroadcastTo errors."""
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=2, attention_axes=(1, 2))
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"`{name}` must be broadcastable to") + ".*" + re.escape(f"Received: {name}.shape={shape}"),
+    ):
+        layer(IMAGE, IMAGE, **{name: np.ones(shape, bool)})
+
+
+def test_u5_a_key_of_another_size_off_the_attention_axes_is_blamed_on_that_axis_not_the_batch():
+    """U5: a key whose columns differ (attention over the rows only) was reported as a batch mismatch
+    of the flattened tensors."""
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=2, attention_axes=(1,))
+    key = np.zeros((2, 3, 5, 4), "float32")
+    with pytest.raises(ValueError, match=r"the axes attention does not run over \(0, 2 .*value.shape=\(2, 3, 5, 4\)"):
+        layer(IMAGE, key)

@@ -71,14 +71,15 @@ def check_mask_shapes(batch, query_len, heads, key_len, **tensors):
         if tensor is None:
             continue
         shape = tuple(tensor.shape)
-        if not any(_broadcastable(shape, target) for target in targets[name]):
+        if not any(broadcastable_to(shape, target) for target in targets[name]):
             raise ValueError(
                 f"`{name}` must be broadcastable to {' or '.join(map(str, targets[name]))}. "
                 f"Received: {name}.shape={shape}"
             )
 
 
-def _broadcastable(shape, target):
+def broadcastable_to(shape, target):
+    """Whether a static `shape` (`None` for an unknown size) broadcasts to `target` of the same rank."""
     return len(shape) == len(target) and all(
         received in (None, 1) or expected in (None, received) for received, expected in zip(shape, target)
     )

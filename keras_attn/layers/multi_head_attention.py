@@ -73,7 +73,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             batch, the heads and the features). On `(batch, seq, features)` inputs attending
             over the sequence (the default) the dense, chunked and blockwise kernels of
             `keras_attn.core.attention` run; other ranks and axes run Keras's einsum path with this
-            layer's masking rules (no cache, bias or grouped key/value heads there).
+            layer's masking rules (no cache, bias or grouped key/value heads there): `query_mask`,
+            `value_mask` and `key_mask` take the inputs' shapes without the features, and a query
+            without any allowed key outputs zeros (`keras_attn.layers.attention_axes`).
         sliding_window: optional positive int; each query attends to keys with
             `|i - j| < sliding_window` (local/band attention).
         flash_attention: `None` (default): `implementation` picks the kernel. `True`: never
