@@ -47,8 +47,7 @@ def flattened(attend, query, key, value, attention_axes, mask=None, return_weigh
         Keras's layout (or `None`).
     """
     rank = len(query.shape)
-    axes = tuple(axis + rank - 1 if axis < 0 else axis for axis in attention_axes)  # the inputs' rank is rank - 1
-    others = tuple(axis for axis in range(1, rank - 2) if axis not in axes)
+    axes, others = resolved(attention_axes, rank - 1)  # the inputs' rank is rank - 1
     order = (0, *others, *axes, rank - 2, rank - 1)  # batch axes, then the sequence, heads, depth
     batch_sizes = [ops.shape(query)[axis] for axis in (0, *others)]
     query_sizes = [ops.shape(query)[axis] for axis in axes]
@@ -83,10 +82,7 @@ def _as_sequence(tensor, order, num_axes):
 def _flat_mask(mask, batch_sizes, query_sizes, key_sizes, num_axes):
     """Keras's attention mask, expanded before its query attention axes to the scores' rank (Keras's
     `_masked_softmax`), broadcast and flattened to `(batch', heads | 1, query_len, key_len)`."""
-    mask = ops.cast(mask, "bool")
-    scores_rank = len(batch_sizes) + 1 + 2 * num_axes
-    for _ in range(scores_rank - len(mask.shape)):
-        mask = ops.expand_dims(mask, axis=-2 * num_axes - 1)
+    mask = keras_expanded(ops.cast(mask, "bool"), len(batch_sizes) + 1 + 2 * num_axes, num_axes)
     heads = mask.shape[len(batch_sizes)]  # the mask's heads axis: 1, or one row per head
     mask = ops.broadcast_to(mask, (*batch_sizes, heads, *query_sizes, *key_sizes))
     return ops.reshape(mask, (_product(batch_sizes), heads, _product(query_sizes), _product(key_sizes)))
@@ -126,8 +122,7 @@ def check_masks(query_shape, key_shape, num_heads, attention_axes, **masks):
 
 
 def _keras_expanded(shape, rank, num_axes):
-    """`shape` with size-1 axes inserted before its query attention axes up to `rank`, as Keras expands
-    an attention mask (`expand_dims(axis=-2 * num_axes - 1)`); unchanged when it cannot be."""
+    """`keras_expanded` on a static shape; unchanged when it cannot be expanded."""
     at = len(shape) - 2 * num_axes
     return shape if at < 0 or len(shape) > rank else (*shape[:at], *(1,) * (rank - len(shape)), *shape[at:])
 
@@ -152,13 +147,15 @@ def merged_mask(query, attention_axes, query_mask, key_mask, attention_mask, cau
     rank = max(1 + len(others) + 2 * len(axes), *(len(mask.shape) for mask in masks))
     merged = None
     for mask in masks:
-        mask = _expanded(ops.cast(mask, "bool"), rank, len(axes))
+        mask = keras_expanded(ops.cast(mask, "bool"), rank, len(axes))
         merged = mask if merged is None else ops.logical_and(merged, mask)
     return merged
 
 
-def _expanded(mask, rank, num_axes):
-    while len(mask.shape) < rank:  # Keras's expansion: before the query attention axes
+def keras_expanded(mask, rank, num_axes):
+    """`mask` expanded to `rank` as Keras's `_masked_softmax` expands an attention mask over `num_axes`
+    attention axes: size-1 axes before its query attention axes (`_keras_expanded` on shapes)."""
+    while len(mask.shape) < rank:
         mask = ops.expand_dims(mask, axis=-2 * num_axes - 1)
     return mask
 
@@ -169,7 +166,7 @@ def rows_with_keys(mask, query, attention_axes):
     if mask is None:
         return None
     axes, others = resolved(attention_axes, len(query.shape))
-    mask = _expanded(mask, 2 + len(others) + 2 * len(axes), len(axes))  # with the heads axis
+    mask = keras_expanded(mask, 2 + len(others) + 2 * len(axes), len(axes))  # with the heads axis
     key_axes = tuple(range(len(mask.shape) - len(axes), len(mask.shape)))
     rows = ops.any(mask, axis=(1 + len(others), *key_axes))  # (batch | 1, <other> | 1, <query axes> | 1)
     order = (0, *others, *axes)

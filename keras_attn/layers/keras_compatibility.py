@@ -16,8 +16,11 @@ from keras_attn import patterns
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import pattern_mask
 from keras_attn.core.segments import segment_mask
-from keras_attn.layers import attention_axes
 from keras_attn.layers import projections
+from keras_attn.layers.attention_axes import check_masks
+from keras_attn.layers.attention_axes import merged_mask
+from keras_attn.layers.attention_axes import resolved
+from keras_attn.layers.attention_axes import rows_with_keys
 
 _SEQUENCE_AXIS = (1,)  # the attention axes of (batch, seq, features) inputs, resolved
 
@@ -41,7 +44,7 @@ def check_input_shapes(query_shape, value_shape, key_shape):
 
 
 def _resolved_axes(attention_axes, rank):
-    return None if attention_axes is None else tuple(axis + rank if axis < 0 else axis for axis in attention_axes)
+    return None if attention_axes is None else resolved(attention_axes, rank)[0]
 
 
 def check_attention_axes(attention_axes, query_shape):
@@ -173,7 +176,7 @@ def call_over_attention_axes(
             f"use_causal_mask=True, attention_axes={layer._attention_axes}, query.shape={tuple(query.shape)}"
         )
     _check_other_axes(layer._attention_axes, query, value, key)
-    attention_axes.check_masks(
+    check_masks(
         query.shape,
         key.shape,
         layer._num_heads,
@@ -183,7 +186,7 @@ def call_over_attention_axes(
         key_mask=key_mask,
         attention_mask=attention_mask,
     )
-    mask = attention_axes.merged_mask(
+    mask = merged_mask(
         query,
         layer._attention_axes,
         query_mask,
@@ -203,7 +206,7 @@ def call_over_attention_axes(
     if gate is not None:
         attended = attended * gate
     output = layer._output_dense(attended)
-    rows = attention_axes.rows_with_keys(mask, query, layer._attention_axes)  # zeros, not the bias, without keys
+    rows = rows_with_keys(mask, query, layer._attention_axes)  # zeros, not the bias, without keys
     output = output if rows is None else ops.where(ops.expand_dims(rows, -1), output, ops.zeros_like(output))
     return (output, weights) if return_attention_scores else output
 
@@ -211,7 +214,7 @@ def call_over_attention_axes(
 def _check_other_axes(axes, query, value, key):
     """ValueError unless `value` and `key` have the query's sizes on the axes attention does not run
     over (the batch axis, and the others outside `axes`): Keras's einsum pairs them."""
-    _, others = attention_axes.resolved(axes, len(query.shape))
+    _, others = resolved(axes, len(query.shape))
     for name, tensor in (("value", value), ("key", key)):
         if any(
             None not in (query.shape[a], tensor.shape[a]) and query.shape[a] != tensor.shape[a] for a in (0, *others)

@@ -613,8 +613,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         if attention_mask is None:
             return weights
         mask = ops.cast(attention_mask, "bool")
-        for _ in range(len(attention_scores.shape) - len(mask.shape)):
-            mask = ops.expand_dims(mask, axis=-len(self._attention_axes) * 2 - 1)  # Keras's expansion
+        mask = attention_axes.keras_expanded(mask, len(attention_scores.shape), len(self._attention_axes))
         return zero_masked(weights, mask)
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
