@@ -144,7 +144,11 @@ SPECS = {
     "attention_dropout": ArgSpec("rate_or_none", "dropout of the attention weights (default dropout)"),
     "dropout_rate": ArgSpec("rate", "dropout of the attention weights", range="[0, 1)"),
     "scale": ArgSpec("positive_number_or_none", "inverse temperature of the softmax", range="(0, float32 max]"),
-    "logit_soft_cap": ArgSpec("positive_number_or_none", "tanh cap of the scaled logits (Gemma 2)", range="(0, inf)"),
+    "logit_soft_cap": ArgSpec(
+        "positive_number_or_none",
+        "tanh cap of the scaled logits (Gemma 2)",
+        range="[float32 smallest normal, float32 max]",
+    ),
     "max_wavelength": ArgSpec("number_above_1", "longest wavelength of the sinusoids", range="> 1"),
     "scaling_factor": ArgSpec("positive_number", "divides the rotary positions", range="> 0"),
     "layer_norm_epsilon": ArgSpec("positive_number", "epsilon of the layer norms", range="> 0"),
@@ -291,7 +295,11 @@ SURFACE_SPECS = {
         "key": _sequence("keys (batch, key_len, kv_heads, depth)", rank="4", relation="Keras's layout"),
         "value": _sequence("values (batch, key_len, kv_heads, depth)", rank="4", relation="Keras's layout"),
         "mask": ArgSpec("attention_mask", "True where a query may attend a key", dtype="bool", rank="2-4"),
-        "attn_logits_soft_cap": ArgSpec("positive_number_or_none", "tanh cap of the logits (Keras's argument)"),
+        "attn_logits_soft_cap": ArgSpec(
+            "positive_number_or_none",
+            "tanh cap of the logits (Keras's argument)",
+            range="[float32 smallest normal, float32 max]",
+        ),
     },
     "keras_attn.scaled_dot_product_attention": {
         "query": _sequence("queries (batch, query_len, heads, depth)", rank="4", relation="depth of key"),

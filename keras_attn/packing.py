@@ -17,6 +17,8 @@ per-token losses over the real documents or tokens only, so a packed batch has t
 documents have unpacked.
 """
 
+import reprlib
+
 import tensorflow as tf
 
 from keras_attn.core.segments import document_positions
@@ -83,6 +85,12 @@ def pack(dataset, row_length, *, max_documents=None, strategy="first_fit", windo
     [5 6 7 8 9] [1 1 1 2 2] [0 1 2 0 1] [ True  True]
     [3 4 5 6 0] [1 1 1 1 0] [0 1 2 3 0] [ True False]
     """
+    if not isinstance(dataset, tf.data.Dataset):
+        raise ValueError(
+            "`dataset` must be a `tf.data.Dataset` of documents; make one from a list of token lists with "
+            "`tf.data.Dataset.from_tensor_slices(tf.ragged.constant(documents))`. "
+            f"Received: dataset={reprlib.repr(dataset)} (a {type(dataset).__name__})"
+        )
     check_choice("strategy", strategy, STRATEGIES)
     check_positive_int("window", window)
     check_bool("truncate", truncate)

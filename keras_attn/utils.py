@@ -55,6 +55,17 @@ def clone_initializer(initializer):
     return initializer.__class__.from_config(initializer.get_config())
 
 
+def as_float_inputs(inputs, dtype):
+    """`inputs` cast to `dtype` (a layer's compute dtype) when they are integers or booleans, as
+    Keras's layers take them (`Dense`, `MultiHeadAttention`, `LayerNormalization` promote them to
+    float); float inputs unchanged (Keras's autocasting has given them the layer's dtype). Read a
+    Keras mask of `inputs` before: the cast tensor has none."""
+    inputs = keras.ops.convert_to_tensor(inputs)
+    if "float" in keras.backend.standardize_dtype(inputs.dtype):
+        return inputs
+    return keras.ops.cast(inputs, dtype)
+
+
 def keras_mask(tensor):
     """The Keras mask a mask-producing layer upstream attached to `tensor`, or `None`."""
     return getattr(tensor, "_keras_mask", None)

@@ -20,6 +20,9 @@ import numpy as np
 MAX_ELEMENTS = 2**31 - 1
 # The largest finite float32: the logits are computed in float32, where a larger scale is `inf`.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+# The smallest normal float32: a smaller (subnormal) cap is read as 0 by CPUs that flush
+# subnormals, and `x / cap` is then `inf` or NaN.
+FLOAT32_SMALLEST_NORMAL = float(np.finfo(np.float32).smallest_normal)
 
 
 def check_number(name, value, *, above=None, at_least=None, below=None, integer=False, allow_none=False):
@@ -155,29 +158,45 @@ def check_scale(scale):
 
 
 def check_soft_cap(soft_cap, name="logit_soft_cap"):
-    """`soft_cap` if it is `None` or a positive number at most `FLOAT32_MAX`, else a `ValueError` naming `name`
-    (the capped logits are float32: a larger cap is not a float32 number).
+    """`soft_cap` if it is `None` or a normal float32 number, in `[FLOAT32_SMALLEST_NORMAL,
+    FLOAT32_MAX]` (about `[1.18e-38, 3.4e38]`), else a `ValueError` naming `name`.
+
+    Over that range `keras_attn.core.softmax.soft_capped` is accurate to float32 rounding for every
+    float32 logit, forward and backward; a larger cap is not a float32 number, a subnormal one is
+    read as 0 where subnormals are flushed (CPUs), which turns `x / cap` into `inf` or NaN.
 
     >>> check_soft_cap(50.0)
     50.0
+    >>> check_soft_cap(1e-40)
+    Traceback (most recent call last):
+    ...
+    ValueError: `logit_soft_cap` must be a number in [1.1754943508222875e-38, 3.4028234663852886e+38] (a normal float32) or None. Received: logit_soft_cap=1e-40
     """
     if soft_cap is None:
         return soft_cap
     if (
         isinstance(soft_cap, (bool, np.bool_))
         or not isinstance(soft_cap, numbers.Real)
-        or not 0 < soft_cap <= FLOAT32_MAX
+        or not FLOAT32_SMALLEST_NORMAL <= soft_cap <= FLOAT32_MAX
     ):
         raise ValueError(
-            f"`{name}` must be a positive number at most {FLOAT32_MAX} (float32) or None. Received: {name}={soft_cap!r}"
+            f"`{name}` must be a number in [{FLOAT32_SMALLEST_NORMAL}, {FLOAT32_MAX}] (a normal float32) or None. "
+            f"Received: {name}={soft_cap!r}"
         )
     return soft_cap
 
 
 def check_position(name, value):
-    """`value` if the position (or length) is an int in `[0, MAX_ELEMENTS]` or an integer tensor, else a
-    `ValueError`: a float would give fractional positions, a negative int positions before the
-    sequence, a larger one overflows TensorFlow's int32 positions."""
+    """`value` if the position (or length) is an int in `[0, MAX_ELEMENTS]` or an integer tensor whose
+    values, when known (eager), lie there too, else a `ValueError`: a float would give fractional
+    positions, a negative int positions before the sequence, a larger one overflows TensorFlow's
+    int32 positions. A symbolic tensor (a graph's, XLA's) is checked by dtype only.
+
+    >>> check_position("query_offset", np.int32(-3))
+    Traceback (most recent call last):
+    ...
+    ValueError: `query_offset` must be an int in [0, 2147483647] or an integer tensor. Received: query_offset=np.int32(-3)
+    """
     if isinstance(value, numbers.Number) or not hasattr(value, "dtype"):
         valid = (
             isinstance(value, numbers.Integral)
@@ -185,10 +204,12 @@ def check_position(name, value):
             and 0 <= value <= MAX_ELEMENTS
         )
     else:
-        valid = "int" in keras.backend.standardize_dtype(value.dtype)
+        values = _known_values(value) if "int" in keras.backend.standardize_dtype(value.dtype) else np.array(-1)
+        valid = values is None or bool(np.all((values >= 0) & (values <= MAX_ELEMENTS)))
     if not valid:
+        tensor = "" if isinstance(value, numbers.Number) or not hasattr(value, "dtype") else " of values in that range"
         raise ValueError(
-            f"`{name}` must be an int in [0, {MAX_ELEMENTS}] or an integer tensor. Received: {name}={value!r}"
+            f"`{name}` must be an int in [0, {MAX_ELEMENTS}] or an integer tensor{tensor}. Received: {name}={value!r}"
         )
     return value
 
@@ -209,6 +230,41 @@ def check_same_batch(**tensors):
             f"{', '.join(names[:-1])} and {names[-1]} must have the same batch size. Received: "
             + ", ".join(f"{name}.shape={tuple(tensor.shape)}" for name, tensor in given.items())
         )
+
+
+def check_broadcastable(to=None, **tensors):
+    """A `ValueError` naming the tensors (`name=tensor`, `None` skipped) unless their known shapes
+    broadcast to one another (NumPy's rule), or, with `to` (a `name=tensor` of them), to that
+    one's shape without changing it. Unknown sizes (a graph's) pass.
+
+    >>> check_broadcastable(mask=np.ones((4, 3)), to="logits", logits=np.ones((2, 3)))
+    Traceback (most recent call last):
+    ...
+    ValueError: `mask` must be broadcastable to `logits`. Received: mask.shape=(4, 3), logits.shape=(2, 3)
+    """
+    shapes = {name: _static_shape(tensor) for name, tensor in tensors.items() if tensor is not None}
+    shapes = {name: shape for name, shape in shapes.items() if shape is not None}
+    target = shapes.get(to)
+    rank = max(map(len, shapes.values()), default=0)
+    for axis in range(1, rank + 1):
+        sizes = {shape[-axis] for shape in shapes.values() if len(shape) >= axis and shape[-axis] not in (None, 1)}
+        fits = len(sizes) <= 1
+        if target is not None:  # the target's size, unless unknown, is the only one allowed past 1
+            fits = len(target) >= axis and (sizes <= {target[-axis]} if target[-axis] is not None else fits)
+        if not fits:
+            received = ", ".join(f"{name}.shape={shape}" for name, shape in shapes.items())
+            names = [f"`{name}`" for name in shapes if name != to]
+            together = f"{', '.join(names[:-1])} and {names[-1]} must broadcast to one another"
+            wording = f"{' and '.join(names)} must be broadcastable to `{to}`" if to is not None else together
+            raise ValueError(f"{wording}. Received: {received}")
+
+
+def _static_shape(tensor):
+    """The shape of a tensor (or nested list) as a tuple, `None` sizes unknown; `None` for an unknown rank."""
+    shape = tensor.shape if hasattr(tensor, "shape") else np.shape(tensor)
+    if getattr(shape, "rank", 0) is None:
+        return None
+    return tuple(shape)
 
 
 def check_segment_ids(name, ids, batch=None, length=None, runs=False, of="the inputs"):

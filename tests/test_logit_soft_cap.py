@@ -1,6 +1,8 @@
 """Logit soft-capping (`logit_soft_cap`: `tanh(scale * Q K^T / cap) * cap` before the bias and the mask,
 Gemma 2's) on every kernel of the registry, forward and backward, against the float64 reference."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -10,6 +12,8 @@ from keras_attn import scaled_dot_product_attention
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels.call import AttentionCall
 from keras_attn.ops import dot_product_attention
+from keras_attn.validation import FLOAT32_MAX
+from keras_attn.validation import FLOAT32_SMALLEST_NORMAL
 from tests import reference
 from tests.kernel_registry import kernels_taking
 
@@ -96,3 +100,54 @@ def test_the_keras_signature_op_takes_attn_logits_soft_cap():
     got = dot_product_attention(query, key, value, bias=bias, scale=SCALE, attn_logits_soft_cap=SOFT_CAP)
     want, _ = reference.attention(query, key, value, bias=bias, scale=SCALE, soft_cap=SOFT_CAP)
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-10)
+
+
+# The ends of the accepted range (`check_soft_cap`: the normal float32 numbers) and a cap past which
+# `logits / cap` of ordinary logits is below the smallest normal float32 (flushed to 0 on CPUs).
+RANGE_ENDS = (FLOAT32_SMALLEST_NORMAL, 1e37, FLOAT32_MAX)
+
+
+@pytest.mark.parametrize("kernel_name", sorted(KERNELS))
+@pytest.mark.parametrize("soft_cap", RANGE_ENDS)
+def test_s1_s2_float32_logits_are_capped_exactly_at_the_ends_of_the_range(kernel_name, soft_cap):
+    """Issue 51, S1 and S2: float32 logits from 0 (a zero query: an uncapped row at any cap) to
+    about 40, at the smallest and the largest caps accepted, forward and gradients, against the float64
+    reference (a large cap once flushed `x / cap` to 0, a small one gave a gradient of 0 or NaN)."""
+    query, key, value, _, _ = (t.astype("float32") for t in _inputs(seed=11))
+    query[0, 0] = 0.0  # logits exactly 0: the cap's derivative is 1 there, whatever the cap
+    pattern = _pattern_for(kernel_name)
+    allowed = np.asarray(pattern.block_mask(LENGTH, LENGTH, 0))
+    output_gradient = np.random.default_rng(5).normal(size=query.shape).astype("float32")
+    tensors = [tf.constant(t) for t in (query, key, value)]
+    with tf.GradientTape() as tape:
+        tape.watch(tensors)
+        output = scaled_dot_product_attention(
+            *tensors, pattern=pattern, scale=SCALE, logit_soft_cap=soft_cap, implementation=kernel_name
+        )
+        loss = tf.reduce_sum(output * output_gradient)
+    grads = tape.gradient(loss, tensors)
+
+    want, _ = reference.attention(query, key, value, mask=allowed, scale=SCALE, soft_cap=soft_cap)
+    np.testing.assert_allclose(np.asarray(output), want, atol=2e-6)
+    wanted = reference.attention_gradients(
+        query, key, value, output_gradient, mask=allowed, scale=SCALE, soft_cap=soft_cap
+    )
+    for name, got, expected in zip(("query", "key", "value"), grads, wanted[:3]):
+        np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "soft_cap", [1e-40, float(np.nextafter(np.float32(FLOAT32_SMALLEST_NORMAL), np.float32(0))), 3.5e38]
+)
+def test_s2_a_cap_outside_the_normal_float32_numbers_is_refused_naming_it(soft_cap):
+    """Issue 51, S2: a subnormal cap (read as 0 where subnormals are flushed: a NaN gradient) or one
+    past the float32 limit is refused on every surface, naming the argument and the value."""
+    tensor = tf.zeros((1, 4, 1, 2))
+    with pytest.raises(
+        ValueError, match=rf"`logit_soft_cap` must be .*Received: logit_soft_cap={re.escape(repr(soft_cap))}"
+    ):
+        scaled_dot_product_attention(tensor, tensor, tensor, logit_soft_cap=soft_cap)
+    with pytest.raises(
+        ValueError, match=rf"`attn_logits_soft_cap` .*Received: attn_logits_soft_cap={re.escape(repr(soft_cap))}"
+    ):
+        dot_product_attention(tensor, tensor, tensor, attn_logits_soft_cap=soft_cap)

@@ -599,6 +599,9 @@ def test_attention_axes_run_our_kernel_as_keras_computes_them(shape, attention_a
     axes = [axis % len(shape) for axis in np.atleast_1d(attention_axes)]
     attended = [shape[axis] for axis in axes]
     mask = rng.random((shape[0], *attended, *attended)) < 0.7  # Keras's (batch, <query axes>, <key axes>)
+    positions = int(np.prod(attended))
+    # Every query sees a key: where none, Keras outputs its bias, ours zeros (test_reported_causes, S3).
+    mask.reshape(shape[0], positions, positions)[:, np.arange(positions), np.arange(positions)] = True
     keras_layer, ours = _twin_layers([query, value], num_heads=2, key_dim=4, attention_axes=attention_axes)
     expected, expected_scores = keras_layer(query, value, attention_mask=mask, return_attention_scores=True)
     kernel_calls.clear()

@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attn.blocks.documents import token_documents
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
+from keras_attn.utils import as_float_inputs
 from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_sequence_shape
 from keras_attn.utils import nan_unless
@@ -87,6 +88,7 @@ class AttentionPooling(keras.layers.Layer):
 
     def call(self, inputs, mask=None, segment_ids=None, training=None):
         check_padding_mask("mask", mask, inputs.shape)
+        inputs = as_float_inputs(inputs, self.compute_dtype)  # not the query cast to ints: as Keras's layers
         documents, count, valid = token_documents(inputs, mask, segment_ids, self.max_documents)
         slots = ops.arange(1, count + 1, dtype="int32")[None, :, None]  # (1, count, 1)
         reads = ops.equal(ops.expand_dims(documents, 1), slots)  # (batch, count, seq): query d reads document d

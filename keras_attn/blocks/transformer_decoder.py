@@ -8,6 +8,7 @@ from keras_attn.core.masks import zero_padding
 from keras_attn.layers.capabilities import describe
 from keras_attn.layers.capabilities import unsupported
 from keras_attn.layers.segment_arguments import real_tokens
+from keras_attn.utils import as_float_inputs
 from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_sequence_shape
 from keras_attn.utils import keras_mask
@@ -313,6 +314,7 @@ class TransformerDecoder(TransformerBlock):
             ),
         )
         decoder_padding_mask = keras_mask(decoder_sequence) if decoder_padding_mask is None else decoder_padding_mask
+        decoder_sequence = as_float_inputs(decoder_sequence, self.compute_dtype)  # as Keras's layers take them
         # With a key/value cache the mask may cover the whole cache (see `MultiHeadAttention`).
         over_the_tokens = self_attention_cache is None or recurrent  # else it may cover the whole cache
         check_padding_mask(

@@ -15,6 +15,7 @@ from keras_attn.layers.capabilities import describe
 from keras_attn.layers.capabilities import unsupported
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.segment_arguments import real_tokens
+from keras_attn.utils import as_float_inputs
 from keras_attn.utils import check_padding_mask
 from keras_attn.utils import check_sequence_shape
 from keras_attn.utils import clone_initializer
@@ -352,6 +353,7 @@ class TransformerEncoder(TransformerBlock):
     ):
         padding_mask = keras_mask(inputs) if padding_mask is None else padding_mask
         check_padding_mask("padding_mask", padding_mask, inputs.shape)
+        inputs = as_float_inputs(inputs, self.compute_dtype)  # ints and booleans, as Keras's layers take them
         segment_ids = self._checked_segment_ids(
             self.self_attention, "segment_ids", segment_ids, inputs.shape[1], inputs.shape[0]
         )

@@ -9,6 +9,7 @@ masks through `pattern_mask`.
 from keras import ops
 
 from keras_attn import patterns
+from keras_attn.validation import check_broadcastable
 
 
 def causal_mask(query_len, key_len, query_offset=0):
@@ -65,13 +66,15 @@ def merge_masks(*masks):
     """Logical AND of the masks that are not `None`; `None` when all are `None`.
 
     Args:
-        *masks: boolean masks (or `None`), broadcastable to one another.
+        *masks: boolean masks (or `None`), broadcastable to one another (a `ValueError` names
+            those whose known shapes are not).
 
     Example:
 
     >>> merge_masks(causal_mask(3, 3), None, sliding_window_mask(3, 3, 2))[0, 0].numpy().astype(int).tolist()
     [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
     """
+    check_broadcastable(**{f"masks[{index}]": mask for index, mask in enumerate(masks)})
     merged = None
     for mask in masks:
         if mask is None:

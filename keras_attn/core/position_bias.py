@@ -72,6 +72,12 @@ class PositionBias(keras.layers.Layer):
     def call(self, query_positions, key_positions):
         for name, positions in (("query_positions", query_positions), ("key_positions", key_positions)):
             _check_positions(name, positions)
+        batches = [positions.shape[0] for positions in (query_positions, key_positions) if len(positions.shape) == 2]
+        if len(set(batches) - {None, 1}) > 1:  # a batch of 1 (or 1-D positions) is every row's
+            raise ValueError(
+                "`query_positions` and `key_positions` must have the same batch size (or 1). Received: "
+                f"query_positions.shape={tuple(query_positions.shape)}, key_positions.shape={tuple(key_positions.shape)}"
+            )
         return ops.cast(self.block_bias(self.bias_parameters(), query_positions, key_positions), self.compute_dtype)
 
     def compute_output_shape(self, query_positions_shape, key_positions_shape):

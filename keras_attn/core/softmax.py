@@ -26,6 +26,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_attn.utils import float_math_dtype
+from keras_attn.validation import check_broadcastable
 
 # An additive bias at or below this value is a mask (the `-1e9` idiom of Keras and Transformers
 # code, `-inf`, a dtype's lowest value): `bias_mask` turns it into `mask=False`.
@@ -79,7 +80,14 @@ def soft_capped(logits, soft_cap):
     """`tanh(logits / soft_cap) * soft_cap` (Gemma 2's logit soft-capping, FlashAttention's `softcap`):
     the logits squashed smoothly into `(-soft_cap, soft_cap)`; `logits` unchanged for `soft_cap=None`.
     Applied to `scale * Q K^T` before the bias and the mask are added, as Gemma does; its derivative
-    is `1 - (capped / soft_cap)^2` (`keras_attn.kernels.streaming_softmax.cap_gradient`).
+    is `soft_cap_derivative`.
+
+    Accurate to the dtype's rounding for every logit and every cap that `check_soft_cap` accepts
+    (the normal float32 numbers): a logit below `soft_cap * sqrt(eps)` is its own capped value
+    (`tanh(t) = t` to the last bit for `t` that small), so `logits / soft_cap` is never computed
+    where it would fall below the smallest normal float (flushed to 0 on CPUs, for a cap above 1);
+    and the gradient is `soft_cap_derivative`, never `upstream * soft_cap / soft_cap`, which
+    overflows for a large cap and flushes to 0 for a small one.
 
     >>> [round(x, 4) for x in soft_capped(np.array([0.0, 1.0, 1e6]), 5.0).numpy().tolist()]
     [0.0, 0.9869, 5.0]
@@ -87,8 +95,29 @@ def soft_capped(logits, soft_cap):
     if soft_cap is None:
         return logits
     logits = ops.convert_to_tensor(logits)
-    cap = ops.cast(soft_cap, logits.dtype)
-    return ops.multiply(ops.tanh(ops.divide(logits, cap)), cap)
+    dtype = keras.backend.standardize_dtype(logits.dtype)
+    cap = ops.cast(soft_cap, dtype)
+    below_rounding = soft_cap * math.sqrt(float(np.finfo(dtype).eps))  # tanh(t) * cap rounds to t * cap
+
+    @ops.custom_gradient
+    def _capped(logits):
+        linear = ops.less(ops.abs(logits), ops.cast(below_rounding, dtype))
+        capped = ops.where(linear, logits, ops.multiply(ops.tanh(ops.divide(logits, cap)), cap))
+
+        def gradient(*args, upstream=None):
+            upstream = args[0] if upstream is None else upstream
+            return upstream * soft_cap_derivative(capped, soft_cap)
+
+        return capped, gradient
+
+    return _capped(logits)
+
+
+def soft_cap_derivative(capped, soft_cap):
+    """The derivative of `soft_capped` at the logits whose capped values are `capped`:
+    `1 - (capped / soft_cap)^2`, from `capped` (within `[-soft_cap, soft_cap]`, so the quotient
+    cannot overflow) instead of from the logits."""
+    return 1.0 - ops.square(ops.divide(capped, ops.cast(soft_cap, capped.dtype)))
 
 
 def query_with_scale(query, scale):
@@ -147,7 +176,8 @@ def masked_softmax(logits, mask=None):
 
     Args:
         logits: float logits `(batch, heads, query_len, key_len)`.
-        mask: optional boolean mask broadcastable to `logits`, `True` = attend.
+        mask: optional boolean mask broadcastable to `logits` (without changing their shape; a
+            `ValueError` says so), `True` = attend.
 
     Example:
 
@@ -156,6 +186,7 @@ def masked_softmax(logits, mask=None):
     ...                np.array([[True, True, False], [False, False, False]])).numpy().tolist()
     [[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]
     """
+    check_broadcastable(mask=mask, to="logits", logits=logits)
     logits = ops.cast(logits, float_math_dtype(logits.dtype))
     if mask is None:
         return ops.softmax(logits, axis=-1)

@@ -168,7 +168,7 @@ def scaled_dot_product_attention(
             in the cache's row, not for packed cross-attention rows whose documents start at
             different places in the two rows (give those no position bias).
         key_segment_ids: see `query_segment_ids`.
-        logit_soft_cap: optional positive finite number `cap`: the logits become
+        logit_soft_cap: optional number `cap`, a normal float32 (`[1.18e-38, 3.4e38]`): the logits become
             `tanh(scale * Q K^T / cap) * cap` before the bias, the position bias and the mask are
             added (Gemma 2 and Gemma 3's `attention_logit_soft_cap`, FlashAttention's `softcap`), on
             every kernel, with its gradient.

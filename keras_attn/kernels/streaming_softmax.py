@@ -38,6 +38,7 @@ import numbers
 
 import tensorflow as tf
 
+from keras_attn.core.softmax import soft_cap_derivative
 from keras_attn.core.softmax import soft_capped
 from keras_attn.utils import float_math_dtype
 
@@ -86,12 +87,12 @@ def raw_logits(query, key, soft_cap=None):
 
 
 def cap_gradient(logits_gradient, capped, soft_cap):
-    """`dZ` carried through the soft cap to the uncapped logits: `dZ * (1 - (capped / soft_cap)^2)`;
+    """`dZ` carried through the soft cap to the uncapped logits: `dZ * soft_cap_derivative(capped)`;
     `dZ` unchanged for `soft_cap=None`. `capped` may hold `-inf` where a key is excluded (its `dZ`
     is 0): the derivative is read as 0 there, never `0 * inf`."""
     if soft_cap is None:
         return logits_gradient
-    derivative = 1.0 - tf.square(capped / tf.cast(soft_cap, capped.dtype))
+    derivative = soft_cap_derivative(capped, soft_cap)
     derivative = tf.where(tf.math.is_finite(capped), derivative, tf.zeros_like(derivative))
     return logits_gradient * derivative
 

@@ -18,6 +18,10 @@ from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import pattern_mask
 from keras_attn.core.segments import segment_mask
 from keras_attn.layers import projections
+from keras_attn.layers.attention_axes import check_masks
+from keras_attn.layers.attention_axes import merged_mask
+from keras_attn.layers.attention_axes import resolved
+from keras_attn.layers.attention_axes import rows_with_keys
 
 _SEQUENCE_AXIS = (1,)  # the attention axes of (batch, seq, features) inputs, resolved
 
@@ -41,16 +45,18 @@ def check_input_shapes(query_shape, value_shape, key_shape):
 
 
 def _resolved_axes(attention_axes, rank):
-    return None if attention_axes is None else tuple(axis + rank if axis < 0 else axis for axis in attention_axes)
+    return None if attention_axes is None else resolved(attention_axes, rank)[0]
 
 
 def check_attention_axes(attention_axes, query_shape):
-    """ValueError unless every attention axis lies between the batch axis and the feature axis."""
+    """ValueError unless every attention axis lies between the batch axis and the feature axis, each
+    once (`1` and `-3` of rank-4 inputs are one axis)."""
     rank = len(query_shape)
-    for axis in _resolved_axes(attention_axes, rank) or ():
-        if not 1 <= axis <= rank - 2:
+    axes = _resolved_axes(attention_axes, rank) or ()
+    for axis in axes:
+        if not 1 <= axis <= rank - 2 or axes.count(axis) > 1:
             raise ValueError(
-                f"`attention_axes` must name axes between the batch and the feature axis (1 to {rank - 2} "
+                f"`attention_axes` must name distinct axes between the batch and the feature axis (1 to {rank - 2} "
                 f"for rank-{rank} inputs). Received: attention_axes={attention_axes}, query_shape={tuple(query_shape)}"
             )
 
@@ -200,14 +206,24 @@ def call_over_attention_axes(
             "batch), is not supported: `use_causal_mask=True` needs `attention_axes=(1,)`. Received: "
             f"use_causal_mask=True, attention_axes={layer._attention_axes}, query.shape={tuple(query.shape)}"
         )
-    mask = layer._compute_attention_mask(
-        query,
-        value,
+    _check_other_axes(layer._attention_axes, query, value, key)
+    check_masks(
+        query.shape,
+        key.shape,
+        layer._num_heads,
+        layer._attention_axes,
         query_mask=query_mask,
         value_mask=value_mask,
         key_mask=key_mask,
         attention_mask=attention_mask,
-        use_causal_mask=use_causal_mask,
+    )
+    mask = merged_mask(
+        query,
+        layer._attention_axes,
+        query_mask,
+        merge_masks(value_mask, key_mask),
+        attention_mask,
+        layer._compute_causal_mask(query, value) if use_causal_mask else None,
     )
     gate = layer._gate_dense(query) if layer._use_gate else None
     attended, weights = layer._compute_attention(
@@ -221,4 +237,21 @@ def call_over_attention_axes(
     if gate is not None:
         attended = attended * gate
     output = layer._output_dense(attended)
+    rows = rows_with_keys(mask, query, layer._attention_axes)  # zeros, not the bias, without keys
+    output = output if rows is None else ops.where(ops.expand_dims(rows, -1), output, ops.zeros_like(output))
     return (output, weights) if return_attention_scores else output
+
+
+def _check_other_axes(axes, query, value, key):
+    """ValueError unless `value` and `key` have the query's sizes on the axes attention does not run
+    over (the batch axis, and the others outside `axes`): Keras's einsum pairs them."""
+    _, others = resolved(axes, len(query.shape))
+    for name, tensor in (("value", value), ("key", key)):
+        if any(
+            None not in (query.shape[a], tensor.shape[a]) and query.shape[a] != tensor.shape[a] for a in (0, *others)
+        ):
+            raise ValueError(
+                f"`{name}` must have the query's sizes on the batch axis and the axes attention does not run over "
+                f"({', '.join(map(str, (0, *others)))} for attention_axes={axes}). "
+                f"Received: query.shape={tuple(query.shape)}, {name}.shape={tuple(tensor.shape)}"
+            )

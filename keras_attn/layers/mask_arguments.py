@@ -35,11 +35,14 @@ def merged_mask(query_mask, value_mask, key_mask, attention_mask):
     )
 
 
-def rows_with_keys(mask):
+def rows_with_keys(mask, query_len=None, key_len=None):
     """`(batch or 1, query_len)`: whether each query row of a merged 4-D `mask` sees any key in any head;
-    `None` (every row) when `mask` is. `False` for a padded query (its row of the mask is all `False`)
-    and for a row whose keys the masks all exclude."""
-    return None if mask is None else ops.any(mask, axis=(1, 3))
+    `None` (every row) when `mask` is, unless there are no keys at all (a known `key_len` of 0).
+    `False` for a padded query (its row of the mask is all `False`) and for a row whose keys the
+    masks all exclude."""
+    if mask is None:
+        return ops.zeros((1, query_len), "bool") if key_len == 0 else None
+    return ops.any(mask, axis=(1, 3))
 
 
 def as_4d_mask(mask):
@@ -68,14 +71,15 @@ def check_mask_shapes(batch, query_len, heads, key_len, **tensors):
         if tensor is None:
             continue
         shape = tuple(tensor.shape)
-        if not any(_broadcastable(shape, target) for target in targets[name]):
+        if not any(broadcastable_to(shape, target) for target in targets[name]):
             raise ValueError(
                 f"`{name}` must be broadcastable to {' or '.join(map(str, targets[name]))}. "
                 f"Received: {name}.shape={shape}"
             )
 
 
-def _broadcastable(shape, target):
+def broadcastable_to(shape, target):
+    """Whether a static `shape` (`None` for an unknown size) broadcasts to `target` of the same rank."""
     return len(shape) == len(target) and all(
         received in (None, 1) or expected in (None, received) for received, expected in zip(shape, target)
     )

@@ -58,10 +58,7 @@ def checked_pattern(
     for name, flag in (("hard", hard), ("use_bias", use_bias), ("use_gate", use_gate)):
         check_bool(name, flag)
     check_bool("flash_attention", flash_attention, allow_none=True)
-    if isinstance(attention_axes, (list, tuple)) and not attention_axes:
-        raise ValueError(
-            f"`attention_axes` must be None, an int or a non-empty sequence of ints. Received: attention_axes={attention_axes!r}"
-        )
+    _check_attention_axes(attention_axes)
     attention_pattern = patterns.get(attention_pattern, "attention_pattern")
     check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
     if num_key_value_heads is not None and isinstance(num_heads, int) and num_heads % num_key_value_heads:
@@ -77,6 +74,27 @@ def checked_pattern(
             f"Invalid `output_shape`: its sizes must be positive ints. Received: output_shape={output_shape}"
         )
     return attention_pattern
+
+
+def _check_attention_axes(attention_axes):
+    """None, an int, or a non-empty list or tuple of distinct ints (a float or repeated axis names no
+    attention axis Keras's einsum can build)."""
+    if attention_axes is None or _is_int(attention_axes):
+        return
+    if (
+        not isinstance(attention_axes, (list, tuple))
+        or not attention_axes
+        or not all(map(_is_int, attention_axes))
+        or len(set(attention_axes)) != len(attention_axes)
+    ):
+        raise ValueError(
+            "`attention_axes` must be None, an int or a non-empty sequence of distinct ints. "
+            f"Received: attention_axes={attention_axes!r}"
+        )
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 # The kernels that never hold a query's weights over every key at once (memory linear in the

@@ -76,7 +76,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             batch, the heads and the features). On `(batch, seq, features)` inputs attending
             over the sequence (the default) the dense, chunked and blockwise kernels of
             `keras_attn.dispatch.attention` run; other ranks and axes run Keras's einsum path with this
-            layer's masking rules (no cache, bias or grouped key/value heads there).
+            layer's masking rules (no cache, bias or grouped key/value heads there): `query_mask`,
+            `value_mask` and `key_mask` take the inputs' shapes without the features, and a query
+            without any allowed key outputs zeros (`keras_attn.layers.attention_axes`).
         sliding_window: optional positive int; each query attends to keys with
             `|i - j| < sliding_window` (local/band attention).
         flash_attention: `None` (default): `implementation` picks the kernel. `True`: never
@@ -539,7 +541,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             output_rows = None
         else:
             output_rows = merge_masks(
-                rows_with_keys(mask), segment_arguments.rows_in_documents(mask, query_ids, key_ids)
+                rows_with_keys(mask, ops.shape(query)[1], projected_key.shape[1]),
+                segment_arguments.rows_in_documents(mask, query_ids, key_ids),
             )
         return self._finish(query, attended, output_rows, weights, cache, return_attention_scores)
 
@@ -646,8 +649,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         if attention_mask is None:
             return weights
         mask = ops.cast(attention_mask, "bool")
-        for _ in range(len(attention_scores.shape) - len(mask.shape)):
-            mask = ops.expand_dims(mask, axis=-len(self._attention_axes) * 2 - 1)  # Keras's expansion
+        mask = attention_axes.keras_expanded(mask, len(attention_scores.shape), len(self._attention_axes))
         return zero_masked(weights, mask)
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):

@@ -68,7 +68,7 @@ def dot_product_attention(
         flash_attention: `True` for the streaming kernel (memory linear in the length, forward
             and backward; TensorFlow backend), `False` for the dense kernel, `None` (default) for
             keras_attn's choice by size.
-        attn_logits_soft_cap: optional positive number: the logits become
+        attn_logits_soft_cap: optional number, a normal float32 (`[1.18e-38, 3.4e38]`): the logits become
             `tanh(scale * Q K^T / cap) * cap` before the bias and the mask (Gemma 2's soft-capping;
             `keras_attn.scaled_dot_product_attention`'s `logit_soft_cap`). Keras runs it on JAX
             with TPUs only.

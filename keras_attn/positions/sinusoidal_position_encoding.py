@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_attn.positions.token_positions import float_token_positions
+from keras_attn.utils import as_float_inputs
 from keras_attn.utils import float_math_dtype
 from keras_attn.validation import check_number
 from keras_attn.validation import check_positive_int
@@ -109,6 +110,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0, positions=None, segment_ids=None):
         self._check_width(inputs.shape[-1])  # a built layer is called on other widths too
+        inputs = as_float_inputs(inputs, self.compute_dtype)  # ints and booleans, as Keras's layers take them
         batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
         width = self._encoding_width(inputs.shape[-1])
         at = float_token_positions(
