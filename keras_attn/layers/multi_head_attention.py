@@ -523,6 +523,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             return_weights=return_attention_scores,
             implementation=kernel_name(self._flash_attention, self.implementation),
             hard=self._hard,
+            zero_unattended_keys=False,  # `call` zeroed the padded inputs: their keys and values are finite
             **options,
         )
         return attention if return_attention_scores else (attention, None)

@@ -8,13 +8,13 @@ the weights with `dropout_layer` when `training`: on the core op, `scale`, `logi
 at the same place) and the mask as the additive `bias`.
 """
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 
 def compute_attention(layer, query_states, key_states, value_states, attention_mask, training=False):
     """`(batch, query_len, heads, head_dim)`: KerasHub's hook, on `scaled_dot_product_attention`."""
-    return scaled_dot_product_attention(
+    return hub_attention(
         query_states,
         key_states,
         value_states,

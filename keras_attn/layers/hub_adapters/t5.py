@@ -10,8 +10,8 @@ that bias is the additive `bias` and the scale is 1; the dropout of the weights 
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.layers.hub_adapters.cached_projections import cached_keys_and_values
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 HOOK = "call"
@@ -42,7 +42,7 @@ def compute_attention(
     )
     if position_bias is None:
         position_bias = _position_bias(layer, length, ops.shape(key)[1], mask, cache_update_index)
-    output = scaled_dot_product_attention(
+    output = hub_attention(
         heads(layer.query_projector(hidden_states)),
         key,
         value,
