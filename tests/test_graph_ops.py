@@ -88,3 +88,23 @@ def test_a_converted_causal_lm_decoding_step_is_keras_graph_plus_a_constant(name
     _assert_lean(ours, keras, 5, layers=args.layers)
     assert ours.get("Tile", 0) == keras.get("Tile", 0)
     assert ours.get("SelectV2", 0) <= keras.get("SelectV2", 0) + args.layers
+
+
+def test_zero_unattended_keys_false_drops_exactly_the_two_selects_over_keys_and_values():
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_attn import scaled_dot_product_attention
+
+    q = tf.TensorSpec((2, 4, 2, 3), "float32")
+    mask = np.arange(4)[None, None, None, :] < np.array([4, 2])[:, None, None, None]  # padded keys in row 2
+
+    def selects(zero):
+        traced = tf.function(lambda q: scaled_dot_product_attention(q, q, q, mask=mask, zero_unattended_keys=zero))
+        return graph_ops.op_counts(traced.get_concrete_function(q))["SelectV2"]
+
+    assert selects(True) - selects(False) == 2
+    with pytest.raises(ValueError, match="zero_unattended_keys"):
+        scaled_dot_product_attention(
+            np.ones((1, 2, 1, 2), "float32"), *[np.ones((1, 2, 1, 2), "float32")] * 2, zero_unattended_keys="no"
+        )

@@ -4,7 +4,7 @@ from keras_attn.dispatch.attention import scaled_dot_product_attention
 
 
 def hub_attention(query, key, value, **options):
-    """`hub_attention(query, key, value, **options)` with `zero_unattended_keys=False`.
+    """`scaled_dot_product_attention(query, key, value, **options)` with `zero_unattended_keys=False`.
 
     KerasHub's attention computes with the masked keys and values as they are (its layers feed it
     finite ones: padding tokens' projections, a cache's zeros), so the adapters skip the core op's
