@@ -49,22 +49,36 @@ def op_counts(concrete):
 
 
 def kept_for_backward(concrete):
-    """`(count, bytes)` of the forward tensors the gradient ops read (static shapes; unknown sizes count 0)."""
+    """`(count, bytes)` of the forward tensors the backward pass reads (static shapes; unknown sizes count 0).
+
+    The backward ops are those created from the first `gradient_tape/` op on (a graph lists its ops
+    in creation order), which includes the gradient functions of `custom_gradient`s, named outside
+    that scope; the forward ops are those created before. A tensor an identity passes on is counted
+    once, as the tensor it is.
+    """
+    operations = concrete.graph.get_operations()
+    first = next(i for i, operation in enumerate(operations) if operation.name.startswith(GRADIENT_SCOPE))
+    forward = {operation.name for operation in operations[:first]}
     kept = {}
-    for operation in concrete.graph.get_operations():
-        if not operation.name.startswith(GRADIENT_SCOPE):
-            continue
+    for operation in operations[first:]:
         for tensor in operation.inputs:
+            tensor = _aliased(tensor)
             producer = tensor.op
-            if producer.name.startswith(GRADIENT_SCOPE) or producer.type in ("Const", "Placeholder", "ReadVariableOp"):
-                continue
-            kept[tensor.name] = tensor
+            if producer.name in forward and producer.type not in ("Const", "Placeholder", "ReadVariableOp"):
+                kept[tensor.name] = tensor
     total = 0
     for tensor in kept.values():
         shape = tensor.shape
         if shape.rank is not None and shape.is_fully_defined() and tensor.dtype.is_numpy_compatible:
             total += int(np.prod(shape.as_list())) * tensor.dtype.size
     return len(kept), total
+
+
+def _aliased(tensor):
+    """The tensor whose buffer `tensor` is: through identities (`custom_gradient`'s `IdentityN`), which copy nothing."""
+    while tensor.op.type in ("Identity", "IdentityN"):
+        tensor = tensor.op.inputs[tensor.value_index]
+    return tensor
 
 
 def difference(ours, theirs):
