@@ -411,8 +411,6 @@ def test_cached_decoding_steps_see_only_their_documents_keys_in_the_cache():
         queries = query[:, :steps]
         expected, _ = reference.attention(queries, key, value, mask=allowed, scale=0.4)
         documents = dict(query_segment_ids=query_ids, key_segment_ids=key_ids)
-        # One query outside XLA: the dense path takes its single-query route (no transposes).
-        assert single_query.applies(tf.constant(queries), tf.constant(key)) == (steps == 1)
         for implementation in ("dense", "chunked"):
             output = scaled_dot_product_attention(
                 queries,
@@ -425,6 +423,13 @@ def test_cached_decoding_steps_see_only_their_documents_keys_in_the_cache():
                 **documents,
             )
             np.testing.assert_allclose(output, expected, atol=1e-12, err_msg=f"{implementation}, {steps} steps")
+        # One query of one row outside XLA: the dense path takes its single-query route (no transposes).
+        row = {name: ids[1:] for name, ids in documents.items()}
+        assert single_query.applies(tf.constant(queries[1:]), tf.constant(key[1:])) == (steps == 1)
+        output = scaled_dot_product_attention(
+            queries[1:], key[1:], value[1:], is_causal=True, query_offset=offset, scale=0.4, **row
+        )
+        np.testing.assert_allclose(output, expected[1:], atol=1e-12, err_msg=f"one row, {steps} steps")
 
 
 def test_packed_dropout_drops_the_row_softmax_and_the_gradient_uses_the_forward_masks():

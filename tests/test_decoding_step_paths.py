@@ -53,9 +53,9 @@ def test_single_query_products_equal_numpy_einsums_and_softmax(batch, heads, dty
     np.testing.assert_allclose(output, expected, atol=tolerance)
 
 
-def test_the_single_query_products_serve_one_query_outside_xla_only():
-    one, two = tf.zeros((2, 1, 4, 3)), tf.zeros((2, 2, 4, 3))
-    keys = tf.zeros((2, LENGTH, 4, 3))
+def test_the_single_query_products_serve_one_query_of_one_row_outside_xla_only():
+    one, two = tf.zeros((1, 1, 4, 3)), tf.zeros((1, 2, 4, 3))
+    keys = tf.zeros((1, LENGTH, 4, 3))
     traced = {}
 
     def trace(mode):
@@ -69,6 +69,7 @@ def test_the_single_query_products_serve_one_query_outside_xla_only():
         _run(trace(mode), mode, one, keys)
     assert single_query.applies(one, keys) and traced == {"graph": True, "xla": False}
     assert not single_query.applies(two, keys)  # more queries: the einsums
+    assert not single_query.applies(tf.zeros((2, 1, 4, 3)), tf.zeros((2, LENGTH, 4, 3)))  # more rows: the einsums
     many_heads = single_query.MAX_HEADS + 1
     assert not single_query.applies(tf.zeros((1, 1, many_heads, 3)), tf.zeros((1, LENGTH, many_heads, 3)))
 

@@ -51,11 +51,50 @@ def resolved_scale(scale, depth):
 def attention_logits(query, key):
     """Unscaled logits `(batch, heads, query_len, key_len)` of `query . key`, in `float_math_dtype`.
 
-    Query and key are cast first, so the products and their sums are float32 under mixed precision.
+    Query and key are cast first (no op when they are float32 already), so the products and their
+    sums are float32 under mixed precision. `key` may have fewer heads than `query`, a divisor of
+    them (grouped-query attention): query head `h` meets key head `h // groups`, as if the key heads
+    were repeated, without the copy of the keys a repeat makes (KerasHub Gemma's own einsum).
+
+    The product is one einsum op (`_einsum`), as Keras's `dot_product_attention` computes it.
     """
     dtype = float_math_dtype(query.dtype)
     query, key = ops.cast(query, dtype), ops.cast(key, dtype)
-    return ops.einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, query_len, key_len)
+    groups = grouped_heads(query, key)
+    if groups == 1:
+        return _einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, query_len, key_len)
+    batch, query_len, heads, depth = ops.shape(query)
+    query = ops.reshape(query, (batch, query_len, heads // groups, groups, depth))
+    logits = _einsum("btkgh,bskh->bkgts", query, key)  # (batch, key_heads, groups, query_len, key_len)
+    return ops.reshape(logits, (batch, heads, query_len, ops.shape(key)[1]))
+
+
+def weighted_values(weights, value):
+    """`(batch, query_len, heads, value_depth)`: the `weights (batch, heads, query_len, key_len)`
+    times `value (batch, key_len, key_heads, value_depth)`, `key_heads` a divisor of `heads` as in
+    `attention_logits` (no repeat of the values), one einsum op (`_einsum`)."""
+    groups = weights.shape[1] // value.shape[2]
+    if groups == 1:
+        return _einsum("bhqk,bkhd->bqhd", weights, value)
+    batch, heads, query_len, key_len = ops.shape(weights)
+    weights = ops.reshape(weights, (batch, heads // groups, groups, query_len, key_len))
+    output = _einsum("bkgts,bskh->btkgh", weights, value)  # (batch, query_len, key_heads, groups, depth)
+    return ops.reshape(output, (batch, query_len, heads, ops.shape(value)[-1]))
+
+
+def _einsum(equation, first, second):
+    """`ops.einsum(equation, first, second)` of two operands of one dtype; on TensorFlow `tf.einsum`, one
+    `Einsum` op whose gradient reads the operands as they are (Keras's `dot_product_attention` calls it
+    so). Keras's `ops.einsum` rewrites these equations into explicit transposes around a matmul, and the
+    backward pass then keeps the transposed copies of the query, key and value besides the originals."""
+    if keras.backend.backend() == "tensorflow":
+        return tf.einsum(equation, first, second)
+    return ops.einsum(equation, first, second)
+
+
+def grouped_heads(query, key):
+    """How many query heads share each key/value head: `query.shape[2] // key.shape[2]` (1 unless grouped)."""
+    return query.shape[2] // key.shape[2]
 
 
 def shifted_logits(logits, scale, mask=None):

@@ -23,6 +23,8 @@ Layout: `(batch, seq, heads, depth)` for query, key and value (what the projecti
 `(batch, heads, query_len, key_len)`.
 """
 
+import dataclasses
+
 from keras import ops
 
 from keras_attn.core.masks import merge_masks
@@ -30,11 +32,13 @@ from keras_attn.core.masks import zero_padding
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.core.softmax import bias_mask
+from keras_attn.core.softmax import grouped_heads
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.dispatch import cost_model
 from keras_attn.dispatch.arguments import checked_pattern
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels.call import AttentionCall
+from keras_attn.validation import check_bool
 
 ATTENTION_IMPLEMENTATIONS = ("auto", *KERNELS)
 
@@ -48,11 +52,16 @@ def _zero_unattended_keys(key, value, mask):
     return ops.where(attended, key, ops.zeros_like(key)), ops.where(attended, value, ops.zeros_like(value))
 
 
-def _repeat_kv_heads(tensor, groups):
-    """`(batch, seq, kv_heads, depth)` -> `(batch, seq, kv_heads * groups, depth)`."""
+def _with_repeated_heads(call):
+    """`call` with its key and value heads repeated to the query's, `(batch, seq, kv_heads, depth)` ->
+    `(batch, seq, heads, depth)`: what the kernels but dense take (dense groups the query heads
+    instead, without copying the keys and values, a decoding step's whole cache)."""
+    groups = grouped_heads(call.query, call.key)
     if groups == 1:
-        return tensor
-    return ops.repeat(tensor, groups, axis=2)
+        return call
+    return dataclasses.replace(
+        call, key=ops.repeat(call.key, groups, axis=2), value=ops.repeat(call.value, groups, axis=2)
+    )
 
 
 def scaled_dot_product_attention(
@@ -77,6 +86,7 @@ def scaled_dot_product_attention(
     query_segment_ids=None,
     key_segment_ids=None,
     logit_soft_cap=None,
+    zero_unattended_keys=True,
 ):
     """Scaled dot-product attention, `softmax(scale * Q K^T + bias) V`, with exact masking.
 
@@ -172,6 +182,13 @@ def scaled_dot_product_attention(
             `tanh(scale * Q K^T / cap) * cap` before the bias, the position bias and the mask are
             added (Gemma 2 and Gemma 3's `attention_logit_soft_cap`, FlashAttention's `softcap`), on
             every kernel, with its gradient.
+        zero_unattended_keys: if `True` (default), the keys and values that no query may attend to
+            (all `False` in `mask`, a masking `bias` included) are set to zero by selection first,
+            so whatever they hold (NaN, inf) reaches no output and no gradient. `False` skips those
+            two selects, a pass over all the keys and values (in a cached decoding step, over the
+            whole cache) on every call, for callers whose masked keys and values are finite or that
+            keep Keras's semantics (Keras's attention computes with them as they are): the
+            converted KerasHub layers (`keras_attn.layers.hub_adapters`).
 
     Returns:
         The output `(batch, query_len, heads, value_depth)` in the dtype of `value`, and, when
@@ -203,10 +220,11 @@ def scaled_dot_product_attention(
         hard=hard,
         logit_soft_cap=logit_soft_cap,
     )
+    check_bool("zero_unattended_keys", zero_unattended_keys)
     scale = resolved_scale(scale, query.shape[-1])
     if bias is not None:  # a `-inf` bias masks its key on every kernel (`keras_attn.core.softmax.bias_mask`)
         mask = merge_masks(mask, bias_mask(bias))
-    if mask is not None:
+    if mask is not None and zero_unattended_keys:
         key, value = _zero_unattended_keys(key, value, mask)
     query_segment_ids, key_segment_ids = resolve_segment_ids(
         segment_ids, query_segment_ids, key_segment_ids, query.shape[1], key.shape[1], query.shape[0]
@@ -215,11 +233,10 @@ def scaled_dot_product_attention(
         key_is_real = ops.not_equal(key_segment_ids, 0)
         key, value = zero_padding(key, key_is_real), zero_padding(value, key_is_real)
 
-    groups = query.shape[2] // key.shape[2]
     call = AttentionCall(
         query=query,
-        key=_repeat_kv_heads(key, groups),  # (batch, key_len, heads, depth)
-        value=_repeat_kv_heads(value, groups),  # (batch, key_len, heads, value_depth)
+        key=key,  # (batch, key_len, kv_heads, depth)
+        value=value,  # (batch, key_len, kv_heads, value_depth)
         mask=mask,
         bias=bias,
         pattern=pattern,
@@ -235,7 +252,8 @@ def scaled_dot_product_attention(
         logit_soft_cap=logit_soft_cap,
         training=bool(training),
     )
-    return KERNELS[_choose_implementation(implementation, call)].attend(call)
+    implementation = _choose_implementation(implementation, call)
+    return KERNELS[implementation].attend(call if implementation == "dense" else _with_repeated_heads(call))
 
 
 def _choose_implementation(implementation, call):

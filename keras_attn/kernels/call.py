@@ -1,11 +1,10 @@
 """One validated attention call, as the dispatcher hands it to a kernel.
 
 `keras_attn.dispatch.attention.scaled_dot_product_attention` validates its arguments, resolves the
-shorthands into one pattern, the scale and the effective dropout rate, repeats grouped key/value
-heads, and then asks each kernel module of `keras_attn.kernels.KERNELS` two questions about this
-record: `why_unsupported(call)` (a message, or `None` when the kernel can take the call) and
-`attend(call)` (the result). A new kernel plugs in by
-answering both; a new input is one new field here that the kernels which cannot take it refuse.
+shorthands into one pattern, the scale and the effective dropout rate, and then asks each kernel
+module of `keras_attn.kernels.KERNELS` two questions about this record: `why_unsupported(call)` (a
+message, or `None` when the kernel can take the call) and `attend(call)` (the result). A new kernel
+plugs in by answering both; a new input is one new field here that the kernels which cannot take it refuse.
 """
 
 import dataclasses
@@ -17,15 +16,17 @@ import keras
 class AttentionCall:
     """The inputs of one attention call (see `scaled_dot_product_attention` for their meaning).
 
-    `key` and `value` already have as many heads as `query`; `scale` is a number or a tensor (the
+    `key` and `value` have `kv_heads` heads, a divisor of the query's (grouped-query attention):
+    the dense kernel takes them so, the others get them repeated to the query's by the dispatcher;
+    `scale` is a number or a tensor (the
     dispatcher resolves `None`); `dropout_rate` is the effective rate (0 outside training); `pattern` merges `pattern=`
     with the `is_causal` / `sliding_window` shorthands (`None`: every key allowed); `training` says
     whether gradients are expected (what `keras_attn.kernels.cost` features count).
     """
 
     query: object  # (batch, query_len, heads, depth)
-    key: object  # (batch, key_len, heads, depth)
-    value: object  # (batch, key_len, heads, value_depth)
+    key: object  # (batch, key_len, kv_heads, depth)
+    value: object  # (batch, key_len, kv_heads, value_depth)
     mask: object = None  # bool, broadcastable to (batch, heads, query_len, key_len)
     bias: object = None  # float, broadcastable to (batch, heads, query_len, key_len)
     pattern: object = None

@@ -21,6 +21,7 @@ from keras_attn.core.softmax import resolved_scale
 from keras_attn.core.softmax import shifted_logits
 from keras_attn.core.softmax import soft_capped
 from keras_attn.core.softmax import softmax_with_exact_saturated_gradient
+from keras_attn.core.softmax import weighted_values
 from keras_attn.core.softmax import zero_masked
 from keras_attn.kernels import cost
 from keras_attn.kernels import single_query
@@ -79,8 +80,10 @@ def dense_attention(
     """Attention through the full `(query_len, key_len)` weights of `mask` merged with the pattern.
 
     Called by `scaled_dot_product_attention(..., implementation="dense")`, which validates the
-    inputs, repeats grouped key/value heads and resolves `scale` first; the arguments mean the same
-    as there, with `dropout_rate` the effective rate (pass 0 outside training).
+    inputs and resolves `scale` first; the arguments mean the same as there, with `dropout_rate` the
+    effective rate (pass 0 outside training). Grouped key/value heads are taken as they are
+    (`attention_logits`, `weighted_values`): query head `h` attends with key/value head `h // groups`,
+    the keys and values never repeated.
 
     The logits are `(scale * Q) K^T` for a Python `scale <= 1` (Keras's order; no pass over the
     logits), else `scale * (Q K^T - row max)` (`shifted_logits`: exact for any `scale`), plus the
@@ -138,7 +141,7 @@ def dense_attention(
     if one_query:
         output = single_query.values(dropped, value)
     else:
-        output = ops.einsum("bhqk,bkhd->bqhd", dropped, value)  # (batch, query_len, heads, value_depth)
+        output = weighted_values(dropped, value)  # (batch, query_len, heads, value_depth)
     if rows_may_be_empty:
         output = _zero_rows_without_keys(output, mask)
     if return_weights:

@@ -7,7 +7,9 @@ than the products in TensorFlow's op-by-op runtime. With one query both products
 are stored, `(batch, key_len, heads * depth)`, with the query (or the output) spread block-diagonally
 over the heads: `heads` times the multiply-adds, which for a few heads cost less than the copies,
 and the same sums (the extra terms are exact zeros). Under XLA, which fuses the transposes away, the
-einsums stay.
+einsums stay, and so they do for a batch of several rows, where the products are batched matmuls
+(oneDNN's), several times slower than the one `Einsum` op Keras's attention runs (its internal
+transposes included): the block-diagonal products pay off with one row, as the 2-D matmul.
 """
 
 import keras
@@ -25,9 +27,11 @@ MAX_HEADS = 16
 
 def applies(query, key):
     """Whether the block-diagonal products serve `query (batch, 1, heads, depth)` against `key`: one
-    query, as many key as query heads, at most `MAX_HEADS` of them, on TensorFlow outside XLA."""
+    row (a batch of 1 known when traced), one query, as many key as query heads, at most `MAX_HEADS`
+    of them, on TensorFlow outside XLA."""
     heads = query.shape[2]
-    one_query = query.shape[1] == 1 and heads is not None and heads == key.shape[2] and heads <= MAX_HEADS
+    one_query = query.shape[0] == 1 and query.shape[1] == 1 and heads is not None
+    one_query = one_query and heads == key.shape[2] and heads <= MAX_HEADS
     tensorflow_runtime = keras.backend.backend() == "tensorflow" and not compiled_by_xla()
     return one_query and key.shape[3] is not None and tensorflow_runtime
 

@@ -560,6 +560,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             return_weights=return_attention_scores,
             implementation=kernel_name(self._flash_attention, self.implementation),
             hard=self._hard,
+            # Keras's semantics for the keys `attention_mask` excludes; `call` zeroed the padded inputs already
+            zero_unattended_keys=False,
             **options,
         )
         return attention if return_attention_scores else (attention, None)

@@ -8,7 +8,8 @@ keys and values. An adapter is a module of this
 package that defines, for one hook signature:
 
 - `compute_attention(layer, ...)`: the hook, computed by `keras_attn.scaled_dot_product_attention`
-  with the layer's scale, mask, window and dropout;
+  (`hub_attention`: masked keys and values as KerasHub takes them, not zeroed first) with the
+  layer's scale, mask, window and dropout;
 - optionally `HOOK`: the method of the KerasHub class that `compute_attention` replaces,
   `"_compute_attention"` unless it says otherwise (a class without that hook: its `call`);
 - `why_unsupported(layer)`: `None`, or why this layer's attention cannot run there (an option of

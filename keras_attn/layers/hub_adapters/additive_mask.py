@@ -9,14 +9,14 @@ at the same place) and the mask as the additive `bias`; a query whose keys the m
 gets KerasHub's row, not the core op's zero (`keras_attn.layers.hub_adapters.additive_rows`).
 """
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.layers.hub_adapters.additive_rows import with_additive_rows
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 
 def compute_attention(layer, query_states, key_states, value_states, attention_mask, training=False):
     """`(batch, query_len, heads, head_dim)`: KerasHub's hook, on `scaled_dot_product_attention`."""
-    output = scaled_dot_product_attention(
+    output = hub_attention(
         query_states,
         key_states,
         value_states,

@@ -10,7 +10,7 @@ ALiBi), and the output projection.
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 
 
 def cached_attention_call(layer, inputs, projections, bias, attention_mask=None, cache=None, cache_update_index=None):
@@ -28,7 +28,7 @@ def cached_attention_call(layer, inputs, projections, bias, attention_mask=None,
     query_dense, key_dense, value_dense, output_dense = projections
     query, key, value = query_dense(inputs), key_dense(inputs), value_dense(inputs)
     key, value, cache = cached_keys_and_values(key, value, cache, cache_update_index)
-    output = scaled_dot_product_attention(
+    output = hub_attention(
         query,
         key,
         value,

@@ -10,7 +10,7 @@ method, given zero logits, so its tables and their gradients), with `scale`.
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 
 HOOK = "call"
 
@@ -32,9 +32,7 @@ def compute_attention(layer, x):
             key_size=(height, width),
         )
         bias = ops.reshape(relative, (batch, heads, length, length))
-    output = scaled_dot_product_attention(
-        query, key, value, bias=bias, scale=layer.scale, implementation=layer.implementation
-    )
+    output = hub_attention(query, key, value, bias=bias, scale=layer.scale, implementation=layer.implementation)
     return layer.projection(ops.reshape(output, (batch, height, width, channels)))
 
 

@@ -13,14 +13,14 @@ picks it; a streaming kernel, which never holds the weights, raises).
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 
 def compute_attention(layer, query, key, value, rel_embeddings, attention_mask=None, training=None):
     """`(output, weights)`: KerasHub's hook, on `scaled_dot_product_attention`."""
     rel_embeddings = layer._position_dropout_layer(rel_embeddings, training=training)
-    return scaled_dot_product_attention(
+    return hub_attention(
         query,
         key,
         value,

@@ -7,7 +7,7 @@ mask, and projects the heads back (`out_proj`). On the core op: the same project
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 
 HOOK = "call"
 
@@ -19,7 +19,7 @@ def compute_attention(layer, query, value, key):
     def heads(states):  # (batch, length, channels) -> (batch, length, heads, channels / heads)
         return ops.reshape(states, (batch, -1, layer.num_heads, layer.internal_dims))
 
-    output = scaled_dot_product_attention(
+    output = hub_attention(
         heads(layer.query_proj(query)),
         heads(layer.key_proj(key)),
         heads(layer.value_proj(value)),

@@ -14,7 +14,7 @@ import math
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 
 
 def compute_attention(layer, q, k, v, attention_mask, training=False, cache_update_index=0):
@@ -22,7 +22,7 @@ def compute_attention(layer, q, k, v, attention_mask, training=False, cache_upda
     head_dim = layer.head_dim if layer.query_head_dim_normalize else layer.hidden_dim // layer.num_query_heads
     mask = None if attention_mask is None else ops.cast(attention_mask[:, None], "bool")
     windowed = layer.use_sliding_window_attention and attention_mask is not None
-    return scaled_dot_product_attention(
+    return hub_attention(
         q,
         k,
         v,

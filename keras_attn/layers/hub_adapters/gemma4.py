@@ -9,14 +9,14 @@ soft-cap (`logit_soft_cap`) and the dropout of the weights are the core op's.
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 
 def compute_attention(layer, q, k, v, attention_mask, training=False, cache_update_index=0):
     """`(batch, query_len, num_query_heads, head_dim)`: KerasHub's hook, on `scaled_dot_product_attention`."""
     del cache_update_index  # the window is in the mask
-    return scaled_dot_product_attention(
+    return hub_attention(
         q,
         k,
         v,

@@ -12,7 +12,7 @@ use.
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 
 
 def compute_attention(layer, query, key, value, attention_mask=None, start_index=0):
@@ -29,7 +29,7 @@ def compute_attention(layer, query, key, value, attention_mask=None, start_index
     sink_key = ops.zeros_like(key[:, :1])
     sinks = ops.reshape(ops.cast(layer.sinks, "float32"), (1, -1, 1, 1))
     bias = ops.concatenate([ops.zeros((1, layer.num_query_heads, 1, key_len), "float32"), sinks], axis=-1)
-    return scaled_dot_product_attention(
+    return hub_attention(
         query,
         ops.concatenate([key, sink_key], axis=1),
         ops.concatenate([value, ops.zeros_like(value[:, :1])], axis=1),

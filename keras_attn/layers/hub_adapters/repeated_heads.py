@@ -22,7 +22,7 @@ What the classes add, each read from the layer as KerasHub's own hook reads it:
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 
@@ -30,7 +30,7 @@ def compute_attention(layer, query, key, value, attention_mask=None, cache_updat
     """`(batch, query_len, heads, head_dim)`: KerasHub's hook, on `scaled_dot_product_attention`."""
     mask = None if attention_mask is None else ops.cast(attention_mask[:, None], "bool")
     window = _sliding_window(layer) if attention_mask is not None else None
-    return scaled_dot_product_attention(
+    return hub_attention(
         query,
         key,
         value,

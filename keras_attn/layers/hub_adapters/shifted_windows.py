@@ -10,8 +10,8 @@ decides) and projects the output. On the core op: `scale` and both terms as the 
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.keras_internals import call_context_training
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 HOOK = "call"
@@ -25,7 +25,7 @@ def compute_attention(layer, x, mask=None, return_attns=False):
     if mask is not None:  # window w of every image gets mask[w]: the batch is images x windows
         per_window = ops.tile(mask, (windows // ops.shape(mask)[0], 1, 1))
         bias = bias + ops.cast(per_window[:, None], bias.dtype)
-    result = scaled_dot_product_attention(
+    result = hub_attention(
         qkv[:, :, 0],
         qkv[:, :, 1],
         qkv[:, :, 2],

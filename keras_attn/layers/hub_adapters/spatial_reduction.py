@@ -13,8 +13,8 @@ import math
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.keras_internals import call_context_training
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 HOOK = "call"
@@ -31,7 +31,7 @@ def compute_attention(layer, x):
     query = heads(layer.q(x))
     if layer.sr_ratio > 1:
         x = layer.norm(ops.reshape(layer.sr(ops.reshape(x, (batch, side, side, channels))), (batch, -1, channels)))
-    output = scaled_dot_product_attention(
+    output = hub_attention(
         query,
         heads(layer.k(x)),
         heads(layer.v(x)),

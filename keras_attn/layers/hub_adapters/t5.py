@@ -12,9 +12,9 @@ A query whose keys the mask all hides gets T5's own row, not the core op's zero
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.layers.hub_adapters.additive_rows import with_additive_rows
 from keras_attn.layers.hub_adapters.cached_projections import cached_keys_and_values
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 HOOK = "call"
@@ -46,7 +46,7 @@ def compute_attention(
     if position_bias is None:
         position_bias = _position_bias(layer, length, ops.shape(key)[1], mask, cache_update_index)
     query = heads(layer.query_projector(hidden_states))
-    output = scaled_dot_product_attention(
+    output = hub_attention(
         query,
         key,
         value,

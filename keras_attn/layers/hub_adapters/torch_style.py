@@ -14,7 +14,7 @@ import sys
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 from keras_attn.layers.hub_adapters.routing import routed
 
 HOOK = "call"
@@ -28,7 +28,7 @@ def compute_attention(layer, *args, **kwargs):
     def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
         del dropout_p  # 0: `why_unsupported` names the layers with dropout
         boolean = attn_mask is not None and attn_mask.dtype == "bool"
-        output = scaled_dot_product_attention(
+        output = hub_attention(
             *(ops.transpose(tensor, (0, 2, 1, 3)) for tensor in (query, key, value)),
             mask=attn_mask if boolean else None,
             bias=None if boolean else attn_mask,

@@ -10,7 +10,7 @@ the core op: the queries scaled by the layer (its scale may be learned per chann
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 HOOK = "call"
@@ -24,7 +24,7 @@ def compute_attention(layer, query, value, key=None, attention_mask=None, traini
         scaled_query = layer.per_dim_scale_layer(scaled_query)
     else:
         scaled_query = scaled_query * ops.rsqrt(ops.cast(layer.key_dim, layer.compute_dtype))
-    output = scaled_dot_product_attention(
+    output = hub_attention(
         scaled_query,
         layer.key_dense(key),
         layer.value_dense(value),

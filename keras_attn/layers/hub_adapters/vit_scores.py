@@ -9,7 +9,7 @@ the weights returned, so the dense kernel (`"auto"` picks it; a streaming kernel
 
 from keras import ops
 
-from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
 HOOK = "call"
@@ -23,7 +23,7 @@ def compute_attention(layer, x, attention_mask=None, return_attention_scores=Non
     def heads(states):  # (batch, length, hidden_dim) -> (batch, length, heads, head_dim)
         return ops.reshape(states, (batch, -1, layer.num_heads, layer.head_dim))
 
-    output, weights = scaled_dot_product_attention(
+    output, weights = hub_attention(
         heads(layer.query_proj(inputs=x)),
         heads(layer.key_proj(inputs=x)),
         heads(layer.value_proj(inputs=x)),
