@@ -249,11 +249,14 @@ def test_the_converting_guide_lists_every_architecture_as_the_entries_say():
     assert architectures_table() in guide.read_text(encoding="utf-8")
 
 
-def test_t5_rows_without_keys_keep_t5s_outputs_and_gradients_at_every_position():
-    """Padding at the front leaves T5's decoder queries without keys: its `-1e9` mask gives them the
-    mean of the values and a gradient through their logits, which the adapter keeps (0.89 apart
-    when it gave zero); every position and the gradients of a loss over all of them."""
-    reference, model = twins(lambda: build("T5Backbone"))
+@pytest.mark.parametrize("name", ["T5Backbone", "T5GemmaBackbone", "T5Gemma2Backbone"])
+def test_rows_without_keys_keep_keras_hubs_outputs_and_gradients_at_every_position(name):
+    """Padding at the front leaves queries without keys: T5's decoder's, and T5Gemma 2's encoder's
+    first query, whose sliding window holds only padding. The `-1e9` mask gives them the softmax of
+    the mask's values and a gradient through their logits, which the adapters keep: the mean of the
+    values for one `-1e9`, and where T5Gemma 2 adds its window's `-1e9` to the padding's, no weight
+    on the keys at `-2e9`. Every position, and the gradients of a loss over all of them."""
+    reference, model = twins(lambda: build(name))
     inputs = backbone_inputs(reference)
     for key, tensor in inputs.items():
         if tensor.ndim == 2 and tensor.shape[1] == LENGTH:
