@@ -67,8 +67,9 @@ def _batched_matmul(left, right, transpose_b=False):
 def softmax(logits):
     """`ops.softmax(logits, axis=-1)` as its four element-wise steps: the same values (up to
     rounding), without the fused oneDNN softmax, which on a decoding step's few rows costs several
-    times more."""
-    exponentials = ops.exp(logits - ops.max(logits, axis=-1, keepdims=True))
+    times more. TensorFlow's maximum of no keys is the lowest float (Keras's `ops.max` refuses it): a
+    call with no keys gets no weights."""
+    exponentials = ops.exp(logits - tf.reduce_max(logits, axis=-1, keepdims=True))
     return exponentials / ops.sum(exponentials, axis=-1, keepdims=True)
 
 
