@@ -81,4 +81,4 @@ FUZZ_MINUTES ?= 10
 FUZZ_RESULTS ?= benchmarks/results/fuzz.json
 fuzz: install
 	KERAS_ATTN_FUZZ_MINUTES=$(FUZZ_MINUTES) KERAS_ATTN_FUZZ_RESULTS=$(FUZZ_RESULTS) \
-	$(PY) -m pytest -n 0 -q -p no:cacheprovider tests/test_adversarial.py $(ARGS)
+	$(PY) -m pytest -n 0 -q -s -p no:cacheprovider tests/test_adversarial.py $(ARGS)

@@ -18,8 +18,9 @@ the `keras_attn.validation` check of its kind), and `enforce()`, run at the end 
 arguments given before the surface runs (tests/test_contracts.py fails for a public surface not
 wrapped, and runs every spec's check on a good and a bad value). What the entry does not check:
 
-- tensor arguments (`TENSOR_KINDS`): their spec's check (`check_tensor`: dtype kind and rank) is
-  named and tested, but the entry leaves them to the surface, whose checks need the other
+- tensor arguments (`TENSOR_KINDS`) beyond their dtype (a float spec's tensor must be a float, any
+  tensor numeric or bool: `_check_tensor_dtype`): their spec's check (`check_tensor`: dtype kind and
+  rank) is named and tested, but the entry leaves the rest to the surface, whose checks need the other
   arguments (a mask's `(batch, seq)` is the inputs', a segment id's length the query's or the
   key's, a built layer's width its `InputSpec`) and name the expected shape, which the rank alone
   cannot;
@@ -264,9 +265,11 @@ SPECS = {
     # Positions.
     "start_index": ArgSpec("position", "position of the first token", dtype="int", rank="0", range=">= 0"),
     "query_offset": ArgSpec("position", "position of the first query among the keys", dtype="int", range=">= 0"),
-    "cache_update_index": ArgSpec("position", "where a cached step writes", dtype="int", rank="0", range=">= 0"),
+    "cache_update_index": ArgSpec(
+        "position", "where a cached step writes", dtype="int", rank="0", range=">= 0", check="check_cache_index"
+    ),
     "self_attention_cache_update_index": ArgSpec(
-        "position", "where a cached step writes", dtype="int", rank="0", range=">= 0"
+        "position", "where a cached step writes", dtype="int", rank="0", range=">= 0", check="check_cache_index"
     ),
     "query_len": ArgSpec("position", "queries of the mask", dtype="int", rank="0", range=">= 0"),
     "key_len": ArgSpec("position", "keys of the mask", dtype="int", rank="0", range=">= 0"),
@@ -396,6 +399,9 @@ SURFACE_SPECS = {
         "mask": ArgSpec("attention_mask", "True where a logit counts", dtype="bool", relation="broadcasts to logits")
     },
     "keras_attn.sliding_window_mask": {"window": ArgSpec("positive_int", "keys before (and at) each query it sees")},
+    "keras_attn.packing.pack": {
+        "row_length": _object("tokens of a packed row: an int, or {feature: int} (checked by pack, per feature)")
+    },
     "keras_attn.packing.place": {
         "lengths": ArgSpec("lengths", "tokens of each document", dtype="int", rank="1", range="[0, row_length]")
     },
@@ -498,6 +504,14 @@ def _check_number(spec, name, value):
     return validation.check_number(name, value, above=bound, allow_none=_or_none(spec))
 
 
+def _check_cache_index(spec, name, value):
+    """A cache index is a position whose range is the cache's: an int is left to the surface, which names
+    that range (`[0, cache_len - new tokens]`); anything else is refused as a position."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        return value
+    return validation.check_position(name, value)
+
+
 def _check_axes(spec, name, value):
     """`None`, an int, or a non-empty tuple or list of ints (Keras's `attention_axes`)."""
     ints = value if isinstance(value, (list, tuple)) else (value,)
@@ -536,6 +550,25 @@ def _check_tensor(spec, name, value):
     return value
 
 
+def _check_tensor_dtype(spec, name, value):
+    """At the entry, a tensor's dtype alone, where no other argument changes what it may be: a float
+    tensor's (a `"float"` spec) must be a float, any tensor's numeric or bool (a string or object
+    tensor reaches no kernel). The rest of `_check_tensor` is the surface's (module docstring)."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        return
+    try:
+        received = keras.backend.standardize_dtype(dtype)
+    except ValueError:  # strings, objects
+        received = str(getattr(dtype, "name", dtype))
+    numeric = received == "bool" or "int" in received or "float" in received
+    if not numeric or (spec.dtype == "float" and "float" not in received):
+        raise ValueError(
+            f"`{name}` must be a tensor of dtype {' or '.join(spec.dtype.split('|'))}. "
+            f"Received: {name}.dtype={received}, {name}.shape={tuple(value.shape)}"
+        )
+
+
 def _rank_allowed(allowed, rank):
     """Whether `rank` is one of `allowed`: `"2"`, `"2-4"`, `">= 2"`, or `None` for any."""
     if allowed is None:
@@ -557,6 +590,7 @@ CHECKS = {
     "check_soft_cap": lambda spec, name, value: validation.check_soft_cap(value, name),
     "check_choice": lambda spec, name, value: validation.check_choice(name, value, spec.choices()),
     "check_axes": _check_axes,
+    "check_cache_index": _check_cache_index,
     "check_position": lambda spec, name, value: validation.check_position(name, value),
     "check_tensor": _check_tensor,
 }
@@ -570,6 +604,8 @@ def check_arguments(surface, arguments):
         argument = spec(surface, name)
         if argument is not None and argument.kind in SCALAR_KINDS:
             CHECKS[argument.check](argument, name, value)
+        elif argument is not None and argument.kind in TENSOR_KINDS:
+            _check_tensor_dtype(argument, name, value)
 
 
 def checked(function, surface):

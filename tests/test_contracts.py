@@ -84,7 +84,7 @@ _GOOD_AND_BAD = {
     "number_above_1": (2.0, 1.0),
     "choice": (None, "nonsense"),
     "axes": ((1,), ()),
-    "position": (0, -1),
+    "position": (0, 1.5),
 }
 
 
