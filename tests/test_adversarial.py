@@ -68,9 +68,10 @@ def fuzzed(ci_examples):
                 settings(settings.get_profile(PROFILE), max_examples=ci_examples)(property_test)()
                 return
             failures, stop = [], time.monotonic() + FUZZ_MINUTES * 60 / PROPERTIES
+            batch = settings(settings.get_profile(PROFILE), max_examples=10)(property_test)  # the time checked every 10
             while time.monotonic() < stop:
                 try:
-                    settings(settings.get_profile(PROFILE), max_examples=10)(property_test)()
+                    batch()
                 except Exception as failure:  # a minimal failing example: report it, draw on
                     notes = "\n".join(getattr(failure, "__notes__", []))
                     failures.append(f"{type(failure).__name__}: {failure}\n{notes}")
