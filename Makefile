@@ -3,12 +3,14 @@
 #   make test   install (and Debian's chromium for the page tests), then run the whole test suite
 #   make test-quick   the library's contract over every attention family, in a minute or two (the inner loop)
 #   make test-compat   the library's own tests on the oldest supported TensorFlow/Keras and KerasHub (CI too)
+#   make fuzz   the adversarial suite (tests/test_adversarial.py) drawing random calls for FUZZ_MINUTES (default 10),
+#               then the counts per surface (right / clear error / silent wrong / unclear) in FUZZ_RESULTS
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: install browser lint main test test-quick test-compat docs bench
+.PHONY: install browser lint main test test-quick test-compat docs bench fuzz
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,3 +74,12 @@ docs: install
 # `make docs`). `make bench ARGS=--render-only` makes the page again without measuring.
 bench: install
 	$(PY) -m benchmarks.run_all $(ARGS)
+
+# The adversarial suite, random instead of CI's fixed examples: every property draws for its share of
+# FUZZ_MINUTES, hypothesis printing each minimal failing example; the table of outcomes per surface is
+# printed and written to FUZZ_RESULTS.
+FUZZ_MINUTES ?= 10
+FUZZ_RESULTS ?= benchmarks/results/fuzz.json
+fuzz: install
+	KERAS_ATTN_FUZZ_MINUTES=$(FUZZ_MINUTES) KERAS_ATTN_FUZZ_RESULTS=$(FUZZ_RESULTS) \
+	$(PY) -m pytest -n 0 -q -s -p no:cacheprovider tests/test_adversarial.py $(ARGS)

@@ -73,3 +73,7 @@ __all__ = [
     "tune",
     "__version__",
 ]
+
+from keras_attn import contracts as _contracts  # noqa: E402 (wraps the surfaces imported above)
+
+_contracts.enforce()

@@ -11,6 +11,26 @@ any TensorFlow op, and for a built layer's inputs Keras's `InputSpec` set in `bu
 Keras at every call, so a layer built on width 8 refuses width 6). Tensor values (negative or huge
 ids, NaN) are checked when they are known (eager); in a graph or under XLA the shapes and dtypes are.
 
+The specs are the code: each names its checking function (`ArgSpec.check`, a name of `CHECKS`,
+the `keras_attn.validation` check of its kind), and `enforce()`, run at the end of
+`keras_attn/__init__.py`, wraps every public function of `ENFORCED_MODULES` and the `__init__` and
+`call` of every public class and of its keras_attn bases in `checked`, which runs those checks on the
+arguments given before the surface runs (tests/test_contracts.py fails for a public surface not
+wrapped, and runs every spec's check on a good and a bad value). What the entry does not check:
+
+- tensor arguments (`TENSOR_KINDS`) beyond their dtype (a float spec's tensor must be a float, any
+  tensor numeric or bool: `_check_tensor_dtype`): their spec's check (`check_tensor`: dtype kind and
+  rank) is named and tested, but the entry leaves the rest to the surface, whose checks need the other
+  arguments (a mask's `(batch, seq)` is the inputs', a segment id's length the query's or the
+  key's, a built layer's width its `InputSpec`) and name the expected shape, which the rank alone
+  cannot;
+- `"object"` arguments (initializers, activations, seeds, patterns, position-bias layers, models,
+  data sets): Keras or the library's registry resolves them and refuses what it cannot resolve;
+- Keras's own constructor arguments of our layers (`name`, `dtype`, `trainable`, ... through
+  `**kwargs`) and `keras_attn.visualization` (which the core never imports; it checks its own);
+- combinations of arguments (`num_key_value_heads` divides `num_heads`, `flash_attention` against
+  `implementation`): the surface's own checks, which see them together.
+
 `public_arguments()` walks the public API (`keras_attn.__all__` and the public submodules);
 tests/test_contracts.py fails for an argument without a spec and tries the bad values of each
 spec's kind on every surface it has a valid call for.
@@ -25,8 +45,15 @@ already means something else elsewhere):
 """
 
 import dataclasses
+import functools
 import importlib
 import inspect
+import numbers
+
+import keras
+import numpy as np
+
+from keras_attn import validation
 
 # The public modules whose `__all__` is walked (the package itself first).
 PUBLIC_MODULES = (
@@ -37,6 +64,9 @@ PUBLIC_MODULES = (
     "keras_attn.attention_families",
     "keras_attn.visualization",
 )
+# The public modules whose surfaces `enforce` wraps: the core library (`keras_attn.visualization`,
+# which the core never imports, checks its own arguments).
+ENFORCED_MODULES = PUBLIC_MODULES[:-1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +84,11 @@ class ArgSpec:
         range: the values allowed, e.g. `">= 0"`, `"finite"`, `"[0, 1)"`; `""` when any of the dtype.
         relation: the sizes it shares with the other inputs, e.g. `"(batch, length) of inputs"`,
             `"width the layer was built on"`.
+        choices: for a `"choice"`, a function of no arguments returning the allowed values (read
+            when checked: the registries are defined after this module).
+        check: the name of its checking function in `CHECKS`, run by `checked` at the entry of
+            every surface taking the argument; by default the one of its kind (`KIND_CHECKS`),
+            `None` for an `"object"`.
     """
 
     kind: str
@@ -62,6 +97,12 @@ class ArgSpec:
     rank: str = None
     range: str = ""
     relation: str = ""
+    choices: object = None
+    check: str = None
+
+    def __post_init__(self):
+        if self.check is None and self.kind != OBJECT:
+            object.__setattr__(self, "check", KIND_CHECKS[self.kind])
 
 
 SCALAR_KINDS = (
@@ -93,6 +134,22 @@ TENSOR_KINDS = (
     "logits",
 )
 OBJECT = "object"
+# The checking function (a name of `CHECKS`) of each kind.
+KIND_CHECKS = {
+    "bool": "check_bool",
+    "bool_or_none": "check_bool",
+    "positive_int": "check_positive_int",
+    "positive_int_or_none": "check_positive_int",
+    "rate": "check_rate",
+    "rate_or_none": "check_rate",
+    "positive_number": "check_number",
+    "positive_number_or_none": "check_number",
+    "number_above_1": "check_number",
+    "choice": "check_choice",
+    "axes": "check_axes",
+    "position": "check_position",
+    **{kind: "check_tensor" for kind in TENSOR_KINDS},
+}
 
 _INT_IDS = dict(dtype="int", rank="2", range="[0, 2**31 - 1], one document per id (DOCUMENTS)")
 
@@ -105,12 +162,24 @@ def _padding(meaning, relation="(batch, seq) of the inputs"):
     return ArgSpec("padding_mask", meaning, dtype="bool|int", rank="2", relation=relation)
 
 
-def _sequence(meaning, rank="3", relation="width the layer was built on"):
-    return ArgSpec("sequence", meaning, dtype="float", rank=rank, relation=relation)
+def _sequence(meaning, rank="3", relation="width the layer was built on", dtype="float"):
+    return ArgSpec("sequence", meaning, dtype=dtype, rank=rank, relation=relation)
+
+
+# The layers that read int and bool inputs as floats, as Keras's own layers do (`utils.as_float_inputs`).
+_CAST_TO_FLOAT = "float|int|bool"
 
 
 def _object(meaning):
     return ArgSpec(OBJECT, meaning)
+
+
+def _registry(module, name, first=()):
+    """The choices `first + tuple(module.name)`, read when checked."""
+    return lambda: (*first, *getattr(importlib.import_module(module), name))
+
+
+_IMPLEMENTATIONS = _registry("keras_attn.kernels", "KERNELS", first=("auto",))
 
 
 SPECS = {
@@ -143,11 +212,14 @@ SPECS = {
     "dropout": ArgSpec("rate", "dropout rate", range="[0, 1)"),
     "attention_dropout": ArgSpec("rate_or_none", "dropout of the attention weights (default dropout)"),
     "dropout_rate": ArgSpec("rate", "dropout of the attention weights", range="[0, 1)"),
-    "scale": ArgSpec("positive_number_or_none", "inverse temperature of the softmax", range="(0, float32 max]"),
+    "scale": ArgSpec(
+        "positive_number_or_none", "inverse temperature of the softmax", range="(0, float32 max]", check="check_scale"
+    ),
     "logit_soft_cap": ArgSpec(
         "positive_number_or_none",
         "tanh cap of the scaled logits (Gemma 2)",
         range="[float32 smallest normal, float32 max]",
+        check="check_soft_cap",
     ),
     "max_wavelength": ArgSpec("number_above_1", "longest wavelength of the sinusoids", range="> 1"),
     "scaling_factor": ArgSpec("positive_number", "divides the rotary positions", range="> 0"),
@@ -174,19 +246,37 @@ SPECS = {
     "strict": ArgSpec("bool", "refuse a layer that cannot be converted"),
     "training": ArgSpec("bool_or_none", "training mode (dropout)"),
     # Choices.
-    "implementation": ArgSpec("choice", "attention kernel by name, or 'auto'"),
-    "feature_map": ArgSpec("choice", "feature map of linear attention"),
-    "mode": ArgSpec("choice", "'mean' or 'max' pooling"),
-    "merge_mode": ArgSpec("choice", "'add' or 'concat' the encoding"),
-    "position_encoding": ArgSpec("choice", "'learned' or 'sinusoidal' positions"),
-    "strategy": ArgSpec("choice", "'first_fit' or 'best_fit' packing"),
+    "implementation": ArgSpec("choice", "attention kernel by name, or 'auto'", choices=_IMPLEMENTATIONS),
+    "feature_map": ArgSpec(
+        "choice",
+        "feature map of linear attention",
+        choices=_registry("keras_attn.families.linear_attention", "FEATURE_MAPS"),
+    ),
+    "mode": ArgSpec(
+        "choice", "'mean' or 'max' pooling", choices=_registry("keras_attn.blocks.masked_global_pooling", "_MODES")
+    ),
+    "merge_mode": ArgSpec(
+        "choice",
+        "'add' or 'concat' the encoding",
+        choices=_registry("keras_attn.positions.sinusoidal_position_encoding", "_MERGE_MODES"),
+    ),
+    "position_encoding": ArgSpec(
+        "choice",
+        "'learned' or 'sinusoidal' positions",
+        choices=_registry("keras_attn.positions.token_and_position_embedding", "_POSITION_ENCODINGS"),
+    ),
+    "strategy": ArgSpec(
+        "choice", "'first_fit' or 'best_fit' packing", choices=_registry("keras_attn.packing", "STRATEGIES")
+    ),
     "attention_axes": ArgSpec("axes", "axes attention runs over (a non-empty tuple)"),
     # Positions.
     "start_index": ArgSpec("position", "position of the first token", dtype="int", rank="0", range=">= 0"),
     "query_offset": ArgSpec("position", "position of the first query among the keys", dtype="int", range=">= 0"),
-    "cache_update_index": ArgSpec("position", "where a cached step writes", dtype="int", rank="0", range=">= 0"),
+    "cache_update_index": ArgSpec(
+        "position", "where a cached step writes", dtype="int", rank="0", range=">= 0", check="check_cache_index"
+    ),
     "self_attention_cache_update_index": ArgSpec(
-        "position", "where a cached step writes", dtype="int", rank="0", range=">= 0"
+        "position", "where a cached step writes", dtype="int", rank="0", range=">= 0", check="check_cache_index"
     ),
     "query_len": ArgSpec("position", "queries of the mask", dtype="int", rank="0", range=">= 0"),
     "key_len": ArgSpec("position", "keys of the mask", dtype="int", rank="0", range=">= 0"),
@@ -299,6 +389,7 @@ SURFACE_SPECS = {
             "positive_number_or_none",
             "tanh cap of the logits (Keras's argument)",
             range="[float32 smallest normal, float32 max]",
+            check="check_soft_cap",
         ),
     },
     "keras_attn.scaled_dot_product_attention": {
@@ -312,12 +403,26 @@ SURFACE_SPECS = {
     "keras_attn.FeedForward.call": {"inputs": _sequence("features (batch, ..., features)", rank=">= 2")},
     "keras_attn.MaskedGlobalPooling.call": {"inputs": _sequence("the sequence (batch, seq, features)", relation="")},
     "keras_attn.SinusoidalPositionEncoding.call": {
-        "inputs": _sequence("the sequence (batch, seq, features)", relation="width fits encoding_dim")
+        "inputs": _sequence(
+            "the sequence (batch, seq, features)", relation="width fits encoding_dim", dtype=_CAST_TO_FLOAT
+        )
+    },
+    "keras_attn.AttentionPooling.call": {
+        "inputs": _sequence("the sequence (batch, seq, features)", dtype=_CAST_TO_FLOAT)
+    },
+    "keras_attn.TransformerEncoder.call": {
+        "inputs": _sequence("the sequence (batch, seq, features)", dtype=_CAST_TO_FLOAT)
+    },
+    "keras_attn.TransformerDecoder.call": {
+        "decoder_sequence": _sequence("decoder inputs (batch, target_len, features)", dtype=_CAST_TO_FLOAT)
     },
     "keras_attn.masked_softmax": {
         "mask": ArgSpec("attention_mask", "True where a logit counts", dtype="bool", relation="broadcasts to logits")
     },
     "keras_attn.sliding_window_mask": {"window": ArgSpec("positive_int", "keys before (and at) each query it sees")},
+    "keras_attn.packing.pack": {
+        "row_length": _object("tokens of a packed row: an int, or {feature: int} (checked by pack, per feature)")
+    },
     "keras_attn.packing.place": {
         "lengths": ArgSpec("lengths", "tokens of each document", dtype="int", rank="1", range="[0, row_length]")
     },
@@ -327,12 +432,16 @@ SURFACE_SPECS = {
     "keras_attn.packing.mean_over_tokens": {
         "losses": ArgSpec("losses", "per-token losses", dtype="float", rank="2", relation="(batch, length)")
     },
-    "keras_attn.attention_families.build": {"name": ArgSpec("choice", "a family of FAMILIES")},
+    "keras_attn.attention_families.build": {
+        "name": ArgSpec(
+            "choice", "a family of FAMILIES", choices=_registry("keras_attn.attention_families", "FAMILIES")
+        )
+    },
     "keras_attn.explain_implementation": {
         "query_shape": _object("(batch, query_len, heads, depth) of the call, None entries unknown"),
         "key_shape": _object("(batch, key_len, kv_heads, depth); default query_shape"),
         "value_shape": _object("(batch, key_len, kv_heads, value_depth); default key_shape"),
-        "dtype": ArgSpec("choice", "the compute dtype of query, key and value (a float dtype)"),
+        "dtype": _object("the compute dtype of query, key and value (a float dtype, standardized by Keras)"),
         "mask_shape": _object("shape of a boolean mask, or None"),
         "bias_shape": _object("shape of an additive bias, or None"),
         "packed": ArgSpec("bool", "the call has segment ids"),
@@ -401,3 +510,166 @@ def _named_parameters(function):
         for parameter in inspect.signature(function).parameters.values()
         if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)
     ]
+
+
+def _or_none(spec):
+    return spec.kind.endswith("_or_none")
+
+
+def _check_rate(spec, name, value):
+    return value if value is None and _or_none(spec) else validation.check_rate(name, value)
+
+
+def _check_number(spec, name, value):
+    bound = 1 if spec.kind == "number_above_1" else 0
+    return validation.check_number(name, value, above=bound, allow_none=_or_none(spec))
+
+
+def _check_cache_index(spec, name, value):
+    """A cache index is a position whose range is the cache's: an int is left to the surface, which names
+    that range (`[0, cache_len - new tokens]`); anything else is refused as a position."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        return value
+    return validation.check_position(name, value)
+
+
+def _check_axes(spec, name, value):
+    """`None`, an int, or a non-empty tuple or list of ints (Keras's `attention_axes`)."""
+    ints = value if isinstance(value, (list, tuple)) else (value,)
+    valid = value is None or (
+        len(ints) > 0 and all(isinstance(axis, numbers.Integral) and not isinstance(axis, bool) for axis in ints)
+    )
+    if not valid:
+        raise ValueError(f"`{name}` must be None, an int or a non-empty sequence of ints. Received: {name}={value!r}")
+    return value
+
+
+def _check_tensor(spec, name, value):
+    """A tensor's dtype kind and rank against its spec (`None`: not given); its sizes against the other
+    inputs and its values are the surface's to check (they need the other arguments)."""
+    if value is None:
+        return value
+    dtype = getattr(value, "dtype", None)
+    shape = getattr(value, "shape", None)
+    if dtype is None or shape is None:
+        array = np.asarray(value)  # a nested list: its NumPy dtype and shape, no TensorFlow op
+        dtype, shape = array.dtype, array.shape
+    try:
+        received = keras.backend.standardize_dtype(dtype)
+    except ValueError:  # strings, objects: no Keras dtype, and no kind a spec allows
+        received = str(getattr(dtype, "name", dtype))
+    kind = (
+        "bool" if received == "bool" else "int" if "int" in received else "float" if "float" in received else received
+    )
+    rank = None if shape is None or getattr(shape, "rank", 0) is None else len(shape)
+    kinds = spec.dtype.split("|")
+    if ("any" not in kinds and kind not in kinds) or (rank is not None and not _rank_allowed(spec.rank, rank)):
+        raise ValueError(
+            f"`{name}` must be a tensor of dtype {' or '.join(kinds)} and rank {spec.rank}. "
+            f"Received: {name}.dtype={received}, {name}.shape={tuple(shape)}"
+        )
+    return value
+
+
+def _check_tensor_dtype(spec, name, value):
+    """At the entry, a tensor's dtype alone, where no other argument changes what it may be: a float
+    tensor's (a `"float"` spec) must be a float, any tensor's numeric or bool (a string or object
+    tensor reaches no kernel). The rest of `_check_tensor` is the surface's (module docstring)."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        return
+    try:
+        received = keras.backend.standardize_dtype(dtype)
+    except ValueError:  # strings, objects
+        received = str(getattr(dtype, "name", dtype))
+    numeric = received == "bool" or "int" in received or "float" in received
+    if not numeric or (spec.dtype == "float" and "float" not in received):
+        raise ValueError(
+            f"`{name}` must be a tensor of dtype {' or '.join(spec.dtype.split('|'))}. "
+            f"Received: {name}.dtype={received}, {name}.shape={tuple(value.shape)}"
+        )
+
+
+def _rank_allowed(allowed, rank):
+    """Whether `rank` is one of `allowed`: `"2"`, `"2-4"`, `">= 2"`, or `None` for any."""
+    if allowed is None:
+        return True
+    if allowed.startswith(">="):
+        return rank >= int(allowed[2:])
+    low, _, high = allowed.partition("-")
+    return int(low) <= rank <= int(high or low)
+
+
+# Each checking function a spec names, as `check(spec, name, value)`: the validators of
+# `keras_attn.validation`, given what the spec says (its choices, whether `None` is allowed).
+CHECKS = {
+    "check_bool": lambda spec, name, value: validation.check_bool(name, value, allow_none=_or_none(spec)),
+    "check_positive_int": lambda spec, name, value: validation.check_positive_int(name, value, _or_none(spec)),
+    "check_rate": _check_rate,
+    "check_number": _check_number,
+    "check_scale": lambda spec, name, value: validation.check_scale(value),
+    "check_soft_cap": lambda spec, name, value: validation.check_soft_cap(value, name),
+    "check_choice": lambda spec, name, value: validation.check_choice(name, value, spec.choices()),
+    "check_axes": _check_axes,
+    "check_cache_index": _check_cache_index,
+    "check_position": lambda spec, name, value: validation.check_position(name, value),
+    "check_tensor": _check_tensor,
+}
+
+
+def check_arguments(surface, arguments):
+    """Runs the check of each scalar argument's spec on `surface` (`{name: value}`), before the surface
+    runs: the first bad value raises its check's `ValueError` naming it. Tensor arguments are left to the
+    surface (see the module docstring)."""
+    for name, value in arguments.items():
+        argument = spec(surface, name)
+        if argument is not None and argument.kind in SCALAR_KINDS:
+            CHECKS[argument.check](argument, name, value)
+        elif argument is not None and argument.kind in TENSOR_KINDS:
+            _check_tensor_dtype(argument, name, value)
+
+
+def checked(function, surface):
+    """`function` with `check_arguments` run on the arguments it is given (its defaults are valid);
+    `function.__contract__` names its surface. A call that does not bind is left to `function` to refuse."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def checked_function(*args, **kwargs):
+        try:
+            arguments = signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            return function(*args, **kwargs)  # raises Python's own TypeError naming the argument
+        check_arguments(surface, arguments)
+        return function(*args, **kwargs)
+
+    checked_function.__signature__ = (
+        signature  # for `inspect.getfullargspec` (Keras's auto config), which does not unwrap
+    )
+    checked_function.__contract__ = surface
+    return checked_function
+
+
+def enforce():
+    """Wraps every public surface in `checked`: each public function of `ENFORCED_MODULES` (rebound in
+    its public module) and the `__init__` and `call` of each public class and of its keras_attn bases.
+    Called once, at the end of `keras_attn/__init__.py`."""
+    for module_name in ENFORCED_MODULES:
+        module = importlib.import_module(module_name)
+        for name in _public_names(module):
+            thing = getattr(module, name)
+            surface = f"{module_name}.{name}"
+            if inspect.isclass(thing):
+                _enforce_class(thing, surface)
+            elif callable(thing) and not inspect.ismodule(thing) and not hasattr(thing, "__contract__"):
+                setattr(module, name, checked(thing, surface))
+
+
+def _enforce_class(klass, surface):
+    for base in klass.__mro__:
+        if not base.__module__.startswith("keras_attn"):
+            continue
+        for method in ("__init__", "call"):
+            function = vars(base).get(method)
+            if function is not None and not hasattr(function, "__contract__"):
+                setattr(base, method, checked(function, f"{surface}.{method}"))

@@ -6,6 +6,9 @@ The scalar arguments of the constructors are walked by tests/test_argument_valid
 same specs. Each surface's valid call is tiny (batch 2, a few tokens) and its layer is built once.
 """
 
+import importlib
+import inspect
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -31,6 +34,87 @@ def test_every_public_argument_has_a_spec():
     assert not missing
     kinds = set(contracts.SCALAR_KINDS) | set(contracts.TENSOR_KINDS) | {contracts.OBJECT}
     assert {contracts.spec(surface, name).kind for surface, name in arguments} <= kinds
+
+
+def _public_surfaces():
+    """`(surface, function or class)` of every public name of the enforced modules."""
+    for module_name in contracts.ENFORCED_MODULES:
+        module = importlib.import_module(module_name)
+        for name in contracts._public_names(module):
+            thing = getattr(module, name)
+            if callable(thing) and not inspect.ismodule(thing):
+                yield f"{module_name}.{name}", thing
+
+
+def test_every_public_surface_checks_its_specs_at_its_entry():
+    """Every public function, and the `__init__` and `call` of every public class and of its keras_attn
+    bases, runs `contracts.check_arguments` first (`contracts.checked`): a surface cannot ship unchecked."""
+    unchecked = []
+    for surface, thing in _public_surfaces():
+        bases = (
+            [base for base in thing.__mro__ if base.__module__.startswith("keras_attn")]
+            if inspect.isclass(thing)
+            else []
+        )
+        methods = [vars(base)[method] for base in bases for method in ("__init__", "call") if method in vars(base)]
+        functions = methods if inspect.isclass(thing) else [thing]
+        unchecked += [(surface, f.__qualname__) for f in functions if not hasattr(f, "__contract__")]
+    assert not unchecked
+
+
+def test_a_checked_surface_refuses_a_bad_argument_before_running():
+    with pytest.raises(ValueError, match=r"Received: key_len=-1"):
+        keras_attn.causal_mask(2, -1)
+    with pytest.raises(ValueError, match=r"Received: feature_map='nonsense'"):
+        keras_attn.LinearAttention(num_heads=2, key_dim=2, feature_map="nonsense")
+    with pytest.raises(ValueError, match=r"Received: use_causal_mask='yes'"):
+        keras_attn.MultiHeadAttention(num_heads=2, key_dim=2)(SEQUENCE, SEQUENCE, use_causal_mask="yes")
+
+
+# A value of each kind its check takes, and one it refuses.
+_GOOD_AND_BAD = {
+    "bool": (True, "no"),
+    "bool_or_none": (None, "no"),
+    "positive_int": (3, 0),
+    "positive_int_or_none": (None, -1),
+    "rate": (0.5, 1.0),
+    "rate_or_none": (None, float("nan")),
+    "positive_number": (2.0, -1.0),
+    "positive_number_or_none": (None, 0.0),
+    "number_above_1": (2.0, 1.0),
+    "choice": (None, "nonsense"),
+    "axes": ((1,), ()),
+    "position": (0, 1.5),
+}
+
+
+def _every_spec():
+    yield from SPECS_BY_NAME.items()
+    for surface, specs in contracts.SURFACE_SPECS.items():
+        yield from ((f"{surface}:{name}", spec) for name, spec in specs.items())
+
+
+SPECS_BY_NAME = contracts.SPECS
+
+
+@pytest.mark.parametrize("label, spec", list(_every_spec()), ids=[label for label, _ in _every_spec()])
+def test_every_spec_names_a_check_that_takes_good_and_refuses_bad_values(label, spec):
+    """A spec without a check cannot exist: each names one of `contracts.CHECKS`, run here on a good and a bad value."""
+    if spec.kind == contracts.OBJECT:
+        assert spec.check is None  # resolved by Keras or a registry, which refuses what it cannot resolve
+        return
+    check = contracts.CHECKS[spec.check]
+    name = label.rpartition(":")[2]
+    if spec.kind in contracts.TENSOR_KINDS:
+        rank = int((spec.rank or "0").removeprefix(">=").partition("-")[0])
+        good = np.zeros((1,) * rank, {"any": "float32"}.get(spec.dtype.split("|")[0], spec.dtype.split("|")[0]))
+        bad = np.array(["text"] * 2)
+    else:
+        good, bad = _GOOD_AND_BAD[spec.kind]
+        good = spec.choices()[0] if spec.kind == "choice" else good
+    check(spec, name, good)
+    with pytest.raises(ValueError, match=name):
+        check(spec, name, bad)
 
 
 def _bad_tensors(spec, valid, related, runs=False):

@@ -101,6 +101,8 @@ def why_unsupported(call):
     query, key = call.query, call.key
     if query.shape[1] is None or key.shape[1] is None:
         return f"static lengths. Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+    if query.shape[1] == 0:  # no chunk to concatenate
+        return f"at least one query. Received: query.shape={tuple(query.shape)}"
     if isinstance(call.query_offset, bool) or not isinstance(call.query_offset, int):
         return f"a Python int `query_offset`. Received: query_offset={call.query_offset!r}"
     for name, pairwise in (("mask", call.mask), ("bias", call.bias)):

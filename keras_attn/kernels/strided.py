@@ -83,6 +83,8 @@ def why_unsupported(call):
         )
     if call.dropout_rate:
         return f"no attention dropout. Received: dropout_rate={call.dropout_rate!r} in training"
+    if call.key.shape[1] == 0:  # no band of keys to step through
+        return f"at least one key. Received: key.shape={tuple(call.key.shape)}"
     return _why_not_strided(call.query, call.key, call.mask, call.pattern, call.query_offset)
 
 
