@@ -114,6 +114,7 @@ SCALAR_KINDS = (
     "rate_or_none",
     "positive_number",
     "positive_number_or_none",
+    "non_negative_number_or_none",
     "number_above_1",
     "choice",
     "axes",
@@ -144,6 +145,7 @@ KIND_CHECKS = {
     "rate_or_none": "check_rate",
     "positive_number": "check_number",
     "positive_number_or_none": "check_number",
+    "non_negative_number_or_none": "check_number",
     "number_above_1": "check_number",
     "choice": "check_choice",
     "axes": "check_axes",
@@ -245,8 +247,18 @@ SPECS = {
     "return_report": ArgSpec("bool", "also return what was converted"),
     "strict": ArgSpec("bool", "refuse a layer that cannot be converted"),
     "training": ArgSpec("bool_or_none", "training mode (dropout)"),
+    "zero_unattended_keys": ArgSpec("bool", "zero the keys and values no query may attend to"),
+    "enabled": ArgSpec("bool_or_none", "whether auto measures (None: as set)"),
+    "tie_tolerance": ArgSpec(
+        "non_negative_number_or_none", "fraction of the fastest time within which the lighter kernel wins", range=">= 0"
+    ),
     # Choices.
     "implementation": ArgSpec("choice", "attention kernel by name, or 'auto'", choices=_IMPLEMENTATIONS),
+    "rows_without_keys": ArgSpec(
+        "choice",
+        "output of a query with no allowed key: zero, or Keras's layer's",
+        choices=_registry("keras_attn.layers.multi_head_attention", "ROWS_WITHOUT_KEYS"),
+    ),
     "feature_map": ArgSpec(
         "choice",
         "feature map of linear attention",
@@ -521,6 +533,8 @@ def _check_rate(spec, name, value):
 
 
 def _check_number(spec, name, value):
+    if spec.kind == "non_negative_number_or_none":
+        return validation.check_number(name, value, at_least=0, allow_none=True)
     bound = 1 if spec.kind == "number_above_1" else 0
     return validation.check_number(name, value, above=bound, allow_none=_or_none(spec))
 

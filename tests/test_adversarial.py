@@ -164,6 +164,7 @@ _BAD = {
     "positive_number_or_none": st.one_of(
         st.floats(max_value=0.0), _NON_FINITE, st.floats(min_value=3.5e38), _ANY_TEXT, _BOOLS
     ),
+    "non_negative_number_or_none": st.one_of(st.floats(max_value=-1e-300), _NON_FINITE, _ANY_TEXT, _BOOLS),
     "number_above_1": st.one_of(st.floats(max_value=1.0), _NON_FINITE, _ANY_TEXT, _BOOLS),
     "choice": st.one_of(st.text(max_size=12).filter(lambda text: text not in ("auto",)), _BOOLS, st.integers()),
     "position": st.one_of(st.integers(max_value=-1), _TOO_BIG, st.floats(), _ANY_TEXT, _BOOLS, st.none()),

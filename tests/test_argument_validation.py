@@ -55,6 +55,7 @@ BAD_VALUES = {
     "rate_or_none": (-0.1, 1.0, NAN, INF, "0.1"),
     "positive_number": (0, -1.0, NAN, INF, -INF, "1", True),
     "positive_number_or_none": (0, -1.0, NAN, INF, -INF, "1", True, PAST_FLOAT32),
+    "non_negative_number_or_none": (-1.0, NAN, INF, -INF, "1", True),
     "number_above_1": (1, 0.5, NAN, INF, -INF, "2", True),
     "choice": ("nonsense", True),
     "axes": ((),),

@@ -81,6 +81,7 @@ _GOOD_AND_BAD = {
     "rate_or_none": (None, float("nan")),
     "positive_number": (2.0, -1.0),
     "positive_number_or_none": (None, 0.0),
+    "non_negative_number_or_none": (0.0, -0.5),
     "number_above_1": (2.0, 1.0),
     "choice": (None, "nonsense"),
     "axes": ((1,), ()),

@@ -150,9 +150,14 @@ def keras_rows_without_keys(output, value, allowed, is_causal, query_len, key_le
     """
     has_keys = _rows_with_any_key(allowed, is_causal, query_len, key_len)  # (batch | 1, heads | 1, query_len | 1)
     has_keys = ops.expand_dims(ops.transpose(has_keys, (0, 2, 1)), -1)  # (batch | 1, query_len | 1, heads | 1, 1)
-    mean = ops.mean(value, axis=1, keepdims=True)  # (batch, 1, kv_heads, value_depth)
-    mean = ops.repeat(mean, output.shape[2] // value.shape[2], axis=2)  # grouped heads: (batch, 1, heads, dv)
-    return ops.where(has_keys, output, ops.cast(mean, output.dtype))
+
+    def with_mean_rows():
+        mean = ops.mean(value, axis=1, keepdims=True)  # (batch, 1, kv_heads, value_depth)
+        mean = ops.repeat(mean, output.shape[2] // value.shape[2], axis=2)  # grouped heads: (batch, 1, heads, dv)
+        return ops.where(has_keys, output, ops.cast(mean, output.dtype))
+
+    # The mean is a pass over every value (a decoding step's whole cache): taken only when a row needs it.
+    return ops.cond(ops.all(has_keys), lambda: output, with_mean_rows)
 
 
 def _rows_with_any_key(allowed, is_causal, query_len, key_len):
