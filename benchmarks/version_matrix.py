@@ -71,10 +71,14 @@ def constraints(cell):
 
 
 def install(cell, install_args):
-    """The cell's venv with its pins and `install_args`; its python. pip runs every time (a no-op
-    when all is in place), so a venv always holds what the pins say."""
+    """The cell's venv with its pins and `install_args`; its python. pip runs unless the venv's
+    stamp says it installed these pins and arguments last (as the Makefile's `.installed`)."""
     venv = VENVS_DIR / cell_name(cell)
     python = venv / "bin" / "python"
+    stamp = venv / ".installed"
+    wanted = f"{constraints(cell)}{shlex.join(install_args)}\n"
+    if stamp.exists() and stamp.read_text() == wanted:
+        return python
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
@@ -82,6 +86,7 @@ def install(cell, install_args):
     pins.write_text(constraints(cell))
     command = [str(python), "-m", "pip", "install", "--quiet", "-c", str(pins), "-r", str(pins), *install_args]
     subprocess.run(["nice", "-n", "10", *command], check=True, cwd=REPO_ROOT)
+    stamp.write_text(wanted)
     return python
 
 
@@ -127,11 +132,13 @@ def load_results():
 
 
 def table(results):
-    """The Markdown table of the cells in `CELLS`' order: what ran, on what, with what outcome."""
+    """The Markdown table of the cells in `CELLS`' order: what ran, on what, with what outcome; the
+    cells with no result yet named under it."""
     lines = [
         "| TensorFlow | Keras | KerasHub | Python | numpy | passed | failed | skipped | minutes | date |",
         "|---|---|---|---|---|---:|---:|---:|---:|---|",
     ]
+    not_run = [cell for cell in CELLS if cell_name(cell) not in results]
     for cell in CELLS:
         row = results.get(cell_name(cell))
         if row is None:
@@ -140,6 +147,12 @@ def table(results):
             f"| {row['tensorflow']} | {row['keras']} | {row['keras_hub']} | {row['python']} | {row['numpy']} "
             f"| {row['passed']} | {row['failed']} | {row['skipped']} | {row['seconds'] / 60:.0f} | {row['date']} |"
         )
+    if not_run:
+        cells = ", ".join(
+            f"TensorFlow {tensorflow} with Keras {keras} (KerasHub {keras_hub})"
+            for tensorflow, keras, keras_hub in not_run
+        )
+        lines += ["", f"Not run yet: {cells}."]
     return "\n".join(lines)
 
 
