@@ -64,7 +64,7 @@ test-compat: $(COMPAT_VENV)/.installed
 # `make test-compat`'s tests on each supported TensorFlow minor with the lowest and the highest Keras
 # pip installs beside it, and a KerasHub that installs with the pair (benchmarks/version_matrix.py's
 # CELLS), one venv each under .venv-matrix/, one cell's tests at a time; the results in
-# benchmarks/results/version_matrix.json and the table in README.md and docs/supported_versions.md.
+# benchmarks/results/version_matrix.json and the table in docs/supported_versions.md (README.md links it).
 # Not in CI (eight TensorFlow installs): run it when the supported range or a cell's pins change.
 # `make test-matrix MATRIX_ARGS="--only 2.20.0-3.15.1"` runs one cell.
 MATRIX_WORKERS ?= 2

@@ -2,7 +2,7 @@
 of the Keras range pip accepts beside it, and the table of what ran.
 
     python -m benchmarks.version_matrix --install "ARGS" --pytest "ARGS" [--only TF-KERAS ...]
-    python -m benchmarks.version_matrix --tables   # only rewrite the tables from the results
+    python -m benchmarks.version_matrix --table   # only rewrite the table from the results
 
 Each cell of `CELLS` gets a venv of its own, `.venv-matrix/<tensorflow>-<keras>/`, where pip
 installs the cell's pins as constraints (`-c`: the resolver cannot move them) beside `--install`
@@ -11,8 +11,8 @@ installs the cell's pins as constraints (`-c`: the resolver cannot move them) be
 cell at a time. Per cell, `RESULTS` gets the Python, TensorFlow, Keras, KerasHub and numpy versions
 the venv holds, the passed/failed/skipped counts, the failed tests' names, the wall time and the
 date; a cell run again replaces its row. From `RESULTS`, the table between the `make test-matrix`
-markers of README.md and docs/supported_versions.md is rewritten (tests/test_version_matrix.py
-holds the tables, setup.cfg's ranges and the README's claims to the results).
+markers of docs/supported_versions.md is rewritten (tests/test_version_matrix.py holds the table,
+setup.cfg's ranges and the README's and the docs' claims to `CELLS` and the results).
 """
 
 import argparse
@@ -31,7 +31,7 @@ REPO_ROOT = BENCHMARKS_DIR.parent
 VENVS_DIR = REPO_ROOT / ".venv-matrix"
 RESULTS = BENCHMARKS_DIR / "results" / "version_matrix.json"
 OLDEST_SUPPORTED = REPO_ROOT / "oldest-supported.txt"
-TABLE_FILES = (REPO_ROOT / "README.md", REPO_ROOT / "docs" / "supported_versions.md")
+TABLE_FILE = REPO_ROOT / "docs" / "supported_versions.md"
 BEGIN_MARKER = "<!-- make test-matrix: generated from benchmarks/results/version_matrix.json; do not edit below -->"
 END_MARKER = "<!-- make test-matrix: end of the generated section -->"
 
@@ -163,13 +163,11 @@ def generated_section(text):
     return text.split(BEGIN_MARKER, 1)[1].split(END_MARKER, 1)[0].strip("\n")
 
 
-def write_tables(results):
-    """Replaces the generated section of each of `TABLE_FILES` by the table of `results`."""
-    for path in TABLE_FILES:
-        text = path.read_text()
-        before, rest = text.split(BEGIN_MARKER, 1)
-        after = rest.split(END_MARKER, 1)[1]
-        path.write_text(f"{before}{BEGIN_MARKER}\n{table(results)}\n{END_MARKER}{after}")
+def write_table(results):
+    """Replaces the generated section of `TABLE_FILE` by the table of `results`."""
+    before, rest = TABLE_FILE.read_text().split(BEGIN_MARKER, 1)
+    after = rest.split(END_MARKER, 1)[1]
+    TABLE_FILE.write_text(f"{before}{BEGIN_MARKER}\n{table(results)}\n{END_MARKER}{after}")
 
 
 def write_results(results):
@@ -185,13 +183,13 @@ def main(argv=None):
     parser.add_argument("--pytest", default="", help="pytest's arguments (one string)")
     parser.add_argument("--only", nargs="+", metavar="TF-KERAS", help="run these cells only (e.g. 2.20.0-3.15.1)")
     parser.add_argument("--install-only", action="store_true", help="install the venvs, run no test")
-    parser.add_argument("--tables", action="store_true", help="only rewrite the tables from the results")
+    parser.add_argument("--table", action="store_true", help="only rewrite the table from the results")
     args = parser.parse_args(argv)
     names = [cell_name(cell) for cell in CELLS]
     unknown = sorted(set(args.only or ()) - set(names))
     if unknown:
         parser.error(f"--only takes cells of {', '.join(names)}. Received: {', '.join(unknown)}")
-    if not args.tables:
+    if not args.table:
         for cell in CELLS:
             if args.only and cell_name(cell) not in args.only:
                 continue
@@ -200,7 +198,7 @@ def main(argv=None):
                 results = load_results()
                 results[cell_name(cell)] = run_cell(cell, python, shlex.split(args.pytest))
                 write_results(results)
-    write_tables(load_results())
+    write_table(load_results())
     results = load_results()
     failing = [name for name, row in results.items() if row["failed"]]
     print(table(results))
