@@ -5,12 +5,13 @@
 #   make test-compat   the library's own tests on the oldest supported TensorFlow/Keras and KerasHub (CI too)
 #   make fuzz   the adversarial suite (tests/test_adversarial.py) drawing random calls for FUZZ_MINUTES (default 10),
 #               then the counts per surface (right / clear error / silent wrong / unclear) in FUZZ_RESULTS
+#   make test-matrix   the same tests on every supported TensorFlow minor with its Keras range's ends (not CI)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: install browser lint main test test-quick test-compat docs bench fuzz
+.PHONY: install browser lint main test test-quick test-compat test-matrix docs bench fuzz
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,15 +51,27 @@ test-quick: install
 # (`--importable`: they build KerasHub's models and the keras.io examples of models/, plain Keras).
 COMPAT_VENV := .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_INSTALL := -e ".[viz]" "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100"
+COMPAT_TESTS := -q -p no:cacheprovider --library-only --importable keras_hub --importable models.keras_io_examples -m "not slow" tests keras_attn
 
 $(COMPAT_VENV)/.installed: setup.cfg pyproject.toml oldest-supported.txt
 	$(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_PY) -m pip install --quiet --upgrade pip
-	$(COMPAT_PY) -m pip install --quiet -c oldest-supported.txt -r oldest-supported.txt -e ".[viz]" "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100"
+	$(COMPAT_PY) -m pip install --quiet -c oldest-supported.txt -r oldest-supported.txt $(COMPAT_INSTALL)
 	touch $@
 
 test-compat: $(COMPAT_VENV)/.installed
-	$(COMPAT_PY) -m pytest -n 2 --dist loadfile -q -p no:cacheprovider --library-only --importable keras_hub --importable models.keras_io_examples -m "not slow" --durations=25 tests keras_attn $(ARGS)
+	$(COMPAT_PY) -m pytest -n 2 --dist loadfile --durations=25 $(COMPAT_TESTS) $(ARGS)
+
+# `make test-compat`'s tests on each supported TensorFlow minor with the lowest and the highest Keras
+# pip installs beside it, and a KerasHub that installs with the pair (benchmarks/version_matrix.py's
+# CELLS), one venv each under .venv-matrix/, one cell's tests at a time; the results in
+# benchmarks/results/version_matrix.json and the table in docs/supported_versions.md (README.md links it).
+# Not in CI (eight TensorFlow installs): run it when the supported range or a cell's pins change.
+# `make test-matrix MATRIX_ARGS="--only 2.20.0-3.15.1"` runs one cell.
+MATRIX_WORKERS ?= 2
+test-matrix: install
+	$(PY) -m benchmarks.version_matrix --install '$(COMPAT_INSTALL)' --pytest '-n $(MATRIX_WORKERS) --dist loadfile $(COMPAT_TESTS) $(ARGS)' $(MATRIX_ARGS)
 
 # ruff: lint (pyflakes, pycodestyle, bugbear, import order) and the formatter, configured in pyproject.toml.
 lint: install

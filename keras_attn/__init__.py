@@ -1,5 +1,6 @@
 """keras_attn: attention layers for TensorFlow/Keras 3."""
 
+import keras_attn.backend  # noqa: F401  first: under another Keras backend, it raises naming it
 from keras_attn import attention_families
 from keras_attn import ops
 from keras_attn import packing
