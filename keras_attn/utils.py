@@ -18,8 +18,6 @@ def compiled_by_xla():
     `Model.compile(jit_compile=True)`; TensorFlow backend): XLA fuses transposes and updates a
     buffer in place, TensorFlow's op-by-op runtime pays for every op and copy, so a few paths
     choose their ops by it."""
-    if keras.backend.backend() != "tensorflow":
-        return False
     import tensorflow as tf
     from tensorflow.python.ops import control_flow_util
 
@@ -151,8 +149,6 @@ def checked_ids(name, ids, size, size_name):
     (`jit_compile=True`), which drops assertions, no Assert op: the caller turns what it looked
     up NaN when an id is out of range (`nan_unless(valid_ids(ids, size), ...)`).
     """
-    if keras.backend.backend() != "tensorflow":
-        return ids
     import tensorflow as tf
 
     ids = tf.convert_to_tensor(ids)

@@ -83,13 +83,11 @@ def weighted_values(weights, value):
 
 
 def _einsum(equation, first, second):
-    """`ops.einsum(equation, first, second)` of two operands of one dtype; on TensorFlow `tf.einsum`, one
+    """`ops.einsum(equation, first, second)` of two operands of one dtype as `tf.einsum`, one
     `Einsum` op whose gradient reads the operands as they are (Keras's `dot_product_attention` calls it
     so). Keras's `ops.einsum` rewrites these equations into explicit transposes around a matmul, and the
     backward pass then keeps the transposed copies of the query, key and value besides the originals."""
-    if keras.backend.backend() == "tensorflow":
-        return tf.einsum(equation, first, second)
-    return ops.einsum(equation, first, second)
+    return tf.einsum(equation, first, second)
 
 
 def grouped_heads(query, key):

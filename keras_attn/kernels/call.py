@@ -9,8 +9,6 @@ plugs in by answering both; a new input is one new field here that the kernels w
 
 import dataclasses
 
-import keras
-
 
 @dataclasses.dataclass(frozen=True)
 class AttentionCall:
@@ -45,10 +43,8 @@ class AttentionCall:
 
 def why_not_tensorflow_streaming(call):
     """Why a TensorFlow kernel that never holds the whole weights (chunked, blockwise) cannot take
-    the call, or `None`: the backend is not TensorFlow, the weights are to be returned, or the
-    attention is hard (its argmax across key blocks is not written there: dense takes it)."""
-    if keras.backend.backend() != "tensorflow":
-        return f"the TensorFlow backend. Received: backend {keras.backend.backend()!r}"
+    the call, or `None`: the weights are to be returned, or the attention is hard (its argmax
+    across key blocks is not written there: dense takes it)."""
     if call.return_weights:
         return "`return_weights=False`: it never materialises the whole attention matrix. Received: return_weights=True"
     if call.hard:

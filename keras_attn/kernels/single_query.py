@@ -12,7 +12,6 @@ einsums stay, and so they do for a batch of several rows, where the products are
 transposes included): the block-diagonal products pay off with one row, as the 2-D matmul.
 """
 
-import keras
 import tensorflow as tf
 from keras import ops
 
@@ -32,8 +31,7 @@ def applies(query, key):
     heads = query.shape[2]
     one_query = query.shape[0] == 1 and query.shape[1] == 1 and heads is not None
     one_query = one_query and heads == key.shape[2] and heads <= MAX_HEADS
-    tensorflow_runtime = keras.backend.backend() == "tensorflow" and not compiled_by_xla()
-    return one_query and key.shape[3] is not None and tensorflow_runtime
+    return one_query and key.shape[3] is not None and not compiled_by_xla()
 
 
 def logits(query, key):

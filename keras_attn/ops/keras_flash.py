@@ -30,12 +30,8 @@ _KERAS_FUNCTION = {}  # "original": Keras's backend function while ours is in it
 
 
 def _backend_nn():
-    """The TensorFlow backend's `nn` module, whose `dot_product_attention` Keras's op calls."""
-    if keras.backend.backend() != "tensorflow":
-        raise RuntimeError(
-            "`keras_attn.enable()` routes the TensorFlow backend's flash attention; JAX and PyTorch have their own. "
-            f"Received: backend {keras.backend.backend()!r}"
-        )
+    """The TensorFlow backend's `nn` module, whose `dot_product_attention` Keras's op calls (the one
+    backend keras_attn imports under: `keras_attn.backend`)."""
     return keras_internals.tensorflow_backend_nn()
 
 

@@ -87,8 +87,6 @@ class PositionEmbedding(keras.layers.Layer):
                     f"{start_index + length} exceeds sequence_length={self.sequence_length}."
                 )
             return None, None
-        if keras.backend.backend() != "tensorflow":
-            return None, None
         end = ops.cast(start_index, "int32") + ops.cast(length, "int32")
         return end <= self.sequence_length, end
 
