@@ -598,8 +598,9 @@ def _check_tensor_dtype(spec, name, value):
         received = str(getattr(dtype, "name", dtype))
     numeric = received == "bool" or "int" in received or "float" in received
     if not numeric or (spec.dtype == "float" and "float" not in received):
+        allowed = "numeric or bool" if spec.dtype == "any" else " or ".join(spec.dtype.split("|"))
         raise ValueError(
-            f"`{name}` must be a tensor of dtype {' or '.join(spec.dtype.split('|'))}. "
+            f"`{name}` must be a tensor of dtype {allowed}. "
             f"Received: {name}.dtype={received}, {name}.shape={tuple(value.shape)}"
         )
 

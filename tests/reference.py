@@ -14,7 +14,7 @@ def attention(query, key, value, mask=None, bias=None, is_causal=False, sliding_
     `soft_cap` the scaled logits are `tanh(logits / cap) * cap` before the bias is added (Gemma 2).
     """
     logits, allowed, value = _allowed_logits(query, key, value, mask, bias, is_causal, sliding_window, scale, soft_cap)
-    row_max = np.max(logits, axis=-1, keepdims=True)
+    row_max = np.max(logits, axis=-1, keepdims=True, initial=-np.inf)  # no keys: -inf, read as 0
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
     exp = np.where(allowed, np.exp(logits - row_max), 0.0)
     total = exp.sum(axis=-1, keepdims=True)

@@ -417,7 +417,7 @@ def _masks_against_numpy(data):
         (
             "sliding_window_mask",
             lambda: keras_attn.sliding_window_mask(query_len, key_len, window),
-            (columns <= rows - offset) & (columns > rows - offset - window),
+            np.abs(rows - offset - columns) < window,  # the band |i - j| < window, no offset given
         ),
     ):
         actual = np.asarray(call())[0, 0]  # (1, 1, query_len, key_len)
@@ -499,7 +499,7 @@ def _tensor_dtypes(data):
         return  # the rounded values are no valid call (e.g. ids that no longer run contiguously)
     variant = base[argument].astype(dtype if dtype != "str" else str)
     kinds = contracts.spec(f"keras_attn.{surface}", argument).dtype.split("|")
-    allowed = "any" in kinds or _KIND_OF.get(dtype) in kinds
+    allowed = ("any" in kinds and dtype != "str") or _KIND_OF.get(dtype) in kinds  # "any": numeric or bool
     try:
         outputs = [np.asarray(leaf, "float64") for leaf in tf.nest.flatten(call({**base, argument: variant}))]
     except Exception as error:
