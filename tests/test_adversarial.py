@@ -353,7 +353,25 @@ def _keras_signature_against_reference(data):
         _refused_clearly(surface, error, ["query", "key", "mask", "scale", "attn_logits_soft_cap"])
         return
     expected = _reference(query.astype("float64"), key, value, mask, {**options, "logit_soft_cap": cap})
+    expected = _keras_rows(expected, value, mask, options["is_causal"])
     _compare(surface, output, expected, str(query.dtype), f"{mode} {options} cap={cap}")
+
+
+def _keras_rows(expected, value, mask, is_causal):
+    """Keras's op gives a query with no allowed key the mean of the values (it softmaxes equal masked
+    logits), and zeros when there are no keys at all (a sum over none)."""
+    batch, query_len, heads = expected.shape[:3]
+    key_len = value.shape[1]
+    if key_len == 0:
+        return expected
+    allowed = np.ones((batch, query_len, key_len), bool)
+    if mask is not None:
+        allowed = allowed & mask[:, 0, 0][:, None, :]  # (batch, 1, 1, key_len) -> (batch, query_len, key_len)
+    if is_causal:
+        allowed = allowed & (np.arange(key_len)[None, :] <= np.arange(query_len)[:, None])
+    has_key = allowed.any(-1)  # (batch, query_len)
+    mean = np.repeat(value.astype("float64").mean(axis=1), heads // value.shape[2], axis=1)  # (batch, heads, depth)
+    return np.where(has_key[:, :, None, None], expected, mean[:, None])
 
 
 def test_the_keras_signature_matches_the_float64_reference():

@@ -170,10 +170,6 @@ def test_importing_and_using_every_public_name_loads_nothing_optional(dist, tmp_
 # own. A command README gives that this table does not know fails the test.
 _README_INSTALL = {
     "pip install .": ["install", "--target", "{target}", "."],
-    'pip install -e ".[viz]"': ["install", "--dry-run", "-e", ".[viz]"],
-    "pip install build": None,  # the `test` extra's `build`: the `dist` fixture runs it
-    "python -m build": None,  # what the `dist` fixture runs (offline: --no-isolation)
-    "pip install dist/keras_attn-*.whl": ["install", "--target", "{target}", "{wheel}"],
 }
 _OFFLINE = ["--no-index", "--no-deps", "--no-build-isolation", "--quiet"]
 

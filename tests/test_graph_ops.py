@@ -91,8 +91,11 @@ def test_a_converted_causal_lm_decoding_step_is_keras_graph_plus_a_constant(name
     # booleans, and the `cond`: 18 small ops), and the branch taken only when one is, which the count
     # includes though it does not run (the mean over the values, its repeat over grouped heads, a
     # cast and a select: 4 ops); the softmax's `custom_gradient` wrapper (1 op) a layer.
-    # Two of the check's ops are transposes of those booleans.
-    _assert_lean(ours, keras, _KERAS_ROWS_CHECK + 4 + 1, layers=args.layers, copies=2)
+    # Two of the check's ops are transposes of those booleans. The two products run on Keras's
+    # `ops.einsum` (which the ONNX attention fuser matches): transposes of the query, the cached keys
+    # and values and the output around the matmuls, 6 a layer where Keras's `tf.einsum` has none.
+    # They pass over the cache: the open cost of issue #50 item 5 until the fuser matches an Einsum.
+    _assert_lean(ours, keras, _KERAS_ROWS_CHECK + 4 + 1 + 6, layers=args.layers, copies=7)
     assert ours.get("Tile", 0) <= keras.get("Tile", 0) + args.layers  # the untaken branch's repeat alone
     assert ours.get("SelectV2", 0) <= keras.get("SelectV2", 0) + 2 * args.layers
 

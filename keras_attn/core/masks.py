@@ -148,6 +148,8 @@ def keras_rows_without_keys(output, value, allowed, is_causal, query_len, key_le
     key_len)` tensor for a mask that is the same for every query (padding). The `where` gives the
     mean rows Keras's gradient: `dO / key_len` to every value, nothing to the kernel's zero rows.
     """
+    if isinstance(key_len, int) and key_len == 0:  # no keys at all: Keras's sum over none is zero, as ours
+        return output
     has_keys = _rows_with_any_key(allowed, is_causal, query_len, key_len)  # (batch | 1, heads | 1, query_len | 1)
     has_keys = ops.expand_dims(ops.transpose(has_keys, (0, 2, 1)), -1)  # (batch | 1, query_len | 1, heads | 1, 1)
 

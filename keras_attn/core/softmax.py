@@ -83,11 +83,10 @@ def weighted_values(weights, value):
 
 
 def _einsum(equation, first, second):
-    """`ops.einsum(equation, first, second)` of two operands of one dtype as `tf.einsum`, one
-    `Einsum` op whose gradient reads the operands as they are (Keras's `dot_product_attention` calls it
-    so). Keras's `ops.einsum` rewrites these equations into explicit transposes around a matmul, and the
-    backward pass then keeps the transposed copies of the query, key and value besides the originals."""
-    return tf.einsum(equation, first, second)
+    """`ops.einsum(equation, first, second)` of two operands of one dtype. Keras's op (transposes
+    around a matmul on TensorFlow), not a fused `tf.einsum`: the exported graph's ONNX attention
+    fuser (`export/onnx_fused_attention.py`) matches the matmul pattern."""
+    return ops.einsum(equation, first, second)
 
 
 def grouped_heads(query, key):
