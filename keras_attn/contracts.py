@@ -644,10 +644,21 @@ def check_arguments(surface, arguments):
             _check_tensor_dtype(argument, name, value)
 
 
+def _is_default(value, default):
+    """Whether `value` is the parameter's own default (`None`, a number, a string: compared by value)."""
+    if default is inspect.Parameter.empty:
+        return False
+    if value is default:
+        return True
+    return isinstance(default, (bool, int, float, str)) and type(value) is type(default) and value == default
+
+
 def checked(function, surface):
-    """`function` with `check_arguments` run on the arguments it is given (its defaults are valid);
-    `function.__contract__` names its surface. A call that does not bind is left to `function` to refuse."""
+    """`function` with `check_arguments` run on the arguments it is given (its defaults are valid, also
+    when given explicitly, as `from_config` gives every one); `function.__contract__` names its
+    surface. A call that does not bind is left to `function` to refuse."""
     signature = inspect.signature(function)
+    defaults = {name: parameter.default for name, parameter in signature.parameters.items()}
 
     @functools.wraps(function)
     def checked_function(*args, **kwargs):
@@ -655,7 +666,8 @@ def checked(function, surface):
             arguments = signature.bind_partial(*args, **kwargs).arguments
         except TypeError:
             return function(*args, **kwargs)  # raises Python's own TypeError naming the argument
-        check_arguments(surface, arguments)
+        given = {name: value for name, value in arguments.items() if not _is_default(value, defaults.get(name))}
+        check_arguments(surface, given)
         return function(*args, **kwargs)
 
     checked_function.__signature__ = (
