@@ -398,8 +398,10 @@ SCALAR_SURFACES = [
             "implementation": "auto",
             "hard": False,
             "logit_soft_cap": None,
+            "zero_unattended_keys": True,
         },
     ),
+    ("set_measured_dispatch", keras_attn.set_measured_dispatch, {"enabled": None, "tie_tolerance": None}),
     (
         "explain_implementation",
         keras_attn.explain_implementation,
