@@ -107,6 +107,7 @@ class ArgSpec:
 
 SCALAR_KINDS = (
     "bool",
+    "truth_value",
     "bool_or_none",
     "positive_int",
     "positive_int_or_none",
@@ -138,6 +139,7 @@ OBJECT = "object"
 # The checking function (a name of `CHECKS`) of each kind.
 KIND_CHECKS = {
     "bool": "check_bool",
+    "truth_value": "check_truth_value",
     "bool_or_none": "check_bool",
     "positive_int": "check_positive_int",
     "positive_int_or_none": "check_positive_int",
@@ -233,7 +235,8 @@ SPECS = {
     "hard": ArgSpec("bool", "one-hot weights (argmax) in the forward pass"),
     "causal": ArgSpec("bool", "a query sees no later key"),
     "is_causal": ArgSpec("bool", "a query sees no later key"),
-    "use_causal_mask": ArgSpec("bool", "a query sees no later key (this call)"),
+    # Keras's layers take a truth value here (its own tests pass `use_causal_mask=0`).
+    "use_causal_mask": ArgSpec("truth_value", "a query sees no later key (this call)"),
     "redraw_features": ArgSpec("bool", "new random features at each training step"),
     "share_key_value": ArgSpec("bool", "one Linformer projection for keys and values"),
     "projection_per_head": ArgSpec("bool", "a Linformer projection per head"),
@@ -408,6 +411,11 @@ SURFACE_SPECS = {
         "query": _sequence("queries (batch, query_len, heads, depth)", rank="4", relation="depth of key"),
         "key": _sequence("keys (batch, key_len, kv_heads, depth)", rank="4", relation="batch of query"),
         "value": _sequence("values (batch, key_len, kv_heads, value_depth)", rank="4", relation="key_len of key"),
+    },
+    "keras_attn.TokenAndPositionEmbedding.__init__": {
+        "sequence_length": ArgSpec(
+            "positive_int_or_none", "positions of the learned table (None: sinusoidal, any length)"
+        )
     },
     "keras_attn.RotaryEmbedding.call": {
         "inputs": _sequence("queries or keys (batch, seq, heads, depth)", rank="4", relation="any even depth")
@@ -619,6 +627,7 @@ def _rank_allowed(allowed, rank):
 # `keras_attn.validation`, given what the spec says (its choices, whether `None` is allowed).
 CHECKS = {
     "check_bool": lambda spec, name, value: validation.check_bool(name, value, allow_none=_or_none(spec)),
+    "check_truth_value": lambda spec, name, value: validation.check_bool(name, value, allow_int=True),
     "check_positive_int": lambda spec, name, value: validation.check_positive_int(name, value, _or_none(spec)),
     "check_rate": _check_rate,
     "check_number": _check_number,

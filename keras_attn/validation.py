@@ -34,7 +34,7 @@ def check_number(name, value, *, above=None, at_least=None, below=None, integer=
     >>> check_number("max_wavelength", float("nan"), above=1)
     Traceback (most recent call last):
     ...
-    ValueError: `max_wavelength` must be a finite number > 1. Received: max_wavelength=nan
+    ValueError: argument `max_wavelength` must be a finite number > 1. Received: max_wavelength=nan
     """
     if value is None and allow_none:
         return value
@@ -55,7 +55,7 @@ def check_number(name, value, *, above=None, at_least=None, below=None, integer=
         ]
         expected = ("an integer" if integer else "a finite number") + "".join(f" {b}" for b in bounds if b)
         expected = expected.replace(" >= 0 < 1", " in [0, 1)") + (" or None" if allow_none else "")
-        raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
+        raise ValueError(f"argument `{name}` must be {expected}. Received: {name}={value!r}")
     return value
 
 
@@ -65,13 +65,13 @@ def check_positive_int(name, value, allow_none=False):
     >>> check_positive_int("num_heads", 2**40)
     Traceback (most recent call last):
     ...
-    ValueError: `num_heads` must be a positive integer <= 2147483647 (2**31 - 1). Received: num_heads=1099511627776
+    ValueError: argument `num_heads` must be a positive integer <= 2147483647 (2**31 - 1). Received: num_heads=1099511627776
     """
     if value is None and allow_none:
         return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or not 0 < value <= MAX_ELEMENTS:
         expected = f"a positive integer <= {MAX_ELEMENTS} (2**31 - 1)" + (" or None" if allow_none else "")
-        raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
+        raise ValueError(f"argument `{name}` must be {expected}. Received: {name}={value!r}")
     return value
 
 
@@ -96,30 +96,32 @@ def check_elements(what, **sizes):
 def check_rate(name, rate):
     """`rate` if it is a number in [0, 1), else a `ValueError` naming `name`."""
     if isinstance(rate, (bool, np.bool_)) or not isinstance(rate, numbers.Real) or not 0.0 <= rate < 1.0:
-        raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={rate!r}")
+        raise ValueError(f"argument `{name}` must be a number in [0, 1). Received: {name}={rate!r}")
     return rate
 
 
-def check_bool(name, value, allow_none=False):
-    """`value` if it is a real boolean (Python or NumPy), else a `ValueError` naming `name`.
+def check_bool(name, value, allow_none=False, allow_int=False):
+    """`value` as a `bool` if it is a real boolean (Python or NumPy), or with `allow_int` the int 0
+    or 1 (which Keras's layers take as truth values), else a `ValueError` naming `name`.
 
     >>> check_bool("causal", "no")
     Traceback (most recent call last):
     ...
-    ValueError: `causal` must be True or False. Received: causal='no'
+    ValueError: argument `causal` must be True or False. Received: causal='no'
     """
     if value is None and allow_none:
         return value
-    if not isinstance(value, (bool, np.bool_)):
-        expected = "True, False or None" if allow_none else "True or False"
-        raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
+    is_bit = allow_int and isinstance(value, numbers.Integral) and value in (0, 1)
+    if not (isinstance(value, (bool, np.bool_)) or is_bit):
+        expected = "True, False or None" if allow_none else "True or False" + (" (or 0 or 1)" if allow_int else "")
+        raise ValueError(f"argument `{name}` must be {expected}. Received: {name}={value!r}")
     return bool(value)
 
 
 def check_choice(name, value, choices):
     """`value` if it is one of `choices`, else a `ValueError` naming `name` and the choices."""
     if isinstance(value, (bool, np.bool_)) or value not in choices:
-        raise ValueError(f"`{name}` must be one of {tuple(choices)}. Received: {name}={value!r}")
+        raise ValueError(f"argument `{name}` must be one of {tuple(choices)}. Received: {name}={value!r}")
     return value
 
 
@@ -148,10 +150,12 @@ def check_scale(scale):
             return scale
         if values.size and np.all(values > 0) and np.all(values <= FLOAT32_MAX):  # NaN fails both
             return scale
-        raise ValueError(f"`scale` must be positive and at most {FLOAT32_MAX} (float32). Received: scale={scale!r}")
+        raise ValueError(
+            f"argument `scale` must be positive and at most {FLOAT32_MAX} (float32). Received: scale={scale!r}"
+        )
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real) or not 0 < scale <= FLOAT32_MAX:
         raise ValueError(
-            f"`scale` must be a positive finite number or None, at most {FLOAT32_MAX} (the largest float32: "
+            f"argument `scale` must be a positive finite number or None, at most {FLOAT32_MAX} (the largest float32: "
             f"the logits are computed in float32). Received: scale={scale!r}"
         )
     return scale
@@ -170,7 +174,7 @@ def check_soft_cap(soft_cap, name="logit_soft_cap"):
     >>> check_soft_cap(1e-40)
     Traceback (most recent call last):
     ...
-    ValueError: `logit_soft_cap` must be a number in [1.1754943508222875e-38, 3.4028234663852886e+38] (a normal float32) or None. Received: logit_soft_cap=1e-40
+    ValueError: argument `logit_soft_cap` must be a number in [1.1754943508222875e-38, 3.4028234663852886e+38] (a normal float32) or None. Received: logit_soft_cap=1e-40
     """
     if soft_cap is None:
         return soft_cap
@@ -180,7 +184,7 @@ def check_soft_cap(soft_cap, name="logit_soft_cap"):
         or not FLOAT32_SMALLEST_NORMAL <= soft_cap <= FLOAT32_MAX
     ):
         raise ValueError(
-            f"`{name}` must be a number in [{FLOAT32_SMALLEST_NORMAL}, {FLOAT32_MAX}] (a normal float32) or None. "
+            f"argument `{name}` must be a number in [{FLOAT32_SMALLEST_NORMAL}, {FLOAT32_MAX}] (a normal float32) or None. "
             f"Received: {name}={soft_cap!r}"
         )
     return soft_cap
@@ -195,7 +199,7 @@ def check_position(name, value):
     >>> check_position("query_offset", np.int32(-3))
     Traceback (most recent call last):
     ...
-    ValueError: `query_offset` must be an int in [0, 2147483647] or an integer tensor. Received: query_offset=np.int32(-3)
+    ValueError: argument `query_offset` must be an int in [0, 2147483647] or an integer tensor. Received: query_offset=np.int32(-3)
     """
     if isinstance(value, numbers.Number) or not hasattr(value, "dtype"):
         valid = (
@@ -209,7 +213,7 @@ def check_position(name, value):
     if not valid:
         tensor = "" if isinstance(value, numbers.Number) or not hasattr(value, "dtype") else " of values in that range"
         raise ValueError(
-            f"`{name}` must be an int in [0, {MAX_ELEMENTS}] or an integer tensor{tensor}. Received: {name}={value!r}"
+            f"argument `{name}` must be an int in [0, {MAX_ELEMENTS}] or an integer tensor{tensor}. Received: {name}={value!r}"
         )
     return value
 

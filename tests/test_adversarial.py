@@ -154,6 +154,9 @@ _TOO_BIG = st.integers(2**31, 2**70)
 _BAD = {
     "bool": st.one_of(_ANY_TEXT, st.integers(), st.floats(), st.none()),
     "bool_or_none": st.one_of(_ANY_TEXT, st.integers(), st.floats()),
+    "truth_value": st.one_of(
+        _ANY_TEXT, st.integers().filter(lambda value: value not in (0, 1)), st.floats(), st.none()
+    ),
     "positive_int": st.one_of(
         st.integers(max_value=0), _TOO_BIG, st.floats(allow_nan=True), _ANY_TEXT, _BOOLS, st.none()
     ),

@@ -49,6 +49,7 @@ PAST_FLOAT32 = 3.5e38
 BAD_VALUES = {
     "bool": ("no", "yes", 1, 0, None),
     "bool_or_none": ("no", 1),
+    "truth_value": ("no", 2, -1, 0.0, None),
     "positive_int": (0, -1, 1.5, NAN, INF, "3", True, HUGE),
     "positive_int_or_none": (0, -1, 1.5, NAN, INF, "3", True, HUGE),
     "rate": (-0.1, 1.0, NAN, INF, "0.1", True),

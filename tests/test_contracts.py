@@ -74,6 +74,7 @@ def test_a_checked_surface_refuses_a_bad_argument_before_running():
 # A value of each kind its check takes, and one it refuses.
 _GOOD_AND_BAD = {
     "bool": (True, "no"),
+    "truth_value": (0, 2),
     "bool_or_none": (None, "no"),
     "positive_int": (3, 0),
     "positive_int_or_none": (None, -1),

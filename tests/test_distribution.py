@@ -210,5 +210,11 @@ def test_the_readme_install_commands_install_a_working_keras_attn(dist, tmp_path
             text=True,
         ).stdout.split()
         assert Path(found[0]).is_relative_to(target) and found[1:] == [keras_attn.__version__, "MultiHeadAttention"]
-    named = {extra for command in commands for extra in re.findall(r"\[(\w+)\]", command)}
+
+
+def test_the_extras_the_readme_names_are_the_wheels(dist):
+    section = re.search(r"^## Install\n(.*?)^## ", (REPO_ROOT / "README.md").read_text(encoding="utf-8"), re.M | re.S)
+    named = set(re.findall(r"\.\[(\w+)\]", section.group(1))) | set(
+        re.findall(r"^\| `(\w+)` \|", section.group(1), re.M)
+    )
     assert named and named <= set(_wheel_metadata(dist[0]).get_all("Provides-Extra")), named

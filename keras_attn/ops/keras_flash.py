@@ -87,7 +87,7 @@ def wants_flash(flash_attention):
     >>> wants_flash("no")
     Traceback (most recent call last):
     ...
-    ValueError: `flash_attention` must be True, False or None. Received: flash_attention='no'
+    ValueError: argument `flash_attention` must be True, False or None. Received: flash_attention='no'
     """
     check_bool("flash_attention", flash_attention, allow_none=True)
     if flash_attention is None:
