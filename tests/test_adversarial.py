@@ -72,10 +72,11 @@ def fuzzed(ci_examples):
             while time.monotonic() < stop:
                 try:
                     batch()
-                except Exception as failure:  # a minimal failing example: report it, draw on
-                    notes = "\n".join(getattr(failure, "__notes__", []))
-                    failures.append(f"{type(failure).__name__}: {failure}\n{notes}")
-                    print(f"\n--- {property_test.__name__}\n{failures[-1]}", file=sys.__stdout__, flush=True)
+                except Exception as failure:  # minimal failing examples: report each, draw on
+                    for example in getattr(failure, "exceptions", [failure]):  # several distinct ones: a group
+                        notes = "\n".join(getattr(example, "__notes__", []))
+                        failures.append(f"{type(example).__name__}: {example}\n{notes}")
+                        print(f"\n--- {property_test.__name__}\n{failures[-1]}", file=sys.__stdout__, flush=True)
             assert not failures, "\n\n".join(failures)
 
         run.__name__ = property_test.__name__
@@ -463,18 +464,21 @@ def _pooling_against_numpy(data):
     inputs = _tensor(data, (batch, length, 3), dtype, "inputs")
     bits = data.draw(st.lists(st.booleans(), min_size=batch * length, max_size=batch * length), label="mask")
     mask = np.array(bits, bool).reshape(batch, length)
+    layer = keras_attn.MaskedGlobalPooling(mode)
     try:
-        output = keras_attn.MaskedGlobalPooling(mode)(inputs, mask=mask)
+        output = layer(inputs, mask=mask)
     except Exception as error:
         _refused_clearly(surface, error, ["inputs", "mask"])
         return
-    values = inputs.astype("float64")
+    # A Keras layer computes in its compute dtype whatever the inputs' (float64 in, float32 math
+    # and out, as keras.layers.GlobalAveragePooling1D): the oracle pools the values it was given.
+    values = inputs.astype(layer.compute_dtype).astype("float64")
     if mode == "mean":
         counts = mask.sum(-1, keepdims=True)
         expected = np.divide((values * mask[..., None]).sum(1), counts, out=np.zeros((batch, 3)), where=counts > 0)
     else:
         expected = np.where(mask.any(-1, keepdims=True), np.where(mask[..., None], values, -np.inf).max(1), 0.0)
-    _compare(surface, output, expected, dtype, f"{mode} mask={mask.tolist()}")
+    _compare(surface, output, expected, layer.compute_dtype, f"{mode} mask={mask.tolist()}")
 
 
 def test_masked_global_pooling_matches_numpy():

@@ -1,6 +1,7 @@
 """The dense kernel's hard (argmax) attention against its float64 NumPy definition (tests/reference.py)."""
 
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -167,3 +168,22 @@ def test_hard_must_be_a_bool():
     query, key, value = _qkv(np.random.default_rng(6), "float32")
     with pytest.raises(ValueError, match="hard=1"):
         scaled_dot_product_attention(query, key, value, hard=1)
+
+
+@pytest.mark.parametrize("query_len, key_len", [(0, 0), (0, 3), (3, 1), (4, 6)])
+def test_grouped_heads_match_the_reference_at_every_length_empty_included(query_len, key_len):
+    rng = np.random.default_rng(7)
+    query = rng.standard_normal((2, query_len, 4, 3))
+    key, value = rng.standard_normal((2, key_len, 2, 3)), rng.standard_normal((2, key_len, 2, 5))
+    output = scaled_dot_product_attention(query, key, value, implementation="dense")
+    expected, _ = reference.attention(query, key, value)  # key head h // 2 for query head h
+    np.testing.assert_allclose(output, expected, atol=1e-6)
+
+
+def test_a_row_with_one_key_warns_nothing():
+    rng = np.random.default_rng(8)
+    query, key = rng.standard_normal((1, 1, 2, 4), "float32"), rng.standard_normal((1, 1, 2, 4), "float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # keras.ops.softmax warns over an axis of size 1
+        output = scaled_dot_product_attention(query, key, key, implementation="dense")
+    np.testing.assert_allclose(output, key, atol=1e-6)

@@ -54,9 +54,10 @@ def attention_logits(query, key):
     Query and key are cast first (no op when they are float32 already), so the products and their
     sums are float32 under mixed precision. `key` may have fewer heads than `query`, a divisor of
     them (grouped-query attention): query head `h` meets key head `h // groups`, as if the key heads
-    were repeated, without the copy of the keys a repeat makes (KerasHub Gemma's own einsum).
+    were repeated, without the copy of the keys a repeat makes (KerasHub Gemma's own product).
 
-    The product is one einsum op (`_einsum`), as Keras's `dot_product_attention` computes it.
+    The product is one einsum op (`_einsum`), as Keras's `dot_product_attention` computes it; the
+    grouped one a matmul of each key head's queries, `(batch, key_heads, groups * query_len, depth)`.
     """
     dtype = float_math_dtype(query.dtype)
     query, key = ops.cast(query, dtype), ops.cast(key, dtype)
@@ -64,22 +65,26 @@ def attention_logits(query, key):
     if groups == 1:
         return _einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, query_len, key_len)
     batch, query_len, heads, depth = ops.shape(query)
-    query = ops.reshape(query, (batch, query_len, heads // groups, groups, depth))
-    logits = _einsum("btkgh,bskh->bkgts", query, key)  # (batch, key_heads, groups, query_len, key_len)
+    key_heads = heads // groups
+    query = ops.reshape(query, (batch, query_len, key_heads, groups, depth))
+    query = ops.reshape(ops.transpose(query, (0, 2, 3, 1, 4)), (batch, key_heads, groups * query_len, depth))
+    logits = ops.matmul(query, ops.transpose(key, (0, 2, 3, 1)))  # (batch, key_heads, groups * query_len, key_len)
     return ops.reshape(logits, (batch, heads, query_len, ops.shape(key)[1]))
 
 
 def weighted_values(weights, value):
     """`(batch, query_len, heads, value_depth)`: the `weights (batch, heads, query_len, key_len)`
     times `value (batch, key_len, key_heads, value_depth)`, `key_heads` a divisor of `heads` as in
-    `attention_logits` (no repeat of the values), one einsum op (`_einsum`)."""
+    `attention_logits` (no repeat of the values), one einsum op (`_einsum`) or, grouped, one matmul."""
     groups = weights.shape[1] // value.shape[2]
     if groups == 1:
         return _einsum("bhqk,bkhd->bqhd", weights, value)
     batch, heads, query_len, key_len = ops.shape(weights)
-    weights = ops.reshape(weights, (batch, heads // groups, groups, query_len, key_len))
-    output = _einsum("bkgts,bskh->btkgh", weights, value)  # (batch, query_len, key_heads, groups, depth)
-    return ops.reshape(output, (batch, query_len, heads, ops.shape(value)[-1]))
+    key_heads, value_depth = heads // groups, ops.shape(value)[-1]
+    weights = ops.reshape(weights, (batch, key_heads, groups * query_len, key_len))
+    output = ops.matmul(weights, ops.transpose(value, (0, 2, 1, 3)))  # (batch, key_heads, groups * query_len, depth)
+    output = ops.reshape(output, (batch, key_heads, groups, query_len, value_depth))
+    return ops.reshape(ops.transpose(output, (0, 3, 1, 2, 4)), (batch, query_len, heads, value_depth))
 
 
 def _einsum(equation, first, second):
@@ -207,6 +212,12 @@ def bias_mask(bias):
     return ops.logical_not(ops.less_equal(bias, ops.cast(MASKING_BIAS, bias.dtype)))
 
 
+def softmax(logits, axis=-1):
+    """TensorFlow's softmax of `logits` over `axis`. Not `keras.ops.softmax`, which warns whenever the
+    axis has size 1 (a row with one key: a one-token input, a first decoding step), a valid call."""
+    return tf.nn.softmax(logits, axis=axis)
+
+
 def masked_softmax(logits, mask=None):
     """Float32 softmax over the last axis; masked entries and fully masked rows are exactly 0.
 
@@ -225,8 +236,8 @@ def masked_softmax(logits, mask=None):
     check_broadcastable(mask=mask, to="logits", logits=logits)
     logits = ops.cast(logits, float_math_dtype(logits.dtype))
     if mask is None:
-        return ops.softmax(logits, axis=-1)
-    weights = ops.softmax(fill_masked(logits, mask), axis=-1)  # (batch, heads, q, k)
+        return softmax(logits)
+    weights = softmax(fill_masked(logits, mask))  # (batch, heads, q, k)
     return zero_masked(weights, mask)
 
 

@@ -33,6 +33,7 @@ from keras import ops
 
 from keras_attn.core.softmax import default_scale
 from keras_attn.core.softmax import fill_masked
+from keras_attn.core.softmax import softmax
 from keras_attn.core.softmax import zero_masked
 from keras_attn.families.document_runs import document_bounds
 from keras_attn.families.projected_self_attention import ProjectedSelfAttention
@@ -204,7 +205,7 @@ def lsh_attention(
         ops.reshape(attended, (batch, heads, hashes, padded_length, value_dim)), undo[..., None], axis=3
     )
     log_sum_exp = ops.take_along_axis(ops.reshape(log_sum_exp, (batch, heads, hashes, padded_length)), undo, axis=-1)
-    round_weights = ops.softmax(log_sum_exp, axis=2)  # (batch, heads, hashes, padded_length)
+    round_weights = softmax(log_sum_exp, axis=2)  # (batch, heads, hashes, padded_length)
     output = ops.sum(attended * round_weights[..., None], axis=2)  # (batch, heads, padded_length, value_dim)
     output = ops.transpose(output, (0, 2, 1, 3))[:, :length]  # (batch, seq, heads, value_dim)
     real_rows = ops.cast(valid[:, :length], dtype)  # (batch, seq)

@@ -14,6 +14,7 @@ encoder adds its sliding window's `-1e9` to the padding's), the keys the window 
 from keras import ops
 
 from keras_attn.core.softmax import bias_mask
+from keras_attn.core.softmax import softmax
 
 
 def with_additive_rows(output, query, key, value, bias, scale, soft_cap=None):
@@ -27,7 +28,7 @@ def with_additive_rows(output, query, key, value, bias, scale, soft_cap=None):
         logits = ops.einsum("bqhd,bkhd->bhqk", query, key) * ops.cast(scale, query.dtype)
         if soft_cap is not None:
             logits = ops.tanh(logits / soft_cap) * soft_cap
-        weights = ops.softmax(ops.cast(logits, "float32") + ops.cast(bias, "float32"), axis=-1)
+        weights = softmax(ops.cast(logits, "float32") + ops.cast(bias, "float32"))
         rows = ops.einsum("bhqk,bkhd->bqhd", weights, ops.cast(value, weights.dtype))
         return ops.where(has_keys, output, ops.cast(rows, output.dtype))
 
