@@ -1,8 +1,11 @@
 # The two commands (see README.md):
 #   make main   install, then train/evaluate/export/verify the IMDB classifier on ../shared/data
-#   make test   install (and Debian's chromium for the page tests), then run the whole test suite
+#   make test   install (and Debian's chromium for the page tests), then run the test suite (CI): every test
+#               but the `slow` ones, each app's end-to-end run included
+#   make test-slow   the `slow` tests: multi-worker runs, every family's training and export, the
+#               benchmarks' smoke runs (over half an hour more; before a release, not CI)
 #   make test-quick   the library's contract over every attention family, in a minute or two (the inner loop)
-#   make test-compat   the library's own tests on the oldest supported TensorFlow/Keras and KerasHub (CI too)
+#   make test-compat   the library's own tests on the oldest supported TensorFlow/Keras and KerasHub
 #   make fuzz   the adversarial suite (tests/test_adversarial.py) drawing random calls for FUZZ_MINUTES (default 10),
 #               then the counts per surface (right / clear error / silent wrong / unclear) in FUZZ_RESULTS
 #   make test-matrix   the same tests on every supported TensorFlow minor with its Keras range's ends (not CI)
@@ -11,7 +14,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: install browser lint main test test-quick test-compat test-matrix docs bench fuzz
+.PHONY: install browser lint main test test-slow test-quick test-compat test-matrix docs bench fuzz
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +38,10 @@ main: install
 # Whole modules per worker (a module's fixtures are built once), handed out in collection order,
 # which tests/conftest.py makes the slow modules' first (xdist would otherwise order them by test count).
 test: install browser lint
-	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=25 $(ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -m "not slow" --durations=25 $(ARGS)
+
+test-slow: install browser
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -m slow --durations=25 $(ARGS)
 
 # The inner loop, a kernel's change checked in a minute or two: every attention family against the
 # float64 reference in its block, through a Keras file, in a graph and under XLA, and every public

@@ -29,7 +29,6 @@ from tests import distributed_worker
 from tests.benchmark_smoke import assert_smoke_run
 from tests.reference import log_softmax as reference_log_softmax
 
-pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER = [sys.executable, "-m", "tests.distributed_worker"]
 
@@ -72,6 +71,7 @@ def final_weights(path):
         return [saved[f"arr_{index}"] for index in range(len(saved.files) - 1)], int(saved["iterations"])
 
 
+@pytest.mark.slow
 def test_two_workers_match_one_process_fit_with_the_global_batch(tmp_path):
     initial = initial_weights(tmp_path / "initial.npz")
     log = io.StringIO()
@@ -119,6 +119,7 @@ def translator_run(tmp_path_factory):
     return directory, initial, *run_two_workers(directory, *TRANSLATOR)
 
 
+@pytest.mark.slow
 def test_two_translator_workers_match_one_process_fit_over_the_global_tokens(translator_run):
     from models.translator import TokenAccuracy
     from models.translator import translation_loss
@@ -169,6 +170,7 @@ def test_the_xla_step_gives_the_weights_of_keras_fit(tmp_path):
     assert not np.allclose(chief[0], initial[0])
 
 
+@pytest.mark.slow
 def test_mixed_float16_on_two_workers_stays_finite_and_close_to_float32(translator_run, tmp_path):
     _, initial, (float32, _), _ = translator_run
     np.savez(tmp_path / "initial.npz", *initial)
@@ -180,6 +182,7 @@ def test_mixed_float16_on_two_workers_stays_finite_and_close_to_float32(translat
     assert difference < 0.02 * moved, (difference, moved)  # float16 activations and gradients
 
 
+@pytest.mark.slow
 def test_a_step_not_finite_on_one_worker_is_skipped_by_both_under_mixed_float16(tmp_path):
     """Worker 1's share of the first global batch holds an inf: both workers skip that step
     together (each LossScaleOptimizer alone would skip on worker 1 only, and worker 0 would wait
@@ -206,6 +209,7 @@ def test_a_step_not_finite_on_one_worker_is_skipped_by_both_under_mixed_float16(
     assert_same_weights(chief, reference.get_weights(), atol=2e-3)  # float16 activations
 
 
+@pytest.mark.slow
 def test_a_killed_worker_stops_the_other_and_the_rerun_resumes(tmp_path):
     initial_weights(tmp_path / "initial.npz")
     steps, timeout = 16, 10
@@ -286,6 +290,7 @@ with distributed.exit_when_a_worker_is_lost():
 """
 
 
+@pytest.mark.slow
 def test_a_lost_worker_ends_the_process_at_once_and_other_errors_pass_through():
     """After a `WorkerLostError` the process exits 1 with its traceback and skips the interpreter's
     shutdown (where a tf.data teardown can hang); any other error takes the normal way out."""
@@ -308,6 +313,7 @@ def test_a_lost_worker_ends_the_process_at_once_and_other_errors_pass_through():
     assert "interpreter shutdown ran" in other.stdout
 
 
+@pytest.mark.slow
 def test_main_job_on_two_workers_exports_from_the_chief(small_imdb_archive, imdb_cache_dir, tmp_path):
     """Over a minute: two worker processes each import TensorFlow and train, then the chief exports
     and verifies in fresh processes, as a one-machine main job does."""
@@ -349,6 +355,7 @@ def test_main_job_on_two_workers_exports_from_the_chief(small_imdb_archive, imdb
     assert "[worker 1]" in log.getvalue() and "[worker 0] Epoch 1/1" in log.getvalue()
 
 
+@pytest.mark.slow
 def test_translator_on_two_workers_exports_from_the_chief_like_one_machine(tmp_path):
     """Over a minute: two worker processes train the translator, then its export is verified
     token for token in a fresh process and through ONNX."""

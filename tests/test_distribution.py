@@ -25,8 +25,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 LIGHT_REQUIREMENTS = {"tensorflow", "keras", "numpy"}
 EXTRAS = {"viz", "export", "data", "apps", "docs", "test", "all", "gpu"}
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory):

@@ -42,8 +42,6 @@ MODULES = {
     "patterns",
 }  # public modules: a page of members, no signature of their own
 
-pytestmark = pytest.mark.slow
-
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):

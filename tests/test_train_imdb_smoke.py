@@ -23,7 +23,6 @@ from tests.imdb_fixtures import interrupted_after_first_epoch
 from tests.imdb_fixtures import smoke_args
 from tests.test_train_imdb_families import assert_family_run
 
-pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -103,6 +102,7 @@ def backed_up_optimizer_steps(output_dir):
         return int(weights["optimizer/vars/0"][()])
 
 
+@pytest.mark.slow
 def test_rerunning_an_interrupted_run_resumes_it(small_imdb_archive, imdb_cache_dir, tmp_path, capsys):
     args = smoke_args(small_imdb_archive, imdb_cache_dir, tmp_path, "--epochs", "2")
     with interrupted_after_first_epoch(), pytest.raises(Interrupt):
@@ -120,6 +120,7 @@ def test_rerunning_an_interrupted_run_resumes_it(small_imdb_archive, imdb_cache_
     assert backed_up_optimizer_steps(tmp_path) > 1.5 * steps_after_first_epoch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_with_xla(small_imdb_archive, imdb_cache_dir, tmp_path, policy):
     run = train_imdb.main(
@@ -134,6 +135,7 @@ def test_mixed_precision_with_xla(small_imdb_archive, imdb_cache_dir, tmp_path, 
     assert np.all(np.isfinite(losses)) and np.isfinite(run.summary["test_loss"])
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_over_two_logical_cpus(small_imdb_archive, imdb_cache_dir, tmp_path):
     # Logical devices must be configured before TensorFlow initialises: the CLI in a fresh process.
     args = smoke_args(
@@ -160,6 +162,7 @@ def op_determinism_turned_off_after():
     config.disable_op_determinism()
 
 
+@pytest.mark.slow
 def test_two_seeded_runs_in_one_process_give_identical_weights_and_figures(
     small_imdb_archive, imdb_cache_dir, tmp_path, op_determinism_turned_off_after, capsys
 ):

@@ -97,7 +97,6 @@ def test_bad_width_raises_value_error():
         Translator(10, 10, embedding_dim=30, num_heads=4)
 
 
-@pytest.mark.slow
 def test_smoke_training_writes_a_run_that_translates(tmp_path, capsys):
     require_data()
     output = tmp_path / "run"

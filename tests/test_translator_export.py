@@ -22,8 +22,6 @@ from tests.serving_checks import warmup_requests
 from tests.translation_fixtures import spanish_english_slice
 from tests.translation_fixtures import tiny_translator
 
-pytestmark = pytest.mark.slow
-
 # Unknown words, accents, punctuation and an empty string besides ordinary test sentences.
 EXTRA_SENTENCES = ["¿Quién es Zyxwv?", "¡ÉL NO ESTÁ AQUÍ!", ""]
 
@@ -66,6 +64,7 @@ def test_export_has_the_tf_serving_layout_and_passed_verification():
     assert sorted(os.listdir(os.path.dirname(path))) == ["1"]  # no staging directory left behind
 
 
+@pytest.mark.slow
 def test_export_lists_the_model_in_models_config_and_ships_warmup_requests():
     path, _ = _exported()
     version = Path(path)
@@ -76,6 +75,7 @@ def test_export_lists_the_model_in_models_config_and_ships_warmup_requests():
     assert warmup_requests(version, "source") == expected
 
 
+@pytest.mark.slow
 def test_saved_model_in_a_fresh_process_translates_like_keras_with_beam_search_and_greedily():
     path, _ = _exported()
     sentences = spanish_english_slice()[0][100:132] + EXTRA_SENTENCES
@@ -87,6 +87,7 @@ def test_saved_model_in_a_fresh_process_translates_like_keras_with_beam_search_a
     assert translations["serving_default"] != translations["greedy"]  # two searches, not one twice
 
 
+@pytest.mark.slow
 def test_onnx_greedy_decoder_matches_the_tf_decoder_for_any_batch_and_length():
     path, _ = _exported()
     model, vectorizers = tiny_translator()
@@ -98,6 +99,7 @@ def test_onnx_greedy_decoder_matches_the_tf_decoder_for_any_batch_and_length():
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, signature", [([], "serving_default"), (["--beam-size", "1"], "greedy")])
 def test_translate_command_reads_the_export(flags, signature):
     path, _ = _exported()
@@ -108,6 +110,7 @@ def test_translate_command_reads_the_export(flags, signature):
     assert printed.getvalue().splitlines() == _keras_translations(sentences, signature)
 
 
+@pytest.mark.slow
 def test_translate_command_prints_one_line_per_stdin_line_from_the_export(monkeypatch):
     path, _ = _exported()
     sentences = ["Tengo hambre.", "¿Dónde está la estación de tren?"]
@@ -120,6 +123,7 @@ def test_translate_command_prints_one_line_per_stdin_line_from_the_export(monkey
     assert printed.getvalue().split("\n") == [expected[0], "", expected[1], ""]
 
 
+@pytest.mark.slow
 def test_translate_command_refuses_non_utf8_stdin_naming_the_line(monkeypatch, capsys):
     path, _ = _exported()
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"Hola.\n\nGr\xfc\xdfe\n")))
@@ -130,6 +134,7 @@ def test_translate_command_refuses_non_utf8_stdin_naming_the_line(monkeypatch, c
     assert captured.out == "" and "stdin line 3 is not UTF-8" in captured.err and "0xfc" in captured.err
 
 
+@pytest.mark.slow
 def test_verification_fails_loudly_when_the_model_disagrees():
     path, _ = _exported()
     model, vectorizers = tiny_translator()
@@ -145,6 +150,7 @@ def test_verification_fails_loudly_when_the_model_disagrees():
         bias.assign(original)
 
 
+@pytest.mark.slow
 def test_a_failed_export_publishes_nothing(tmp_path, monkeypatch):
     model, vectorizers = tiny_translator()
 
@@ -164,6 +170,7 @@ def test_a_failed_export_publishes_nothing(tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "translator") == []
 
 
+@pytest.mark.slow
 def test_versions_count_up(tmp_path):
     """The translator publishes through export.serving_layout: the next free number, never a reuse."""
     assert serving_layout.existing_versions(tmp_path / "absent") == []
@@ -174,6 +181,7 @@ def test_versions_count_up(tmp_path):
     assert serving_layout.publish(staging, tmp_path) == tmp_path / "8"
 
 
+@pytest.mark.slow
 def test_the_verify_command_proves_the_translator_export_and_names_a_changed_file(tmp_path, capsys):
     path, _ = _exported()
     verify.main([path])
