@@ -195,8 +195,9 @@ def main(argv=None):
                 continue
             python = install(cell, shlex.split(args.install))
             if not args.install_only:
-                results = load_results()
-                results[cell_name(cell)] = run_cell(cell, python, shlex.split(args.pytest))
+                row = run_cell(cell, python, shlex.split(args.pytest))
+                results = load_results()  # read after the run: another `--only` run may have written meanwhile
+                results[cell_name(cell)] = row
                 write_results(results)
     write_table(load_results())
     results = load_results()
