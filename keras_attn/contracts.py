@@ -394,6 +394,7 @@ for _name, _meaning in {
 SPECS["query_positions"] = SPECS["key_positions"] = _object("positions of the shown queries or keys")
 
 # Names that mean something else on one surface.
+_BLOCK_KEY_DIM = ArgSpec("positive_int_or_none", "depth of each query/key head (None: the width / num_heads)")
 SURFACE_SPECS = {
     "keras_attn.ops.dot_product_attention": {
         "query": _sequence("queries (batch, query_len, heads, depth)", rank="4", relation="Keras's layout"),
@@ -412,6 +413,8 @@ SURFACE_SPECS = {
         "key": _sequence("keys (batch, key_len, kv_heads, depth)", rank="4", relation="batch of query"),
         "value": _sequence("values (batch, key_len, kv_heads, value_depth)", rank="4", relation="key_len of key"),
     },
+    "keras_attn.TransformerEncoder.__init__": {"key_dim": _BLOCK_KEY_DIM},
+    "keras_attn.TransformerDecoder.__init__": {"key_dim": _BLOCK_KEY_DIM},
     "keras_attn.TokenAndPositionEmbedding.__init__": {
         "sequence_length": ArgSpec(
             "positive_int_or_none", "positions of the learned table (None: sinusoidal, any length)"
