@@ -57,7 +57,7 @@ test-quick: install
 # (`--importable`: they build KerasHub's models and the keras.io examples of models/, plain Keras).
 COMPAT_VENV := .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
-COMPAT_INSTALL := -e ".[viz]" "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100"
+COMPAT_INSTALL := -e ".[viz]" "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" "build>=1" "setuptools>=68" wheel
 COMPAT_TESTS := -q -p no:cacheprovider --library-only --importable keras_hub --importable models.keras_io_examples -m "not slow" tests keras_attn
 
 $(COMPAT_VENV)/.installed: setup.cfg pyproject.toml oldest-supported.txt

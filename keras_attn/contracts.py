@@ -52,6 +52,7 @@ import numbers
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from keras_attn import validation
 
@@ -644,6 +645,9 @@ CHECKS = {
 }
 
 
+# Plain Python on Python values: AutoGraph, converting a traced surface, must not convert the checks
+# (TensorFlow 2.19's turned a spec's `choices` function into None).
+@tf.autograph.experimental.do_not_convert
 def check_arguments(surface, arguments):
     """Runs the check of each scalar argument's spec on `surface` (`{name: value}`), before the surface
     runs: the first bad value raises its check's `ValueError` naming it. Tensor arguments are left to the

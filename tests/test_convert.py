@@ -596,7 +596,8 @@ def test_keras_io_examples_with_attention_dropout_are_converted(build, monkeypat
 
 
 def _check_gradients_and_fit(model, fast, inputs, labels, loss, valid=None):
-    """Gradients of `fast` within 1e-5 of `model`'s (loss over the `valid` positions), then one `fit` step."""
+    """Gradients of `fast` within 1e-5 of `model`'s, relative to the largest (tens, summed over the
+    batch: float32's rounding), with the loss over the `valid` positions; then one `fit` step."""
     import tensorflow as tf
 
     def gradients(m):
@@ -606,7 +607,7 @@ def _check_gradients_and_fit(model, fast, inputs, labels, loss, valid=None):
         return [tf.convert_to_tensor(g) for g in tape.gradient(total, m.trainable_variables)]
 
     for expected, got in zip(gradients(model), gradients(fast)):
-        assert max_difference(got, expected) < TOLERANCE
+        assert max_difference(got, expected) < TOLERANCE * max(1.0, float(np.max(np.abs(expected))))
     fast.compile(optimizer="adam", loss=loss)
     history = fast.fit(inputs, labels, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
