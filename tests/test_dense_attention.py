@@ -187,3 +187,12 @@ def test_a_row_with_one_key_warns_nothing():
         warnings.simplefilter("error")  # keras.ops.softmax warns over an axis of size 1
         output = scaled_dot_product_attention(query, key, key, implementation="dense")
     np.testing.assert_allclose(output, key, atol=1e-6)
+
+
+@pytest.mark.parametrize("implementation", ["blockwise", "auto"])  # "chunked" refuses an empty query by name
+def test_an_empty_query_or_key_gives_an_empty_or_zero_output(implementation):
+    for query_len, key_len in [(0, 0), (0, 4), (3, 0)]:
+        query = np.ones((1, query_len, 2, 4), "float32")
+        key = value = np.ones((1, key_len, 2, 4), "float32")
+        output = scaled_dot_product_attention(query, key, value, implementation=implementation)
+        np.testing.assert_array_equal(output, np.zeros((1, query_len, 2, 4)))
