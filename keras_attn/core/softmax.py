@@ -137,7 +137,7 @@ def soft_capped(logits, soft_cap):
         return logits
     logits = ops.convert_to_tensor(logits)
     dtype = keras.backend.standardize_dtype(logits.dtype)
-    cap = ops.cast(soft_cap, dtype)
+    cap = ops.convert_to_tensor(soft_cap, dtype)  # from a Python float: no float32 rounding on the way
     below_rounding = soft_cap * math.sqrt(float(np.finfo(dtype).eps))  # tanh(t) * cap rounds to t * cap
 
     @ops.custom_gradient
@@ -158,7 +158,7 @@ def soft_cap_derivative(capped, soft_cap):
     """The derivative of `soft_capped` at the logits whose capped values are `capped`:
     `1 - (capped / soft_cap)^2`, from `capped` (within `[-soft_cap, soft_cap]`, so the quotient
     cannot overflow) instead of from the logits."""
-    return 1.0 - ops.square(ops.divide(capped, ops.cast(soft_cap, capped.dtype)))
+    return 1.0 - ops.square(ops.divide(capped, ops.convert_to_tensor(soft_cap, capped.dtype)))
 
 
 def query_with_scale(query, scale):

@@ -126,7 +126,9 @@ def dense_attention(
         logits = shifted_logits(logits, logits_scale, mask)  # (batch, heads, query_len, key_len)
     else:  # capped in (-cap, cap) whatever `scale * Q K^T` is: an overflow to inf caps to the cap
         logits = single_query.logits(query, key) if one_query else attention_logits(query, key)
-        logits = soft_capped(ops.multiply(logits, ops.cast(scale, logits.dtype)), logit_soft_cap)
+        logits = soft_capped(
+            ops.multiply(logits, ops.convert_to_tensor(scale, logits.dtype)), logit_soft_cap
+        )  # exact for float64
     if bias is not None:
         logits = logits + ops.cast(bias, logits.dtype)
     logits = _add_position_bias(logits, check_position_bias(position_bias, query.shape[2]), query_offset)
