@@ -20,7 +20,7 @@ from keras_attn.core.softmax import query_with_scale
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.core.softmax import shifted_logits
 from keras_attn.core.softmax import soft_capped
-from keras_attn.core.softmax import softmax as last_axis_softmax
+from keras_attn.core.softmax import softmax
 from keras_attn.core.softmax import softmax_with_exact_saturated_gradient
 from keras_attn.core.softmax import weighted_values
 from keras_attn.core.softmax import zero_masked
@@ -134,8 +134,8 @@ def dense_attention(
     logits = _add_position_bias(logits, check_position_bias(position_bias, query.shape[2]), query_offset)
     if mask is not None:
         logits = fill_masked(logits, mask)
-    softmax = single_query.softmax if one_query else last_axis_softmax
-    weights = softmax_with_exact_saturated_gradient(logits, softmax)  # (batch, heads, query_len, key_len), float32
+    row_softmax = single_query.softmax if one_query else softmax
+    weights = softmax_with_exact_saturated_gradient(logits, row_softmax)  # (batch, heads, query_len, key_len), float32
     if hard:
         weights = hard_weights(logits, weights)
     dropped = ops.cast(weights, value.dtype)  # (batch, heads, query_len, key_len)
