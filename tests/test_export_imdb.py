@@ -527,7 +527,9 @@ def test_the_verify_command_names_a_changed_int8_model(exported, tmp_path, capsy
     assert str(model) in message and "truncated or altered" in message
 
 
-@pytest.mark.parametrize("bigram_ids", ["hashed", "vocabulary"])
+@pytest.mark.parametrize(
+    "bigram_ids", ["hashed", pytest.param("vocabulary", marks=pytest.mark.slow)]
+)  # the default in CI
 def test_the_ngram_attention_branch_exports_with_parity(bigram_ids, small_imdb_archive, imdb_cache_dir, tmp_path):
     """`attention_inputs="ngrams"` (weighted n-gram embeddings, attention pooling), with hashed bigrams
     or a learnt bigram vocabulary (its binary search), through the same export: SavedModel, ONNX and

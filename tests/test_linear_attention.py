@@ -131,7 +131,8 @@ def _output_and_gradients(layer, x, mask, cotangent, jit_compile=None):
     return run(tf.constant(x)) if jit_compile is None else tf.function(run, jit_compile=jit_compile)(tf.constant(x))
 
 
-@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+# Each feature map once in `make test` (the causal favor and the packed elu runs are `slow`).
+@pytest.mark.parametrize("feature_map", ["elu", pytest.param("favor", marks=pytest.mark.slow)])
 def test_long_causal_inputs_in_recomputed_segments_equal_one_pass(monkeypatch, feature_map):
     """Past `RECOMPUTE_SEGMENT_LENGTH` tokens the causal layer runs in segments: same outputs and gradients."""
     x, layer = _inputs(16, (2, 23, 6)), _layer(feature_map, True, chunk_size=3)
@@ -290,7 +291,7 @@ def test_a_cache_without_its_document_is_refused_with_segment_ids():
         layer(_inputs(), cache=layer.initial_cache(2, segments=True))
 
 
-@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+@pytest.mark.parametrize("feature_map", [pytest.param("elu", marks=pytest.mark.slow), "favor"])
 def test_long_packed_inputs_in_recomputed_segments_equal_one_pass(monkeypatch, feature_map):
     """The recomputed segments carry the state's document too: documents cross the segments' borders."""
     x, layer = _inputs(22, (2, 23, 6)), _layer(feature_map, True, chunk_size=3)

@@ -526,11 +526,29 @@ def _cross_attention_model(layer_class, **config):
     return keras.Model([query, value], layer_class(name="attention", **config)(query, value))
 
 
-@pytest.mark.parametrize("mode", ["int8", "float8"])
-@pytest.mark.parametrize("build_model", [_self_attention_model, _cross_attention_model], ids=["fused", "separate"])
-@pytest.mark.parametrize(
-    "config", [dict(num_heads=2, key_dim=4), dict(num_heads=3, key_dim=4, use_gate=True, use_bias=False)]
-)
+def _quantized_cases():
+    """Every mode x projection path x config. The int8 cases are the slow ones: `make test` keeps
+    each path and each config once in int8, `make test-slow` the other two."""
+    configs = {
+        "config0": dict(num_heads=2, key_dim=4),
+        "config1": dict(num_heads=3, key_dim=4, use_gate=True, use_bias=False),
+    }
+    paths = {"fused": _self_attention_model, "separate": _cross_attention_model}
+    kept_int8 = {("config0", "separate"), ("config1", "fused")}
+    for config_id, config in configs.items():
+        for path_id, build_model in paths.items():
+            for mode in ("int8", "float8"):
+                slow = mode == "int8" and (config_id, path_id) not in kept_int8
+                yield pytest.param(
+                    mode,
+                    build_model,
+                    config,
+                    id=f"{config_id}-{path_id}-{mode}",
+                    marks=[pytest.mark.slow] if slow else [],
+                )
+
+
+@pytest.mark.parametrize("mode, build_model, config", list(_quantized_cases()))
 def test_quantized_model_matches_quantized_keras(mode, build_model, config):
     """`Model.quantize` on the fused and the separate projection paths gives Keras's quantized outputs."""
     skip_unless_keras_takes(config)

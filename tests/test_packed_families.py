@@ -175,7 +175,14 @@ def test_keras_functional_model_takes_segment_ids():
         np.testing.assert_allclose(model([x, segment_ids]), layer(x, segment_ids=segment_ids), atol=1e-6)
 
 
-@pytest.mark.parametrize("name,causal", CASES)
+# Each family's richest mode in `make test` (causal where it has one); its other mode is `slow`.
+EXPORT_CASES = [
+    pytest.param(name, causal, marks=[pytest.mark.slow] if causal != FAMILIES[name].capabilities.causal else [])
+    for name, causal in CASES
+]
+
+
+@pytest.mark.parametrize("name,causal", EXPORT_CASES)
 def test_packed_family_exports_to_onnx_equal_to_keras(name, causal, tmp_path):
     """Dynamic batch and length, as every export converts (`export.onnx_conversion.OPSET`)."""
     layer = _family(name)
