@@ -11,8 +11,11 @@ import tensorflow as tf
 from keras_attn.dispatch import attention as attention_module
 from keras_attn.dispatch import cost_model
 from keras_attn.dispatch.attention import scaled_dot_product_attention
+from keras_attn.kernels import KERNELS
 from keras_attn.kernels.call import AttentionCall
 from keras_attn.patterns import Causal
+from keras_attn.patterns import SlidingWindow
+from keras_attn.patterns import Strided
 from tests import reference
 from tests.kernel_registry import kernels_refusing
 from tests.layer_checks import assert_jit_matches_eager
@@ -189,10 +192,25 @@ def test_a_row_with_one_key_warns_nothing():
     np.testing.assert_allclose(output, key, atol=1e-6)
 
 
-@pytest.mark.parametrize("implementation", ["blockwise", "auto"])  # "chunked" refuses an empty query by name
-def test_an_empty_query_or_key_gives_an_empty_or_zero_output(implementation):
+PATTERN = Causal() & (SlidingWindow(2) | Strided(2))  # one every kernel takes
+
+
+@pytest.mark.parametrize("jit_compile", [None, False, True], ids=["eager", "graph", "xla"])
+@pytest.mark.parametrize("implementation", [*KERNELS, "auto"])
+def test_an_empty_query_or_key_gives_an_empty_or_zero_output_or_the_kernels_reason(implementation, jit_compile):
+    """No work: `auto` answers with zeros (an empty output for an empty query); a named kernel
+    answers the same or says, by name, that it needs a query or a key."""
     for query_len, key_len in [(0, 0), (0, 4), (3, 0)]:
-        query = np.ones((1, query_len, 2, 4), "float32")
+        query = np.ones((1, query_len, 4, 4), "float32")  # grouped heads: 4 query heads, 2 key heads
         key = value = np.ones((1, key_len, 2, 4), "float32")
-        output = scaled_dot_product_attention(query, key, value, implementation=implementation)
-        np.testing.assert_array_equal(output, np.zeros((1, query_len, 2, 4)))
+
+        def attend(query, key, value):
+            return scaled_dot_product_attention(query, key, value, implementation=implementation, pattern=PATTERN)
+
+        run = attend if jit_compile is None else tf.function(attend, jit_compile=jit_compile)
+        try:
+            output = run(query, key, value)
+        except ValueError as error:
+            assert implementation != "auto" and re.search(r"needs at least one (query|key)", str(error)), error
+            continue
+        np.testing.assert_array_equal(output, np.zeros((1, query_len, 4, 4)))

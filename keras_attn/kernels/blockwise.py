@@ -60,7 +60,12 @@ _PARALLEL_ITERATIONS = 1
 
 def why_unsupported(call):
     """Why the blockwise kernel cannot take this `AttentionCall` (a message), or `None` when it can."""
-    return why_not_tensorflow_streaming(call)
+    streaming = why_not_tensorflow_streaming(call)
+    if streaming:
+        return streaming
+    if 0 in (call.query.shape[1], call.key.shape[1]):  # XLA compiles a block's slice even when no block runs
+        return f"at least one query and one key. Received: query.shape={tuple(call.query.shape)}, key.shape={tuple(call.key.shape)}"
+    return None
 
 
 def attend(call):
