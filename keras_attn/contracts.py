@@ -690,7 +690,10 @@ def checked(function, surface):
         signature  # for `inspect.getfullargspec` (Keras's auto config), which does not unwrap
     )
     checked_function.__contract__ = surface
-    return checked_function
+    # A surface runs as written inside a traced function: its loops are `tf.while_loop`s and need no
+    # AutoGraph, which converts everything a traced function calls and mis-converted the kernels
+    # (TensorFlow 2.20 called a converted helper with its caller's arguments).
+    return tf.autograph.experimental.do_not_convert(checked_function)
 
 
 def enforce():

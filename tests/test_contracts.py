@@ -466,3 +466,24 @@ def test_the_contract_counts(capsys):
         for surface, (specs, cases) in sorted(per_surface.items()):
             print(f"  {surface}: {specs} arguments, {cases} call cases")
     assert all(per_surface[surface.removesuffix(".call")][1] for surface, *_ in CASES)
+
+
+def test_a_surface_called_in_a_traced_function_runs_as_written_without_autograph(monkeypatch):
+    """AutoGraph converts what a traced function calls; a public surface runs as written (its loops
+    are `tf.while_loop`s), so no TensorFlow version's AutoGraph can mis-convert the kernels."""
+    from tensorflow.python.autograph.core import ag_ctx
+
+    from keras_attn.kernels import KERNELS
+
+    statuses, dense = [], KERNELS["dense"]
+    attend_densely = dense.attend
+    monkeypatch.setattr(
+        dense, "attend", lambda call: statuses.append(ag_ctx.control_status_ctx().status) or attend_densely(call)
+    )
+
+    @tf.function
+    def attend(x):
+        return keras_attn.scaled_dot_product_attention(x, x, x, implementation="dense")
+
+    np.testing.assert_allclose(attend(tf.ones((1, 2, 1, 2))), np.ones((1, 2, 1, 2)), atol=1e-6)
+    assert statuses == [ag_ctx.Status.DISABLED]

@@ -153,13 +153,27 @@ def test_s2_a_cap_outside_the_normal_float32_numbers_is_refused_naming_it(soft_c
         dot_product_attention(tensor, tensor, tensor, attn_logits_soft_cap=soft_cap)
 
 
+@pytest.mark.parametrize("implementation", [*KERNELS, "auto"])
 @pytest.mark.parametrize("cap", [0.1, 5.0])
-def test_float64_capped_attention_is_exact_to_float64(cap):
+def test_float64_capped_attention_is_exact_to_float64(cap, implementation):
     rng = np.random.default_rng(11)
     query, key, value = (rng.standard_normal((2, 3, 2, 3)) for _ in range(3))
-    expected, _ = reference.attention(query, key, value, soft_cap=cap)
-    for output in (
-        scaled_dot_product_attention(query, key, value, logit_soft_cap=cap),
-        dot_product_attention(query, key, value, attn_logits_soft_cap=cap),
-    ):  # the scale and the cap enter as float64, not rounded through float32 on the way
+    pattern = patterns.Causal() & (patterns.SlidingWindow(2) | patterns.Strided(2))  # one every kernel takes
+    allowed = np.asarray(pattern.mask(np.arange(3), np.arange(3)))
+    cases = [
+        (
+            scaled_dot_product_attention(
+                query, key, value, logit_soft_cap=cap, pattern=pattern, implementation=implementation
+            ),
+            reference.attention(query, key, value, mask=allowed, soft_cap=cap)[0],
+        )
+    ]
+    if implementation == "auto":  # the Keras signature
+        cases.append(
+            (
+                dot_product_attention(query, key, value, attn_logits_soft_cap=cap, is_causal=True),
+                reference.attention(query, key, value, is_causal=True, soft_cap=cap)[0],
+            )
+        )
+    for output, expected in cases:  # the scale and the cap enter as float64, not rounded through float32 on the way
         np.testing.assert_allclose(output, expected, rtol=0, atol=1e-13)

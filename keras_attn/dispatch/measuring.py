@@ -253,11 +253,11 @@ def step(call, name):
     kernel = KERNELS[name]
     inputs = (call.query, call.key, call.value)
 
-    @tf.function
+    @tf.function(autograph=False)  # plain TensorFlow: no AutoGraph conversion to go wrong
     def forward():
         return kernel.attend(call)
 
-    @tf.function
+    @tf.function(autograph=False)  # plain TensorFlow: no AutoGraph conversion to go wrong
     def training():
         with tf.GradientTape() as tape:
             tape.watch(inputs)

@@ -149,11 +149,11 @@ def _step(cell, implementation):
                 implementation=implementation,
             )
 
-    @tf.function
+    @tf.function(autograph=False)  # plain TensorFlow: no AutoGraph conversion to go wrong
     def forward():
         return attend(query, key, value)
 
-    @tf.function
+    @tf.function(autograph=False)  # plain TensorFlow: no AutoGraph conversion to go wrong
     def training():
         with tf.GradientTape() as tape:
             tape.watch((query, key, value))

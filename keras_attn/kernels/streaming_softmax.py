@@ -49,15 +49,21 @@ def fold_scale(query, scale, soft_cap=None):
     `soft_cap` any scale is folded (a tensor one too: its gradient flows through the product), since
     the capped logits are bounded whatever `scale * q.k` is."""
     if soft_cap is not None:
-        return query * tf.cast(scale, query.dtype), None
+        return query * _in_dtype(scale, query.dtype), None
     if isinstance(scale, numbers.Real) and scale <= 1:
-        return query * tf.constant(scale, query.dtype), None
+        return query * _in_dtype(scale, query.dtype), None
     return query, scale
 
 
 def times_scale(scale, tensor):
     """`scale * tensor`, or `tensor` when the scale is already folded in (`scale=None`)."""
-    return tensor if scale is None else tf.cast(scale, tensor.dtype) * tensor
+    return tensor if scale is None else _in_dtype(scale, tensor.dtype) * tensor
+
+
+def _in_dtype(scale, dtype):
+    """`scale` as a tensor of `dtype`: a Python number directly (`tf.cast` of one would round it to
+    float32 first), a tensor cast."""
+    return tf.constant(scale, dtype) if isinstance(scale, numbers.Real) else tf.cast(scale, dtype)
 
 
 def custom_gradient(forward, backward, scale, inputs):
