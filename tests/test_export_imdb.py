@@ -196,6 +196,7 @@ def test_disagreeing_export_is_refused_and_removed(exported, trained_imdb, monke
     assert not list(export_dir.rglob(".staging-*"))
 
 
+@pytest.mark.slow  # `make test` keeps the float model's refusal (test_disagreeing_export_is_refused_and_removed)
 def test_a_fused_model_that_disagrees_is_refused_and_nothing_published(exported, trained_imdb, monkeypatch):
     export_dir, reviews, _ = exported
     published = sorted(p.name for p in (export_dir / "onnx" / "imdb_sentiment").iterdir())
@@ -416,6 +417,7 @@ def test_the_int8_check_reports_both_accuracies_on_the_callers_reviews(exported,
     )
 
 
+@pytest.mark.slow  # `make test` keeps the float model's refusal (test_disagreeing_export_is_refused_and_removed)
 def test_an_int8_model_below_the_tolerance_is_refused_and_nothing_published(exported, trained_imdb, tmp_path):
     reviews = trained_imdb.validation[0]
     # The float model's own labels: it scores 100 %, so a tolerance of -1 point cannot be met.
