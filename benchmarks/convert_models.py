@@ -58,6 +58,7 @@ from models import keras_io_examples
 PEER_RATIO = "time_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 GOAL_FIELDS = ("memory_vs_keras", "tokens_identical")
 RATIO_PLOT = ("model", "length")  # the page's plot: per model, its ratios at each length
+SUMMARY = (("model",), "length", ("time_vs_keras", "memory_vs_keras", "tokens_identical"), {"variant": "converted"})
 GOALS = (  # (row key, comparison, bound, where): benchmarks/page.py
     ("time_vs_keras", "<=", 1.0, {"variant": "converted", "length": 512}),
     ("time_vs_keras", "<=", 1.0, {"variant": "converted", "length": 2048}),

@@ -31,6 +31,12 @@ from benchmarks import measurement
 
 PEER_RATIO = "memory_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 LENGTH_PLOT = (("layer", "variant"), ("step_gb",))  # benchmarks/page.py
+SUMMARY = (
+    ("variant",),
+    "length",
+    ("memory_vs_keras",),
+    {"layer": "keras_attn"},
+)  # the page's table: Keras's step_gb is plotted
 LAYERS = ("keras", "keras_attn")
 VARIANTS = ("plain", "dropout", "padding", "causal", "bias", "mixed")
 DROPOUT = 0.1

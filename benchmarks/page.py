@@ -3,7 +3,8 @@
 The page shows, per benchmark script, the results in `benchmarks/results/make_bench/` (what
 `make bench` writes): `<script>.json`, and any `<script>.<part>.json` beside it (a script run
 twice with different arguments, e.g. its memory at 4,096 tokens on its own), each with the
-command that reruns it, the machine, the date; then one table of their rows, the script's goals
+command that reruns it, the machine, the date; then one table of their rows (or of its cases, see
+`SUMMARY`), the script's goals
 and whether they are met, and a plot. Nothing is written by hand: the intro is `INTRO` below and
 every figure comes from a JSON file, which also keeps what the page leaves out (the load
 average, the run's full configuration).
@@ -20,7 +21,9 @@ the script and the models it builds:
   (a time, a memory) against the length, one line per series (Keras's layer beside ours).
   Otherwise the plot is a bar chart of each row's ratio to its peer (and of its goals' ratios);
 - `RATIO_PLOT`: `(category key, series key)` for that bar chart: one group of bars per value of
-  the category (a model), one bar per ratio and value of the series (a length).
+  the category (a model), one bar per ratio and value of the series (a length);
+- `SUMMARY`: `(case keys, column key, figure keys, where)` for a script of many rows: its table is
+  `summary_table`'s, one line per case with each figure at each value of the column key (a length).
 
 Each table row starts with an HTML anchor, `<script>-<its describing values>` (`row_anchor`), and
 each goal's row with `<script>-goal-<key>-<where values>`: the README links its figures there.
@@ -37,7 +40,7 @@ from benchmarks import benchmark_scripts
 REPO_ROOT = BENCHMARKS_DIR.parent
 RESULTS_DIR = BENCHMARKS_DIR / "results" / "make_bench"
 BENCHMARKS_MD = REPO_ROOT / "BENCHMARKS.md"
-DECLARATIONS = ("PEER_RATIO", "GOAL_FIELDS", "GOALS", "LENGTH_PLOT", "RATIO_PLOT")
+DECLARATIONS = ("PEER_RATIO", "GOAL_FIELDS", "GOALS", "LENGTH_PLOT", "RATIO_PLOT", "SUMMARY")
 COMPARISONS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq}
 INTRO = """# Benchmarks
 
@@ -51,8 +54,9 @@ ARGS="--only NAME"` reruns one script, and `make bench ARGS=--parts` adds the sc
 runs (the dispatcher's held-out grids). Each section gives the command that reruns its figures
 (they go to `benchmarks/results/NAME.json` unless `--output` says otherwise), the machine and
 the date, one table (a ratio below 1 is better where it is a time or a memory, above 1 where it
-is a speed-up), the script's goals with whether they are met, and a plot. The JSON files keep
-what this page leaves out: each run's configuration and the load on the machine.
+is a speed-up), the script's goals with whether they are met, and a plot. A script of many rows
+shows one line per case with its figures at each length. The JSON files keep what this page
+leaves out: every row, each run's configuration and the load on the machine.
 
 {contents}
 """
@@ -149,6 +153,38 @@ def table(name, rows, declared):
     return "\n".join(lines)
 
 
+def summary_table(name, rows, summary):
+    """The table of a script of many rows, declared `SUMMARY = (cases, column, figures, where)`: one
+    line per case (the values of the `cases` fields) among the rows matching `where`, one column per
+    figure of `figures` at each value of `column` a row has it for. A cell no row fills is "-"; two
+    rows filling one cell are a `ValueError` (the case fields do not say which row it is)."""
+    cases, column, figures, where = summary
+    kept = [row for row in rows if _matches(row, where)]
+    cells = {}
+    for row in kept:
+        case = tuple(row[field] for field in cases)
+        for key in figures:
+            if row.get(key) is not None:
+                if (case, key, row[column]) in cells:
+                    raise ValueError(
+                        f"{name}: two rows of {dict(zip(cases, case))} have {key} at {column} {row[column]}"
+                    )
+                cells[case, key, row[column]] = row[key]
+    at = sorted({row[column] for row in kept})
+    columns = [(key, value) for key in figures for value in at if any(cell[1:] == (key, value) for cell in cells)]
+    lines = [
+        "| " + " | ".join([*cases, *(f"{key} at {value}" for key, value in columns)]) + " |",
+        "|" + " --- |" * (len(cases) + len(columns)),
+    ]
+    anchors = set()
+    for case in dict.fromkeys(tuple(row[field] for field in cases) for row in kept):
+        anchor = _unique("-".join([name, *(_slug(field, value) for field, value in zip(cases, case))]), anchors)
+        line = [figure(value) for value in case] + [figure(cells.get((case, key, value))) for key, value in columns]
+        line[0] = f'<a id="{anchor}"></a>{line[0]}'
+        lines.append("| " + " | ".join(line) + " |")
+    return "\n".join(lines)
+
+
 def _unique(anchor, taken):
     """`anchor`, or `anchor-2`, `-3`... when rows share their describing values; added to `taken`."""
     unique, count = anchor, 1
@@ -224,7 +260,8 @@ def section(name, results, plot_uri):
     rows = [row for result in results for row in result["rows"]]
     parts = [f"## `{name}`\n\n{declared['doc']}\n"]
     parts += [run_line(result) + "\n" for result in results]
-    parts.append(table(name, rows, declared) + "\n")
+    shown = summary_table(name, rows, declared["SUMMARY"]) if "SUMMARY" in declared else table(name, rows, declared)
+    parts.append(shown + "\n")
     if declared.get("GOALS"):
         parts.append(goals_table(name, rows, declared["GOALS"]) + "\n")
     if plot_uri is not None:

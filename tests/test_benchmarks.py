@@ -153,6 +153,24 @@ def test_table_rows_are_anchored_by_what_they_are_once_each():
     ]
 
 
+def test_a_summary_has_one_line_per_case_and_each_figure_at_each_length():
+    rows = [
+        {"model": "a", "variant": "keras", "length": 512, "time": 1.0},
+        {"model": "a", "variant": "converted", "length": 512, "time": 0.9},
+        {"model": "a", "variant": "converted", "length": 2048, "memory": 0.5},
+        {"model": "b generate", "variant": "converted", "length": 192, "time": 1.2},
+    ]
+    summary = (("model",), "length", ("time", "memory"), {"variant": "converted"})
+    assert page.summary_table("s", rows, summary).splitlines() == [
+        "| model | time at 192 | time at 512 | memory at 2048 |",
+        "| --- | --- | --- | --- |",
+        '| <a id="s-a"></a>a | - | 0.90 | 0.50 |',
+        '| <a id="s-b_generate"></a>b generate | 1.20 | - | - |',
+    ]
+    with pytest.raises(ValueError, match=r"two rows of \{'model': 'a'\} have time at length 512"):
+        page.summary_table("s", rows, (("model",), "length", ("time",), {}))
+
+
 class _Parsed(Exception):
     """Raised in place of running a script, once its command line has been parsed."""
 
