@@ -37,6 +37,7 @@ import dataclasses
 import numbers
 
 import tensorflow as tf
+from keras import ops
 
 from keras_attn.core.softmax import soft_cap_derivative
 from keras_attn.core.softmax import soft_capped
@@ -48,22 +49,18 @@ def fold_scale(query, scale, soft_cap=None):
     overflow), else `(query, scale)` unchanged: the kernel then scales shifted logits. With a
     `soft_cap` any scale is folded (a tensor one too: its gradient flows through the product), since
     the capped logits are bounded whatever `scale * q.k` is."""
+    # `convert_to_tensor` makes a Python number a tensor of the dtype directly (`tf.cast` of one
+    # would round it through float32 first) and casts a tensor.
     if soft_cap is not None:
-        return query * _in_dtype(scale, query.dtype), None
+        return query * ops.convert_to_tensor(scale, query.dtype), None
     if isinstance(scale, numbers.Real) and scale <= 1:
-        return query * _in_dtype(scale, query.dtype), None
+        return query * ops.convert_to_tensor(scale, query.dtype), None
     return query, scale
 
 
 def times_scale(scale, tensor):
     """`scale * tensor`, or `tensor` when the scale is already folded in (`scale=None`)."""
-    return tensor if scale is None else _in_dtype(scale, tensor.dtype) * tensor
-
-
-def _in_dtype(scale, dtype):
-    """`scale` as a tensor of `dtype`: a Python number directly (`tf.cast` of one would round it to
-    float32 first), a tensor cast."""
-    return tf.constant(scale, dtype) if isinstance(scale, numbers.Real) else tf.cast(scale, dtype)
+    return tensor if scale is None else ops.convert_to_tensor(scale, tensor.dtype) * tensor
 
 
 def custom_gradient(forward, backward, scale, inputs):
