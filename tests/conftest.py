@@ -1,4 +1,5 @@
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -32,6 +33,25 @@ def _float32_policy_and_seed():
     np.random.seed(1234)
     yield
     keras.config.set_dtype_policy("float32")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a module's last test (its module fixtures finalized), collects its garbage once and
+    freezes what survives: the session's long-lived objects (imports, TensorFlow's and Keras's
+    global state, session fixtures).
+
+    Keras runs a full `gc.collect()` each time a layer deletes a variable (`Model.quantize` deletes
+    every kernel it replaces), and a full collection visits every tracked object: in a worker that
+    has already run dozens of modules, each one costs seconds. Frozen objects are not visited, so a
+    collection costs what the current module allocated. Freezing only the survivors of a collection
+    at a module boundary leaves each module's own garbage to be collected as usual.
+    """
+    result = yield
+    if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
+        gc.collect()
+        gc.freeze()
+    return result
 
 
 def pytest_addoption(parser):
