@@ -147,10 +147,13 @@ def table(name, rows, declared):
     anchors = set()
     for row in rows:
         anchor = _unique(row_anchor(name, row, fields), anchors)
-        cells = [figure(row.get(key)) for key in columns]
-        cells[0] = f'<a id="{anchor}"></a>{cells[0]}'
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(_anchored_line(anchor, [figure(row.get(key)) for key in columns]))
     return "\n".join(lines)
+
+
+def _anchored_line(anchor, cells):
+    """A table line whose first cell holds the row's anchor."""
+    return f'| <a id="{anchor}"></a>' + " | ".join(cells) + " |"
 
 
 def summary_table(name, rows, summary):
@@ -170,18 +173,19 @@ def summary_table(name, rows, summary):
                         f"{name}: two rows of {dict(zip(cases, case))} have {key} at {column} {row[column]}"
                     )
                 cells[case, key, row[column]] = row[key]
-    at = sorted({row[column] for row in kept})
-    columns = [(key, value) for key in figures for value in at if any(cell[1:] == (key, value) for cell in cells)]
+    filled = {(key, value) for _, key, value in cells}
+    columns = [
+        (key, value) for key in figures for value in sorted({row[column] for row in kept}) if (key, value) in filled
+    ]
     lines = [
         "| " + " | ".join([*cases, *(f"{key} at {value}" for key, value in columns)]) + " |",
         "|" + " --- |" * (len(cases) + len(columns)),
     ]
     anchors = set()
     for case in dict.fromkeys(tuple(row[field] for field in cases) for row in kept):
-        anchor = _unique("-".join([name, *(_slug(field, value) for field, value in zip(cases, case))]), anchors)
+        anchor = _unique(row_anchor(name, dict(zip(cases, case)), cases), anchors)
         line = [figure(value) for value in case] + [figure(cells.get((case, key, value))) for key, value in columns]
-        line[0] = f'<a id="{anchor}"></a>{line[0]}'
-        lines.append("| " + " | ".join(line) + " |")
+        lines.append(_anchored_line(anchor, line))
     return "\n".join(lines)
 
 
