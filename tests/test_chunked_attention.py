@@ -5,6 +5,11 @@ a short last chunk and, under causal/window masks, chunks that skip keys (or see
 The written-out gradient is checked against autodiff through the dense path, in float64.
 """
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import keras
 import numpy as np
 import pytest
@@ -14,6 +19,7 @@ from keras_attn.core import masks
 from keras_attn.core import softmax
 from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.kernels import single_query
+from keras_attn.kernels.chunked import QUERY_CHUNK_SIZE
 from keras_attn.kernels.chunked import chunk_tiles
 from keras_attn.kernels.chunked import chunked_attention
 from keras_attn.kernels.chunked import pattern_query_chunks
@@ -472,3 +478,44 @@ def test_packed_dropout_drops_the_row_softmax_and_the_gradient_uses_the_forward_
         output_gradients(attend, inputs, output_grad), output_gradients(dense_with_the_same_masks, inputs, output_grad)
     ):
         np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+# A causal training step at 4,096 tokens, run in a process whose CPU allocator keeps statistics
+# (`TF_CPU_ALLOCATOR_USE_BFC` is read when TensorFlow starts): its peak over what was held before.
+_TRAINING_PEAK_SCRIPT = textwrap.dedent(
+    """
+    import tensorflow as tf
+    from keras_attn.kernels.chunked import chunked_attention
+
+    q, k, v = (tf.random.stateless_normal((1, 4096, 8, 8), seed=(i, 0)) for i in range(3))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch((q, k, v))
+            loss = tf.reduce_sum(chunked_attention(q, k, v, is_causal=True) ** 2)
+        return tape.gradient(loss, (q, k, v))
+
+    step.get_concrete_function()
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    [gradient.numpy() for gradient in step()]
+    print(tf.config.experimental.get_memory_info("CPU:0")["peak"] - before)
+    """
+)
+
+
+def test_a_training_step_holds_far_less_than_every_chunks_weights():
+    # The backward pass recomputes each chunk's weights: keeping them all from the forward pass
+    # would hold the whole causal triangle of float32 weights, more than the step's peak.
+    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(
+        [sys.executable, "-c", _TRAINING_PEAK_SCRIPT], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak = int(done.stdout.split()[-1])
+    chunks = pattern_query_chunks(4096, 4096, QUERY_CHUNK_SIZE, from_shorthands(None, True, None))
+    every_chunks_weights = sum(
+        (chunk.query_stop - chunk.query_start) * (chunk.key_stop - chunk.key_start) * 8 * 4 for chunk in chunks
+    )
+    assert 0 < peak < every_chunks_weights / 2

@@ -7,11 +7,13 @@ run in chunks, and each chunk computes only the keys `pattern.key_range` says it
 half the work of the dense path under a causal pattern).
 
 The gradient is written out (a `tf.custom_gradient`) instead of being differentiated through the
-softmax: each chunk keeps its weights from the forward pass, and the softmax gradient subtracts
-`rowsum(dO * O)` (FlashAttention's `delta`, a pass over the output) rather than reducing the
-product of the weights and their gradient. Those passes over the weights are what the step is
-made of at depth 32 (benchmarks/layer_throughput.py). Memory is that of the dense weights,
-inside the band; long sequences go to `keras_attn.kernels.blockwise` (linear memory).
+softmax, as FlashAttention's: nothing pairwise is kept from the forward pass, the backward pass
+recomputes each chunk's weights from the inputs (the same ops, so the same weights) one chunk at a
+time, and the softmax gradient subtracts `rowsum(dO * O)` (`delta`, a pass over the output) rather
+than reducing the product of the weights and their gradient. A training call so holds one chunk's
+weights at a time, as a forward call does, for one more `Q K^T` product per chunk: keeping every
+chunk's weights instead would hold as much as the dense kernel (the whole matrix under the
+pattern) to save that product, and the dense kernel is the one that trades memory for time.
 
 A position bias (`keras_attn.core.position_bias`: ALiBi, T5's relative bias) is computed per chunk
 from the chunk's positions, and its parameters get their gradient from each chunk's logits
@@ -36,7 +38,7 @@ whole `(query_len, key_len)` mask), and the others are left out, so the logits, 
 products cost about `sum n_i^2` plus the tiles a document boundary cuts. Each computed tile takes a
 softmax of its own with its row statistics, the tiles merge into the one softmax of the chunk's rows
 (`streaming_softmax.merge`), and each tile's weights are rescaled by its share of the row's sum:
-the weights kept for the backward pass are exactly the row softmax's, and a skipped tile's are
+the weights the backward pass recomputes are exactly the row softmax's, and a skipped tile's are
 zeros that the backward pass skips by the same `tf.cond`. A `tf.cond` runs eagerly as a Python
 branch, and in a graph and under XLA as a conditional whose untaken branch costs nothing; a skipped
 tile still writes its zero weights (memory the chunk holds anyway).
@@ -135,8 +137,10 @@ def attend(call):
 def cost_features(call):
     """The `keras_attn.kernels.cost` features of a call this kernel takes: each chunk computes the
     keys its pattern reaches (in tiles of `KEY_BLOCK_SIZE` keys, one step each, for packed rows);
-    the chunks run one after another (`_after`): a forward call holds one chunk's weights, a training
-    call every chunk's (for the backward pass). The steps are a Python loop, unrolled into the graph."""
+    the chunks run one after another (`_after`) and hold one chunk's weights at a time, in the forward
+    pass and in the backward pass, which recomputes them (a training call computes each chunk's
+    pairs twice: one more product, the cost model's training coefficients). The steps are a Python
+    loop, unrolled into the graph."""
     _, query_len, key_len, _, _, _ = cost.sizes(call)
     indices, weight = cost.sampled_blocks(-(-query_len // QUERY_CHUNK_SIZE))
     chunks = [
@@ -146,7 +150,7 @@ def cost_features(call):
     tile_size = None if call.query_segment_ids is None else KEY_BLOCK_SIZE
     steps = round(weight * sum(tile_count(chunk, tile_size) for chunk in chunks))
     total = weight * sum(computed)
-    held = total if call.training else max(computed, default=0)
+    held = max(computed, default=0)
     return cost.features(call, computed_pairs=total, steps=steps, held_pairs=held, unrolled=True)
 
 
@@ -281,10 +285,8 @@ def chunked_attention(
     inputs = (query, key, value) + (() if bias is None else (tf.convert_to_tensor(bias),))
     inputs += read_bias_parameters(position_bias)
     output = streaming_softmax.custom_gradient(  # (batch, heads, query_len, value_depth)
-        lambda scale, *inputs: _forward(plan, scale, *split_inputs(inputs, plan.has_bias)),
-        lambda scale, inputs, output, weights, output_gradient: _backward(
-            plan, scale, inputs, output, weights, output_gradient
-        ),
+        lambda scale, *inputs: (_forward(plan, scale, *split_inputs(inputs, plan.has_bias)), None),
+        lambda scale, inputs, output, _, output_gradient: _backward(plan, scale, inputs, output, output_gradient),
         scale,
         inputs,
     )
@@ -421,27 +423,24 @@ def _chunk_weights(plan, chunk, mask, scale, query, key, bias, parameters):
 
 
 def _forward(plan, scale, query, key, value, bias, parameters):
-    """Output `(batch, heads, query_len, value_depth)` and, per chunk, its tiles' weights (`None`: no keys)."""
-    outputs, chunk_weights = [], []
+    """Output `(batch, heads, query_len, value_depth)`, one chunk after another."""
+    outputs = []
     batch, heads = tf.shape(query)[0], tf.shape(query)[1]
     for index, chunk in enumerate(plan.chunks):
         if not chunk.has_keys:  # the pattern masks every key of the chunk
             shape = tf.stack([batch, heads, chunk.query_stop - chunk.query_start, value.shape[-1]])
             outputs.append(tf.zeros(shape, value.dtype))
-            chunk_weights.append(None)
             continue
         with _after(outputs[-1:]):  # one chunk's logits and keep-mask at a time
             if plan.segmented:
-                output, tile_weights = _documents_forward(plan, index, scale, query, key, value, bias, parameters)
+                output, _ = _documents_forward(plan, index, scale, query, key, value, bias, parameters)
                 outputs.append(tf.cast(output, value.dtype))
-                chunk_weights.append(tile_weights)
                 continue
             weights = _chunk_weights(plan, chunk, plan.tile_mask(chunk), scale, query, key, bias, parameters)
             keep_scale = plan.keep_scale(plan.dropout_seeds[index][0], weights)
             dropped = weights if keep_scale is None else weights * keep_scale
             outputs.append(tf.matmul(tf.cast(dropped, value.dtype), _keys(value, chunk)))  # (b, h, chunk_len, dv)
-            chunk_weights.append([weights])
-    return tf.concat(outputs, axis=2), chunk_weights  # (batch, heads, query_len, value_depth)
+    return tf.concat(outputs, axis=2)  # (batch, heads, query_len, value_depth)
 
 
 def _after(tensors):
@@ -501,9 +500,9 @@ def _documents_forward(plan, index, scale, query, key, value, bias, parameters):
     return output, tile_weights
 
 
-def _backward(plan, scale, inputs, output, chunk_weights, output_gradient):
-    """Gradients of ([scale,] query, key, value[, bias][, bias parameters]) from each tile's stored
-    weights: the logits `z = scale * (Q K^T - M) + bias` get `dZ`, the raw logits `scale * dZ`
+def _backward(plan, scale, inputs, output, output_gradient):
+    """Gradients of ([scale,] query, key, value[, bias][, bias parameters]) from each tile's
+    recomputed weights (`_recomputed_weights`): the logits `z = scale * (Q K^T - M) + bias` get `dZ`, the raw logits `scale * dZ`
     (`scale=None`: folded into the query, whose gradient carries it outside). A skipped tile
     (no query sharing a document with a key) has zero weights and contributes no gradient: it is
     skipped here too."""
@@ -525,11 +524,12 @@ def _backward(plan, scale, inputs, output, chunk_weights, output_gradient):
     query_grads, bias_grads, scale_grads = [], [], []
     key_grad, value_grad = tf.zeros_like(key_f), tf.zeros_like(value_f)  # summed chunk by chunk
     for index, chunk in enumerate(plan.chunks):
-        if chunk_weights[index] is None:
+        if not chunk.has_keys:
             query_grads.append(tf.zeros_like(_queries(query_f, chunk)))
             bias_grads.append(None)
             continue
         with _after([key_grad, value_grad]):  # the previous chunk's gradients are summed: its transients freed
+            chunk_weights = _recomputed_weights(plan, index, scale, query, key, value, bias, parameters)
             tile_grads = [
                 document_blocks.guarded(
                     may_share,
@@ -539,7 +539,7 @@ def _backward(plan, scale, inputs, output, chunk_weights, output_gradient):
                     lambda tile=tile, weights=weights: _skipped_gradients(tile, weights, rows),
                 )
                 for tile, weights, seed, may_share in zip(
-                    plan.tiles[index], chunk_weights[index], plan.dropout_seeds[index], plan.may_share[index]
+                    plan.tiles[index], chunk_weights, plan.dropout_seeds[index], plan.may_share[index]
                 )
             ]
         query_side = tf.add_n([grads["query"] for grads in tile_grads])  # dZ K: (batch, heads, chunk_len, depth)
@@ -562,6 +562,15 @@ def _backward(plan, scale, inputs, output, chunk_weights, output_gradient):
     if bias is not None:
         grads.append(tf.cast(_bias_gradient(plan, bias, bias_grads), bias.dtype))
     return grads + list(parameter_grads)
+
+
+def _recomputed_weights(plan, index, scale, query, key, value, bias, parameters):
+    """Chunk `index`'s tiles' float32 weights, recomputed from the custom gradient's inputs by the
+    forward pass's own ops (so equal to the weights its output was made of)."""
+    if plan.segmented:
+        return _documents_forward(plan, index, scale, query, key, value, bias, parameters)[1]
+    chunk = plan.chunks[index]
+    return [_chunk_weights(plan, chunk, plan.tile_mask(chunk), scale, query, key, bias, parameters)]
 
 
 @dataclasses.dataclass(frozen=True)

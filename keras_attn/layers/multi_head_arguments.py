@@ -98,7 +98,7 @@ def _is_int(value):
 
 
 # The kernels that never hold a query's weights over every key at once (memory linear in the
-# length); dense and chunked hold them all (chunked keeps each chunk's weights for the gradient).
+# length); dense holds them all, chunked a chunk of queries' weights over all their keys at a time.
 FLASH_IMPLEMENTATIONS = ("blockwise", "strided")
 
 
