@@ -6,6 +6,7 @@ corrupt, foreign or holds unusable values is ignored with one warning.
 The suite runs with measuring off (`tests/conftest.py`); these tests turn it on (`measured`)."""
 
 import json
+import logging
 import math
 import os
 import re
@@ -316,6 +317,37 @@ def test_a_real_measurement_times_each_contender(measured, monkeypatch):
     measured_times = {c.name: c.measured_seconds for c in explanation.candidates if c.measured_seconds is not None}
     assert set(measured_times) == {"dense", "blockwise"}
     assert all(0 < seconds < 60 for seconds in measured_times.values())
+
+
+def test_grouped_heads_are_measured_on_the_call_each_kernel_runs(measured):
+    # One key/value head for four query heads (Gemma's multi-query attention), training: each
+    # kernel is timed on the call the dispatcher would hand it (the streaming kernels take the
+    # key/value heads repeated), so the measurement neither fails nor times another computation.
+    query, grouped = keras.KerasTensor((1, 512, 4, 8)), keras.KerasTensor((1, 512, 1, 8))
+    mask = keras.KerasTensor((1, 1, 512, 512), dtype="bool")
+    call = AttentionCall(query, grouped, grouped, mask=mask, pattern=keras_attn.patterns.Causal(), training=True)
+    seconds = measuring.time_kernels(call, ["dense", "chunked", "blockwise"])
+    assert set(seconds) == {"dense", "chunked", "blockwise"}
+    assert all(0 < value < 60 for value in seconds.values())
+
+
+def test_measuring_bucket_after_bucket_logs_no_retracing_warning(measured, monkeypatch):
+    # Every bucket's steps are the same functions' code traced anew: TensorFlow would call that
+    # frequent retracing and log a warning the user can do nothing about.
+    predict_times(monkeypatch, measured, TWO_CONTENDERS)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("tensorflow")
+    logger.addHandler(handler)
+    try:
+        for length in (16, 32, 64, 128):
+            assert keras_attn.explain_implementation((1, length, 2, 4), is_causal=True, training=True).timing == (
+                "measured now"
+            )
+    finally:
+        logger.removeHandler(handler)
+    assert [record.getMessage() for record in records if "retracing" in record.getMessage()] == []
 
 
 def test_auto_measures_inside_tf_function_xla_and_fit(measured, monkeypatch):

@@ -23,8 +23,6 @@ Layout: `(batch, seq, heads, depth)` for query, key and value (what the projecti
 `(batch, heads, query_len, key_len)`.
 """
 
-import dataclasses
-
 from keras import ops
 
 from keras_attn.core.masks import merge_masks
@@ -32,11 +30,11 @@ from keras_attn.core.masks import zero_padding
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.core.softmax import bias_mask
-from keras_attn.core.softmax import grouped_heads
 from keras_attn.core.softmax import resolved_scale
 from keras_attn.dispatch import cost_model
 from keras_attn.dispatch.arguments import checked_pattern
 from keras_attn.kernels import KERNELS
+from keras_attn.kernels import attend
 from keras_attn.kernels.call import AttentionCall
 from keras_attn.validation import check_bool
 
@@ -50,18 +48,6 @@ def _zero_unattended_keys(key, value, mask):
     attended = ops.any(mask, axis=(1, 2))  # (batch | 1, key_len)
     attended = ops.expand_dims(ops.expand_dims(attended, -1), -1)  # (batch | 1, key_len, 1, 1)
     return ops.where(attended, key, ops.zeros_like(key)), ops.where(attended, value, ops.zeros_like(value))
-
-
-def _with_repeated_heads(call):
-    """`call` with its key and value heads repeated to the query's, `(batch, seq, kv_heads, depth)` ->
-    `(batch, seq, heads, depth)`: what the kernels but dense take (dense groups the query heads
-    instead, without copying the keys and values, a decoding step's whole cache)."""
-    groups = grouped_heads(call.query, call.key)
-    if groups == 1:
-        return call
-    return dataclasses.replace(
-        call, key=ops.repeat(call.key, groups, axis=2), value=ops.repeat(call.value, groups, axis=2)
-    )
 
 
 def scaled_dot_product_attention(
@@ -253,7 +239,7 @@ def scaled_dot_product_attention(
         training=bool(training),
     )
     implementation = _choose_implementation(implementation, call)
-    return KERNELS[implementation].attend(call if implementation == "dense" else _with_repeated_heads(call))
+    return attend(implementation, call)
 
 
 def _choose_implementation(implementation, call):

@@ -29,6 +29,7 @@ import numpy as np
 from keras_attn.dispatch import state
 from keras_attn.dispatch.signatures import signature
 from keras_attn.kernels import KERNELS
+from keras_attn.kernels import attend
 from keras_attn.kernels.call import AttentionCall
 
 REPEATS = 3  # timed runs per kernel at most (the best is kept)
@@ -231,7 +232,7 @@ def time_kernels(call, names, repeats=None, budget_seconds=None):
 
 def _timed(call, names, repeats, budget_seconds):
     steps = {name: step(call, name) for name in names}
-    for run in steps.values():  # tracing and the first run's setup: not timed
+    for run in steps.values():  # the first run's setup: not timed
         run_to_completion(run())
     best = dict.fromkeys(names, float("inf"))
     deadline = time.perf_counter() + budget_seconds
@@ -246,26 +247,28 @@ def _timed(call, names, repeats, budget_seconds):
 
 
 def step(call, name):
-    """A `tf.function` of kernel `name` on `call` (eager tensors): forward, or forward and the
-    gradients of query, key and value when `call.training`."""
+    """The traced step (a concrete function, called without arguments) of kernel `name` on `call`
+    (eager tensors): forward, or forward and the gradients of query, key and value when
+    `call.training`."""
     import tensorflow as tf
 
-    kernel = KERNELS[name]
     inputs = (call.query, call.key, call.value)
 
     @tf.function(autograph=False)  # plain TensorFlow: no AutoGraph conversion to go wrong
     def forward():
-        return kernel.attend(call)
+        return attend(name, call)
 
     @tf.function(autograph=False)  # plain TensorFlow: no AutoGraph conversion to go wrong
     def training():
         with tf.GradientTape() as tape:
             tape.watch(inputs)
-            output = tf.nest.flatten(kernel.attend(call))[0]
+            output = tf.nest.flatten(attend(name, call))[0]
             loss = tf.reduce_sum(tf.cast(output, "float32") ** 2)
         return tape.gradient(loss, inputs)
 
-    return training if call.training else forward
+    # Traced here, outside TensorFlow's retracing count: every bucket's steps share these
+    # functions' code, and calling them as `tf.function`s would log retracing warnings.
+    return (training if call.training else forward).get_concrete_function()
 
 
 def run_to_completion(result):

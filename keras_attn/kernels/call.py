@@ -9,6 +9,10 @@ plugs in by answering both; a new input is one new field here that the kernels w
 
 import dataclasses
 
+from keras import ops
+
+from keras_attn.core.softmax import grouped_heads
+
 
 @dataclasses.dataclass(frozen=True)
 class AttentionCall:
@@ -39,6 +43,17 @@ class AttentionCall:
     key_segment_ids: object = None  # int32 (batch, key_len); both or neither
     logit_soft_cap: object = None  # a positive float: logits `tanh(scale * Q K^T / cap) * cap` before bias and mask
     training: bool = False  # a training call: the cost model predicts its forward and backward passes
+
+
+def with_repeated_heads(call):
+    """`call` with its key and value heads repeated to the query's, `(batch, seq, kv_heads, depth)` ->
+    `(batch, seq, heads, depth)`: how every kernel but dense takes grouped heads."""
+    groups = grouped_heads(call.query, call.key)
+    if groups == 1:
+        return call
+    return dataclasses.replace(
+        call, key=ops.repeat(call.key, groups, axis=2), value=ops.repeat(call.value, groups, axis=2)
+    )
 
 
 def why_not_tensorflow_streaming(call):
