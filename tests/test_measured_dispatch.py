@@ -112,6 +112,22 @@ def test_a_bucket_of_lengths_is_measured_once():
     assert len(decode) == 11
 
 
+def test_a_bucket_is_timed_at_the_shapes_of_its_first_call(measured, monkeypatch):
+    # A model of one length (a ViT's 2,025 patches) is timed at exactly that length, not at its
+    # bucket's 1,024, where the kernels can rank otherwise; the bucket's next call measures nothing.
+    timed = []
+
+    def record(call, names, repeats, budget_seconds):
+        timed.append(tuple(call.query.shape))
+        return dict.fromkeys(names, 1e-3)
+
+    monkeypatch.setattr(measuring, "_timed", record)
+    for length in (2025, 1100):
+        seconds, _ = measuring.measured_seconds(_call(length, training=True), ["dense", "chunked"])
+        assert seconds == {"dense": 1e-3, "chunked": 1e-3}
+    assert timed == [(1, 2025, 2, 8)]
+
+
 def test_the_choice_is_deterministic_once_measured(measured, monkeypatch):
     predict_times(monkeypatch, measured, TWO_CONTENDERS)
     rng = np.random.default_rng(0)

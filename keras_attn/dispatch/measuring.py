@@ -5,11 +5,13 @@ A call's bucket (`bucket_key`) is its signature (`keras_attn.dispatch.signatures
 shapes, dtypes, pattern, mode and flags the kernels read) with each length rounded down to a power
 of two (`bucket_length`), so that a dataset of varied lengths or a growing decode measures a
 handful of buckets. The first call of a bucket times each kernel it asks about on random tensors
-of the bucket's shapes (`representative_call`), in the call's mode (forward; forward and backward
-when training): one untimed run (tracing), then up to `REPEATS` timed runs each, in turn, while
-the timed runs stay within `BUDGET_SECONDS`; each kernel keeps its best time. The timing runs in a
-thread of its own: outside any graph being traced (`tf.function`, `jit_compile=True`, `model.fit`)
-and any distribution strategy's replica context, eagerly.
+of that call's own shapes (`measured_call`; an unknown batch is 1), in the call's mode (forward;
+forward and backward when training): a model of one length is timed at exactly that length, which
+can rank the kernels otherwise than half of it would. One untimed run (tracing), then up to
+`REPEATS` timed runs each, in turn, while the timed runs stay within `BUDGET_SECONDS`; each kernel
+keeps its best time. The timing runs in a thread of its own: outside any graph being traced
+(`tf.function`, `jit_compile=True`, `model.fit`) and any distribution strategy's replica context,
+eagerly.
 
 Times are kept per bucket in memory and in `measured_times-<environment>.json` in the user's cache
 directory (`keras_attn.dispatch.state`), so that another process of the same environment measures
@@ -56,37 +58,46 @@ def packed_ids(batch, length):
     return np.broadcast_to(np.arange(length) // document + 1, (batch, length)).astype("int32")
 
 
-def _bucketed_shape(shape, lengths):
-    """`shape` with the sizes of axes named in `lengths` (`{axis: (length, bucketed)}`) bucketed
+def _shape_with_lengths(shape, lengths):
+    """`shape` with the sizes of axes named in `lengths` (`{axis: (length, new_length)}`) changed
     where they are that length (a broadcast axis of 1 stays 1); an unknown batch is 1."""
     sizes = [1 if size is None else size for size in shape]
-    for axis, (length, bucketed) in lengths.items():
+    for axis, (length, new_length) in lengths.items():
         if sizes[axis] == length:
-            sizes[axis] = bucketed
+            sizes[axis] = new_length
     return tuple(sizes)
 
 
-def _bucketed_offset(call, key_len, bucketed_key_len):
+def _offset_with_key_len(call, key_len, new_key_len):
     """A Python int `query_offset` keeps its distance to the last key (a decoding step stays the
     newest tokens of the cache); a tensor one is 0."""
     offset = call.query_offset
     if isinstance(offset, bool) or not isinstance(offset, int):
         return 0
-    return max(0, offset - (key_len - bucketed_key_len))
+    return max(0, offset - (key_len - new_key_len))
 
 
 def bucketed_call(call, make=keras.KerasTensor):
     """The `AttentionCall` of `call`'s bucket: each tensor of the bucket's shape made by
     `make(shape, dtype)` (symbolic by default), the other fields as in `call`."""
+    return _call_with_lengths(call, bucket_length(call.query.shape[1]), bucket_length(call.key.shape[1]), make)
+
+
+def measured_call(call, make=keras.KerasTensor):
+    """The `AttentionCall` the kernels are timed on for `call`: its own shapes (an unknown batch 1),
+    each tensor made by `make(shape, dtype)`, the other fields as in `call`."""
+    return _call_with_lengths(call, call.query.shape[1], call.key.shape[1], make)
+
+
+def _call_with_lengths(call, new_query_len, new_key_len, make):
     query_len, key_len = call.query.shape[1], call.key.shape[1]
-    bucketed_query_len, bucketed_key_len = bucket_length(query_len), bucket_length(key_len)
-    lengths = {"query": {1: (query_len, bucketed_query_len)}, "key": {1: (key_len, bucketed_key_len)}}
-    pairwise = {2: (query_len, bucketed_query_len), 3: (key_len, bucketed_key_len)}
+    lengths = {"query": {1: (query_len, new_query_len)}, "key": {1: (key_len, new_key_len)}}
+    pairwise = {2: (query_len, new_query_len), 3: (key_len, new_key_len)}
 
     def made(tensor, axes):
         if tensor is None:
             return None
-        return make(_bucketed_shape(tensor.shape, axes), keras.backend.standardize_dtype(tensor.dtype))
+        return make(_shape_with_lengths(tensor.shape, axes), keras.backend.standardize_dtype(tensor.dtype))
 
     return AttentionCall(
         query=made(call.query, lengths["query"]),
@@ -95,7 +106,7 @@ def bucketed_call(call, make=keras.KerasTensor):
         mask=made(call.mask, pairwise),
         bias=made(call.bias, pairwise),
         pattern=call.pattern,
-        query_offset=_bucketed_offset(call, key_len, bucketed_key_len),
+        query_offset=_offset_with_key_len(call, key_len, new_key_len),
         scale=call.scale if isinstance(call.scale, (int, float)) else None,
         dropout_rate=call.dropout_rate,
         seed_generator=SEED,
@@ -209,8 +220,8 @@ def _random_tensor(shape, dtype):
 
 
 def time_kernels(call, names, repeats=None, budget_seconds=None):
-    """`{kernel: best seconds}` of each kernel of `names` on random tensors of the bucket of `call`
-    (`bucketed_call`), in its mode, made and timed in a thread of its own (outside any graph being
+    """`{kernel: best seconds}` of each kernel of `names` on random tensors of `call`'s shapes
+    (`measured_call`), in its mode, made and timed in a thread of its own (outside any graph being
     traced). Raises what the timing raised."""
     repeats = REPEATS if repeats is None else repeats
     budget_seconds = BUDGET_SECONDS if budget_seconds is None else budget_seconds
@@ -218,7 +229,7 @@ def time_kernels(call, names, repeats=None, budget_seconds=None):
 
     def run():
         try:
-            outcome["times"] = _timed(bucketed_call(call, make=_random_tensor), names, repeats, budget_seconds)
+            outcome["times"] = _timed(measured_call(call, make=_random_tensor), names, repeats, budget_seconds)
         except BaseException as error:  # handed to the caller's thread
             outcome["error"] = error
 
