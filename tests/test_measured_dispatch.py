@@ -128,6 +128,14 @@ def test_a_bucket_is_timed_at_the_shapes_of_its_first_call(measured, monkeypatch
     assert timed == [(1, 2025, 2, 8)]
 
 
+def test_dropout_is_timed_with_a_seed_generator_as_a_layer_draws_it():
+    # With a constant seed, TensorFlow's graph optimiser folds the keep-masks of a streaming
+    # kernel's tiles into constants: that kernel would be timed without its dropout.
+    call = _call(2025, training=True, dropout_rate=0.1)
+    assert isinstance(measuring.measured_call(call).seed_generator, keras.random.SeedGenerator)
+    assert measuring.measured_call(call).query.shape == (1, 2025, 2, 8)
+
+
 def test_the_choice_is_deterministic_once_measured(measured, monkeypatch):
     predict_times(monkeypatch, measured, TWO_CONTENDERS)
     rng = np.random.default_rng(0)

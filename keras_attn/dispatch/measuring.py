@@ -19,6 +19,7 @@ nothing again; a bucket's stored time of a kernel never changes, so the choice o
 deterministic once its kernels are measured.
 """
 
+import dataclasses
 import hashlib
 import json
 import threading
@@ -85,8 +86,12 @@ def bucketed_call(call, make=keras.KerasTensor):
 
 def measured_call(call, make=keras.KerasTensor):
     """The `AttentionCall` the kernels are timed on for `call`: its own shapes (an unknown batch 1),
-    each tensor made by `make(shape, dtype)`, the other fields as in `call`."""
-    return _call_with_lengths(call, call.query.shape[1], call.key.shape[1], make)
+    each tensor made by `make(shape, dtype)`, dropout seeded by a `keras.random.SeedGenerator` as a
+    layer's is, the other fields as in `call`."""
+    measured = _call_with_lengths(call, call.query.shape[1], call.key.shape[1], make)
+    # A constant seed would let TensorFlow's graph optimiser fold the keep-masks small enough to
+    # fold (a streaming kernel's, per tile) into constants, timing that kernel without its dropout.
+    return dataclasses.replace(measured, seed_generator=keras.random.SeedGenerator(SEED))
 
 
 def _call_with_lengths(call, new_query_len, new_key_len, make):
