@@ -127,8 +127,8 @@ def scaled_dot_product_attention(
             and predicted within 3x of the fastest of them; it takes the fastest measured on this
             machine, or the lightest of those measured within 10 % of it; when no kernel qualifies,
             the one predicted lightest. Each bucket of call signatures (lengths rounded down to a
-            power of two) is measured once, at the shapes of its first call, in the call's mode (forward and backward when
-            `training`), outside the graph being traced, and kept in the user's cache directory (`$KERAS_ATTN_CACHE`, else
+            power of two) is measured once, at the shapes of its first call, in the call's mode
+            (forward and backward when `training`), outside the graph being traced, and kept in the user's cache directory (`$KERAS_ATTN_CACHE`, else
             `~/.cache/keras_attn`); with measuring off (`KERAS_ATTN_MEASURE=0` or
             `keras_attn.set_measured_dispatch(False)`) the predicted times decide. Predictions come
             from a calibration fitted to measurements (shipped, or refitted on this machine by

@@ -89,8 +89,8 @@ def measured_call(call, make=keras.KerasTensor):
     each tensor made by `make(shape, dtype)`, dropout seeded by a `keras.random.SeedGenerator` as a
     layer's is, the other fields as in `call`."""
     measured = _call_with_lengths(call, call.query.shape[1], call.key.shape[1], make)
-    # A constant seed would let TensorFlow's graph optimiser fold the keep-masks small enough to
-    # fold (a streaming kernel's, per tile) into constants, timing that kernel without its dropout.
+    # With a constant seed TensorFlow's graph optimiser folds a streaming kernel's per-tile
+    # keep-masks (small enough to fold) into constants: that kernel would be timed without dropout.
     return dataclasses.replace(measured, seed_generator=keras.random.SeedGenerator(SEED))
 
 
