@@ -292,3 +292,22 @@ def test_a_query_without_keys_keeps_keras_hubs_output_at_every_position(name, ex
         assert max_difference(gradient, expected_gradient) < TOLERANCE * max(
             1.0, float(np.abs(expected_gradient).max())
         )
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_causal_lm_hands_its_attention_the_causal_mask_as_a_tensor_not_a_pattern(name, monkeypatch):
+    # What the converting guide says of KerasHub's decoders: the mask they build holds the causal
+    # half, so the dispatcher sees a whole (query, key) mask and no pattern, and no kernel can skip
+    # that half. An adapter that passes the causal pattern instead fails this, and the guide changes.
+    from keras_attn.dispatch import attention
+
+    calls = []
+    choose = attention._choose_implementation
+    monkeypatch.setattr(
+        attention,
+        "_choose_implementation",
+        lambda implementation, call: calls.append(call) or choose(implementation, call),
+    )
+    keras_attn.convert(_backbone(name))(_backbone_inputs(name))
+    assert len(calls) == LAYERS
+    assert all(call.pattern is None and tuple(call.mask.shape)[2:] == (LENGTH, LENGTH) for call in calls)
