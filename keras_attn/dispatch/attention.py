@@ -34,7 +34,6 @@ from keras_attn.core.softmax import resolved_scale
 from keras_attn.dispatch import cost_model
 from keras_attn.dispatch.arguments import checked_pattern
 from keras_attn.kernels import KERNELS
-from keras_attn.kernels import attend
 from keras_attn.kernels.call import AttentionCall
 from keras_attn.validation import check_bool
 
@@ -239,7 +238,7 @@ def scaled_dot_product_attention(
         training=bool(training),
     )
     implementation = _choose_implementation(implementation, call)
-    return attend(implementation, call)
+    return KERNELS[implementation].attend(call)
 
 
 def _choose_implementation(implementation, call):

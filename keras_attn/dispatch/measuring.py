@@ -19,7 +19,6 @@ nothing again; a bucket's stored time of a kernel never changes, so the choice o
 deterministic once its kernels are measured.
 """
 
-import dataclasses
 import hashlib
 import json
 import threading
@@ -32,7 +31,6 @@ import numpy as np
 from keras_attn.dispatch import state
 from keras_attn.dispatch.signatures import signature
 from keras_attn.kernels import KERNELS
-from keras_attn.kernels import attend
 from keras_attn.kernels.call import AttentionCall
 
 REPEATS = 3  # timed runs per kernel at most (the best is kept)
@@ -88,13 +86,13 @@ def measured_call(call, make=keras.KerasTensor):
     """The `AttentionCall` the kernels are timed on for `call`: its own shapes (an unknown batch 1),
     each tensor made by `make(shape, dtype)`, dropout seeded by a `keras.random.SeedGenerator` as a
     layer's is, the other fields as in `call`."""
-    measured = _call_with_lengths(call, call.query.shape[1], call.key.shape[1], make)
     # With a constant seed TensorFlow's graph optimiser folds a streaming kernel's per-tile
     # keep-masks (small enough to fold) into constants: that kernel would be timed without dropout.
-    return dataclasses.replace(measured, seed_generator=keras.random.SeedGenerator(SEED))
+    seed_generator = keras.random.SeedGenerator(SEED)
+    return _call_with_lengths(call, call.query.shape[1], call.key.shape[1], make, seed_generator)
 
 
-def _call_with_lengths(call, new_query_len, new_key_len, make):
+def _call_with_lengths(call, new_query_len, new_key_len, make, seed_generator=None):
     query_len, key_len = call.query.shape[1], call.key.shape[1]
     lengths = {"query": {1: (query_len, new_query_len)}, "key": {1: (key_len, new_key_len)}}
     pairwise = {2: (query_len, new_query_len), 3: (key_len, new_key_len)}
@@ -114,7 +112,7 @@ def _call_with_lengths(call, new_query_len, new_key_len, make):
         query_offset=_offset_with_key_len(call, key_len, new_key_len),
         scale=call.scale if isinstance(call.scale, (int, float)) else None,
         dropout_rate=call.dropout_rate,
-        seed_generator=SEED,
+        seed_generator=seed_generator,
         return_weights=call.return_weights,
         hard=call.hard,
         position_bias=call.position_bias,
@@ -272,13 +270,13 @@ def step(call, name):
 
     @tf.function(autograph=False)  # plain TensorFlow: no AutoGraph conversion to go wrong
     def forward():
-        return attend(name, call)
+        return KERNELS[name].attend(call)
 
     @tf.function(autograph=False)  # plain TensorFlow: no AutoGraph conversion to go wrong
     def training():
         with tf.GradientTape() as tape:
             tape.watch(inputs)
-            output = tf.nest.flatten(attend(name, call))[0]
+            output = tf.nest.flatten(KERNELS[name].attend(call))[0]
             loss = tf.reduce_sum(tf.cast(output, "float32") ** 2)
         return tape.gradient(loss, inputs)
 

@@ -13,7 +13,6 @@ from keras_attn.kernels import blockwise
 from keras_attn.kernels import chunked
 from keras_attn.kernels import dense
 from keras_attn.kernels import strided
-from keras_attn.kernels.call import with_repeated_heads
 
 KERNELS = {
     "dense": dense,
@@ -21,14 +20,6 @@ KERNELS = {
     "blockwise": blockwise,
     "strided": strided,
 }
-
-
-def attend(name, call):
-    """Kernel `name` of `KERNELS` on an `AttentionCall`, as every caller runs one (the dispatcher and
-    the measuring of `"auto"`): the dense kernel takes grouped key/value heads as they are (it
-    groups the query heads instead, without copying a decoding step's whole cache), the others get
-    them repeated to the query's heads (`with_repeated_heads`)."""
-    return KERNELS[name].attend(call if name == "dense" else with_repeated_heads(call))
 
 
 def kernels_table():

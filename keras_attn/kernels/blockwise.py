@@ -50,6 +50,7 @@ from keras_attn.kernels import document_blocks
 from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels.call import why_not_tensorflow_streaming
+from keras_attn.kernels.call import with_repeated_heads
 from keras_attn.utils import float_math_dtype
 from keras_attn.validation import check_scale
 
@@ -69,7 +70,8 @@ def why_unsupported(call):
 
 
 def attend(call):
-    """`blockwise_attention` of an `AttentionCall`, with the default block sizes."""
+    """`blockwise_attention` of an `AttentionCall`, with the default block sizes, its grouped key/value heads repeated to the query's."""
+    call = with_repeated_heads(call)
     return blockwise_attention(
         call.query,
         call.key,

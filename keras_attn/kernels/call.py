@@ -19,7 +19,7 @@ class AttentionCall:
     """The inputs of one attention call (see `scaled_dot_product_attention` for their meaning).
 
     `key` and `value` have `kv_heads` heads, a divisor of the query's (grouped-query attention):
-    the dense kernel takes them so, the others get them repeated to the query's by the dispatcher;
+    the dense kernel takes them so, the others repeat them to the query's (`with_repeated_heads`);
     `scale` is a number or a tensor (the
     dispatcher resolves `None`); `dropout_rate` is the effective rate (0 outside training); `pattern` merges `pattern=`
     with the `is_causal` / `sliding_window` shorthands (`None`: every key allowed); `training` says

@@ -72,6 +72,7 @@ from keras_attn.kernels import cost
 from keras_attn.kernels import document_blocks
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels.call import why_not_tensorflow_streaming
+from keras_attn.kernels.call import with_repeated_heads
 from keras_attn.utils import float_math_dtype
 from keras_attn.validation import check_scale
 
@@ -114,7 +115,8 @@ def why_unsupported(call):
 
 
 def attend(call):
-    """`chunked_attention` of an `AttentionCall`, in chunks of `QUERY_CHUNK_SIZE` queries."""
+    """`chunked_attention` of an `AttentionCall`, in chunks of `QUERY_CHUNK_SIZE` queries, its grouped key/value heads repeated to the query's."""
+    call = with_repeated_heads(call)
     return chunked_attention(
         call.query,
         call.key,

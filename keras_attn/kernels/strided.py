@@ -62,6 +62,7 @@ from keras_attn.kernels import steps
 from keras_attn.kernels import streaming_softmax
 from keras_attn.kernels import strided_layout
 from keras_attn.kernels.call import why_not_tensorflow_streaming
+from keras_attn.kernels.call import with_repeated_heads
 from keras_attn.utils import float_math_dtype
 from keras_attn.validation import check_scale
 
@@ -89,7 +90,8 @@ def why_unsupported(call):
 
 
 def attend(call):
-    """`strided_attention` of an `AttentionCall`."""
+    """`strided_attention` of an `AttentionCall`, its grouped key/value heads repeated to the query's."""
+    call = with_repeated_heads(call)
     return strided_attention(
         call.query,
         call.key,
