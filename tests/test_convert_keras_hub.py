@@ -294,11 +294,11 @@ def test_a_query_without_keys_keeps_keras_hubs_output_at_every_position(name, ex
         )
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_a_causal_lm_hands_its_attention_the_causal_mask_as_a_tensor_not_a_pattern(name, monkeypatch):
-    # What the converting guide says of KerasHub's decoders: the mask they build holds the causal
-    # half, so the dispatcher sees a whole (query, key) mask and no pattern, and no kernel can skip
-    # that half. An adapter that passes the causal pattern instead fails this, and the guide changes.
+@pytest.mark.parametrize("name", ["gpt2", "llama", "gemma"])
+def test_a_causal_lms_mask_reaches_the_dispatcher_with_the_causal_pattern(name, monkeypatch):
+    # What the converting guide says of KerasHub's decoders: the mask their blocks build lies within
+    # the causal pattern, and the attention passes that pattern with it, so the streaming kernels
+    # skip the tiles above the diagonal.
     from keras_attn.dispatch import attention
 
     calls = []
@@ -310,4 +310,20 @@ def test_a_causal_lm_hands_its_attention_the_causal_mask_as_a_tensor_not_a_patte
     )
     keras_attn.convert(_backbone(name))(_backbone_inputs(name))
     assert len(calls) == LAYERS
-    assert all(call.pattern is None and tuple(call.mask.shape)[2:] == (LENGTH, LENGTH) for call in calls)
+    assert all(
+        isinstance(call.pattern, keras_attn.patterns.Causal) and tuple(call.mask.shape)[2:] == (LENGTH, LENGTH)
+        for call in calls
+    )
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "mistral", "gemma2"])
+def test_a_causal_lm_on_the_chunked_kernel_equals_the_original(name, monkeypatch):
+    # Chunks of 4 queries over blocks of 4 keys: the tiles above the diagonal are skipped, the rest
+    # keep the block's mask (padding, Mistral's window in the mask, Gemma 2's window and soft cap).
+    from keras_attn.kernels import chunked
+
+    monkeypatch.setattr(chunked, "QUERY_CHUNK_SIZE", 4)
+    monkeypatch.setattr(chunked, "KEY_BLOCK_SIZE", 4)
+    reference, model = twins(lambda: _backbone(name))
+    keras_attn.convert(model, implementation="chunked")
+    _check_outputs_and_gradients(reference, model, _backbone_inputs(name))

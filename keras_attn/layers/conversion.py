@@ -14,8 +14,10 @@ class of each attention layer in place:
   adapter's hook (`keras_attn.layers.hub_adapters`), which computes its attention with
   `keras_attn.scaled_dot_product_attention`.
 
-Nothing else changes: the layers keep their sublayers and variables (the same objects, so the
-same weights and variable paths), the model keeps its class, its compile state and its task
+Each KerasHub decoder block whose mask builder makes a causal mask gets that builder wrapped on
+the instance, so that its attention passes the causal pattern with the mask and the kernels skip
+what it hides (`hub_adapters.causal_masks`). Nothing else changes: the layers keep their
+sublayers and variables (the same objects, so the same weights and variable paths), the model keeps its class, its compile state and its task
 methods (`fit`, `predict`, KerasHub's `generate`; functions traced before are dropped, to be traced
 again with our layers). Saving writes each layer's config: the attention layers of a Functional or
 Sequential model are saved converted and reload converted (their `implementation` kept); a layer
@@ -34,6 +36,7 @@ from keras_attn.dispatch.attention import ATTENTION_IMPLEMENTATIONS
 from keras_attn.keras_internals import layer_tree
 from keras_attn.keras_internals import sublayers
 from keras_attn.layers import hub_adapters
+from keras_attn.layers.hub_adapters import causal_masks
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.validation import check_bool
 from keras_attn.validation import check_choice
@@ -177,6 +180,8 @@ def convert(model, *, implementation="auto", strict=True, return_report=False):
     _check_outcome(model, report, strict)
     for change in changes:
         change()
+    for layer in layer_tree(model):  # a decoder block's causal mask reaches the kernels as the pattern too
+        causal_masks.recognise(layer)
     _drop_traced_functions(model)
     return (model, report) if return_report else model
 

@@ -26,6 +26,7 @@ from keras_attn.layers import segment_arguments
 from keras_attn.layers import window_cache
 from keras_attn.layers.capabilities import AttentionCapabilities
 from keras_attn.layers.capabilities import check_call
+from keras_attn.layers.hub_adapters.causal_masks import within_causal_pattern
 from keras_attn.layers.mask_arguments import as_4d_mask
 from keras_attn.layers.mask_arguments import check_mask_shapes
 from keras_attn.layers.mask_arguments import merged_mask
@@ -623,11 +624,13 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         """
         if len(query.shape) == 4:
             mask = None if attention_mask is None else as_4d_mask(attention_mask)
+            # A KerasHub decoder block's causal mask also passes the pattern, which it lies within.
+            is_causal = bool(use_causal_mask) or within_causal_pattern(attention_mask)
             attended, weights = self._attend(
-                query, key, value, training, return_attention_scores, mask=mask, is_causal=bool(use_causal_mask)
+                query, key, value, training, return_attention_scores, mask=mask, is_causal=is_causal
             )
             if self._rows_without_keys == "keras":  # a subclass's `call` (KerasHub's cache) kept by `convert`
-                options = dict(mask=mask, is_causal=bool(use_causal_mask))
+                options = dict(mask=mask, is_causal=is_causal)
                 attended = keras_compatibility.keras_rows(self, attended, value, options, return_attention_scores)
             return attended, weights
         if use_causal_mask:

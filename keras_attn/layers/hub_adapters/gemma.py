@@ -7,13 +7,15 @@ is given, to queries sitting at `cache_update_index`: the core op's `sliding_win
 `query_offset`, the same band `|i - j| < sliding_window_size`. Attention dropout is the core op's,
 with the seed generator of the layer's dropout layer. Gemma 2's logit soft-capping
 (`attention_logit_soft_cap`, `tanh(logits / cap) * cap` on the scaled logits, before the mask) is
-the core op's `logit_soft_cap`, which applies it at the same place.
+the core op's `logit_soft_cap`, which applies it at the same place. A mask that Gemma's decoder
+block built within the causal pattern passes that pattern too (`causal_masks`).
 """
 
 import math
 
 from keras import ops
 
+from keras_attn.layers.hub_adapters.causal_masks import within_causal_pattern
 from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 
 
@@ -27,6 +29,7 @@ def compute_attention(layer, q, k, v, attention_mask, training=False, cache_upda
         k,
         v,
         mask=mask,
+        is_causal=within_causal_pattern(attention_mask),
         sliding_window=layer.sliding_window_size if windowed else None,
         query_offset=cache_update_index if windowed else 0,
         scale=1.0 / math.sqrt(head_dim),

@@ -5,7 +5,8 @@ SmolLM3 and GPT-NeoX share this hook: their `call` projects the inputs, applies 
 embedding, writes the cache and (most of them) repeats the key/value heads to the query heads
 before it; the hook scales by `_inv_norm_factor` and takes a `(batch, query_len, key_len)` mask
 holding the causal mask, the padding and, for Mistral, the sliding window (the decoder block
-builds it). Its fused branch calls `ops.dot_product_attention`, which they take only where
+builds it; a mask its block built within the causal pattern passes that pattern too,
+`causal_masks`). Its fused branch calls `ops.dot_product_attention`, which they take only where
 KerasHub's `_use_fused_attention_op()` holds, never on TensorFlow; this adapter runs that branch on
 `keras_attn.scaled_dot_product_attention`. The core op takes the heads as they come (it groups
 the query heads itself when the key/value heads are fewer).
@@ -22,6 +23,7 @@ What the classes add, each read from the layer as KerasHub's own hook reads it:
 
 from keras import ops
 
+from keras_attn.layers.hub_adapters.causal_masks import within_causal_pattern
 from keras_attn.layers.hub_adapters.hub_attention import hub_attention
 from keras_attn.layers.hub_adapters.weights_dropout import weights_dropout
 
@@ -35,6 +37,7 @@ def compute_attention(layer, query, key, value, attention_mask=None, cache_updat
         key,
         value,
         mask=mask,
+        is_causal=within_causal_pattern(attention_mask),
         sliding_window=window,
         query_offset=0 if window is None or cache_update_index is None else cache_update_index,
         scale=layer._inv_norm_factor,
