@@ -285,5 +285,9 @@ def fill_masked(logits, mask):
 
 
 def zero_masked(weights, mask):
-    """Exact zeros at masked entries: a fully masked row would otherwise softmax to uniform weights."""
-    return ops.where(mask, weights, ops.zeros_like(weights))
+    """Exact zeros at masked entries: a fully masked row would otherwise softmax to uniform weights.
+
+    The zero is a scalar, broadcast by the selection: a `zeros_like(weights)` is a tensor as large as
+    the weights, which TensorFlow allocates apart from the computation's order (a chunked kernel's
+    chunks then hold every chunk's zeros at once, as much as the whole weights)."""
+    return ops.where(mask, weights, ops.zeros((), weights.dtype))

@@ -96,7 +96,7 @@ def cap_gradient(logits_gradient, capped, soft_cap):
     if soft_cap is None:
         return logits_gradient
     derivative = soft_cap_derivative(capped, soft_cap)
-    derivative = tf.where(tf.math.is_finite(capped), derivative, tf.zeros_like(derivative))
+    derivative = tf.where(tf.math.is_finite(capped), derivative, tf.zeros((), derivative.dtype))  # a scalar: zero_masked
     return logits_gradient * derivative
 
 
