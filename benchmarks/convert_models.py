@@ -58,7 +58,12 @@ from models import keras_io_examples
 PEER_RATIO = "time_vs_keras"  # the rows' ratio to the peer measured in the same run (tests/test_benchmarks.py)
 GOAL_FIELDS = ("memory_vs_keras", "tokens_identical")
 RATIO_PLOT = ("model", "length")  # the page's plot: per model, its ratios at each length
-SUMMARY = (("model",), "length", ("time_vs_keras", "memory_vs_keras", "tokens_identical"), {"variant": "converted"})
+SUMMARY = (
+    ("model", "trial"),
+    "length",
+    ("time_vs_keras", "memory_vs_keras", "tokens_identical"),
+    {"variant": "converted"},
+)
 GOALS = (  # (row key, comparison, bound, where): benchmarks/page.py
     ("time_vs_keras", "<=", 1.0, {"variant": "converted", "length": 512}),
     ("time_vs_keras", "<=", 1.0, {"variant": "converted", "length": 2048}),
@@ -338,7 +343,13 @@ def run_child(args):
 
 
 def _base_row(name, length, args, variant):
-    return {"model": name, "length": length, "batch": max(1, args.tokens // length), "variant": variant}
+    return {
+        "model": name,
+        "trial": args.trial,
+        "length": length,
+        "batch": max(1, args.tokens // length),
+        "variant": variant,
+    }
 
 
 def time_rows(name, length, args):
@@ -438,6 +449,7 @@ def main(argv=None):
         layers=dict(type=int, default=2),
         vocabulary=dict(type=int, default=1000),
         repeats=dict(type=int, default=2),
+        trial=dict(type=int, default=1, help="which run of the same rows this is (each row is run twice)"),
         implementation=dict(default="auto", help="the converted variant's kernel (convert's `implementation`)"),
         generate=dict(action="store_true", help="also greedy generation of --generate-models"),
         generate_models=dict(nargs="+", choices=tuple(CAUSAL_LMS), default=list(CAUSAL_LMS)),

@@ -318,12 +318,12 @@ def test_a_causal_lms_mask_reaches_the_dispatcher_with_the_causal_pattern(name, 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "mistral", "gemma2"])
 def test_a_causal_lm_on_the_chunked_kernel_equals_the_original(name, monkeypatch):
-    # Chunks of 4 queries over blocks of 4 keys: the tiles above the diagonal are skipped, the rest
-    # keep the block's mask (padding, Mistral's window in the mask, Gemma 2's window and soft cap).
+    # Chunks of 4 queries, each over the keys up to its last query (the causal pattern): the keys
+    # after it are skipped, the rest keep the block's mask (padding, Mistral's window in the mask,
+    # Gemma 2's window and soft cap).
     from keras_attn.kernels import chunked
 
     monkeypatch.setattr(chunked, "QUERY_CHUNK_SIZE", 4)
-    monkeypatch.setattr(chunked, "KEY_BLOCK_SIZE", 4)
     reference, model = twins(lambda: _backbone(name))
     keras_attn.convert(model, implementation="chunked")
     _check_outputs_and_gradients(reference, model, _backbone_inputs(name))

@@ -624,13 +624,14 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         """
         if len(query.shape) == 4:
             mask = None if attention_mask is None else as_4d_mask(attention_mask)
-            # A KerasHub decoder block's causal mask also passes the pattern, which it lies within.
+            # A KerasHub decoder block's causal mask also passes the pattern, which it lies within:
+            # the kernels skip what it hides, and the mask alone still says which rows have keys.
             is_causal = bool(use_causal_mask) or within_causal_pattern(attention_mask)
             attended, weights = self._attend(
                 query, key, value, training, return_attention_scores, mask=mask, is_causal=is_causal
             )
             if self._rows_without_keys == "keras":  # a subclass's `call` (KerasHub's cache) kept by `convert`
-                options = dict(mask=mask, is_causal=is_causal)
+                options = dict(mask=mask, is_causal=bool(use_causal_mask))
                 attended = keras_compatibility.keras_rows(self, attended, value, options, return_attention_scores)
             return attended, weights
         if use_causal_mask:
