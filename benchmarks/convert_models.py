@@ -30,7 +30,9 @@ step's peak over the memory before it). Batch = `--tokens // length` (at least 1
 `--generate`, each causal LM of `--generate-models` (`GPT2CausalLM`, ..., greedy, batch 1) generates
 `--new-tokens` (64) after a `--prompt` (128) tokens long, compiled as KerasHub compiles it by default
 and, with `--jit-compile`, also with `jit_compile=True`: tokens/s of each variant and whether the
-tokens are identical to the unconverted model's.
+tokens are identical to the unconverted model's. Each row is run twice, in separate invocations
+(`--trial 1`, `--trial 2`, recorded in the rows): the page shows both, and a goal counts every row
+of both, so its range is the two runs' band.
 
     python -m benchmarks.convert_models           # the full run: every model, time at 512, 2,048 and 4,096,
                                                   # memory at 512, 2,048 and 4,096, generation
