@@ -83,7 +83,9 @@ def recognise(layer):
         if builder is None or name in vars(layer):  # none, or wrapped already
             continue
         arguments = BUILDERS.get(f"{builder.__module__}.{builder.__qualname__}")
-        if arguments is not None:
+        parameters = inspect.signature(builder).parameters
+        # A KerasHub version whose builder takes other arguments than those read here is left alone.
+        if arguments is not None and all(argument in parameters for argument in arguments if argument is not None):
             setattr(layer, name, _remembering(layer, builder, *arguments))
 
 
