@@ -17,9 +17,9 @@ class of each attention layer in place:
 Each KerasHub decoder block whose mask builder makes a causal mask gets that builder wrapped on
 the instance, so that its attention passes the causal pattern with the mask and the kernels skip
 what it hides (`hub_adapters.causal_masks`). Nothing else changes: the layers keep their
-sublayers and variables (the same objects, so the same weights and variable paths), the model keeps its class, its compile state and its task
-methods (`fit`, `predict`, KerasHub's `generate`; functions traced before are dropped, to be traced
-again with our layers). Saving writes each layer's config: the attention layers of a Functional or
+sublayers and variables (the same objects, so the same weights and variable paths), the model
+keeps its class, its compile state and its task methods (`fit`, `predict`, KerasHub's
+`generate`; functions traced before are dropped, to be traced again with our layers). Saving writes each layer's config: the attention layers of a Functional or
 Sequential model are saved converted and reload converted (their `implementation` kept); a layer
 or model whose own code builds its attention (a custom layer, a subclassed model, every KerasHub
 block) reloads as that code builds it, with Keras's or KerasHub's attention: convert it again

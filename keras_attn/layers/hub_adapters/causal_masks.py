@@ -83,10 +83,12 @@ def recognise(layer):
         if builder is None or name in vars(layer):  # none, or wrapped already
             continue
         arguments = BUILDERS.get(f"{builder.__module__}.{builder.__qualname__}")
-        parameters = inspect.signature(builder).parameters
+        if arguments is None:
+            continue
+        signature = inspect.signature(builder)
         # A KerasHub version whose builder takes other arguments than those read here is left alone.
-        if arguments is not None and all(argument in parameters for argument in arguments if argument is not None):
-            setattr(layer, name, _remembering(layer, builder, *arguments))
+        if all(argument in signature.parameters for argument in arguments if argument is not None):
+            setattr(layer, name, _remembering(layer, builder, signature, *arguments))
 
 
 def within_causal_pattern(mask):
@@ -95,9 +97,8 @@ def within_causal_pattern(mask):
     return reference is not None and reference() is mask
 
 
-def _remembering(layer, builder, index_argument, switch_argument):
+def _remembering(layer, builder, signature, index_argument, switch_argument):
     """`builder` bound to `layer`, remembering each mask it builds within the causal pattern with its queries first."""
-    signature = inspect.signature(builder)
 
     def build(*args, **kwargs):
         mask = builder(layer, *args, **kwargs)
