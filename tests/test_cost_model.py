@@ -2,6 +2,7 @@
 explanation, and the calibration it reads (`keras_attn.dispatch.tuning`, `keras_attn.tune`)."""
 
 import json
+import warnings
 from pathlib import Path
 
 import keras
@@ -212,6 +213,31 @@ def test_the_shipped_calibration_covers_every_kernel_and_keras():
         assert set(shipped["memory"][memory_model]) == set(cost_model.MODES), name
     assert set(shipped["memory"][cost_model.KERAS_DENSE]) == set(cost_model.MODES)
     assert "dense" not in shipped["memory"]  # it holds Keras's tensors: Keras's coefficients predict it
+    assert cost_model.calibration_problem(shipped) is None  # what a user's calibration is held to
+
+
+def test_a_fit_with_keras_layer_measured_is_a_calibration_the_dispatcher_reads(monkeypatch, tmp_path):
+    # `tune(measure_memory=True)` and the benchmark measure Keras's layer too (the memory ceiling):
+    # its time is a peer's, not a kernel's, and a calibration naming it would be refused.
+    cells = tuning.grid((256, 512, 1024), (1,), heads=2, depth=16, settings=("causal",))
+    rows = [
+        {"cell": cell, "name": name, "seconds": 1e-3 * cell.length, "peak_bytes": 2**21 * cell.length}
+        for cell in cells
+        for name in (*tuning.candidates(cell), cost_model.KERAS_DENSE)
+    ]
+    calibration = {"time": tuning.fit(rows, "time"), "memory": tuning.fit(rows, "memory")}
+    assert set(calibration["time"]) == set(tuning.candidates(cells[0]))
+    assert cost_model.KERAS_DENSE in calibration["memory"]
+    path = tuning.write_calibration(calibration, tmp_path / "calibration.json", {})
+    monkeypatch.setenv(cost_model.CACHE_ENV, str(tmp_path))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a refused calibration warns
+            cost_model.reload_calibration()
+            assert cost_model.calibration()["source"] == path
+    finally:
+        monkeypatch.undo()
+        cost_model.reload_calibration()
 
 
 @pytest.mark.parametrize(
