@@ -4,9 +4,9 @@ them, and how close `implementation="auto"` comes to the fastest admissible kern
 Each cell of the grid (`keras_attn.dispatch.tuning.grid`: lengths x batch sizes x causal /
 bidirectional / packed / windowed / strided, each as a forward call and a training call with and
 without attention dropout; 8 heads of depth 64) runs every kernel that takes it and Keras's
-layer's own attention (`_compute_attention`, the peer) in turn, `--repeats` times each, keeping
-each one's best wall time (forward and backward in training) and its first run's peak resident
-memory. A kernel whose pairwise tensors alone would pass `--cap-gb`, or that `"auto"` would not take
+layer's own attention (`_compute_attention`, the peer) in turn, as `auto` times them
+(`--repeats` rounds at least, more for a call of milliseconds), keeping each one's best wall time
+(forward and backward in training) and its first run's peak memory. A kernel whose pairwise tensors alone would pass `--cap-gb`, or that `"auto"` would not take
 for unrolling too many steps into the graph, is not run in that cell.
 The cost model is fitted to these measurements (`keras_attn.dispatch.tuning.fit`) and written to
 `--calibration-output` (by default the calibration the package ships,

@@ -128,6 +128,35 @@ def test_a_bucket_is_timed_at_the_shapes_of_its_first_call(measured, monkeypatch
     assert timed == [(1, 2025, 2, 8)]
 
 
+@pytest.mark.parametrize(
+    "seconds_per_run, rounds",
+    [
+        (1e-3, measuring.MAX_REPEATS),  # milliseconds: timed until MAX_REPEATS, far under the target
+        (0.0625, 4),  # rounds of 0.125 s: on past REPEATS until they reach TARGET_SECONDS
+        (0.2, measuring.REPEATS),  # the target reached before REPEATS rounds: REPEATS still
+        (0.5, 2),  # rounds of a second: the budget of 2 s ends them before REPEATS
+        (1.5, 1),  # one round past the budget: every kernel runs once
+    ],
+)
+def test_short_calls_are_timed_many_times_and_long_ones_within_the_budget(monkeypatch, seconds_per_run, rounds):
+    clock = [0.0]
+    monkeypatch.setattr(measuring, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    monkeypatch.setattr(measuring, "run_to_completion", lambda result: None)
+    runs = {"dense": 0, "chunked": 0}
+
+    def run_of(name):
+        def run():
+            runs[name] += 1
+            clock[0] += seconds_per_run
+
+        return run
+
+    best = measuring.best_seconds({name: run_of(name) for name in runs})
+    assert runs == {"dense": rounds, "chunked": rounds}
+    assert best == {"dense": pytest.approx(seconds_per_run), "chunked": pytest.approx(seconds_per_run)}
+    assert (measuring.REPEATS, measuring.TARGET_SECONDS, measuring.BUDGET_SECONDS) == (3, 0.5, 2.0)  # the guide's
+
+
 def test_dropout_is_timed_with_a_seed_generator_as_a_layer_draws_it():
     # With a constant seed, TensorFlow's graph optimiser folds the keep-masks of a streaming
     # kernel's tiles into constants: that kernel would be timed without its dropout.

@@ -7,8 +7,10 @@ of two (`bucket_length`), so that a dataset of varied lengths or a growing decod
 handful of buckets. The first call of a bucket times each kernel it asks about on random tensors
 of that call's own shapes (`measured_call`; an unknown batch is 1), in the call's mode (forward;
 forward and backward when training): a model of one length is timed at exactly that length, which
-can rank the kernels otherwise than half of it would. One untimed run (tracing), then up to
-`REPEATS` timed runs each, in turn, while the timed runs stay within `BUDGET_SECONDS`; each kernel
+can rank the kernels otherwise than half of it would. One untimed run (tracing), then timed runs
+each, in turn (`best_seconds`): `REPEATS` rounds at least and more while the rounds have taken
+under `TARGET_SECONDS` (a call of milliseconds is timed many times: one run's noise is the
+machine's), `MAX_REPEATS` at most, stopping once they have taken `BUDGET_SECONDS`; each kernel
 keeps its best time. The timing runs in a thread of its own: outside any graph being traced
 (`tf.function`, `jit_compile=True`, `model.fit`) and any distribution strategy's replica context,
 eagerly.
@@ -33,7 +35,9 @@ from keras_attn.dispatch.signatures import signature
 from keras_attn.kernels import KERNELS
 from keras_attn.kernels.call import AttentionCall
 
-REPEATS = 3  # timed runs per kernel at most (the best is kept)
+REPEATS = 3  # timed runs per kernel at least, within the budget (the best is kept)
+MAX_REPEATS = 30  # timed runs per kernel at most
+TARGET_SECONDS = 0.5  # rounds go on past REPEATS until they have taken this long
 BUDGET_SECONDS = 2.0  # timed runs stop once a bucket's have taken this long (each kernel runs once at least)
 DOCUMENTS = 4  # equal documents per packed row of a representative call
 SEED = 1234  # the representative tensors' and dropout's seed
@@ -248,14 +252,22 @@ def _timed(call, names, repeats, budget_seconds):
     steps = {name: step(call, name) for name in names}
     for run in steps.values():  # the first run's setup: not timed
         run_to_completion(run())
-    best = dict.fromkeys(names, float("inf"))
-    deadline = time.perf_counter() + budget_seconds
-    for _ in range(repeats):
+    return best_seconds(steps, repeats, budget_seconds)
+
+
+def best_seconds(steps, repeats=REPEATS, budget_seconds=BUDGET_SECONDS):
+    """`{name: best seconds}` of each step of `steps` (`{name: callable}`, already run once), run
+    in turn: `repeats` rounds at least and more while the rounds have taken under `TARGET_SECONDS`,
+    `MAX_REPEATS` at most, stopping after the round that reaches `budget_seconds`."""
+    best = dict.fromkeys(steps, float("inf"))
+    start = time.perf_counter()
+    for rounds in range(1, MAX_REPEATS + 1):
         for name, run in steps.items():
-            start = time.perf_counter()
+            began = time.perf_counter()
             run_to_completion(run())
-            best[name] = min(best[name], time.perf_counter() - start)
-        if time.perf_counter() > deadline:
+            best[name] = min(best[name], time.perf_counter() - began)
+        elapsed = time.perf_counter() - start
+        if elapsed >= budget_seconds or (rounds >= repeats and elapsed >= TARGET_SECONDS):
             break
     return best
 

@@ -115,7 +115,11 @@ def _step(cell, implementation):
 
     shape = (cell.batch, cell.length, cell.heads, cell.depth)
     query, key, value = (tf.random.normal(shape, seed=seed) for seed in (1, 2, 3))
+    # Made here, captured by the steps as their inputs: a model's document ids are a tensor it is
+    # fed, and ids made inside the traced step would be constants the graph optimiser folds the
+    # chunked kernel's document skipping into.
     ids = cell.segment_ids()
+    ids = None if ids is None else tf.constant(ids)
     pattern = cell.pattern()
     seed_generator = keras.random.SeedGenerator(0)
     if implementation == cost_model.KERAS_DENSE:
@@ -128,7 +132,7 @@ def _step(cell, implementation):
             if cell.setting in ("windowed", "strided"):
                 mask = pattern.block_mask(cell.length, cell.length, 0, 0)[:, 0]
             elif ids is not None:
-                mask = segment_mask(tf.constant(ids), tf.constant(ids))[:, 0]
+                mask = segment_mask(ids, ids)[:, 0]
             mask = None if mask is None else tf.broadcast_to(mask, (cell.batch, cell.length, cell.length))
             return layer._compute_attention(
                 q, k, v, attention_mask=mask, training=cell.mode == "training", use_causal_mask=cell.setting == "causal"
@@ -145,7 +149,7 @@ def _step(cell, implementation):
                 dropout_rate=0.1 if cell.dropout else 0.0,
                 training=cell.mode == "training",
                 seed_generator=seed_generator,
-                segment_ids=None if ids is None else tf.constant(ids),
+                segment_ids=ids,
                 implementation=implementation,
             )
 
@@ -183,16 +187,13 @@ def _peak_bytes(step):
 
 
 def measure(cell, names, repeats=2):
-    """`{name: {"seconds", "peak_bytes"}}` of the cell on each implementation of `names`, run in
-    turn `repeats` times after a first run (whose peak memory is measured): each keeps its best time."""
+    """`{name: {"seconds", "peak_bytes"}}` of the cell on each implementation of `names`: a first
+    run each (whose peak memory is measured), then timed in turn as `auto` times them
+    (`keras_attn.dispatch.measuring.best_seconds`, `repeats` rounds at least, no budget)."""
     steps = {name: _step(cell, name) for name in names}
-    rows = {name: {"seconds": float("inf"), "peak_bytes": _peak_bytes(step)} for name, step in steps.items()}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            measuring.run_to_completion(step())
-            rows[name]["seconds"] = min(rows[name]["seconds"], time.perf_counter() - start)
-    return rows
+    peaks = {name: _peak_bytes(step) for name, step in steps.items()}
+    seconds = measuring.best_seconds(steps, repeats, budget_seconds=math.inf)
+    return {name: {"seconds": seconds[name], "peak_bytes": peaks[name]} for name in names}
 
 
 def _nonnegative_least_squares(features, targets):
