@@ -159,13 +159,15 @@ def _anchored_line(anchor, cells):
 def summary_table(name, rows, summary):
     """The table of a script of many rows, declared `SUMMARY = (cases, column, figures, where)`: one
     line per case (the values of the `cases` fields) among the rows matching `where`, one column per
-    figure of `figures` at each value of `column` a row has it for. A cell no row fills is "-"; two
+    figure of `figures` at each value of `column` a row has it for. A case field no row has is left
+    out (`run`, which a script's rows have only once it has parts); a cell no row fills is "-"; two
     rows filling one cell are a `ValueError` (the case fields do not say which row it is)."""
     cases, column, figures, where = summary
     kept = [row for row in rows if _matches(row, where)]
+    cases = [field for field in cases if any(field in row for row in kept)]
     cells = {}
     for row in kept:
-        case = tuple(row[field] for field in cases)
+        case = tuple(row.get(field) for field in cases)
         for key in figures:
             if row.get(key) is not None:
                 if (case, key, row[column]) in cells:
@@ -182,7 +184,7 @@ def summary_table(name, rows, summary):
         "|" + " --- |" * (len(cases) + len(columns)),
     ]
     anchors = set()
-    for case in dict.fromkeys(tuple(row[field] for field in cases) for row in kept):
+    for case in dict.fromkeys(tuple(row.get(field) for field in cases) for row in kept):
         anchor = _unique(row_anchor(name, dict(zip(cases, case)), cases), anchors)
         line = [figure(value) for value in case] + [figure(cells.get((case, key, value))) for key, value in columns]
         lines.append(_anchored_line(anchor, line))

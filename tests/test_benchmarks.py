@@ -169,6 +169,13 @@ def test_a_summary_has_one_line_per_case_and_each_figure_at_each_length():
     ]
     with pytest.raises(ValueError, match=r"two rows of \{'model': 'a'\} have time at length 512"):
         page.summary_table("s", rows, (("model",), "length", ("time",), {}))
+    with_run = (("run", "model"), "length", ("time", "memory"), {"variant": "converted"})
+    assert page.summary_table("s", rows, with_run) == page.summary_table("s", rows, summary)  # no row has a run
+    runs = [{**row, "run": "main" if row["model"] == "a" else "again"} for row in rows]
+    assert page.summary_table("s", runs, with_run).splitlines()[2:] == [
+        '| <a id="s-main-a"></a>main | a | - | 0.90 | 0.50 |',
+        '| <a id="s-again-b_generate"></a>again | b generate | 1.20 | - | - |',
+    ]
 
 
 class _Parsed(Exception):
