@@ -309,7 +309,10 @@ def test_the_grid_feeds_document_ids_to_its_steps_as_a_model_does(implementation
     # Ids made inside the traced step would be constants, and TensorFlow's graph optimiser would fold
     # the chunked kernel's document skipping into them: timed faster than in any model.
     cell = tuning.Cell(1, 64, 2, 8, "packed", "forward", False)
-    captured = tuning._step(cell, implementation).get_concrete_function().captured_inputs
-    ids = [tensor for tensor in captured if tensor.dtype == "int32" and tensor.shape == (1, 64)]
-    assert len(ids) == 1
-    np.testing.assert_array_equal(ids[0].numpy(), cell.segment_ids())
+    step = tuning._step(cell, implementation)
+    graph = step.func.graph
+    ids = [tensor for tensor in graph.inputs if tensor.dtype == "int32" and tuple(tensor.shape) == (1, 64)]
+    assert len(ids) == 1 and not graph.captures  # fed, not captured (a captured tensor lives with the graph)
+    constants = [op for op in graph.get_operations() if op.type == "Const" and tuple(op.outputs[0].shape) == (1, 64)]
+    assert constants == []
+    np.testing.assert_array_equal(step.args[3].numpy(), cell.segment_ids())

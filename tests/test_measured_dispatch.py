@@ -5,6 +5,8 @@ corrupt, foreign or holds unusable values is ignored with one warning.
 
 The suite runs with measuring off (`tests/conftest.py`); these tests turn it on (`measured`)."""
 
+import dataclasses
+import gc
 import json
 import logging
 import math
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import time
 import warnings
+import weakref
 from pathlib import Path
 
 import keras
@@ -155,6 +158,27 @@ def test_short_calls_are_timed_many_times_and_long_ones_within_the_budget(monkey
     assert runs == {"dense": rounds, "chunked": rounds}
     assert best == {"dense": pytest.approx(seconds_per_run), "chunked": pytest.approx(seconds_per_run)}
     assert (measuring.REPEATS, measuring.TARGET_SECONDS, measuring.BUDGET_SECONDS) == (3, 0.5, 2.0)  # the guide's
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_measuring_holds_none_of_its_tensors_afterwards(monkeypatch, training):
+    # A traced graph holding a custom gradient (every kernel has one) is kept alive by TensorFlow:
+    # tensors it captured would stay in memory for the process's life, a bucket's inputs each time.
+    made = []
+
+    def random_tensor(shape, dtype):
+        tensor = random_tensor.made(shape, dtype)
+        made.append(weakref.ref(tensor))
+        return tensor
+
+    random_tensor.made = measuring._random_tensor
+    monkeypatch.setattr(measuring, "_random_tensor", random_tensor)
+    call = _call(64, training=training, dropout_rate=0.1 if training else 0.0)
+    call = dataclasses.replace(call, mask=keras.KerasTensor((1, 1, 64, 64), "bool"))
+    times = measuring.time_kernels(call, ["dense", "chunked", "blockwise"])
+    assert set(times) == {"dense", "chunked", "blockwise"} and all(seconds > 0 for seconds in times.values())
+    gc.collect()
+    assert len(made) == 4 and [reference() for reference in made] == [None] * 4  # query, key, value, mask
 
 
 def test_dropout_is_timed_with_a_seed_generator_as_a_layer_draws_it():

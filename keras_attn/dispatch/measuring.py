@@ -21,6 +21,7 @@ nothing again; a bucket's stored time of a kernel never changes, so the choice o
 deterministic once its kernels are measured.
 """
 
+import dataclasses
 import hashlib
 import json
 import threading
@@ -273,28 +274,36 @@ def best_seconds(steps, repeats=REPEATS, budget_seconds=BUDGET_SECONDS):
 
 
 def step(call, name):
-    """The traced step (a concrete function, called without arguments) of kernel `name` on `call`
-    (eager tensors): forward, or forward and the gradients of query, key and value when
-    `call.training`."""
+    """The traced step (called without arguments) of kernel `name` on `call` (eager tensors):
+    forward, or forward and the gradients of query, key and value when `call.training`."""
     import tensorflow as tf
 
-    inputs = (call.query, call.key, call.value)
+    # The tensors are the traced function's arguments, not captured by it: TensorFlow keeps a
+    # traced graph that holds a `tf.custom_gradient` (every kernel's) alive for good, and with it
+    # what the graph captured: the random tensors of every bucket measured, for the process's life.
+    tensors = {field.name: getattr(call, field.name) for field in dataclasses.fields(call)}
+    tensors = {field: value for field, value in tensors.items() if tf.is_tensor(value)}
+
+    def attend(tensors):
+        return KERNELS[name].attend(dataclasses.replace(call, **tensors))
 
     @tf.function(autograph=False)  # plain TensorFlow: no AutoGraph conversion to go wrong
-    def forward():
-        return KERNELS[name].attend(call)
+    def forward(tensors):
+        return attend(tensors)
 
     @tf.function(autograph=False)  # plain TensorFlow: no AutoGraph conversion to go wrong
-    def training():
+    def training(tensors):
+        inputs = (tensors["query"], tensors["key"], tensors["value"])
         with tf.GradientTape() as tape:
             tape.watch(inputs)
-            output = tf.nest.flatten(KERNELS[name].attend(call))[0]
+            output = tf.nest.flatten(attend(tensors))[0]
             loss = tf.reduce_sum(tf.cast(output, "float32") ** 2)
         return tape.gradient(loss, inputs)
 
     # Traced here, outside TensorFlow's retracing count: every bucket's steps share these
     # functions' code, and calling them as `tf.function`s would log retracing warnings.
-    return (training if call.training else forward).get_concrete_function()
+    traced = (training if call.training else forward).get_concrete_function(tensors)
+    return lambda: traced(tensors)
 
 
 def run_to_completion(result):

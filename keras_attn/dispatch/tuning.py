@@ -14,6 +14,7 @@ machine's speed: the memory coefficients stay the shipped ones unless `measure_m
 """
 
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -115,9 +116,10 @@ def _step(cell, implementation):
 
     shape = (cell.batch, cell.length, cell.heads, cell.depth)
     query, key, value = (tf.random.normal(shape, seed=seed) for seed in (1, 2, 3))
-    # Made here, captured by the steps as their inputs: a model's document ids are a tensor it is
-    # fed, and ids made inside the traced step would be constants the graph optimiser folds the
-    # chunked kernel's document skipping into.
+    # The step's arguments, as a model is fed its inputs and document ids: ids made inside the
+    # traced step would be constants the graph optimiser folds the chunked kernel's document
+    # skipping into; tensors it captured would stay in memory with the graph, which TensorFlow
+    # keeps alive once it holds a custom gradient.
     ids = cell.segment_ids()
     ids = None if ids is None else tf.constant(ids)
     pattern = cell.pattern()
@@ -126,7 +128,7 @@ def _step(cell, implementation):
         layer = keras.layers.MultiHeadAttention(cell.heads, cell.depth, dropout=0.1 if cell.dropout else 0.0)
         layer(tf.zeros((1, 2, cell.heads * cell.depth)), tf.zeros((1, 2, cell.heads * cell.depth)))
 
-        def attend(q, k, v):
+        def attend(q, k, v, ids):
             # What the layer's `call` hands its attention: the causal flag alone, else a (batch, q, k) mask.
             mask = None
             if cell.setting in ("windowed", "strided"):
@@ -140,7 +142,7 @@ def _step(cell, implementation):
 
     else:
 
-        def attend(q, k, v):
+        def attend(q, k, v, ids):
             return scaled_dot_product_attention(
                 q,
                 k,
@@ -154,19 +156,19 @@ def _step(cell, implementation):
             )
 
     @tf.function(autograph=False)  # plain TensorFlow: no AutoGraph conversion to go wrong
-    def forward():
-        return attend(query, key, value)
+    def forward(q, k, v, ids):
+        return attend(q, k, v, ids)
 
     @tf.function(autograph=False)  # plain TensorFlow: no AutoGraph conversion to go wrong
-    def training():
+    def training(q, k, v, ids):
         with tf.GradientTape() as tape:
-            tape.watch((query, key, value))
-            loss = tf.reduce_sum(tf.cast(attend(query, key, value), "float32") ** 2)
-        return tape.gradient(loss, (query, key, value))
+            tape.watch((q, k, v))
+            loss = tf.reduce_sum(tf.cast(attend(q, k, v, ids), "float32") ** 2)
+        return tape.gradient(loss, (q, k, v))
 
     step = training if cell.mode == "training" else forward
-    step.get_concrete_function()  # traced outside the measurement
-    return step
+    traced = step.get_concrete_function(query, key, value, ids)  # traced outside the measurement
+    return functools.partial(traced, query, key, value, ids)
 
 
 def _peak_bytes(step):
