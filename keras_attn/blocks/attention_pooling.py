@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_attn.blocks.documents import token_documents
+from keras_attn.core.masks import zero_masked
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.utils import as_float_inputs
 from keras_attn.utils import check_padding_mask
@@ -98,7 +99,7 @@ class AttentionPooling(keras.layers.Layer):
         )  # (batch, count, features): the same learnt query for each document
         pooled = self.attention(query, inputs, attention_mask=reads, training=training)
         # A document with no real position reads nothing: zeros, not the output projection's bias.
-        pooled = ops.where(ops.any(reads, axis=2, keepdims=True), pooled, ops.zeros_like(pooled))
+        pooled = zero_masked(pooled, ops.any(reads, axis=2, keepdims=True))
         pooled = nan_unless(valid, pooled)
         return pooled if segment_ids is not None else pooled[:, 0]
 

@@ -128,7 +128,7 @@ def zero_padding(tensor, padding_mask):
     mask = ops.cast(padding_mask, "bool")
     for _ in range(len(tensor.shape) - 2):
         mask = ops.expand_dims(mask, -1)  # (batch, seq, 1, ...)
-    return ops.where(mask, tensor, ops.zeros_like(tensor))
+    return zero_masked(tensor, mask)
 
 
 def either_mask(first, second):
@@ -153,13 +153,17 @@ def keras_rows_without_keys(output, value, allowed, is_causal, query_len, key_le
     has_keys = _rows_with_any_key(allowed, is_causal, query_len, key_len)  # (batch | 1, heads | 1, query_len | 1)
     has_keys = ops.expand_dims(ops.transpose(has_keys, (0, 2, 1)), -1)  # (batch | 1, query_len | 1, heads | 1, 1)
 
-    def with_mean_rows():
+    # A decoding step's mean is a pass over its whole cache: taken only when a row needs it. Any other
+    # call's is a pass over the values beside the attention's, taken always: a condition's gradient
+    # would keep zeros of the values' size as a constant of the graph, for the process's life.
+    if output.shape[1] == 1:
+        mean = ops.cond(
+            ops.all(has_keys), lambda: ops.zeros_like(value[:, :1]), lambda: ops.mean(value, axis=1, keepdims=True)
+        )  # (batch, 1, kv_heads, value_depth)
+    else:
         mean = ops.mean(value, axis=1, keepdims=True)  # (batch, 1, kv_heads, value_depth)
-        mean = ops.repeat(mean, output.shape[2] // value.shape[2], axis=2)  # grouped heads: (batch, 1, heads, dv)
-        return ops.where(has_keys, output, ops.cast(mean, output.dtype))
-
-    # The mean is a pass over every value (a decoding step's whole cache): taken only when a row needs it.
-    return ops.cond(ops.all(has_keys), lambda: output, with_mean_rows)
+    mean = ops.repeat(mean, output.shape[2] // value.shape[2], axis=2)  # grouped heads: (batch, 1, heads, dv)
+    return ops.where(has_keys, output, ops.cast(mean, output.dtype))
 
 
 def _rows_with_any_key(allowed, is_causal, query_len, key_len):
@@ -171,3 +175,19 @@ def _rows_with_any_key(allowed, is_causal, query_len, key_len):
         return ops.take(seen, ops.minimum(ops.arange(query_len), key_len - 1), axis=-1)
     causal = ops.arange(key_len)[None, :] <= ops.arange(query_len)[:, None]  # (query_len, key_len)
     return ops.any(ops.logical_and(allowed, causal), axis=-1)
+
+
+def zero_masked(tensor, mask):
+    """`tensor` where `mask` (broadcastable to it) is `True`, exactly 0 elsewhere: masked weights,
+    a fully masked row's (which would softmax to uniform weights), padded positions' outputs.
+
+    The zero is a scalar, broadcast by the selection: a `zeros_like(tensor)` is a tensor as large as
+    `tensor`, which TensorFlow's graph optimiser folds into a constant the graph keeps for the
+    process's life when the shape is static, and which it allocates apart from the computation's
+    order (a chunked kernel's chunks would hold every chunk's zeros at once).
+
+    >>> import numpy as np
+    >>> zero_masked(np.array([[1.0, np.nan]], "float32"), np.array([[True, False]])).numpy().tolist()
+    [[1.0, 0.0]]
+    """
+    return ops.where(mask, tensor, ops.zeros((), tensor.dtype))

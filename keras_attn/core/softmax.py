@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from keras_attn.core.masks import zero_masked
 from keras_attn.utils import float_math_dtype
 from keras_attn.validation import check_broadcastable
 
@@ -282,12 +283,3 @@ def fill_masked(logits, mask):
     [0.0, 1.0, 0.0]
     """
     return ops.where(mask, logits, mask_fill(logits.dtype))
-
-
-def zero_masked(weights, mask):
-    """Exact zeros at masked entries: a fully masked row would otherwise softmax to uniform weights.
-
-    The zero is a scalar, broadcast by the selection: a `zeros_like(weights)` is a tensor as large as
-    the weights, which TensorFlow allocates apart from the computation's order (a chunked kernel's
-    chunks then hold every chunk's zeros at once, as much as the whole weights)."""
-    return ops.where(mask, weights, ops.zeros((), weights.dtype))

@@ -26,6 +26,7 @@ Layout: `(batch, seq, heads, depth)` for query, key and value (what the projecti
 from keras import ops
 
 from keras_attn.core.masks import merge_masks
+from keras_attn.core.masks import zero_masked
 from keras_attn.core.masks import zero_padding
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.segments import resolve_segment_ids
@@ -46,7 +47,7 @@ def _zero_unattended_keys(key, value, mask):
     product of any kernel."""
     attended = ops.any(mask, axis=(1, 2))  # (batch | 1, key_len)
     attended = ops.expand_dims(ops.expand_dims(attended, -1), -1)  # (batch | 1, key_len, 1, 1)
-    return ops.where(attended, key, ops.zeros_like(key)), ops.where(attended, value, ops.zeros_like(value))
+    return zero_masked(key, attended), zero_masked(value, attended)
 
 
 def scaled_dot_product_attention(

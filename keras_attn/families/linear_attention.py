@@ -38,6 +38,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_attn.core.masks import zero_masked
 from keras_attn.core.segments import segment_mask
 from keras_attn.core.softmax import mask_fill
 from keras_attn.families.projected_self_attention import ProjectedSelfAttention
@@ -103,7 +104,7 @@ def _ratio(numerator, denominator):
     """`numerator / denominator[..., None]`, zero where the denominator is 0 (a query with no key)."""
     has_keys = ops.expand_dims(denominator > 0, -1)
     safe = ops.where(denominator > 0, denominator, ops.ones_like(denominator))
-    return ops.where(has_keys, numerator / ops.expand_dims(safe, -1), ops.zeros_like(numerator))
+    return zero_masked(numerator / ops.expand_dims(safe, -1), has_keys)
 
 
 def linear_attention(query_features, key_features, value):

@@ -31,10 +31,10 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_attn.core.masks import zero_masked
 from keras_attn.core.softmax import default_scale
 from keras_attn.core.softmax import fill_masked
 from keras_attn.core.softmax import softmax
-from keras_attn.core.softmax import zero_masked
 from keras_attn.families.document_runs import document_bounds
 from keras_attn.families.projected_self_attention import ProjectedSelfAttention
 from keras_attn.layers.capabilities import AttentionCapabilities

@@ -25,6 +25,7 @@ from keras import ops
 
 from keras_attn.core.masks import either_mask
 from keras_attn.core.masks import merge_masks
+from keras_attn.core.masks import zero_masked
 from keras_attn.core.masks import zero_padding
 from keras_attn.core.segments import resolve_segment_ids
 from keras_attn.families.document_runs import document_bounds
@@ -211,7 +212,7 @@ class ProjectedSelfAttention(keras.layers.Layer):
             return output
         weights = ops.cast(weights, self.compute_dtype)  # (batch, heads, seq, key_len)
         if output_rows is not None:
-            weights = ops.where(ops.cast(output_rows, "bool")[:, None, :, None], weights, ops.zeros_like(weights))
+            weights = zero_masked(weights, ops.cast(output_rows, "bool")[:, None, :, None])
         return output, weights
 
     def _attend(self, query, key, value, key_mask, training, causal, return_weights, segment_ids):

@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_attn.core.masks import may_empty_rows
 from keras_attn.core.masks import pattern_mask
+from keras_attn.core.masks import zero_masked
 from keras_attn.core.position_bias import check_position_bias
 from keras_attn.core.segments import with_segments_as_mask
 from keras_attn.core.softmax import attention_logits
@@ -23,7 +24,6 @@ from keras_attn.core.softmax import soft_capped
 from keras_attn.core.softmax import softmax
 from keras_attn.core.softmax import softmax_with_exact_saturated_gradient
 from keras_attn.core.softmax import weighted_values
-from keras_attn.core.softmax import zero_masked
 from keras_attn.kernels import cost
 from keras_attn.kernels import single_query
 from keras_attn.validation import check_scale
@@ -188,4 +188,4 @@ def _zero_rows_without_keys(output, mask):
     """Zeros the output `(batch, query_len, heads, depth)` of query rows whose keys are all masked."""
     has_keys = ops.any(mask, axis=-1)  # (batch | 1, heads | 1, query_len | 1)
     has_keys = ops.expand_dims(ops.transpose(has_keys, (0, 2, 1)), -1)  # (batch | 1, query_len | 1, heads | 1, 1)
-    return ops.where(has_keys, output, ops.zeros_like(output))
+    return zero_masked(output, has_keys)

@@ -96,7 +96,7 @@ def cap_gradient(logits_gradient, capped, soft_cap):
     if soft_cap is None:
         return logits_gradient
     derivative = soft_cap_derivative(capped, soft_cap)
-    # A scalar zero, as `keras_attn.core.softmax.zero_masked` selects.
+    # A scalar zero, as `keras_attn.core.masks.zero_masked` selects.
     derivative = tf.where(tf.math.is_finite(capped), derivative, tf.zeros((), derivative.dtype))
     return logits_gradient * derivative
 

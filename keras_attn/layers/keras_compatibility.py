@@ -16,6 +16,7 @@ from keras_attn import patterns
 from keras_attn.core.masks import keras_rows_without_keys
 from keras_attn.core.masks import merge_masks
 from keras_attn.core.masks import pattern_mask
+from keras_attn.core.masks import zero_masked
 from keras_attn.core.segments import segment_mask
 from keras_attn.layers import projections
 from keras_attn.layers.attention_axes import check_masks
@@ -238,7 +239,7 @@ def call_over_attention_axes(
         attended = attended * gate
     output = layer._output_dense(attended)
     rows = rows_with_keys(mask, query, layer._attention_axes)  # zeros, not the bias, without keys
-    output = output if rows is None else ops.where(ops.expand_dims(rows, -1), output, ops.zeros_like(output))
+    output = output if rows is None else zero_masked(output, ops.expand_dims(rows, -1))
     return (output, weights) if return_attention_scores else output
 
 

@@ -15,8 +15,8 @@ from keras_attn import keras_internals
 from keras_attn.core import position_bias as position_biases
 from keras_attn.core.masks import either_mask
 from keras_attn.core.masks import merge_masks
+from keras_attn.core.masks import zero_masked
 from keras_attn.core.masks import zero_padding
-from keras_attn.core.softmax import zero_masked
 from keras_attn.dispatch.attention import scaled_dot_product_attention
 from keras_attn.layers import attention_axes
 from keras_attn.layers import keras_compatibility
