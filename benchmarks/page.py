@@ -253,9 +253,9 @@ def run_line(result):
     cpu = machine.get("cpu_model") or "CPU model not recorded"
     date = machine["time_utc"][:16]
     command = result.get("command") or "command not recorded"
-    run = f"Run `{result['run']}`:\n\n" if "run" in result else ""
+    run = f"Run `{result['run']}`: " if "run" in result else ""
     return (
-        f"{run}```\n{command}\n```\n\n{machine['cpus']} cores ({cpu}), TensorFlow {machine['tensorflow']}, "
+        f"{run}`{command}` on {machine['cpus']} cores ({cpu}), TensorFlow {machine['tensorflow']}, "
         f"Keras {machine['keras']}; measured {date} UTC."
     )
 

@@ -72,7 +72,7 @@ def test_make_bench_runs_each_script_and_writes_the_page_from_its_results(tmp_pa
     assert not stale.exists()
     # The command that reran it, copyable: the script, its arguments, the output relative to the repository.
     assert result["command"].startswith("python -m benchmarks.float32_logits --smoke --output ")
-    assert f"```\n{result['command']}\n```" in markdown
+    assert f"`{result['command']}` on " in markdown
     assert f"{result['machine']['cpus']} cores ({result['machine']['cpu_model']})" in markdown
     assert "load average" not in markdown  # it stays in the JSON
     for row in result["rows"]:
